@@ -1,0 +1,1 @@
+"""Typer commands: parse, call a workflow, render. No decisions live here."""
