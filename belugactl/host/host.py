@@ -123,6 +123,12 @@ class Host:
         except OSError:
             return None
 
+    # --- writes (only `workflows` decide to call these; a plan shows them first) -------------
+    def write_text(self, p: str, text: str) -> None:
+        """Write a file (sysfs attribute, /proc/mtrr, a udev rule) under this host's root."""
+        with open(self.path(p), "w") as fh:
+            fh.write(text)
+
     # --- commands -----------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, timeout: float = 30.0, input: str | None = None) -> CommandResult:
         return self.runner.run(argv, timeout=timeout, input=input)

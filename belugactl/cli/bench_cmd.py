@@ -1,0 +1,29 @@
+"""`belugactl bench ...`: benchmarks that print ratios against a baseline run side by side."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Each module exposes `register(bench: typer.Typer) -> None` and adds its subcommands.
+BENCH_MODULES: tuple[str, ...] = (
+    "belugactl.cli.bench_dataplane_cmd",  # rpc, mds
+    "belugactl.cli.bench_serving_cmd",  # kv, serve
+)
+
+
+def register(app: typer.Typer) -> None:
+    bench = typer.Typer(
+        help="Data-plane benchmarks, each side by side with its baseline (ratios, not timed tests).",
+        no_args_is_help=True,
+    )
+    for name in BENCH_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(bench)
+    app.add_typer(bench, name="bench")
