@@ -1,0 +1,82 @@
+"""The CLI's single error mapping: exit codes and no tracebacks."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from belugactl.cli import app as app_module
+from belugactl.errors import EnvironmentProblem, ExitCode, InputError, UsageError
+
+
+def _belugactl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "belugactl", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version():
+    proc = _belugactl("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("belugactl ")
+
+
+def test_help_lists_commands():
+    proc = _belugactl("--help")
+    assert proc.returncode == 0
+    assert "Usage: belugactl" in proc.stdout
+
+
+def test_unknown_command_is_usage_error():
+    proc = _belugactl("no-such-command")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (UsageError("bad flag", fix="use --host"), ExitCode.USAGE),
+        (InputError("bad bytes"), ExitCode.USAGE),
+        (EnvironmentProblem("no ndctl", fix="apt-get install ndctl"), ExitCode.ENVIRONMENT),
+        (KeyboardInterrupt(), ExitCode.INTERRUPTED),
+    ],
+)
+def test_errors_map_to_exit_codes(monkeypatch, capsys, exc, code):
+    import typer
+
+    def build():
+        app = typer.Typer()
+
+        @app.command()
+        def boom() -> None:
+            raise exc
+
+        @app.command()
+        def other() -> None:
+            pass
+
+        return app
+
+    monkeypatch.setattr(app_module, "build_app", build)
+    assert app_module.run(["boom"]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if hasattr(exc, "fix") and exc.fix:
+        assert exc.fix in err
+
+
+def test_help_starts_fast():
+    # Not a benchmark: a guard against an eager heavy import creeping into the start path.
+    start = time.monotonic()
+    proc = _belugactl("--help")
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0
+    assert elapsed < 3.0
+    check = subprocess.run(
+        [sys.executable, "-c", "import sys, belugactl.cli.app as a; a.build_app(); "
+         "heavy = [m for m in ('pydantic', 'yaml', 'rich.console', 'psutil', 'prometheus_client', 'numpy', 'torch')"
+         " if m in sys.modules]; print(','.join(heavy))"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip() == "", f"heavy modules imported at start: {check.stdout.strip()}"
