@@ -1,0 +1,326 @@
+"""The pool layout: every offset in the shared pool, derived from the manifest alone.
+
+Offsets are the contract between hosts: two hosts that resolve the same manifest get the same
+layout and the same `layout_hash`, which is written into the on-media header and checked by
+every host before it uses the pool. Nothing here reads a machine.
+
+    [ header ][ metadata: RPC rings | journal ][ shared KV ][ host 0 ] ... [ host N-1 ][ unused ]
+
+Every boundary is a multiple of the devdax align (2 MiB by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from belugactl.errors import InputError
+from belugactl.model.manifest_schema import Manifest
+from belugactl.units import align_down, align_up, format_size
+
+# Bumped whenever the meaning of any offset changes; part of the layout hash and the header.
+FORMAT_VERSION = 1
+# RPC rings start on page boundaries so one client's ring never shares a page with another's.
+RING_ALIGN = 4096
+
+
+class LayoutDoesNotFit(InputError):
+    """The manifest's sizes do not fit the pool; `path` names the field to change."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str, hint: str | None = None) -> None:
+        super().__init__(message, fix=hint)
+        self.path = path
+        self.message = message
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Extent:
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class RpcArea:
+    """CXL-RPC slot rings: one ring per client (a vLLM instance), then spare rings."""
+
+    offset: int
+    ring_count: int
+    slots_per_ring: int
+    slot_size: int
+    ring_stride: int
+
+    @property
+    def size(self) -> int:
+        return self.ring_count * self.ring_stride
+
+    def ring_offset(self, ring: int) -> int:
+        if not 0 <= ring < self.ring_count:
+            raise IndexError(f"ring {ring} out of range 0..{self.ring_count - 1}")
+        return self.offset + ring * self.ring_stride
+
+    def slot_offset(self, ring: int, slot: int) -> int:
+        if not 0 <= slot < self.slots_per_ring:
+            raise IndexError(f"slot {slot} out of range 0..{self.slots_per_ring - 1}")
+        return self.ring_offset(ring) + slot * self.slot_size
+
+
+@dataclass(frozen=True)
+class Partition:
+    host: str
+    index: int
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class Client:
+    """One CXL-RPC client: a vLLM instance on a host, and the ring it owns."""
+
+    host: str
+    instance: int
+    ring: int
+
+
+@dataclass(frozen=True)
+class Region:
+    """One row of the pool map, for display: contiguous rows cover the whole pool."""
+
+    name: str
+    kind: str  # header | rpc | journal | shared-kv | partition | unused
+    offset: int
+    size: int
+    owner: str  # a host name, "metadata server", "all hosts", or "-"
+    detail: str = ""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    pool_size: int
+    align: int
+    header: Extent
+    metadata: Extent
+    rpc: RpcArea
+    journal: Extent
+    shared_kv: Extent
+    partitions: tuple[Partition, ...]
+    clients: tuple[Client, ...]
+    format_version: int = FORMAT_VERSION
+    _by_host: dict[str, Partition] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_host.update({p.host: p for p in self.partitions})
+
+    @property
+    def used(self) -> int:
+        return self.partitions[-1].end if self.partitions else self.shared_kv.end
+
+    @property
+    def unused(self) -> int:
+        return self.pool_size - self.used
+
+    def partition_for(self, host: str) -> Partition:
+        try:
+            return self._by_host[host]
+        except KeyError:
+            raise KeyError(f"no partition for host {host!r}; hosts: {', '.join(self._by_host)}") from None
+
+    def ring_for(self, host: str, instance: int) -> int:
+        for client in self.clients:
+            if client.host == host and client.instance == instance:
+                return client.ring
+        raise KeyError(f"no CXL-RPC ring for {host!r} instance {instance}")
+
+    def canonical(self) -> dict[str, Any]:
+        """Everything that two hosts must agree on, and nothing else (no names of display rows)."""
+        return {
+            "format_version": self.format_version,
+            "pool_size": self.pool_size,
+            "align": self.align,
+            "header": [self.header.offset, self.header.size],
+            "metadata": [self.metadata.offset, self.metadata.size],
+            "rpc": [
+                self.rpc.offset,
+                self.rpc.ring_count,
+                self.rpc.slots_per_ring,
+                self.rpc.slot_size,
+                self.rpc.ring_stride,
+            ],
+            "journal": [self.journal.offset, self.journal.size],
+            "shared_kv": [self.shared_kv.offset, self.shared_kv.size],
+            "partitions": [[p.host, p.index, p.offset, p.size] for p in self.partitions],
+            "clients": [[c.host, c.instance, c.ring] for c in self.clients],
+        }
+
+    @cached_property
+    def layout_hash(self) -> str:
+        """sha256 (hex) of the canonical JSON: the contract between hosts, written into the header."""
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def regions(self) -> Iterator[Region]:
+        rpc_area = Extent(self.rpc.offset, self.journal.offset - self.rpc.offset)
+        yield Region(
+            "header", "header", self.header.offset, self.header.size, "all hosts", "magic, version, uuid, epoch"
+        )
+        yield Region(
+            "rpc-rings",
+            "rpc",
+            rpc_area.offset,
+            rpc_area.size,
+            "metadata server",
+            f"{self.rpc.ring_count} rings x {self.rpc.slots_per_ring} slots x {self.rpc.slot_size} B",
+        )
+        yield Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server", "index journal")
+        yield Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts", "KV blocks")
+        for p in self.partitions:
+            yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}")
+        if self.unused:
+            yield Region("unused", "unused", self.used, self.unused, "-", "left over after alignment")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.canonical()
+        data["layout_hash"] = self.layout_hash
+        data["rpc"] = {
+            "offset": self.rpc.offset,
+            "size": self.rpc.size,
+            "ring_count": self.rpc.ring_count,
+            "slots_per_ring": self.rpc.slots_per_ring,
+            "slot_size": self.rpc.slot_size,
+            "ring_stride": self.rpc.ring_stride,
+        }
+        for key in ("header", "metadata", "journal", "shared_kv"):
+            extent: Extent = getattr(self, key)
+            data[key] = {"offset": extent.offset, "size": extent.size}
+        data["partitions"] = [
+            {"host": p.host, "index": p.index, "offset": p.offset, "size": p.size} for p in self.partitions
+        ]
+        data["clients"] = [{"host": c.host, "instance": c.instance, "ring": c.ring} for c in self.clients]
+        data["unused"] = self.unused
+        data["regions"] = [
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "offset": r.offset,
+                "end": r.end,
+                "size": r.size,
+                "owner": r.owner,
+                "detail": r.detail,
+            }
+            for r in self.regions()
+        ]
+        return data
+
+
+def resolve_layout(manifest: Manifest) -> PoolLayout:
+    """Derive the layout; raise LayoutDoesNotFit (an InputError) naming the field to change."""
+    pool_size = manifest.pool.size
+    align = manifest.pool.align
+    lay = manifest.layout
+    md = lay.metadata
+
+    header = Extent(0, lay.header)
+
+    clients: list[Client] = []
+    for host in manifest.hosts:
+        for instance in range(manifest.instances_on(host)):
+            clients.append(Client(host.name, instance, len(clients)))
+    ring_count = len(clients) + md.spare_rings
+    ring_stride = align_up(md.slots_per_ring * md.slot_size, RING_ALIGN)
+    rpc = RpcArea(header.end, ring_count, md.slots_per_ring, md.slot_size, ring_stride)
+    journal = Extent(align_up(rpc.offset + rpc.size, align), md.journal)
+    metadata = Extent(rpc.offset, journal.end - rpc.offset)
+
+    # Partition sizes: a host's own size, else the layout's size, else an equal split (below).
+    fixed_sizes: list[int | None] = []
+    for host in manifest.hosts:
+        if host.partition_size is not None:
+            fixed_sizes.append(host.partition_size)
+        elif isinstance(lay.partition_size, int):
+            fixed_sizes.append(lay.partition_size)
+        else:
+            fixed_sizes.append(None)
+    fixed_total = sum(s for s in fixed_sizes if s is not None)
+    equal_count = sum(1 for s in fixed_sizes if s is None)
+    after_metadata = pool_size - metadata.end
+
+    def breakdown() -> str:
+        return (
+            f"header {format_size(header.size)} + metadata {format_size(metadata.size)}"
+            f" ({ring_count} RPC rings, journal {format_size(journal.size)})"
+        )
+
+    if after_metadata < 0:
+        raise LayoutDoesNotFit(
+            ("pool", "size"),
+            f"the pool ({format_size(pool_size)}) is smaller than {breakdown()}",
+            "shrink layout.metadata (journal, slots_per_ring, slot_size) or use a larger pool",
+        )
+
+    if isinstance(lay.shared_kv, int):
+        shared_size = lay.shared_kv
+        remaining = after_metadata - shared_size - fixed_total
+        if remaining < 0:
+            raise LayoutDoesNotFit(
+                ("layout", "shared_kv"),
+                f"the layout needs {format_size(pool_size - remaining)} but the pool holds {format_size(pool_size)}: "
+                f"{breakdown()} + shared KV {format_size(shared_size)} + partitions {format_size(fixed_total)}",
+                f"shrink shared_kv or the partitions by {format_size(-remaining)}",
+            )
+        if equal_count:
+            each = align_down(remaining // equal_count, align)
+            if each < align:
+                raise LayoutDoesNotFit(
+                    ("layout", "partition_size"),
+                    f"an equal split leaves {format_size(each)} per host, less than one {format_size(align)} page: "
+                    f"{format_size(remaining)} remains for {equal_count} hosts",
+                    "shrink shared_kv or give hosts explicit partition sizes",
+                )
+            sizes = [s if s is not None else each for s in fixed_sizes]
+        else:
+            sizes = [s for s in fixed_sizes if s is not None]
+    else:
+        # shared_kv: rest (the rules guarantee every partition has a size here)
+        sizes = [s if s is not None else 0 for s in fixed_sizes]
+        shared_size = align_down(after_metadata - sum(sizes), align)
+        if shared_size < align:
+            raise LayoutDoesNotFit(
+                ("layout", "shared_kv") if shared_size >= 0 else ("layout", "partition_size"),
+                f"the partitions ({format_size(sum(sizes))}) leave {format_size(max(shared_size, 0))} for the shared "
+                f"KV area after {breakdown()} in a {format_size(pool_size)} pool",
+                "shrink the partitions",
+            )
+
+    shared_kv = Extent(metadata.end, shared_size)
+    partitions: list[Partition] = []
+    offset = shared_kv.end
+    for index, (host, size) in enumerate(zip(manifest.hosts, sizes, strict=True)):
+        partitions.append(Partition(host.name, index, offset, size))
+        offset += size
+    return PoolLayout(
+        pool_size=pool_size,
+        align=align,
+        header=header,
+        metadata=metadata,
+        rpc=rpc,
+        journal=journal,
+        shared_kv=shared_kv,
+        partitions=tuple(partitions),
+        clients=tuple(clients),
+    )

@@ -1,0 +1,256 @@
+"""Rules that relate several parts of a manifest, each reported against the field it is about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from belugactl.model.manifest_schema import GPU_BLOCK_SIZES, MAX_HOSTS, Manifest, RegionSource
+from belugactl.model.manifest_yaml import Path_
+from belugactl.units import format_size
+
+
+@dataclass
+class RuleProblem:
+    path: Path_
+    message: str
+    hint: str | None = None
+    at_key: bool = False  # point at the key rather than its value (e.g. a whole list is wrong)
+
+
+def check_rules(m: Manifest) -> list[RuleProblem]:
+    problems: list[RuleProblem] = []
+    problems += _host_rules(m)
+    problems += _pool_rules(m)
+    problems += _layout_rules(m)
+    problems += _serve_rules(m)
+    if not problems:
+        problems += _fit_rules(m)
+    return problems
+
+
+def _host_rules(m: Manifest) -> list[RuleProblem]:
+    out: list[RuleProblem] = []
+    if not m.hosts:
+        out.append(RuleProblem(("hosts",), "list at least one host", at_key=True))
+        return out
+    if len(m.hosts) > MAX_HOSTS:
+        out.append(
+            RuleProblem(
+                ("hosts", MAX_HOSTS),
+                f"{len(m.hosts)} hosts listed; one CXL switch domain holds at most {MAX_HOSTS}",
+                "split the rack into one manifest per switch domain",
+            )
+        )
+    seen_names: dict[str, int] = {}
+    seen_addresses: dict[str, int] = {}
+    for i, host in enumerate(m.hosts):
+        if host.name in seen_names:
+            out.append(
+                RuleProblem(
+                    ("hosts", i, "name"), f"host name {host.name!r} is already used by hosts[{seen_names[host.name]}]"
+                )
+            )
+        else:
+            seen_names[host.name] = i
+        if host.address in seen_addresses:
+            out.append(
+                RuleProblem(
+                    ("hosts", i, "address"),
+                    f"address {host.address!r} is already used by hosts[{seen_addresses[host.address]}]",
+                )
+            )
+        else:
+            seen_addresses[host.address] = i
+    metadata = [i for i, h in enumerate(m.hosts) if "metadata" in h.roles]
+    if not metadata:
+        out.append(
+            RuleProblem(
+                ("hosts",),
+                "no host has the metadata role; exactly one must",
+                "add `metadata` to one host's roles",
+                at_key=True,
+            )
+        )
+    for i in metadata[1:]:
+        out.append(
+            RuleProblem(
+                ("hosts", i, "roles"),
+                f"a second metadata host (hosts[{metadata[0]}] already has the role); "
+                "exactly one host runs the metadata server",
+            )
+        )
+    return out
+
+
+def _pool_rules(m: Manifest) -> list[RuleProblem]:
+    out: list[RuleProblem] = []
+    pool = m.pool
+    if pool.size % pool.align:
+        out.append(
+            RuleProblem(
+                ("pool", "size"),
+                f"{format_size(pool.size)} is not a multiple of the devdax align {format_size(pool.align)}",
+                "use the dax device's size as `daxctl list` reports it",
+            )
+        )
+    il = pool.interleave
+    if isinstance(pool.source, RegionSource):
+        if pool.source.region_size is not None and pool.source.region_size < pool.size:
+            out.append(
+                RuleProblem(
+                    ("pool", "source", "region_size"),
+                    f"region {format_size(pool.source.region_size)} is smaller than the usable pool size "
+                    f"{format_size(pool.size)}",
+                )
+            )
+        if il.mode == "hardware" and isinstance(pool.source.memdevs, list) and len(pool.source.memdevs) != il.ways:
+            out.append(
+                RuleProblem(
+                    ("pool", "interleave", "ways"),
+                    f"{il.ways} interleave ways but {len(pool.source.memdevs)} memdevs listed; a region interleaves "
+                    "across exactly its memdevs",
+                )
+            )
+    elif il.mode == "hardware" and il.ways != 1:
+        out.append(
+            RuleProblem(
+                ("pool", "interleave", "mode"),
+                "an existing dax device's hardware interleave was set by firmware; describe only software interleave",
+                "use mode: software, or drop the interleave block",
+            )
+        )
+    if il.mode == "software":
+        granularity = il.granularity if il.granularity is not None else pool.align
+        if granularity % pool.align:
+            out.append(
+                RuleProblem(
+                    ("pool", "interleave", "granularity"),
+                    f"software interleave granularity must be a multiple of the devdax align {format_size(pool.align)}",
+                )
+            )
+        elif pool.size % (il.ways * granularity):
+            out.append(
+                RuleProblem(
+                    ("pool", "size"),
+                    f"{format_size(pool.size)} does not split into {il.ways} equal devices of whole "
+                    f"{format_size(granularity)} stripes",
+                )
+            )
+    return out
+
+
+def _layout_rules(m: Manifest) -> list[RuleProblem]:
+    out: list[RuleProblem] = []
+    align = m.pool.align
+    lay = m.layout
+
+    def aligned(path: Path_, value: int, what: str) -> None:
+        if value <= 0:
+            out.append(RuleProblem(path, f"{what} must be larger than zero"))
+        elif value % align:
+            out.append(
+                RuleProblem(
+                    path,
+                    f"{what} {format_size(value)} is not a multiple of the devdax align {format_size(align)}",
+                    f"use {format_size((value + align - 1) // align * align)}",
+                )
+            )
+
+    aligned(("layout", "header"), lay.header, "the header region")
+    aligned(("layout", "metadata", "journal"), lay.metadata.journal, "the journal")
+    if isinstance(lay.shared_kv, int):
+        aligned(("layout", "shared_kv"), lay.shared_kv, "the shared KV area")
+    if isinstance(lay.partition_size, int):
+        aligned(("layout", "partition_size"), lay.partition_size, "a partition")
+    for i, host in enumerate(m.hosts):
+        if host.partition_size is not None:
+            aligned(("hosts", i, "partition_size"), host.partition_size, "a partition")
+    if lay.shared_kv == "rest" and lay.partition_size == "equal" and any(h.partition_size is None for h in m.hosts):
+        out.append(
+            RuleProblem(
+                ("layout", "shared_kv"),
+                "shared_kv is 'rest' and partition_size is 'equal': only one of them can take what remains",
+                "give shared_kv or partition_size (or every host's partition_size) a size",
+            )
+        )
+    return out
+
+
+def _serve_rules(m: Manifest) -> list[RuleProblem]:
+    out: list[RuleProblem] = []
+    if m.serve is None:
+        return out
+    vllm = m.serve.vllm
+    md = m.serve.metadata
+    if md.host is not None:
+        names = m.host_names()
+        if md.host not in names:
+            out.append(
+                RuleProblem(("serve", "metadata", "host"), f"{md.host!r} is not one of the hosts: {', '.join(names)}")
+            )
+        elif "metadata" not in m.host(md.host).roles:
+            out.append(RuleProblem(("serve", "metadata", "host"), f"host {md.host!r} does not have the metadata role"))
+    if md.admin_port == md.rpc_port:
+        out.append(RuleProblem(("serve", "metadata", "rpc_port"), "the RPC port and the admin port must differ"))
+    if not any("worker" in h.roles for h in m.hosts):
+        out.append(RuleProblem(("hosts",), "no host has the worker role; nothing would run vLLM", at_key=True))
+    meta_host = m.metadata_host()
+    for i, host in enumerate(m.hosts):
+        instances = m.instances_on(host)
+        if host.instances is not None and not 0 <= host.instances <= 64:
+            out.append(RuleProblem(("hosts", i, "instances"), "instances is between 0 and 64"))
+            continue
+        if host.block_size is not None:
+            if host.platform == "cpu" and (host.block_size <= 0 or host.block_size % 32):
+                out.append(
+                    RuleProblem(
+                        ("hosts", i, "block_size"), "vLLM's CPU backend needs a block size that is a multiple of 32"
+                    )
+                )
+            if host.platform == "gpu" and host.block_size not in GPU_BLOCK_SIZES:
+                out.append(
+                    RuleProblem(
+                        ("hosts", i, "block_size"),
+                        f"on GPUs vLLM's block size is one of {', '.join(map(str, GPU_BLOCK_SIZES))}",
+                    )
+                )
+        if host.platform == "gpu" and instances:
+            needed = instances * vllm.gpus_per_instance
+            if needed > host.gpus.count:
+                out.append(
+                    RuleProblem(
+                        ("hosts", i, "gpus", "count") if host.gpus.count else ("hosts", i, "name"),
+                        f"{instances} instance(s) x {vllm.gpus_per_instance} GPU(s) need {needed} GPUs; "
+                        f"host {host.name} lists {host.gpus.count}",
+                        "lower serve.vllm.instances_per_host (or this host's instances), or use platform: cpu",
+                    )
+                )
+        last_port = vllm.port_base + instances - 1
+        if instances and last_port > 65535:
+            out.append(RuleProblem(("serve", "vllm", "port_base"), f"host {host.name} would need port {last_port}"))
+        elif host is meta_host and instances and vllm.port_base <= md.admin_port <= last_port:
+            out.append(
+                RuleProblem(
+                    ("serve", "metadata", "admin_port"),
+                    f"port {md.admin_port} collides with vLLM ports {vllm.port_base}-{last_port} on {host.name}",
+                )
+            )
+        elif host is meta_host and instances and vllm.port_base <= md.rpc_port <= last_port:
+            out.append(
+                RuleProblem(
+                    ("serve", "metadata", "rpc_port"),
+                    f"port {md.rpc_port} collides with vLLM ports {vllm.port_base}-{last_port} on {host.name}",
+                )
+            )
+    return out
+
+
+def _fit_rules(m: Manifest) -> list[RuleProblem]:
+    """Resolve the layout; a layout that does not fit is reported against the field to change."""
+    from belugactl.model.layout import LayoutDoesNotFit, resolve_layout
+
+    try:
+        resolve_layout(m)
+    except LayoutDoesNotFit as exc:
+        return [RuleProblem(exc.path, exc.message, exc.hint)]
+    return []

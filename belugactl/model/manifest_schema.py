@@ -1,0 +1,514 @@
+"""The rack manifest's schema: one CXL switch domain, its pool, its hosts, and how they serve.
+
+Pydantic v2 models with `extra="forbid"`, so an unknown key is an error (the loader adds the
+did-you-mean). Rules that involve one field live here as validators; rules that relate several
+parts of the document (partitions fit, one metadata host, ports do not collide) live in
+`manifest_rules.py`, so each failure can name the field it is about.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import uuid as uuid_mod
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, field_validator, model_validator
+
+from belugactl.units import MiB, SizeParseError, is_power_of_two, parse_size
+
+SUPPORTED_VERSIONS = (1,)
+MAX_HOSTS = 16  # one CXL switch domain in Beluga
+HOST_NAME_MAX = 47  # the on-media host table keeps names in 48 NUL-padded bytes
+CACHE_LINE = 64
+DEVDAX_ALIGNS = (2 * MiB, 1 << 30)  # devdax aligns that keep 2 MiB-aligned mmap lengths valid
+HW_INTERLEAVE_WAYS = (1, 2, 3, 4, 6, 8, 12, 16)  # what CXL decoders can program
+HW_INTERLEAVE_GRANULARITIES = tuple(256 << i for i in range(7))  # 256 B .. 16 KiB
+GPU_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices on CUDA
+
+_HOST_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_NAMESPACE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
+
+
+def _size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except SizeParseError as exc:
+        raise ValueError(str(exc)) from None
+
+
+Size = Annotated[int, BeforeValidator(_size)]
+
+
+def _size_or(word: str) -> Any:
+    def check(value: Any) -> int | str:
+        if value == word:
+            return word
+        try:
+            return parse_size(value)
+        except SizeParseError as exc:
+            raise ValueError(f"expected {word!r} or a size: {exc}") from None
+
+    return check
+
+
+SizeOrRest = Annotated[int | str, PlainValidator(_size_or("rest"))]
+SizeOrEqual = Annotated[int | str, PlainValidator(_size_or("equal"))]
+
+
+def _memdev_list(value: Any) -> str | list[str]:
+    if value == "all":
+        return "all"
+    if not isinstance(value, list) or not all(isinstance(x, str | int) and not isinstance(x, bool) for x in value):
+        raise ValueError('expected "all" or a list of memdev serial numbers')
+    if not value:
+        raise ValueError('list at least one memdev serial, or write "all"')
+    serials = [str(x) for x in value]
+    if len(set(serials)) != len(serials):
+        raise ValueError("a memdev serial is listed twice")
+    return serials
+
+
+MemdevSelection = Annotated[str | list[str], PlainValidator(_memdev_list)]
+
+
+def _strict_int(value: Any) -> Any:
+    # YAML's `yes`/`true` would otherwise pass as 1
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_strict_int)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=False)
+
+
+# ---- pool -----------------------------------------------------------------------------------
+
+
+class Interleave(Strict):
+    """How the pool is spread over memory devices.
+
+    hardware: the CXL decoders interleave (`cxl create-region -w WAYS -g GRANULARITY`).
+    software: the data plane stripes extents over `ways` devices in `granularity` units
+    (Beluga's 2 MiB software interleave across a firmware-provisioned range).
+    """
+
+    mode: Literal["hardware", "software"] = "hardware"
+    ways: Int = 1
+    granularity: Size | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Interleave:
+        if self.mode == "hardware":
+            if self.ways not in HW_INTERLEAVE_WAYS:
+                raise ValueError(f"hardware interleave ways must be one of {', '.join(map(str, HW_INTERLEAVE_WAYS))}")
+            if self.granularity is not None and self.granularity not in HW_INTERLEAVE_GRANULARITIES:
+                raise ValueError("hardware interleave granularity must be one of 256B, 512B, 1KiB ... 16KiB")
+        else:
+            if self.ways < 1:
+                raise ValueError("software interleave needs at least 1 way")
+        return self
+
+
+class RegionSource(Strict):
+    """Build a CXL region from memory devices (the lab, or hosts without firmware provisioning)."""
+
+    kind: Literal["cxl-region"]
+    memdevs: MemdevSelection = "all"
+    type: Literal["pmem", "ram"] = "pmem"
+    decoder: str | None = None  # root decoder, e.g. decoder0.0; discovered when absent
+    region_size: Size | None = None  # raw region size before the namespace takes its share
+
+
+class DaxSource(Strict):
+    """Use a dax device that already exists (firmware-provisioned memory, as in Beluga)."""
+
+    kind: Literal["dax-device"]
+    device: str  # e.g. dax0.0 or /dev/dax0.0
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        name = value.removeprefix("/dev/")
+        if not re.fullmatch(r"dax\d+\.\d+", name):
+            raise ValueError(f"expected a dax device such as dax0.0 or /dev/dax0.0, got {value!r}")
+        return name
+
+
+class Namespace(Strict):
+    """The devdax namespace every host must create identically (same uuid, name, map, align)."""
+
+    uuid: str
+    name: str
+    map: Literal["mem", "dev"] = "mem"
+
+    @field_validator("uuid", mode="before")
+    @classmethod
+    def _uuid(cls, value: Any) -> str:
+        try:
+            return str(uuid_mod.UUID(str(value)))
+        except ValueError:
+            raise ValueError(f"expected a uuid such as 6f1d2c3a-...-... (uuidgen prints one), got {value!r}") from None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAMESPACE_NAME_RE.fullmatch(value):
+            raise ValueError("a namespace name is 1 to 63 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("map")
+    @classmethod
+    def _map(cls, value: str) -> str:
+        if value != "mem":
+            # map=dev keeps per-page metadata on the pool media itself; every host would write its own
+            # copy into the same bytes (reference/qemu-cxl-lab.md).
+            raise ValueError("a shared pool needs map: mem (map: dev stores page metadata on the shared media)")
+        return value
+
+
+class Pool(Strict):
+    source: RegionSource | DaxSource = Field(discriminator="kind")
+    size: Size  # usable bytes: the dax device size, which the layout is built on
+    align: Size = 2 * MiB
+    interleave: Interleave = Interleave()
+    namespace: Namespace | None = None
+
+    @field_validator("align")
+    @classmethod
+    def _align(cls, value: int) -> int:
+        if value not in DEVDAX_ALIGNS:
+            raise ValueError("devdax align must be 2MiB or 1GiB")
+        return value
+
+    @field_validator("size")
+    @classmethod
+    def _pool_size(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("the pool size must be positive")
+        return value
+
+
+# ---- layout ---------------------------------------------------------------------------------
+
+
+class Metadata(Strict):
+    slots_per_ring: Int = 64
+    slot_size: Size = 256
+    spare_rings: Int = 4
+    journal: Size = 4 * MiB
+
+    @field_validator("slots_per_ring")
+    @classmethod
+    def _slots(cls, value: int) -> int:
+        if not is_power_of_two(value) or value > 65536:
+            raise ValueError("slots_per_ring must be a power of two between 1 and 65536")
+        return value
+
+    @field_validator("slot_size")
+    @classmethod
+    def _slot_size(cls, value: int) -> int:
+        if value < 2 * CACHE_LINE or value % CACHE_LINE:
+            raise ValueError("slot_size must be a multiple of 64 B (one cache line) and at least 128 B")
+        if value > 1 * MiB:
+            raise ValueError("slot_size above 1MiB is not a control message; move bulk data through the KV area")
+        return value
+
+    @field_validator("spare_rings")
+    @classmethod
+    def _spare(cls, value: int) -> int:
+        if not 0 <= value <= 4096:
+            raise ValueError("spare_rings must be between 0 and 4096")
+        return value
+
+
+class Layout(Strict):
+    header: Size = 2 * MiB
+    metadata: Metadata = Metadata()
+    shared_kv: SizeOrRest = "rest"
+    partition_size: SizeOrEqual = "equal"
+
+
+# ---- hosts ----------------------------------------------------------------------------------
+
+
+class Numa(Strict):
+    """What `numactl --hardware` should show; the CXL node number itself is never pinned."""
+
+    cpu_nodes: Int = 1
+    cxl_nodes: Int = 1
+    cxl_node_cpuless: bool = True
+
+    @field_validator("cpu_nodes", "cxl_nodes")
+    @classmethod
+    def _nodes(cls, value: int) -> int:
+        if not 0 <= value <= 64:
+            raise ValueError("a node count is between 0 and 64")
+        return value
+
+
+class Gpus(Strict):
+    count: Int = 0
+    model: str | None = None
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int) -> int:
+        if not 0 <= value <= 64:
+            raise ValueError("a GPU count is between 0 and 64")
+        return value
+
+
+class Hugepages(Strict):
+    page_size: Size = 2 * MiB
+    per_node: dict[Int, Int] = {}
+
+    @field_validator("page_size")
+    @classmethod
+    def _page(cls, value: int) -> int:
+        if value not in (2 * MiB, 1 << 30):
+            raise ValueError("hugepage size must be 2MiB or 1GiB")
+        return value
+
+    @field_validator("per_node")
+    @classmethod
+    def _per_node(cls, value: dict[int, int]) -> dict[int, int]:
+        for node, count in value.items():
+            if node < 0 or count < 0:
+                raise ValueError("NUMA node ids and page counts are non-negative")
+        return value
+
+
+class Tuning(Strict):
+    hugepages: Hugepages | None = None
+    thp: Literal["always", "madvise", "never"] | None = None
+
+
+class Host(Strict):
+    name: str
+    address: str
+    roles: list[Literal["metadata", "worker"]] = ["worker"]
+    platform: Literal["gpu", "cpu"] = "gpu"
+    numa: Numa = Numa()
+    gpus: Gpus = Gpus()
+    partition_size: Size | None = None
+    instances: Int | None = None  # overrides serve.vllm.instances_per_host
+    block_size: Int | None = None  # overrides serve.vllm.block_size for this host's platform
+    tuning: Tuning | None = None  # overrides the rack-wide tuning
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if len(value.encode()) > HOST_NAME_MAX or not _HOST_NAME_RE.fullmatch(value):
+            raise ValueError(
+                f"a host name is 1 to {HOST_NAME_MAX} characters of letters, digits, '.', '_' or '-', "
+                "starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            pass
+        labels = value.split(".")
+        if len(value) > 253 or not all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x) for x in labels):
+            raise ValueError(f"expected an IP address or a DNS name, got {value!r}")
+        return value
+
+    @field_validator("roles")
+    @classmethod
+    def _roles(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("a host needs at least one role: metadata or worker")
+        if len(set(value)) != len(value):
+            raise ValueError("a role is listed twice")
+        return value
+
+
+# ---- caching and serving --------------------------------------------------------------------
+
+
+class Caching(Strict):
+    ddio: Literal["disabled", "enabled", "unmanaged"] = "disabled"
+    pool_memory_type: Literal["uncachable", "write-back"] = "write-back"
+
+
+def _port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError("a TCP port is between 1 and 65535")
+    return value
+
+
+class MetadataServe(Strict):
+    host: str | None = None  # defaults to the host with the metadata role
+    admin_bind: str = "127.0.0.1"
+    admin_port: Int = 9470
+    rpc_port: Int = 9471
+
+    @field_validator("admin_bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"expected an IP address to bind, such as 127.0.0.1, got {value!r}") from None
+        return value
+
+    @field_validator("admin_port", "rpc_port")
+    @classmethod
+    def _ports(cls, value: int) -> int:
+        return _port(value)
+
+
+class BlockSize(Strict):
+    gpu: Int = 16
+    cpu: Int = 32
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, value: int) -> int:
+        if value not in GPU_BLOCK_SIZES:
+            raise ValueError(f"on GPUs vLLM's block size is one of {', '.join(map(str, GPU_BLOCK_SIZES))}")
+        return value
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: int) -> int:
+        if value <= 0 or value % 32:
+            raise ValueError("vLLM's CPU attention backend needs a block size that is a multiple of 32")
+        return value
+
+
+class Vllm(Strict):
+    model: str
+    instances_per_host: Int = 1
+    gpus_per_instance: Int = 1
+    block_size: BlockSize = BlockSize()
+    port_base: Int = 8000
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    hash_seed: str = "0"
+    prefix_caching_hash_algo: Literal["sha256_cbor", "xxhash_cbor", "sha256", "xxhash"] = "sha256_cbor"
+
+    @field_validator("instances_per_host")
+    @classmethod
+    def _instances(cls, value: int) -> int:
+        if not 0 <= value <= 64:
+            raise ValueError("instances_per_host is between 0 and 64")
+        return value
+
+    @field_validator("gpus_per_instance")
+    @classmethod
+    def _gpi(cls, value: int) -> int:
+        if not 0 <= value <= 64:
+            raise ValueError("gpus_per_instance is between 0 and 64")
+        return value
+
+    @field_validator("port_base")
+    @classmethod
+    def _port_base(cls, value: int) -> int:
+        return _port(value)
+
+    @field_validator("hash_seed", mode="before")
+    @classmethod
+    def _seed(cls, value: Any) -> str:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not text.isdigit() or int(text) > 4294967295:
+            # PYTHONHASHSEED=random would give every worker different block hashes
+            raise ValueError("hash_seed must be a fixed integer 0..4294967295 (PYTHONHASHSEED), the same fleet-wide")
+        return str(int(text))
+
+    @field_validator("prefix_caching_hash_algo")
+    @classmethod
+    def _algo(cls, value: str) -> str:
+        if not value.endswith("_cbor"):
+            raise ValueError(
+                f"{value} hashes pickled Python objects, which differ across Python and vLLM versions; "
+                "use sha256_cbor (or xxhash_cbor) so every host computes the same block keys"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        if "PYTHONHASHSEED" in value:
+            raise ValueError("set PYTHONHASHSEED through serve.vllm.hash_seed, which is pinned fleet-wide")
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+
+class Serve(Strict):
+    metadata: MetadataServe = MetadataServe()
+    vllm: Vllm
+
+
+class Manifest(Strict):
+    version: int
+    name: str
+    pool: Pool
+    layout: Layout = Layout()
+    hosts: list[Host]
+    tuning: Tuning = Tuning()
+    caching: Caching = Caching()
+    serve: Serve | None = None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in SUPPORTED_VERSIONS:
+            supported = ", ".join(map(str, SUPPORTED_VERSIONS))
+            raise ValueError(f"unknown manifest version {value!r}; this belugactl reads version {supported}")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _HOST_NAME_RE.fullmatch(value) or len(value) > 63:
+            raise ValueError("a rack name is 1 to 63 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+    # -- convenient views used by layout, plan and serve ------------------------------------
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    def host_names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def metadata_host(self) -> Host | None:
+        found = [h for h in self.hosts if "metadata" in h.roles]
+        return found[0] if len(found) == 1 else None
+
+    def instances_on(self, host: Host) -> int:
+        """vLLM instances (CXL-RPC clients) a host runs: workers only."""
+        if "worker" not in host.roles:
+            return 0
+        if host.instances is not None:
+            return host.instances
+        return self.serve.vllm.instances_per_host if self.serve is not None else 1
+
+    def block_size_on(self, host: Host) -> int:
+        if host.block_size is not None:
+            return host.block_size
+        sizes = self.serve.vllm.block_size if self.serve is not None else BlockSize()
+        return sizes.gpu if host.platform == "gpu" else sizes.cpu
+
+    def tuning_for(self, host: Host) -> Tuning:
+        if host.tuning is None:
+            return self.tuning
+        return Tuning(
+            hugepages=host.tuning.hugepages if host.tuning.hugepages is not None else self.tuning.hugepages,
+            thp=host.tuning.thp if host.tuning.thp is not None else self.tuning.thp,
+        )
