@@ -1,0 +1,364 @@
+"""The on-media pool header at offset 0: a fixed little-endian record every host verifies.
+
+Bytes read from shared memory are untrusted (another host, an older version, a crash mid-write,
+or plain garbage): `PoolHeader.unpack` checks every length, offset and the crc, and raises
+`InputError` for anything wrong, never a struct or unicode exception.
+
+Byte layout (all integers little-endian; docs/pool-format.md has the same table):
+
+    0    8  magic b"BELUGAPL"           written last by the initializing host
+    8    4  format version (u32)
+    12   4  header length (u32)         384 + 64 * host count
+    16   4  crc32 (u32)                 over [0, header length) with crc, claim and epoch lines zeroed
+    20   4  host count (u32)            1..16
+    24  16  pool uuid (16 raw bytes)
+    40  32  layout hash (sha256, raw)
+    72   8  pool size (u64)
+    80   8  devdax align (u64)
+    88   8  created time (u64, unix seconds)
+    96  48  created by (UTF-8 host name, NUL padded)
+    144  8  rpc offset (u64)
+    152  8  rpc ring stride (u64)
+    160  4  rpc ring count (u32)
+    164  4  rpc slots per ring (u32)
+    168  4  rpc slot size (u32)
+    172  4  reserved, zero
+    176  8  journal offset (u64)
+    184  8  journal size (u64)
+    192  8  CLAIM word (u64)             alone in its cache line (192..255), set by compare-and-swap
+    256  8  EPOCH (u64)                 alone in its cache line (256..319), bumped by each metadata-server start
+    320  8  shared KV offset (u64)
+    328  8  shared KV size (u64)
+    336 48  reserved, zero
+    384 64*N host table: name (48 bytes, UTF-8, NUL padded), partition offset (u64), partition size (u64)
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid as uuid_mod
+import zlib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from belugactl.errors import InputError
+from belugactl.model.layout import FORMAT_VERSION, PoolLayout
+from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
+
+MAGIC = b"BELUGAPL"
+MAGIC_OFFSET = 0
+CRC_OFFSET = 16
+CLAIM_OFFSET = 192  # 8-byte aligned, own cache line: the first writer's compare-and-swap target
+EPOCH_OFFSET = 256  # 8-byte aligned, own cache line: the data plane bumps it atomically
+FIXED_SIZE = 384
+HOST_ENTRY_SIZE = 64
+NAME_FIELD = HOST_NAME_MAX + 1  # 48
+MAX_HEADER_SIZE = FIXED_SIZE + HOST_ENTRY_SIZE * MAX_HOSTS
+HEADER_REGION = 2 << 20  # the header region the layout reserves; the record itself is far smaller
+# Byte ranges that change after the header is written, so the crc leaves them out.
+_LIVE_RANGES = ((CLAIM_OFFSET, CLAIM_OFFSET + 64), (EPOCH_OFFSET, EPOCH_OFFSET + 64))
+
+_IDENTITY = struct.Struct("<8sIIII16s32sQQQ48sQQIIIIQQ")  # bytes 0..192
+_SHARED = struct.Struct("<QQ")  # bytes 320..336
+_ENTRY = struct.Struct(f"<{NAME_FIELD}sQQ")
+_U64 = struct.Struct("<Q")
+assert _IDENTITY.size == CLAIM_OFFSET and _ENTRY.size == HOST_ENTRY_SIZE
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class PoolHeader:
+    format_version: int
+    pool_uuid: str
+    layout_hash: str  # hex
+    pool_size: int
+    align: int
+    created_time: int
+    created_by: str
+    rpc_offset: int
+    rpc_ring_stride: int
+    rpc_ring_count: int
+    rpc_slots_per_ring: int
+    rpc_slot_size: int
+    journal_offset: int
+    journal_size: int
+    shared_kv_offset: int
+    shared_kv_size: int
+    hosts: tuple[HostEntry, ...]
+    epoch: int = 0
+    claim: int = 0
+
+    # ---- building ------------------------------------------------------------------------
+    @classmethod
+    def from_layout(
+        cls,
+        manifest: Manifest,
+        layout: PoolLayout,
+        *,
+        created_by: str,
+        created_time: int | None = None,
+        epoch: int = 0,
+        claim: int = 0,
+    ) -> PoolHeader:
+        return cls(
+            format_version=layout.format_version,
+            pool_uuid=pool_uuid(manifest),
+            layout_hash=layout.layout_hash,
+            pool_size=layout.pool_size,
+            align=layout.align,
+            created_time=int(time.time()) if created_time is None else created_time,
+            created_by=created_by,
+            rpc_offset=layout.rpc.offset,
+            rpc_ring_stride=layout.rpc.ring_stride,
+            rpc_ring_count=layout.rpc.ring_count,
+            rpc_slots_per_ring=layout.rpc.slots_per_ring,
+            rpc_slot_size=layout.rpc.slot_size,
+            journal_offset=layout.journal.offset,
+            journal_size=layout.journal.size,
+            shared_kv_offset=layout.shared_kv.offset,
+            shared_kv_size=layout.shared_kv.size,
+            hosts=tuple(HostEntry(p.host, p.offset, p.size) for p in layout.partitions),
+            epoch=epoch,
+            claim=claim,
+        )
+
+    @property
+    def length(self) -> int:
+        return FIXED_SIZE + HOST_ENTRY_SIZE * len(self.hosts)
+
+    # ---- bytes ---------------------------------------------------------------------------
+    def pack(self, *, include_magic: bool = True) -> bytes:
+        """The record as bytes. With include_magic=False the magic is zero, for a writer that
+        stores everything else first and the magic last (see docs/pool-format.md, claim protocol)."""
+        if not 1 <= len(self.hosts) <= MAX_HOSTS:
+            raise ValueError(f"a header holds 1..{MAX_HOSTS} hosts, not {len(self.hosts)}")
+        buf = bytearray(self.length)
+        _IDENTITY.pack_into(
+            buf,
+            0,
+            MAGIC,
+            self.format_version,
+            self.length,
+            0,
+            len(self.hosts),
+            uuid_mod.UUID(self.pool_uuid).bytes,
+            bytes.fromhex(self.layout_hash),
+            self.pool_size,
+            self.align,
+            self.created_time,
+            _name_bytes(self.created_by, "created_by"),
+            self.rpc_offset,
+            self.rpc_ring_stride,
+            self.rpc_ring_count,
+            self.rpc_slots_per_ring,
+            self.rpc_slot_size,
+            0,
+            self.journal_offset,
+            self.journal_size,
+        )
+        _U64.pack_into(buf, CLAIM_OFFSET, self.claim)
+        _U64.pack_into(buf, EPOCH_OFFSET, self.epoch)
+        _SHARED.pack_into(buf, 320, self.shared_kv_offset, self.shared_kv_size)
+        for i, host in enumerate(self.hosts):
+            _ENTRY.pack_into(
+                buf, FIXED_SIZE + i * HOST_ENTRY_SIZE, _name_bytes(host.name, "host"), host.offset, host.size
+            )
+        struct.pack_into("<I", buf, CRC_OFFSET, _crc(buf))
+        if not include_magic:
+            buf[MAGIC_OFFSET : MAGIC_OFFSET + len(MAGIC)] = bytes(len(MAGIC))
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview) -> PoolHeader:
+        """Parse and verify untrusted bytes (at least the record; the 2 MiB region is fine)."""
+        data = bytes(data[:MAX_HEADER_SIZE])
+        if len(data) < FIXED_SIZE:
+            raise _bad(f"only {len(data)} bytes; the fixed part of a header is {FIXED_SIZE}")
+        (
+            magic,
+            version,
+            length,
+            crc,
+            host_count,
+            raw_uuid,
+            raw_hash,
+            pool_size,
+            align,
+            created_time,
+            raw_created_by,
+            rpc_offset,
+            ring_stride,
+            ring_count,
+            slots,
+            slot_size,
+            reserved,
+            journal_offset,
+            journal_size,
+        ) = _IDENTITY.unpack_from(data, 0)
+        if magic != MAGIC:
+            if magic == bytes(len(MAGIC)):
+                claim = _U64.unpack_from(data, CLAIM_OFFSET)[0]
+                if claim:
+                    raise _bad(
+                        f"no header yet, but claim word {claim:#018x} is set: another host is initializing the pool "
+                        "(or crashed while doing so)",
+                        fix="wait and retry; if no host is initializing, `belugactl setup --force` resets the claim",
+                    )
+                raise _bad(
+                    "the pool has no header (magic is zero): it was never initialized", fix="run belugactl setup"
+                )
+            raise _bad(f"bad magic {magic!r}; expected {MAGIC!r}: this is not a belugactl pool, or it is corrupted")
+        if version != FORMAT_VERSION:
+            raise _bad(f"header format version {version}; this belugactl reads version {FORMAT_VERSION}")
+        if not 1 <= host_count <= MAX_HOSTS:
+            raise _bad(f"host count {host_count} is outside 1..{MAX_HOSTS}")
+        if length != FIXED_SIZE + HOST_ENTRY_SIZE * host_count:
+            raise _bad(f"header length {length} does not match {host_count} hosts")
+        if length > len(data):
+            raise _bad(f"header length {length} but only {len(data)} bytes were read")
+        record = bytearray(data[:length])
+        if _crc(record) != crc:
+            raise _bad(f"crc mismatch (stored {crc:#010x}, computed {_crc(record):#010x}): the header is corrupted")
+        if reserved or any(record[336:FIXED_SIZE]):
+            raise _bad("reserved header bytes are not zero")
+        shared_offset, shared_size = _SHARED.unpack_from(record, 320)
+        hosts = []
+        for i in range(host_count):
+            raw_name, offset, size = _ENTRY.unpack_from(record, FIXED_SIZE + i * HOST_ENTRY_SIZE)
+            name = _name_from(raw_name, f"host entry {i}")
+            if offset + size > pool_size:
+                raise _bad(f"host entry {i} ({name}) ends at {offset + size}, past the pool size {pool_size}")
+            hosts.append(HostEntry(name, offset, size))
+        for what, offset, size in (
+            ("rpc area", rpc_offset, ring_stride * ring_count),
+            ("journal", journal_offset, journal_size),
+            ("shared KV area", shared_offset, shared_size),
+        ):
+            if offset + size > pool_size:
+                raise _bad(f"the {what} ends at {offset + size}, past the pool size {pool_size}")
+        return cls(
+            format_version=version,
+            pool_uuid=str(uuid_mod.UUID(bytes=raw_uuid)),
+            layout_hash=raw_hash.hex(),
+            pool_size=pool_size,
+            align=align,
+            created_time=created_time,
+            created_by=_name_from(raw_created_by, "created_by"),
+            rpc_offset=rpc_offset,
+            rpc_ring_stride=ring_stride,
+            rpc_ring_count=ring_count,
+            rpc_slots_per_ring=slots,
+            rpc_slot_size=slot_size,
+            journal_offset=journal_offset,
+            journal_size=journal_size,
+            shared_kv_offset=shared_offset,
+            shared_kv_size=shared_size,
+            hosts=tuple(hosts),
+            epoch=_U64.unpack_from(record, EPOCH_OFFSET)[0],
+            claim=_U64.unpack_from(record, CLAIM_OFFSET)[0],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["hosts"] = [{"name": h.name, "offset": h.offset, "size": h.size} for h in self.hosts]
+        return data
+
+
+# Fields that legitimately differ between a header on media and one built from a manifest.
+RUNTIME_FIELDS = ("created_time", "created_by", "epoch", "claim")
+
+
+def diff(ours: PoolHeader, theirs: PoolHeader, *, include_runtime: bool = False) -> list[tuple[str, Any, Any]]:
+    """Field-by-field differences (field, ours, theirs); host entries as hosts[i].name etc."""
+    out: list[tuple[str, Any, Any]] = []
+    for f in fields(PoolHeader):
+        if f.name == "hosts" or (f.name in RUNTIME_FIELDS and not include_runtime):
+            continue
+        a, b = getattr(ours, f.name), getattr(theirs, f.name)
+        if a != b:
+            out.append((f.name, a, b))
+    if len(ours.hosts) != len(theirs.hosts):
+        out.append(("hosts.count", len(ours.hosts), len(theirs.hosts)))
+    for i, (a, b) in enumerate(zip(ours.hosts, theirs.hosts, strict=False)):
+        for name in ("name", "offset", "size"):
+            if getattr(a, name) != getattr(b, name):
+                out.append((f"hosts[{i}].{name}", getattr(a, name), getattr(b, name)))
+    return out
+
+
+def pool_uuid(manifest: Manifest) -> str:
+    """The namespace uuid the manifest pins; without one, a uuid derived from the rack name."""
+    if manifest.pool.namespace is not None:
+        return manifest.pool.namespace.uuid
+    return str(uuid_mod.uuid5(uuid_mod.NAMESPACE_URL, f"belugactl:pool:{manifest.name}"))
+
+
+# ---- the live words: claim and epoch --------------------------------------------------------
+# Plain reads and writes at the fixed offsets, for a bytearray, memoryview or mmap. The atomic
+# versions (compare-and-swap on the claim, fetch-add on the epoch) belong to the data plane's native
+# helper; these are for inspection, tests and the single-writer paths.
+
+
+def read_epoch(buf: Any) -> int:
+    return _U64.unpack_from(buf, EPOCH_OFFSET)[0]
+
+
+def write_epoch(buf: Any, epoch: int) -> None:
+    _U64.pack_into(buf, EPOCH_OFFSET, epoch)
+
+
+def read_claim(buf: Any) -> int:
+    return _U64.unpack_from(buf, CLAIM_OFFSET)[0]
+
+
+def write_claim(buf: Any, nonce: int) -> None:
+    _U64.pack_into(buf, CLAIM_OFFSET, nonce)
+
+
+def is_blank(buf: Any) -> bool:
+    """No header and no claim: the pool was never initialized."""
+    return bytes(buf[MAGIC_OFFSET : MAGIC_OFFSET + len(MAGIC)]) == bytes(len(MAGIC)) and read_claim(buf) == 0
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _crc(record: bytearray | bytes) -> int:
+    work = bytearray(record)
+    work[CRC_OFFSET : CRC_OFFSET + 4] = bytes(4)
+    for start, end in _LIVE_RANGES:
+        work[start:end] = bytes(end - start)
+    return zlib.crc32(work) & 0xFFFFFFFF
+
+
+def _name_bytes(name: str, what: str) -> bytes:
+    raw = name.encode()
+    if not raw or len(raw) > HOST_NAME_MAX or b"\0" in raw:
+        raise ValueError(f"{what} name {name!r} must be 1..{HOST_NAME_MAX} bytes without NUL")
+    return raw.ljust(NAME_FIELD, b"\0")
+
+
+def _name_from(raw: bytes, what: str) -> str:
+    text, _, padding = raw.partition(b"\0")
+    if not text or any(padding):
+        raise _bad(f"{what}: the name field is empty or not NUL padded")
+    try:
+        return text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(f"{what}: the name is not UTF-8") from None
+
+
+def _bad(what: str, *, fix: str | None = None) -> InputError:
+    return InputError(
+        f"pool header: {what}",
+        why="the bytes at pool offset 0 are not a valid belugactl header",
+        fix=fix or "check that every host maps the same device; `belugactl pool show` prints the expected layout",
+        where="pool offset 0",
+    )
