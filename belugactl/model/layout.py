@@ -177,7 +177,7 @@ class PoolLayout:
     def regions(self) -> Iterator[Region]:
         rpc_area = Extent(self.rpc.offset, self.journal.offset - self.rpc.offset)
         yield Region(
-            "header", "header", self.header.offset, self.header.size, "all hosts", "magic, version, uuid, epoch"
+            "header", "header", self.header.offset, self.header.size, "all hosts", "magic, uuid, layout hash, epoch"
         )
         yield Region(
             "rpc-rings",
@@ -185,14 +185,14 @@ class PoolLayout:
             rpc_area.offset,
             rpc_area.size,
             "metadata server",
-            f"{self.rpc.ring_count} rings x {self.rpc.slots_per_ring} slots x {self.rpc.slot_size} B",
+            f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B",
         )
         yield Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server", "index journal")
         yield Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts", "KV blocks")
         for p in self.partitions:
             yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}")
         if self.unused:
-            yield Region("unused", "unused", self.used, self.unused, "-", "left over after alignment")
+            yield Region("unused", "unused", self.used, self.unused, "-", "alignment tail")
 
     def to_dict(self) -> dict[str, Any]:
         data = self.canonical()

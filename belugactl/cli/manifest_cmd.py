@@ -1,0 +1,70 @@
+"""`belugactl manifest check -f FILE`: validate a rack manifest and print the layout it resolves to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    manifest = typer.Typer(help="Validate rack manifests.", no_args_is_help=True)
+
+    @manifest.command("check")
+    def check(
+        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+    ) -> None:
+        """Validate FILE (every problem with file:line:column) and print the resolved pool layout."""
+        from belugactl.cli.pool_cmd import render_layout_table
+        from belugactl.cli.render import print_json
+        from belugactl.errors import ManifestError
+        from belugactl.model.layout import resolve_layout
+        from belugactl.model.manifest import load_manifest
+
+        try:
+            m = load_manifest(file)
+        except ManifestError as exc:
+            if as_json:
+                print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
+            raise
+        layout = resolve_layout(m)
+        if as_json:
+            print_json({"ok": True, "file": str(file), "manifest": summary(m), "layout": layout.to_dict()})
+            return
+        from belugactl.cli.render import stdout_console
+        from belugactl.units import format_size
+
+        console = stdout_console()
+        s = summary(m)
+        console.print(
+            f"[green]ok[/green] {file}: rack [bold]{m.name}[/bold], {len(m.hosts)} host(s), "
+            f"pool {format_size(m.pool.size)} (align {format_size(m.pool.align)}), "
+            f"{s['clients']} vLLM instance(s), metadata on {s['metadata_host']}"
+        )
+        render_layout_table(console, layout, title=f"pool layout {layout.layout_hash[:12]}")
+
+    app.add_typer(manifest, name="manifest")
+
+
+def summary(m) -> dict[str, object]:  # m: Manifest (imported lazily)
+    meta = m.metadata_host()
+    return {
+        "name": m.name,
+        "version": m.version,
+        "hosts": [
+            {
+                "name": h.name,
+                "address": h.address,
+                "roles": list(h.roles),
+                "platform": h.platform,
+                "instances": m.instances_on(h),
+                "block_size": m.block_size_on(h),
+                "gpus": h.gpus.count,
+            }
+            for h in m.hosts
+        ],
+        "metadata_host": meta.name if meta else None,
+        "clients": sum(m.instances_on(h) for h in m.hosts),
+        "pool": m.pool.model_dump(mode="json"),
+    }

@@ -1,0 +1,95 @@
+"""`belugactl pool show -f FILE`: the pool map (header, metadata/RPC area, shared KV, partitions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+BAR_WIDTH = 72
+
+
+def register(app: typer.Typer) -> None:
+    pool = typer.Typer(help="The shared pool's layout.", no_args_is_help=True)
+
+    @pool.command("show")
+    def show(
+        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+        svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
+    ) -> None:
+        """Print the pool map derived from FILE: every region's offset, end, size and owner."""
+        from belugactl.errors import EnvironmentProblem
+        from belugactl.model.layout import resolve_layout
+        from belugactl.model.manifest import load_manifest
+
+        m = load_manifest(file)
+        layout = resolve_layout(m)
+        if svg is not None:
+            from belugactl.workflows.pool_svg import render_svg
+
+            try:
+                svg.write_text(render_svg(layout, title=f"belugactl pool map: {m.name}"), encoding="utf-8")
+            except OSError as exc:
+                raise EnvironmentProblem(
+                    f"cannot write {svg}", why=exc.strerror or str(exc), fix="choose a writable path for --svg"
+                ) from None
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            document: dict[str, Any] = {"rack": m.name, **layout.to_dict()}
+            if svg is not None:
+                document["svg"] = str(svg)
+            print_json(document)
+            return
+        from belugactl.cli.render import stderr_console, stdout_console
+
+        console = stdout_console()
+        render_layout_table(console, layout, title=f"pool map: {m.name} (layout {layout.layout_hash[:12]})")
+        if svg is not None:
+            stderr_console().print(f"wrote {svg}")
+
+    app.add_typer(pool, name="pool")
+
+
+def render_layout_table(console: Any, layout: Any, *, title: str) -> None:
+    """A rich table of regions plus a proportional bar; shared with `manifest check`."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from belugactl.units import format_size
+    from belugactl.workflows.pool_svg import proportional_widths, region_color
+
+    regions = list(layout.regions())
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (("region", "left"), ("offset", "right"), ("end", "right"), ("size", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    table.add_column("owner", no_wrap=True)
+    show_detail = console.width >= 110  # a piped console is 80 columns; keep the numbers whole there
+    if show_detail:
+        table.add_column("detail", overflow="fold")
+    colors = []
+    partition_index = 0
+    for region in regions:
+        color = region_color(region, partition_index)
+        partition_index += region.kind == "partition"
+        colors.append(color)
+        cells = [
+            Text(region.kind if region.kind == "partition" else region.name, style=color),
+            f"{region.offset:#x}",
+            f"{region.end:#x}",
+            format_size(region.size),
+            region.owner,
+        ]
+        table.add_row(*cells, *([region.detail] if show_detail else []))
+    console.print(table)
+    bar = Text()
+    for width, color in zip(proportional_widths([r.size for r in regions], BAR_WIDTH), colors, strict=True):
+        bar.append("█" * width, style=color)
+    console.print(bar)
+    console.print(
+        f"pool {format_size(layout.pool_size)}, used {format_size(layout.used)}, "
+        f"unused {format_size(layout.unused)}, align {format_size(layout.align)}"
+    )
