@@ -1,0 +1,76 @@
+"""Counters of what the connector did, readable by operators and tests without scraping logs.
+
+Each connector instance (scheduler, each worker) owns one JSON file (`stats_path` with the role
+appended) and rewrites it atomically when a counter changes, at most every `min_interval_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class ConnectorStats:
+    def __init__(self, path: str | None, *, role: str, min_interval_s: float = 0.2) -> None:
+        self.role = role
+        self.path = Path(f"{path}.{role}.json") if path else None
+        self.counters: dict[str, int] = {}
+        self.state: dict[str, object] = {"role": role, "pid": os.getpid(), "healthy": True}
+        self._lock = threading.Lock()
+        self._min_interval = min_interval_s
+        self._last_write = 0.0
+        self._dirty = False
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0) + value
+            self._dirty = True
+        self.flush()
+
+    def set(self, name: str, value: object) -> None:
+        with self._lock:
+            if self.state.get(name) == value:
+                return
+            self.state[name] = value
+            self._dirty = True
+        self.flush(force=True)
+
+    def get(self, name: str) -> int:
+        return self.counters.get(name, 0)
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return {**self.state, "counters": dict(self.counters), "time": time.time()}
+
+    def flush(self, *, force: bool = False) -> None:
+        if self.path is None or not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_write < self._min_interval:
+            return
+        doc = self.snapshot()
+        self._dirty = False
+        self._last_write = now
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:
+            # Stats are for operators; a full disk must not fail inference.
+            pass
+
+
+def read_stats(paths: Iterable[Path]) -> dict[str, dict[str, object]]:
+    """Load every stats file given (missing or torn ones are skipped)."""
+    out: dict[str, dict[str, object]] = {}
+    for path in paths:
+        try:
+            out[path.name] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
