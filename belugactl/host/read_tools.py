@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from belugactl.errors import ToolOutputError
-from belugactl.host.host import Host
+from belugactl.host.host import CAPTURE_META, Host
 from belugactl.host.runner import CommandResult
 from belugactl.host.snapshot import ToolInfo
 
@@ -79,7 +79,14 @@ def _which(host: Host, name: str) -> str | None:
         candidate = f"{directory}/{name}"
         if host.exists(candidate):
             return candidate
-    return None
+    # A captured tree holds no binaries; the bundle's metadata says where they were.
+    meta = host.read_text(CAPTURE_META)
+    try:
+        paths = json.loads(meta).get("tool_paths", {}) if meta else {}
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    found = paths.get(name) if isinstance(paths, dict) else None
+    return found if isinstance(found, str) else None
 
 
 # --- JSON from the ndctl family --------------------------------------------------------------

@@ -8,8 +8,10 @@ get a snapshot back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
+from belugactl.host.capture import CaptureResult, tracing_host, write_bundle
 from belugactl.host.host import Host
 from belugactl.host.read_cpu import read_cpu
 from belugactl.host.read_cxl import read_cxl
@@ -67,3 +69,10 @@ def discover(host: Host) -> HostSnapshot:
         problems=problems,
         hugepages=_guarded("hugepages", problems, {}, lambda: read_hugepage_dir(host, HUGEPAGES_DIR)),
     )
+
+
+def capture(host: Host, dest: Path | str) -> CaptureResult:
+    """Discover `host` and write everything that was read to `dest` (FILE.tar.gz or a new directory)."""
+    tracing = tracing_host(host)
+    snapshot = discover(tracing)
+    return write_bundle(tracing, snapshot, dest)
