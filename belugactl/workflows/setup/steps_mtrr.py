@@ -1,0 +1,136 @@
+"""Marking the pool's physical range uncachable with variable MTRRs.
+
+An MTRR covers a power-of-two size at a base aligned to that size, so a range is split into the
+fewest such pieces (greedy from the low end: the largest piece the base's alignment and the
+remaining length allow). Setup checks there are enough free registers before writing any, and
+remembers exactly which registers it added, tied to the boot id: teardown removes only those,
+and after a reboot (when the kernel forgot them) the memory of them is dropped too.
+"""
+
+from __future__ import annotations
+
+from belugactl.errors import EnvironmentProblem
+from belugactl.host.snapshot import MtrrEntry
+from belugactl.model.plan import MtrrAdd, MtrrRemove, Skip, Step
+from belugactl.units import format_size
+from belugactl.workflows.setup.facts import SetupFacts
+from belugactl.workflows.setup.steps_pool import find_pool_region, pool_dax
+from belugactl.workflows.setup.target import SetupTarget
+
+PAGE = 4096
+# Intel CPUs have had 8 or more variable MTRRs since the P6; used only when IA32_MTRRCAP is unreadable.
+ASSUMED_VARIABLE_MTRRS = 8
+
+
+def split_range(base: int, size: int) -> list[tuple[int, int]]:
+    """[base, base+size) as the fewest (base, size) pieces, each a power of two aligned to itself."""
+    if base % PAGE or size % PAGE or size <= 0:
+        raise ValueError("MTRR ranges are whole, non-empty 4 KiB pages")
+    pieces = []
+    while size:
+        align = base & -base if base else 1 << 63
+        piece = min(align, 1 << (size.bit_length() - 1))
+        pieces.append((base, piece))
+        base += piece
+        size -= piece
+    return pieces
+
+
+def pool_ranges(target: SetupTarget, facts: SetupFacts) -> list[tuple[int, int]] | None:
+    """The pool's physical range(s); None while the device does not exist yet."""
+    region = find_pool_region(target, facts)
+    if region is not None and region.resource is not None and region.size:
+        return [(region.resource, region.size)]
+    dax = pool_dax(target, facts)
+    if dax is not None and dax.resource is not None and dax.size:
+        return [(dax.resource, dax.size)]
+    return None
+
+
+def ours(facts: SetupFacts) -> list[dict]:
+    """MTRR entries this belugactl added in the current boot (older ones died with that boot)."""
+    if facts.state.get("boot_id") != facts.boot_id:
+        return []
+    return list(facts.state.get("mtrr", []))
+
+
+def plan_mtrr(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list[Step], list[Skip]]:
+    entries = facts.snapshot.mtrr
+    if not target.uncachable:
+        leftovers = _still_listed(ours(facts), entries)
+        if not leftovers:
+            return [], [Skip("mtrr", "caching.pool_memory_type is write-back")]
+        return [_remove_step(leftovers, "the manifest now wants the pool write-back")], []
+    if entries is None:
+        raise EnvironmentProblem(
+            "the manifest wants the pool uncachable, but this machine has no /proc/mtrr",
+            why="MTRRs are disabled or absent (common in VMs and on non-x86 machines)",
+            fix="set caching.pool_memory_type: write-back and rely on flushes / non-temporal stores",
+        )
+    ranges = pool_ranges(target, facts)
+    if ranges is None:
+        return [
+            Step(
+                id="mtrr.add",
+                topic="mtrr",
+                summary="mark the pool's physical range uncachable (MTRR)",
+                deferred=True,
+                note="the physical range is known once the region or dax device exists",
+            )
+        ], []
+    pieces = [p for base, size in ranges for p in split_range(base, size)]
+    missing = [(b, s) for b, s in pieces if not _listed(entries, b, s)]
+    if not missing:
+        return [], []
+    total = facts.mtrr_count
+    note = None
+    if total is None:
+        total = ASSUMED_VARIABLE_MTRRS
+        note = f"IA32_MTRRCAP unreadable (load the msr module); assuming {total} variable MTRRs"
+    free = total - len(entries)
+    if len(missing) > free:
+        raise EnvironmentProblem(
+            f"marking the pool uncachable needs {len(missing)} MTRR(s); {free} of {total} are free",
+            why="in use: " + ", ".join(f"reg{e.reg:02d} {e.type} {format_size(e.size)}" for e in entries),
+            fix="align the pool to a power of two, free firmware MTRRs in the BIOS, or use write-back",
+        )
+    return [
+        Step(
+            id="mtrr.add",
+            topic="mtrr",
+            summary=f"mark {format_size(sum(s for _, s in missing))} of the pool uncachable "
+            f"with {len(missing)} MTRR(s)",
+            actions=tuple(MtrrAdd(b, s) for b, s in missing),
+            before=f"{len(entries)} of {total} variable MTRRs used",
+            after=f"{len(entries) + len(missing)} used",
+            note=note,
+        )
+    ], []
+
+
+def _listed(entries: list[MtrrEntry], base: int, size: int) -> MtrrEntry | None:
+    return next((e for e in entries if e.base == base and e.size == size and e.type == "uncachable"), None)
+
+
+def _still_listed(remembered: list[dict], entries: list[MtrrEntry] | None) -> list[dict]:
+    if not entries:
+        return []
+    return [r for r in remembered if any(e.reg == r["reg"] and e.base == r["base"] and e.size == r["size"]
+                                         for e in entries)]
+
+
+def _remove_step(remembered: list[dict], why: str) -> Step:
+    return Step(
+        id="mtrr.remove",
+        topic="mtrr",
+        summary=f"remove the {len(remembered)} MTRR(s) belugactl added",
+        actions=tuple(MtrrRemove(r["reg"], r["base"], r["size"]) for r in remembered),
+        before=", ".join(f"reg{r['reg']:02d}" for r in remembered),
+        after="removed",
+        note=why,
+    )
+
+
+def plan_mtrr_teardown(facts: SetupFacts) -> list[Step]:
+    leftovers = _still_listed(ours(facts), facts.snapshot.mtrr)
+    return [_remove_step(leftovers, "teardown removes only the entries setup added")] if leftovers else []

@@ -1,0 +1,126 @@
+"""What the manifest wants of one host, flattened to what setup needs (SetupTarget).
+
+The manifest schema belongs to the model layer; this module is the one adapter between it and
+setup, so a schema change touches only `target_from_manifest`.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from belugactl.errors import UsageError
+from belugactl.units import MiB
+
+# Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
+PERSISTENT_TOPICS = ("region", "devdax", "header")
+BOOT_TOPICS = ("permissions", "hugepages", "thp", "ddio", "mtrr")
+ALL_TOPICS = PERSISTENT_TOPICS + BOOT_TOPICS
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    source: str  # "cxl-region" | "dax-device"
+    size: int  # usable bytes (the dax device)
+    align: int = 2 * MiB
+    region_type: str = "pmem"  # "pmem" | "ram"
+    memdev_serials: tuple[str, ...] | None = None  # None: every memdev
+    decoder: str | None = None  # root decoder pinned by the manifest
+    region_size: int | None = None
+    ways: int = 1
+    granularity: int | None = None
+    interleave_mode: str = "hardware"
+    dax_device: str | None = None  # dax-device source: "dax0.0"
+    namespace_uuid: str | None = None
+    namespace_name: str | None = None
+
+
+@dataclass(frozen=True)
+class DevicePermissions:
+    owner: str = "root"
+    group: str = "root"
+    mode: int = 0o660
+
+
+@dataclass(frozen=True)
+class SetupTarget:
+    host: str
+    pool: PoolTarget
+    permissions: DevicePermissions = DevicePermissions()
+    hugepage_size: int = 2 * MiB
+    hugepages: dict[int, int] = field(default_factory=dict)  # NUMA node -> page count
+    thp: str | None = None  # None: leave as is
+    ddio: str = "unmanaged"  # "disabled" | "enabled" | "unmanaged"
+    uncachable: bool = False
+    header: Any = None  # a HeaderSpec (workflows.setup.steps_header); None: leave the header alone
+
+
+def default_host_name(manifest: Any) -> str:
+    """The manifest host whose name matches this machine's hostname (short or full)."""
+    names = [h.name for h in manifest.hosts]
+    full = socket.gethostname()
+    for candidate in (full, full.split(".")[0]):
+        if candidate in names:
+            return candidate
+    raise UsageError(
+        f"this machine's hostname {full!r} is not a host in the manifest",
+        why=f"the manifest lists: {', '.join(names)}",
+        fix="pass --host NAME",
+    )
+
+
+def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout: Any = None) -> SetupTarget:
+    name = host_name or default_host_name(manifest)
+    host = next((h for h in manifest.hosts if h.name == name), None)
+    if host is None:
+        raise UsageError(
+            f"no host named {name!r} in the manifest",
+            why=f"the manifest lists: {', '.join(h.name for h in manifest.hosts)}",
+            fix="pass --host with one of those names",
+        )
+    pool = manifest.pool
+    src = pool.source
+    ns = pool.namespace
+    if src.kind == "cxl-region":
+        memdevs = None if src.memdevs == "all" else tuple(str(s) for s in src.memdevs)
+        pool_target = PoolTarget(
+            source="cxl-region",
+            size=pool.size,
+            align=pool.align,
+            region_type=src.type,
+            memdev_serials=memdevs,
+            decoder=src.decoder,
+            region_size=src.region_size,
+            ways=pool.interleave.ways,
+            granularity=pool.interleave.granularity,
+            interleave_mode=pool.interleave.mode,
+            namespace_uuid=ns.uuid if ns else None,
+            namespace_name=ns.name if ns else None,
+        )
+    else:
+        pool_target = PoolTarget(source="dax-device", size=pool.size, align=pool.align, dax_device=src.device)
+    tuning = host.tuning or manifest.tuning
+    hp = tuning.hugepages
+    perms = getattr(pool, "permissions", None)  # not in the schema yet: defaults until it is
+    permissions = (
+        DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
+        if perms is not None
+        else DevicePermissions()
+    )
+    header = None
+    if layout is not None:
+        from belugactl.workflows.setup.steps_header import header_spec_for
+
+        header = header_spec_for(manifest, layout, name)
+    return SetupTarget(
+        host=name,
+        pool=pool_target,
+        permissions=permissions,
+        hugepage_size=hp.page_size if hp else 2 * MiB,
+        hugepages=dict(hp.per_node) if hp else {},
+        thp=tuning.thp,
+        ddio=manifest.caching.ddio,
+        uncachable=manifest.caching.pool_memory_type == "uncachable",
+        header=header,
+    )
