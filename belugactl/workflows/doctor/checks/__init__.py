@@ -1,0 +1,17 @@
+"""The built-in checks, one module per topic. Importing this package registers them all.
+
+The report orders them by `registry.TOPIC_ORDER`, so the import order here does not matter.
+"""
+
+from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for their registrations
+    caching,
+    cxl,
+    dax,
+    discovery,
+    kernel,
+    memory,
+    numa,
+    pci,
+    pool,
+    tools,
+)

@@ -1,0 +1,245 @@
+"""The pool's device-dax device: present, devdax (never system-ram), map=mem, align, size, identity, access."""
+
+from __future__ import annotations
+
+import stat
+
+from belugactl.host.snapshot import DaxDevice, NdNamespace
+from belugactl.units import MiB, format_size
+from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.context import DoctorContext
+from belugactl.workflows.doctor.registry import REGISTRY
+from belugactl.workflows.doctor.result import CheckResult
+
+DEFAULT_ALIGN = 2 * MiB
+UDEV_RULE = '/etc/udev/rules.d/60-beluga-dax.rules: SUBSYSTEM=="dax", KERNEL=="{name}", GROUP="beluga", MODE="0660"'
+
+
+def _pool_or_skip(ctx: DoctorContext) -> DaxDevice | CheckResult:
+    """The pool's dax device, or the skip/fail that says why there is none to check."""
+    if (skip := skip_without_cxl(ctx)) is not None:
+        return skip
+    dev = ctx.pool_dax()
+    if dev is not None:
+        return dev
+    return CheckResult.skip("no pool dax device found (see dax.device-present)")
+
+
+def _namespace_of(ctx: DoctorContext, dev: DaxDevice) -> NdNamespace | None:
+    return next((ns for ns in ctx.snapshot.nd.namespaces if ns.chardev == dev.name), None)
+
+
+def _reconfig_cmd(ctx: DoctorContext, ns: NdNamespace) -> str:
+    exp = ctx.expect
+    align = (
+        format_size(exp.align if exp is not None and exp.align else DEFAULT_ALIGN).replace(" ", "").replace("iB", "")
+    )
+    ident = ""
+    if exp is not None and exp.namespace_uuid:
+        ident = f" -u {exp.namespace_uuid} -n {exp.namespace_name}"
+    return f"ndctl create-namespace --force --reconfig={ns.dev} -m devdax -M mem -a {align}{ident}"
+
+
+@REGISTRY.check("dax.device-present", "the pool's dax device and its /dev node exist")
+def device_present(ctx: DoctorContext) -> CheckResult:
+    if (skip := skip_without_cxl(ctx)) is not None:
+        return skip
+    exp = ctx.expect
+    dev = ctx.pool_dax()
+    if dev is None:
+        if exp is not None and exp.dax_device:
+            return CheckResult.fail(f"the manifest's dax device {exp.dax_device} does not exist", setup_fix(ctx))
+        cxl_dax = ctx.cxl_dax_devices()
+        if len(cxl_dax) > 1:
+            return CheckResult.warn(
+                f"several CXL dax devices ({', '.join(d.name for d in cxl_dax)}); which one is the pool is unclear",
+                "name it in the manifest (pool.source.device) or destroy the extra ones",
+            )
+        if exp is not None:
+            return CheckResult.fail("no dax device on the CXL memory yet: the pool is not set up", setup_fix(ctx))
+        return CheckResult.warn(
+            "CXL memory present but no dax device on it: no pool on this host yet",
+            "belugactl setup -f MANIFEST",
+        )
+    if dev.mode == "system-ram":
+        return CheckResult.skip(f"{dev.name} is onlined as system-ram, so it has no /dev node (see dax.mode-devdax)")
+    if not dev.dev_exists:
+        return CheckResult.fail(
+            f"{dev.name} exists in sysfs but {dev.dev_path or '/dev/' + dev.name} does not",
+            f"udevadm trigger --subsystem-match=dax --action=add (or `daxctl enable-device {dev.name}`)",
+        )
+    return CheckResult.ok(f"{dev.dev_path or '/dev/' + dev.name} ({format_size(dev.size or 0)})", device=dev.name)
+
+
+@REGISTRY.check("dax.mode-devdax", "CXL dax devices are devdax, never onlined as system-ram")
+def mode_devdax(ctx: DoctorContext) -> CheckResult:
+    if (skip := skip_without_cxl(ctx)) is not None:
+        return skip
+    devices = ctx.cxl_dax_devices()
+    pool = ctx.pool_dax()
+    if pool is not None and pool not in devices:
+        devices.append(pool)
+    if not devices:
+        return CheckResult.skip("no dax device on CXL memory (see dax.device-present)")
+    ram = [d for d in devices if d.mode == "system-ram"]
+    if ram:
+        described = ", ".join(
+            f"{d.name} (node {d.target_node if d.target_node is not None else '?'}"
+            + (f", {d.online_memblocks}/{d.total_memblocks} blocks online" if d.total_memblocks else "")
+            + ")"
+            for d in ram
+        )
+        cmds = "; ".join(f"daxctl reconfigure-device --mode=devdax --force {d.name}" for d in ram)
+        return CheckResult.fail(
+            f"{described} onlined as system-ram: the kernel has claimed the pool as ordinary memory "
+            "(onlining zeroes it) and will hand it to any process, overwriting what other hosts store there",
+            f"stop what runs on that node, then {cmds} (offlines the memory; if that fails it is in use: reboot "
+            "with memhp_default_state=offline); then set memory auto-online to offline (see memory.auto-online) "
+            "and re-verify the pool header with `belugactl doctor -f MANIFEST`",
+            devices=[d.name for d in ram],
+        )
+    unknown = [d.name for d in devices if d.mode is None]
+    if unknown:
+        return CheckResult.warn(
+            f"mode of {', '.join(unknown)} unknown (neither daxctl nor the driver link said)",
+            "check with `daxctl list`",
+        )
+    return CheckResult.ok("devdax: " + ", ".join(d.name for d in devices))
+
+
+@REGISTRY.check("dax.map-mem", "the pool's devdax namespace keeps page metadata in RAM (map=mem)")
+def map_mem(ctx: DoctorContext) -> CheckResult:
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    ns = _namespace_of(ctx, dev)
+    if ns is None:
+        return CheckResult.skip(
+            f"{dev.name} has no libnvdimm namespace (ram region or firmware memory): "
+            "no page-metadata placement to choose"
+        )
+    if ns.map in (None, "mem", "none"):
+        if ns.map is None:
+            return CheckResult.warn(f"{ns.dev}: map not reported", f"check with `ndctl list -n {ns.dev}`")
+        return CheckResult.ok(f"{ns.dev} map={ns.map}")
+    shared = ctx.expect is not None and ctx.expect.hosts_sharing > 1
+    reason = f"{ns.dev} ({dev.name}) has map=dev: the kernel keeps its per-page metadata on the pool media itself"
+    fix = _reconfig_cmd(ctx, ns) + " (destroys the namespace's view of the pool; coordinate with the other hosts)"
+    if shared:
+        return CheckResult.fail(
+            reason
+            + f"; {ctx.expect.hosts_sharing} hosts share this pool, so each writes its metadata into the same bytes",  # type: ignore[union-attr]
+            fix,
+        )
+    return CheckResult.warn(
+        reason + "; safe only if no other host maps this pool (Beluga pools are shared)",
+        fix,
+    )
+
+
+@REGISTRY.check("dax.align", "the pool's dax device alignment (2 MiB or the manifest's)")
+def align(ctx: DoctorContext) -> CheckResult:
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    if dev.align is None:
+        return CheckResult.skip(f"{dev.name}: align not reported")
+    want = ctx.expect.align if ctx.expect is not None and ctx.expect.align else None
+    ns = _namespace_of(ctx, dev)
+    fix = (
+        _reconfig_cmd(ctx, ns)
+        if ns is not None
+        else f"daxctl reconfigure-device --mode=devdax --force --align=2M {dev.name}"
+    )
+    if want is not None and dev.align != want:
+        return CheckResult.fail(
+            f"{dev.name} align {format_size(dev.align)}, the manifest says {format_size(want)}: "
+            "offsets and mmap lengths would not line up across hosts",
+            fix,
+        )
+    if want is None and dev.align < DEFAULT_ALIGN:
+        return CheckResult.warn(
+            f"{dev.name} align {format_size(dev.align)}: below 2 MiB the pool cannot use huge mappings",
+            fix,
+        )
+    return CheckResult.ok(f"{dev.name} align {format_size(dev.align)}")
+
+
+@REGISTRY.check("dax.size-matches-manifest", "the pool's dax device is the size the layout is built on")
+def size_matches(ctx: DoctorContext) -> CheckResult:
+    if ctx.expect is None or ctx.expect.pool_size is None:
+        return CheckResult.skip("no manifest: no pool size to compare with")
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    if dev.size is None:
+        return CheckResult.skip(f"{dev.name}: size not reported")
+    want = ctx.expect.pool_size
+    if dev.size < want:
+        return CheckResult.fail(
+            f"{dev.name} is {format_size(dev.size)}, the manifest's pool is {format_size(want)}: "
+            "the layout's last partitions would lie past the end of the device",
+            f"set pool.size: {dev.size} in the manifest (every host must agree), or rebuild the region/namespace",
+        )
+    if dev.size > want:
+        return CheckResult.warn(
+            f"{dev.name} is {format_size(dev.size)}, the manifest's pool is {format_size(want)}: "
+            f"{format_size(dev.size - want)} at the end stays unused",
+            f"set pool.size: {dev.size} in the manifest to use all of it",
+        )
+    return CheckResult.ok(f"{dev.name} is {format_size(dev.size)}, as the manifest says")
+
+
+def _identity(ctx: DoctorContext, field: str) -> CheckResult:
+    exp = ctx.expect
+    want = getattr(exp, f"namespace_{field}") if exp is not None else None
+    if exp is None or want is None:
+        return CheckResult.skip(f"no namespace {field} pinned in a manifest")
+    if exp.source == "dax":
+        return CheckResult.skip("the pool is an existing dax device: no namespace to compare")
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    ns = _namespace_of(ctx, dev)
+    if ns is None:
+        return CheckResult.fail(f"{dev.name} is not on a libnvdimm namespace; the manifest pins one", setup_fix(ctx))
+    have = getattr(ns, field)
+    if (have or "").lower() != want.lower():
+        return CheckResult.fail(
+            f"{ns.dev} {field} is {have!r}, the manifest pins {want!r}: this host did not create the rack's namespace",
+            _reconfig_cmd(ctx, ns) + " (destroys this host's namespace; the shared media is rebuilt by setup)",
+        )
+    return CheckResult.ok(f"{ns.dev} {field} {have}")
+
+
+@REGISTRY.check("dax.namespace-uuid", "the namespace uuid is the manifest's pinned one")
+def namespace_uuid(ctx: DoctorContext) -> CheckResult:
+    return _identity(ctx, "uuid")
+
+
+@REGISTRY.check("dax.namespace-name", "the namespace name is the manifest's pinned one")
+def namespace_name(ctx: DoctorContext) -> CheckResult:
+    return _identity(ctx, "name")
+
+
+@REGISTRY.check("dax.permissions", "the pool's /dev node is not open to every local user")
+def permissions(ctx: DoctorContext) -> CheckResult:
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    if not dev.dev_exists or dev.dev_mode is None:
+        return CheckResult.skip(f"{dev.dev_path or dev.name}: no /dev node to inspect (see dax.device-present)")
+    path = dev.dev_path or f"/dev/{dev.name}"
+    owner = dev.dev_owner or str(dev.dev_uid)
+    group = dev.dev_group or str(dev.dev_gid)
+    mode = stat.S_IMODE(dev.dev_mode)
+    summary = f"{path} {owner}:{group} {mode:04o}"
+    fix = f"chgrp beluga {path} && chmod 0660 {path}; persist it with a udev rule, {UDEV_RULE.format(name=dev.name)}"
+    if mode & stat.S_IWOTH:
+        return CheckResult.fail(
+            f"{summary}: world-writable, so any local user can overwrite every host's KV blocks and the RPC rings",
+            fix,
+        )
+    if mode & stat.S_IROTH:
+        return CheckResult.warn(f"{summary}: world-readable, so any local user can read every tenant's KV cache", fix)
+    return CheckResult.ok(summary)

@@ -1,0 +1,81 @@
+"""The on-media pool header: present, intact, and the same layout this host's manifest derives."""
+
+from __future__ import annotations
+
+from belugactl.errors import BelugaError, EnvironmentProblem, InputError
+from belugactl.units import MiB
+from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.context import DoctorContext
+from belugactl.workflows.doctor.registry import REGISTRY
+from belugactl.workflows.doctor.result import CheckResult
+
+READ_BYTES = 4096  # the header record is at most 384 + 64 * 16 bytes
+
+
+@REGISTRY.check("pool.header", "the pool header is present and matches the manifest's layout")
+def pool_header(ctx: DoctorContext) -> CheckResult:
+    if (skip := skip_without_cxl(ctx)) is not None:
+        return skip
+    dev = ctx.pool_dax()
+    if dev is None:
+        return CheckResult.skip("no pool dax device, so no header to read (see dax.device-present)")
+    if dev.mode == "system-ram":
+        return CheckResult.skip(f"{dev.name} is system-ram, so there is no pool to read (see dax.mode-devdax)")
+    if ctx.host is None:
+        return CheckResult.skip("no access to the host's devices in this run")
+    try:
+        from belugactl.host.write_pool import PoolWindow
+        from belugactl.model import header as header_mod
+    except ImportError as exc:
+        return CheckResult.skip(f"no header reader in this build ({exc.name}): needs setup")
+    path = dev.dev_path or f"/dev/{dev.name}"
+    # A device-dax node can only be mapped, in multiples of its align; a plain pool file maps the same way.
+    length = max(dev.align or 2 * MiB, READ_BYTES)
+    try:
+        with PoolWindow.open(ctx.host, path, length, writable=False) as window:
+            data = window.read(0, READ_BYTES)
+    except EnvironmentProblem as exc:
+        return CheckResult.warn(
+            f"cannot open {path} to read the header: {exc.why or exc.what}",
+            "run doctor as root or as a member of the pool device's group",
+        )
+    except BelugaError as exc:
+        return CheckResult.skip(f"cannot map {path}: {exc.what}")
+    try:
+        found = header_mod.PoolHeader.unpack(data)
+    except InputError as exc:
+        if header_mod.is_blank(data):
+            if ctx.expect is None:
+                return CheckResult.skip("pool not provisioned yet: no header at offset 0")
+            return CheckResult.fail("the pool has no header yet: it was never initialized", setup_fix(ctx))
+        return CheckResult.fail(
+            f"the pool header at offset 0 of {path} is not valid: {exc.what}",
+            exc.fix
+            or "if no host uses the pool, re-initialize it with `belugactl setup --force` (discards its contents)",
+        )
+    summary = (
+        f"header v{found.format_version}, pool {found.pool_uuid}, {len(found.hosts)} host(s), "
+        f"epoch {found.epoch}, written by {found.created_by}"
+    )
+    details: dict[str, object] = {"header": found.to_dict()}
+    if ctx.expect is None or ctx.expect.manifest is None or ctx.expect.layout is None:
+        return CheckResult.ok(summary + " (no manifest to compare with)", **details)
+    ours = header_mod.PoolHeader.from_layout(ctx.expect.manifest, ctx.expect.layout, created_by=ctx.expect.host_name)
+    differences = header_mod.diff(ours, found)
+    if differences:
+        shown = "; ".join(f"{field}: manifest {a!r}, pool {b!r}" for field, a, b in differences[:4])
+        more = f"; and {len(differences) - 4} more" if len(differences) > 4 else ""
+        details["differences"] = [{"field": f, "manifest": a, "pool": b} for f, a, b in differences]
+        return CheckResult.fail(
+            f"the pool header disagrees with this manifest ({shown}{more}): serving would corrupt other hosts' data",
+            "use the rack's manifest (the same file on every host); only if the pool holds nothing worth keeping, "
+            "re-initialize it: belugactl setup -f MANIFEST --force",
+            **details,
+        )
+    if ctx.expect.host_name not in {h.name for h in found.hosts}:
+        return CheckResult.fail(
+            f"{summary}, but this host ({ctx.expect.host_name}) has no partition in it",
+            "check --host; a host added to the manifest later needs a new pool layout (setup --force on an idle pool)",
+            **details,
+        )
+    return CheckResult.ok(summary + ", matches the manifest", **details)

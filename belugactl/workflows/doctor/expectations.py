@@ -1,0 +1,95 @@
+"""From a validated manifest and a host name to the plain `Expectations` the checks read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from belugactl.errors import UsageError
+from belugactl.workflows.doctor.context import Expectations, HugepageWant
+
+if TYPE_CHECKING:
+    from belugactl.model.manifest_schema import Host, Manifest
+
+
+def pick_host(manifest: Manifest, wanted: str | None, hostname: str | None, *, file: str = "the manifest") -> Host:
+    """The manifest's entry for `--host`, else the one matching this machine's hostname (or its short name)."""
+    names = manifest.host_names()
+    if wanted is not None:
+        try:
+            return manifest.host(wanted)
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(wanted, names, n=1)
+            raise UsageError(
+                f"--host {wanted}: no such host in {file}",
+                why="hosts in the manifest: " + ", ".join(names),
+                fix=f"did you mean --host {close[0]}?" if close else "pass one of the names above with --host",
+            ) from None
+    candidates = [c for c in (hostname, (hostname or "").split(".", 1)[0]) if c]
+    for name in candidates:
+        for host in manifest.hosts:
+            if host.name == name or host.name.split(".", 1)[0] == name:
+                return host
+    raise UsageError(
+        f"this machine ({hostname or 'hostname unknown'}) is not one of the hosts in {file}",
+        why="hosts in the manifest: " + ", ".join(names),
+        fix="pass --host NAME to check this machine against that host's entry",
+    )
+
+
+def _serials(selection: Any) -> tuple[int, ...]:
+    if selection == "all" or not isinstance(selection, list):
+        return ()
+    out = []
+    for raw in selection:
+        try:
+            out.append(int(str(raw), 0))
+        except ValueError:
+            continue  # the schema accepted it as an opaque string; the memdev check cannot compare it
+    return tuple(out)
+
+
+def from_manifest(manifest: Manifest, host: Host) -> Expectations:
+    pool = manifest.pool
+    source = pool.source
+    is_region = getattr(source, "kind", None) == "cxl-region"
+    tuning = manifest.tuning_for(host)
+    hugepages: tuple[HugepageWant, ...] = ()
+    if tuning.hugepages is not None:
+        hugepages = tuple(
+            HugepageWant(node, tuning.hugepages.page_size, count)
+            for node, count in sorted(tuning.hugepages.per_node.items())
+        )
+    layout = None
+    try:
+        from belugactl.model.layout import resolve_layout
+
+        layout = resolve_layout(manifest)
+    except Exception:  # noqa: BLE001 - a layout that does not fit is `manifest check`'s to report
+        layout = None
+    namespace = pool.namespace
+    return Expectations(
+        host_name=host.name,
+        pool_size=pool.size,
+        region_size=getattr(source, "region_size", None) if is_region else None,
+        align=pool.align,
+        dax_device=None if is_region else getattr(source, "device", None),
+        source="region" if is_region else "dax",
+        region_type=getattr(source, "type", None) if is_region else None,
+        namespace_uuid=namespace.uuid if namespace is not None else None,
+        namespace_name=namespace.name if namespace is not None else None,
+        namespace_map=namespace.map if namespace is not None else None,
+        interleave_ways=pool.interleave.ways if pool.interleave.mode == "hardware" else None,
+        memdev_serials=_serials(getattr(source, "memdevs", "all")) if is_region else (),
+        hosts_sharing=len(manifest.hosts),
+        hugepages=hugepages,
+        thp=tuning.thp,
+        ddio=manifest.caching.ddio,
+        pool_memory=manifest.caching.pool_memory_type,
+        cxl_node_cpuless=host.numa.cxl_node_cpuless,
+        cxl_nodes=host.numa.cxl_nodes,
+        gpus=host.gpus.count,
+        layout=layout,
+        manifest=manifest,
+    )

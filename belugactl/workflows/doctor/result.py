@@ -1,0 +1,124 @@
+"""What one check says about a host, and what the whole run says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    @property
+    def symbol(self) -> str:
+        return _SYMBOLS[self]
+
+
+_SYMBOLS = {Status.OK: "✓", Status.WARN: "!", Status.FAIL: "✗", Status.SKIP: "-"}
+
+
+class Severity(StrEnum):
+    """How bad a problem found by a check is: `error` problems fail the run, `warning` ones only warn."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's verdict: a status, a one-line reason, and the exact fix when it is not ok.
+
+    `details` holds the facts behind the reason (device names, register values) for `--json` and `-v`.
+    """
+
+    status: Status
+    reason: str
+    fix: str | None = None
+    details: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def ok(cls, reason: str, **details: object) -> CheckResult:
+        return cls(Status.OK, reason, None, details)
+
+    @classmethod
+    def warn(cls, reason: str, fix: str | None = None, **details: object) -> CheckResult:
+        return cls(Status.WARN, reason, fix, details)
+
+    @classmethod
+    def fail(cls, reason: str, fix: str | None = None, **details: object) -> CheckResult:
+        return cls(Status.FAIL, reason, fix, details)
+
+    @classmethod
+    def skip(cls, reason: str, **details: object) -> CheckResult:
+        return cls(Status.SKIP, reason, None, details)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """A check's result as reported: the check's identity plus the (possibly downgraded) result."""
+
+    id: str
+    title: str
+    topic: str
+    result: CheckResult
+    # True when the check failed but `--ignore` downgraded it to a warning.
+    ignored: bool = False
+    # True when the check itself raised; the result is then a failure carrying the error.
+    crashed: bool = False
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "topic": self.topic,
+            "status": self.result.status.value,
+            "reason": self.result.reason,
+            "fix": self.result.fix,
+            "ignored": self.ignored,
+            "crashed": self.crashed,
+            "details": self.result.details,
+        }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    hostname: str
+    host_entry: str | None  # the manifest's host this machine was checked against, if any
+    manifest: str | None  # the manifest file, if any
+    outcomes: tuple[CheckOutcome, ...]
+    notes: tuple[str, ...] = ()  # context for the reader, e.g. "no CXL on this host"
+
+    def count(self, status: Status) -> int:
+        return sum(1 for o in self.outcomes if o.status is status)
+
+    @property
+    def failed(self) -> bool:
+        return self.count(Status.FAIL) > 0
+
+    @property
+    def exit_code(self) -> int:
+        from belugactl.errors import ExitCode
+
+        return int(ExitCode.FAILED if self.failed else ExitCode.OK)
+
+    def summary(self) -> dict[str, int]:
+        return {s.value: self.count(s) for s in Status}
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "schema_version": 1,
+            "hostname": self.hostname,
+            "host_entry": self.host_entry,
+            "manifest": self.manifest,
+            "summary": self.summary(),
+            "failed": self.failed,
+            "notes": list(self.notes),
+            "checks": [o.to_dict() for o in self.outcomes],
+        }
