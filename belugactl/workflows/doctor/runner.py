@@ -25,11 +25,11 @@ def validate_ignores(registry: Registry, names: Iterable[str]) -> frozenset[str]
                 wanted.add(name)
                 continue
             suggestions = registry.suggest(name)
-            hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+            hint = f"; did you mean {' or '.join(suggestions)}?" if suggestions else ""
             raise UsageError(
-                f"--ignore {name}: no check has that id",
+                f"--ignore {name}: no check has that id{hint}",
                 why="known check ids: " + ", ".join(registry.ids) + f", or `{IGNORE_ALL}`",
-                fix=f"{hint}`belugactl doctor --list` prints every check id with its title",
+                fix="`belugactl doctor --list` prints every check id with its title",
             )
     return frozenset(wanted)
 

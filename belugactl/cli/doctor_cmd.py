@@ -1,0 +1,135 @@
+"""`belugactl doctor`: every named check, one line each with ✓ ! ✗ -, the fixes, and a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+STYLES = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor_command(
+        manifest: Path | None = typer.Option(
+            None, "-f", "--manifest", help="Rack manifest: check this host against its entry.", envvar="BELUGA_MANIFEST"
+        ),
+        host_name: str | None = typer.Option(
+            None, "--host", help="The manifest's host entry to check against (default: the one matching the hostname)."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (stable keys)."),
+        ignore: list[str] = typer.Option(
+            [], "--ignore", help="Downgrade this check's failure to a warning (repeat, or comma list; `all`)."
+        ),
+        root: Path | None = typer.Option(
+            None, "--root", help="Check a captured or fixture host instead of this machine (directory or FILE.tar.gz)."
+        ),
+        list_checks: bool = typer.Option(False, "--list", help="List every check id and title, then exit."),
+    ) -> None:
+        """Run the named health checks (ok / warn / fail / skip, each with its fix). Reads only; changes nothing.
+
+        Exit 0 when no check failed, 1 when one did, 2 for bad flags or a bad manifest."""
+        import contextlib
+
+        from belugactl.host.host import Host
+        from belugactl.workflows.doctor import builtin_registry, run_doctor
+
+        registry = builtin_registry()
+        if list_checks:
+            _print_list(registry, as_json)
+            return
+        if root is not None:
+            from belugactl.host.capture import open_root
+
+            opened: Any = open_root(root)
+        else:
+            opened = contextlib.nullcontext(Host.local())
+        with opened as host:
+            report = run_doctor(
+                host,
+                manifest_path=str(manifest) if manifest is not None else None,
+                host_name=host_name,
+                ignore=ignore,
+                registry=registry,
+            )
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json(report.to_dict())
+        else:
+            render_report(report)
+        raise typer.Exit(code=report.exit_code)
+
+
+def _print_list(registry: Any, as_json: bool) -> None:
+    if as_json:
+        from belugactl.cli.render import print_json
+
+        print_json([{"id": c.id, "title": c.title, "severity": c.severity.value} for c in registry])
+        return
+    width = max(len(c.id) for c in registry)
+    for check in registry:
+        note = "  (warning only)" if check.severity.value == "warning" else ""
+        print(f"{check.id:<{width}}  {check.title}{note}")
+
+
+def render_report(report: Any) -> None:
+    """Human output in the manner of flutter doctor and kubeadm preflight.
+
+    The symbols carry the meaning; colour only decorates. Lines are not wrapped (soft wrap), so
+    fixes stay copy-pasteable."""
+    from rich.text import Text
+
+    from belugactl.cli.render import stdout_console
+
+    console = stdout_console()
+    console.soft_wrap = True
+    head = Text(f"belugactl doctor on {report.hostname}", style="bold")
+    if report.host_entry:
+        head.append(f" (as {report.host_entry} in {report.manifest})")
+    console.print(head)
+    for note in report.notes:
+        console.print(Text(f"  • {note}", style="dim"))
+    width = max((len(o.id) for o in report.outcomes), default=0)
+    topic = None
+    for outcome in report.outcomes:
+        if outcome.topic != topic:
+            topic = outcome.topic
+            console.print(Text(f"\n{topic}", style="bold"))
+        status = outcome.status.value
+        line = Text("  ")
+        line.append(f"[{outcome.status.symbol}]", style=STYLES[status])
+        line.append(f" {outcome.id:<{width}}  ")
+        line.append(outcome.result.reason, style="dim" if status == "skip" else "")
+        console.print(line)
+        if outcome.result.fix and status in ("fail", "warn"):
+            fix = Text("      fix: ", style="bold")
+            fix.append(outcome.result.fix)
+            console.print(fix)
+    summary = report.summary()
+    console.print()
+    console.print(
+        Text(
+            f"Summary: {summary['ok']} ok, {summary['warn']} warning(s), {summary['fail']} failed, "
+            f"{summary['skip']} skipped ({len(report.outcomes)} checks)",
+            style="bold",
+        )
+    )
+    failed = [o.id for o in report.outcomes if o.status.value == "fail"]
+    ignored = [o.id for o in report.outcomes if o.ignored]
+    if ignored:
+        console.print(Text(f"! failures downgraded by --ignore: {', '.join(ignored)}", style="yellow"))
+    if failed:
+        console.print(
+            Text(
+                f"✗ {len(failed)} check(s) failed. Apply the fixes above, or, if you know what you are doing, "
+                f"make one non-fatal with --ignore {failed[0]}",
+                style="red",
+            )
+        )
+    elif summary["warn"]:
+        console.print(Text("! No failures; see the warnings above.", style="yellow"))
+    else:
+        console.print(Text("✓ No issues found.", style="green"))
