@@ -273,8 +273,11 @@ def resolve_layout(manifest: Manifest) -> PoolLayout:
             "shrink layout.metadata (journal, slots_per_ring, slot_size) or use a larger pool",
         )
 
-    if isinstance(lay.shared_kv, int):
-        shared_size = lay.shared_kv
+    if isinstance(lay.shared_kv, int) or lay.shared_kv.endswith("%"):
+        if isinstance(lay.shared_kv, int):
+            shared_size = lay.shared_kv
+        else:
+            shared_size = align_down(after_metadata * int(lay.shared_kv[:-1]) // 100, align)
         remaining = after_metadata - shared_size - fixed_total
         if remaining < 0:
             raise LayoutDoesNotFit(

@@ -15,7 +15,7 @@ from typing import Any
 
 from belugactl.errors import Location, ManifestError, ManifestProblem
 from belugactl.model.manifest_schema import Manifest
-from belugactl.model.manifest_yaml import Path_, PositionedDocument, YamlSyntaxError, load_positioned
+from belugactl.model.manifest_yaml import Path_, Position, PositionedDocument, YamlSyntaxError, load_positioned
 
 __all__ = ["Manifest", "load_manifest", "load_manifest_text", "format_path"]
 
@@ -67,7 +67,7 @@ def load_manifest_text(text: str, *, file: str = "<manifest>") -> Manifest:
 
     if doc.data is None:
         raise ManifestError(
-            [problem(None, (), "the manifest is empty", "start from examples/single-host.yaml")], file=file
+            [problem(Position(1, 1), (), "the manifest is empty", "start from examples/single-host.yaml")], file=file
         )
     if not isinstance(doc.data, dict):
         kind = "a list" if isinstance(doc.data, list) else f"a {type(doc.data).__name__} value"
@@ -84,13 +84,11 @@ def load_manifest_text(text: str, *, file: str = "<manifest>") -> Manifest:
 
     rule_problems = check_rules(manifest)
     if rule_problems:
-        raise ManifestError(
-            [
-                problem(doc.position_of(rp.path, prefer_key=rp.at_key), rp.path, rp.message, rp.hint)
-                for rp in rule_problems
-            ],
-            file=file,
-        )
+        problems = [
+            problem(doc.position_of(rp.path, prefer_key=rp.at_key), rp.path, rp.message, rp.hint)
+            for rp in rule_problems
+        ]
+        raise ManifestError(_dedupe(problems), file=file)
     return manifest
 
 
@@ -128,7 +126,19 @@ def _schema_problem(err: dict[str, Any], doc: PositionedDocument, problem: Any) 
     if kind.startswith("literal_error") or kind in ("int_type", "int_parsing", "string_type", "bool_type"):
         message = f"{message}, got {_show(err.get('input'))}"
     if kind == "union_tag_invalid":
-        message = f"{message.split(' (allowed')[0].rstrip('.')}"
+        ctx = err.get("ctx") or {}
+        tag, expected = str(ctx.get("tag")), str(ctx.get("expected_tags", ""))
+        choices = [t.strip().strip("'") for t in expected.split(",") if t.strip()]
+        close = difflib.get_close_matches(tag, choices, n=1, cutoff=0.6)
+        path = path + (str(ctx.get("discriminator", "kind")).strip("'"),)
+        return problem(
+            doc.position_of(path),
+            path,
+            f"unknown kind {tag!r}; expected one of {', '.join(map(repr, choices))}",
+            f"did you mean {close[0]!r}?" if close else None,
+        )
+    if kind == "union_tag_not_found":
+        return problem(doc.position_of(path), path + ("kind",), "missing required key 'kind'")
     return problem(doc.position_of(path), path, message)
 
 

@@ -40,19 +40,26 @@ def _size(value: Any) -> int:
 Size = Annotated[int, BeforeValidator(_size)]
 
 
-def _size_or(word: str) -> Any:
+def _size_or(word: str, *, percent: bool = False) -> Any:
     def check(value: Any) -> int | str:
         if value == word:
             return word
+        if percent and isinstance(value, str) and value.strip().endswith("%"):
+            number = value.strip()[:-1].strip()
+            if not number.isdigit() or not 1 <= int(number) <= 100:
+                raise ValueError(f"a percentage is a whole number from 1% to 100%, got {value!r}")
+            return f"{int(number)}%"
         try:
             return parse_size(value)
         except SizeParseError as exc:
-            raise ValueError(f"expected {word!r} or a size: {exc}") from None
+            also = ", a percentage such as 50%" if percent else ""
+            raise ValueError(f"expected {word!r}{also} or a size: {exc}") from None
 
     return check
 
 
-SizeOrRest = Annotated[int | str, PlainValidator(_size_or("rest"))]
+# shared_kv: a size, "N%" of what follows the metadata area, or "rest" (what the partitions leave)
+SizeOrRest = Annotated[int | str, PlainValidator(_size_or("rest", percent=True))]
 SizeOrEqual = Annotated[int | str, PlainValidator(_size_or("equal"))]
 
 
@@ -229,7 +236,7 @@ class Metadata(Strict):
 class Layout(Strict):
     header: Size = 2 * MiB
     metadata: Metadata = Metadata()
-    shared_kv: SizeOrRest = "rest"
+    shared_kv: SizeOrRest = "50%"
     partition_size: SizeOrEqual = "equal"
 
 

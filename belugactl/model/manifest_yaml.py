@@ -36,8 +36,6 @@ class PositionedDocument:
     # path -> where the value starts; key_positions: path -> where its mapping key starts
     value_positions: dict[Path_, Position] = field(default_factory=dict)
     key_positions: dict[Path_, Position] = field(default_factory=dict)
-    # the end of the document, for "missing at top level" when the file holds only comments
-    end: Position = Position(1, 1)
 
     def position_of(self, path: Path_, *, prefer_key: bool = False) -> Position | None:
         """The deepest known position along `path` (the path may run past what the file holds)."""
@@ -73,8 +71,7 @@ def load_positioned(text: str) -> PositionedDocument:
         raise YamlSyntaxError([YamlProblem(None, (), f"not valid YAML: {exc}")]) from None
     finally:
         loader.dispose()
-    lines = text.splitlines() or [""]
-    doc = PositionedDocument(data=None, end=Position(len(lines), 1))
+    doc = PositionedDocument(data=None)
     if node is None:
         return doc
     problems: list[YamlProblem] = []

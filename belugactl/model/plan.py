@@ -129,8 +129,15 @@ class WritePoolHeader:
 
 
 Action = (
-    RunCommand | WriteAttr | WriteFile | RemoveFile | SetOwnership
-    | PciConfigRmw | MtrrAdd | MtrrRemove | WritePoolHeader
+    RunCommand
+    | WriteAttr
+    | WriteFile
+    | RemoveFile
+    | SetOwnership
+    | PciConfigRmw
+    | MtrrAdd
+    | MtrrRemove
+    | WritePoolHeader
 )
 
 
