@@ -16,7 +16,7 @@ from belugactl.units import MiB
 # Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
 PERSISTENT_TOPICS = ("region", "devdax", "header")
 BOOT_TOPICS = ("permissions", "hugepages", "thp", "ddio", "mtrr")
-ALL_TOPICS = PERSISTENT_TOPICS + BOOT_TOPICS
+ALL_TOPICS = ("region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr")  # planning order
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""`belugactl plan | setup | teardown`: what would change, make it so, undo it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+FILE_HELP = "The rack manifest (YAML)."
+HOST_HELP = "Which manifest host this machine is (default: the one matching this hostname)."
+ROOT_HELP = "Act on a fixture or captured tree instead of this machine (testing)."
+
+
+def _load(file: Path, host_name: str | None, root: Path | None):  # -> (Host, SetupTarget)
+    from belugactl.host.host import Host
+    from belugactl.model.layout import resolve_layout
+    from belugactl.model.manifest import load_manifest
+    from belugactl.workflows.setup.target import target_from_manifest
+
+    manifest = load_manifest(file)
+    layout = resolve_layout(manifest)
+    target = target_from_manifest(manifest, host_name, layout=layout)
+    host = Host.from_tree(root) if root is not None else Host.local()
+    return host, target
+
+
+def _topics(only: str | None) -> list[str] | None:
+    if not only:
+        return None
+    from belugactl.errors import UsageError
+    from belugactl.workflows.setup.target import ALL_TOPICS
+
+    chosen = [t.strip() for t in only.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in ALL_TOPICS]
+    if unknown:
+        raise UsageError(
+            f"unknown topic(s) for --only: {', '.join(unknown)}", fix=f"choose from {', '.join(ALL_TOPICS)}"
+        )
+    return chosen
+
+
+def _confirm(plan, yes: bool, verb: str) -> None:  # plan: belugactl.model.plan.Plan
+    from belugactl.errors import UsageError
+
+    risky = plan.destructive
+    if not risky or yes:
+        return
+    lines = "\n".join(f"  {s.id}: {s.summary}" for s in risky)
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"{verb} would destroy data and this is not an interactive terminal",
+            why=lines,
+            fix="rerun with --yes to confirm",
+        )
+    print(f"{verb} will DESTROY DATA:\n{lines}", file=sys.stderr)
+    answer = input("type 'yes' to continue: ")
+    if answer.strip() != "yes":
+        raise typer.Abort()
+
+
+def render_plan(plan, *, stream=None) -> None:  # plan: Plan
+    out = stream or sys.stdout
+    ready = [s for s in plan.steps if not s.deferred]
+    deferred = len(plan.steps) - len(ready)
+    if plan.converged:
+        print(f"{plan.host}: {plan.verb}: no changes (the host matches the manifest)", file=out)
+    else:
+        extra = f", {deferred} planned once earlier steps have run" if deferred else ""
+        print(f"{plan.host}: {plan.verb}: {len(plan.steps)} step(s){extra}", file=out)
+    for i, step in enumerate(plan.steps, 1):
+        mark = "  DESTROYS DATA" if step.destroys_data else ""
+        later = "  (after earlier steps)" if step.deferred else ""
+        print(f"{i:3d}. [{step.id}] {step.summary}{mark}{later}", file=out)
+        if step.before or step.after:
+            print(f"       now: {step.before or '?'}  ->  wanted: {step.after or '?'}", file=out)
+        for action in step.actions:
+            print(f"       $ {action.display()}", file=out)
+        if step.note:
+            print(f"       note: {step.note}", file=out)
+    for skip in plan.skipped:
+        print(f"  skip {skip.topic}: {skip.reason}", file=out)
+    for note in plan.notes:
+        print(f"  note: {note}", file=out)
+
+
+def _progress(as_json: bool):
+    def show(event: str, step, detail: str | None) -> None:
+        if event == "start":
+            print(f"  ... {step.id}: {step.summary}", file=sys.stderr, flush=True)
+        elif event == "done":
+            print(f"  ok  {step.id}" + (f": {detail}" if detail else ""), file=sys.stderr, flush=True)
+        else:
+            print(f"  FAIL {step.id}: {detail}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _finish(report, as_json: bool) -> None:
+    from belugactl.cli.render import print_json
+
+    if as_json:
+        print_json(report.to_dict())
+        return
+    if report.dry_run:
+        render_plan(report.initial)
+        return
+    if not report.changed:
+        print(f"{report.host}: {report.verb}: no changes ({report.duration_s:.2f} s)")
+    else:
+        print(f"{report.host}: {report.verb}: applied {len(report.applied)} step(s) in {report.duration_s:.2f} s")
+        for outcome in report.applied:
+            print(f"  {outcome.step.id}: {outcome.step.summary}" + (f" ({outcome.detail})" if outcome.detail else ""))
+    for skip in report.initial.skipped:
+        print(f"  skip {skip.topic}: {skip.reason}")
+
+
+def _apply(verb: str, file: Path, host_name, root, dry_run, yes, force, as_json, only=None) -> None:
+    from belugactl.workflows.setup.applier import SetupFailed, run_setup, run_teardown
+
+    host, target = _load(file, host_name, root)
+    topics = _topics(only)
+    run = run_setup if verb == "setup" else run_teardown
+    kwargs = {"only": topics} if verb == "setup" else {}
+    if force and not dry_run:
+        preview = run(host, target, force=True, dry_run=True, **kwargs)
+        _confirm(preview.initial, yes, verb)
+    try:
+        report = run(host, target, force=force, dry_run=dry_run, progress=None if as_json else _progress(as_json),
+                     **kwargs)
+    except SetupFailed as exc:
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json(exc.report.to_dict())
+        raise
+    _finish(report, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
+        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        force: bool = typer.Option(False, "--force", help="Plan as `setup --force` would (include destructive steps)."),
+        only: str | None = typer.Option(None, "--only", help="Comma-separated topics to plan."),
+        teardown: bool = typer.Option(False, "--teardown", help="Plan a teardown instead."),
+        as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+    ) -> None:
+        """Show what setup would change on this host, step by step, with the exact commands.
+
+        Steps marked DESTROYS DATA need `setup --force`. Changes nothing."""
+        from belugactl.cli.render import print_json
+        from belugactl.workflows.setup.applier import run_setup, run_teardown
+
+        h, target = _load(file, host, root)
+        if teardown:
+            report = run_teardown(h, target, force=force, dry_run=True)
+        else:
+            report = run_setup(h, target, force=force, dry_run=True, only=_topics(only))
+        if as_json:
+            print_json(report.initial.to_dict())
+        else:
+            render_plan(report.initial)
+
+    @app.command("setup")
+    def setup_cmd(
+        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
+        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
+        force: bool = typer.Option(False, "--force", help="Allow steps that destroy the pool's data."),
+        only: str | None = typer.Option(None, "--only", help="Comma-separated topics: region,devdax,permissions,"
+                                        "header,hugepages,thp,ddio,mtrr."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+    ) -> None:
+        """Make this host match the manifest: region, devdax, permissions, header, hugepages, THP, DDIO, MTRR.
+
+        Idempotent: a converged host reports "no changes". Stops at the first failure and says what was
+        done and what was not; rerunning continues from there. One setup per host at a time (lock file)."""
+        _apply("setup", file, host, root, dry_run, yes, force, as_json, only)
+
+    @app.command("teardown")
+    def teardown_cmd(
+        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
+        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
+        force: bool = typer.Option(False, "--force", help="Allow destroying the namespace and region (pool data)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+    ) -> None:
+        """Undo what setup made on this host (and only that), newest first.
+
+        Destroying the namespace and region makes the pool's contents unreachable here: needs --force."""
+        _apply("teardown", file, host, root, dry_run, yes, force, as_json)
