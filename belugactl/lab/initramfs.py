@@ -1,0 +1,137 @@
+"""The guests' initramfs: static busybox, the few modules needed to reach the host's root, and /init.
+
+/init mounts the host's root (read-only 9p) and the guest's spool (read-write 9p), sets the
+hostname, mounts the guest's own /proc, /sys, /dev, /run over the host's and puts the guest
+kernel's modules at /lib/modules, then chroots into the host root and runs the agent
+(`belugactl.lab.agent`) under the host's Python. The kernel is the guest's; every program is the
+host's. Images are cached by content hash, so a rebuild happens only when an input changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from belugactl.lab import cpio
+from belugactl.lab.kernel import GuestKernel, module_paths
+from belugactl.lab.prereqs import find_program
+
+# Enough to reach the host's root over virtio 9p; everything else is loaded from the chroot by modprobe.
+BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+
+# Where the spool appears inside the chroot, and the 9p mount tags QEMU exports.
+GUEST_SPOOL = "/run/belugactl-lab"
+HOSTROOT_TAG = "hostroot"
+SPOOL_TAG = "spool"
+
+INIT_SCRIPT = r"""#!/bin/sh
+# belugactl lab guest init (PID 1). Written by belugactl.lab.initramfs; see that module for the why.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+say() { echo "belugactl-lab: $*"; }
+die() { say "FATAL: $*"; poweroff -f; exit 1; }
+say "init at $(cut -d' ' -f1 /proc/uptime) s"
+for m in $(cat /etc/boot-modules); do insmod "/lib/modules/boot/$m" || die "insmod $m failed"; done
+mkdir -p /lower /rw /host /spool
+O=trans=virtio,version=9p2000.L,msize=262144
+mount -t 9p -o "$O,ro" @HOSTROOT_TAG@ /lower || die "cannot mount the host root over 9p"
+mount -t 9p -o "$O" @SPOOL_TAG@ /spool || die "cannot mount the spool over 9p"
+[ -r /spool/guest.env ] || die "no guest.env in the spool"
+. /spool/guest.env
+hostname "$LAB_HOSTNAME"
+# The host's root, read-only underneath a tmpfs: the guest may write anywhere (setup writes udev
+# rules, sysctl files, ...) and every change stays in guest memory, never reaching the host.
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir -p /rw/upper /rw/work
+mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /host \
+  || die "cannot mount the overlay root"
+R=/host
+mount -t proc proc $R/proc || die "cannot mount /proc in the chroot"
+mount -t sysfs sysfs $R/sys
+mount -t devtmpfs devtmpfs $R/dev
+mkdir -p $R/dev/pts $R/dev/shm
+mount -t devpts devpts $R/dev/pts
+mount -t tmpfs tmpfs $R/dev/shm
+# The guest kernel's modules where modprobe looks for them.
+mkdir -p "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot create /lib/modules/$LAB_KERNEL_VERSION"
+mount --bind "/lower$LAB_MODULES_DIR" "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot bind the guest modules"
+echo "$LAB_HOSTNAME" > $R/etc/hostname
+mount -t tmpfs -o mode=0755 tmpfs $R/run
+mkdir -p $R@GUEST_SPOOL@
+mount --bind /spool $R@GUEST_SPOOL@
+chroot $R /sbin/modprobe --ignore-install -a $LAB_MODULES || say "modprobe -a $LAB_MODULES failed"
+say "user space ready at $(cut -d' ' -f1 /proc/uptime) s; starting the agent"
+while :; do
+  chroot $R /usr/bin/env -i PATH="$LAB_PATH" HOME=/root TMPDIR=/tmp LANG=C.UTF-8 \
+    "$LAB_PYTHON" -I -S "$LAB_AGENT" --spool @GUEST_SPOOL@ --hostname "$LAB_HOSTNAME"
+  say "agent exited with status $?; restarting"
+  sleep 1
+done
+"""
+
+
+@dataclass(frozen=True)
+class Initramfs:
+    path: Path
+    size: int
+    modules: tuple[str, ...]
+
+
+def init_script() -> str:
+    return (
+        INIT_SCRIPT.replace("@HOSTROOT_TAG@", HOSTROOT_TAG)
+        .replace("@SPOOL_TAG@", SPOOL_TAG)
+        .replace("@GUEST_SPOOL@", GUEST_SPOOL)
+    )
+
+
+def entries(kernel: GuestKernel, busybox: Path) -> tuple[list[cpio.Entry], tuple[str, ...]]:
+    mods = module_paths(kernel.modules_dir, list(BOOT_MODULES))
+    names = tuple(os.path.basename(m) for m in mods)
+    items = [
+        cpio.directory(d)
+        for d in ("bin", "dev", "etc", "proc", "sys", "lib", "lib/modules", "lib/modules/boot")
+        + ("lower", "rw", "host", "spool", "tmp")
+    ]
+    items += [
+        cpio.char_device("dev/console", 5, 1),
+        cpio.char_device("dev/null", 1, 3, 0o666),
+        cpio.file("bin/busybox", busybox.read_bytes(), 0o755),
+        cpio.symlink("bin/sh", "busybox"),
+        cpio.file("init", init_script().encode(), 0o755),
+        cpio.file("etc/boot-modules", ("\n".join(names) + "\n").encode()),
+    ]
+    items += [cpio.file(f"lib/modules/boot/{os.path.basename(m)}", (kernel.modules_dir / m).read_bytes()) for m in mods]
+    return items, names
+
+
+def build(kernel: GuestKernel, cache: Path, busybox: Path | None = None) -> Initramfs:
+    """Build (or reuse) the initramfs for `kernel`; the file name carries a hash of every input."""
+    busybox = busybox or find_program("busybox")
+    if busybox is None:
+        from belugactl.errors import EnvironmentProblem
+
+        raise EnvironmentProblem("busybox not found", fix="apt-get install -y busybox-static")
+    items, names = entries(kernel, busybox.resolve())
+    buf = io.BytesIO()
+    cpio.write(buf, items)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    out_dir = cache / "initramfs"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{kernel.version}-{digest}.cpio"
+    if not path.is_file() or path.stat().st_size != len(data):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.rename(path)
+        # Older images of this kernel are stale now; keep the cache from growing run after run.
+        for old in out_dir.glob(f"{kernel.version}-*.cpio"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    return Initramfs(path, len(data), names)

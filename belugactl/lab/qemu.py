@@ -1,0 +1,88 @@
+"""The QEMU command line for one lab guest (QEMU 7.2, q35, one CXL type-3 pmem device).
+
+The topology is the one recorded in shared/reference/qemu-cxl-lab.md: one pxb-cxl host bridge with
+TWO cxl-rp root ports. With a single root port QEMU 7.2 silently drops every data write to the
+region (it does not emulate the pass-through host-bridge decoder), which `lab selftest` would catch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from belugactl.lab.initramfs import HOSTROOT_TAG, SPOOL_TAG
+
+LSA_SIZE = 2 * 1024 * 1024
+# The CXL fixed memory window (CFMWS): room for the pool, whatever its size within reason.
+WINDOW_SIZE = "4G"
+ACCELS = ("tcg", "kvm")
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    name: str  # lab-1
+    index: int  # 1-based
+    kernel: Path
+    initramfs: Path
+    pool: Path
+    pool_size: int
+    lsa: Path
+    spool: Path
+    console: Path
+    memory_mib: int = 1024
+    accel: str = "tcg"
+    host_root: str = "/"
+
+
+def kernel_cmdline(spec: GuestSpec) -> str:
+    # panic=-1 with -no-reboot: a guest that panics makes QEMU exit, which `lab status` reports.
+    return "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off"
+
+
+def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
+    if spec.accel not in ACCELS:
+        raise ValueError(f"accel must be one of {ACCELS}")
+    mem = f"{spec.memory_mib}M"
+    accel = ["-accel", "tcg,thread=multi", "-cpu", "max"] if spec.accel == "tcg" else ["-accel", "kvm", "-cpu", "host"]
+    return [
+        qemu,
+        "-name", f"{spec.name},process=belugactl-{spec.name}",
+        "-machine", "q35,cxl=on",
+        *accel,
+        "-smp", "1",
+        "-m", f"{mem},maxmem=8G,slots=4",
+        # An explicit NUMA node gives the guest an SRAT, so the kernel adds a CPU-less node for the
+        # CXL window (it only does so when SRAT parsing succeeded).
+        "-object", f"memory-backend-ram,id=ram0,size={mem}",
+        "-numa", "node,nodeid=0,cpus=0,memdev=ram0",
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-chardev", f"file,id=console,path={spec.console}",
+        "-serial", "chardev:console",
+        "-kernel", str(spec.kernel),
+        "-initrd", str(spec.initramfs),
+        "-append", kernel_cmdline(spec),
+        "-fsdev", f"local,id=hostroot,path={spec.host_root},security_model=none,readonly=on,multidevs=remap",
+        "-device", f"virtio-9p-pci,fsdev=hostroot,mount_tag={HOSTROOT_TAG}",
+        "-fsdev", f"local,id=spool,path={spec.spool},security_model=none,multidevs=remap",
+        "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
+        "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={spec.pool},size={spec.pool_size}",
+        "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={spec.lsa},size={LSA_SIZE}",
+        "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",
+        "-device", "cxl-rp,port=0,bus=cxl.1,id=rp0,chassis=0,slot=2",
+        "-device", "cxl-rp,port=1,bus=cxl.1,id=rp1,chassis=0,slot=3",
+        "-device", f"cxl-type3,bus=rp0,memdev=cxl-mem1,lsa=cxl-lsa1,id=cxl-pmem0,sn={spec.index}",
+        "-M", f"cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size={WINDOW_SIZE}",
+    ]  # fmt: skip
+
+
+def is_guest_process(cmdline: list[str] | None, guest_dir: Path) -> bool:
+    """True when `cmdline` is a QEMU that belongs to the guest living in `guest_dir`.
+
+    Pid files can outlive their process and pids get reused: before signalling a pid, make sure it
+    still is our QEMU (its console file sits in the guest's directory).
+    """
+    if not cmdline or not os.path.basename(cmdline[0]).startswith("qemu-system"):
+        return False
+    marker = f"path={guest_dir}{os.sep}"
+    return any(marker in arg for arg in cmdline)

@@ -1,0 +1,490 @@
+"""Bringing a lab rack up, reporting on it, and taking it down.
+
+A lab is a state directory (see `belugactl.lab.paths`): lab.json, the pool file, and one folder per
+guest with its LSA file, console log, pid file and spool. Guests are QEMU processes that this code
+starts in their own sessions and later stops by pid, after checking that the pid is still that
+guest's QEMU. Nothing is ever killed by name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import belugactl
+from belugactl.errors import EnvironmentProblem, StepFailed, UsageError
+from belugactl.lab import accel as accel_mod
+from belugactl.lab import initramfs as initramfs_mod
+from belugactl.lab import kernel as kernel_mod
+from belugactl.lab import prereqs, proc, qemu
+from belugactl.lab.channel import GuestChannel
+from belugactl.lab.paths import GuestPaths, LabPaths, cache_root, guest_name, state_root, valid_lab_name
+from belugactl.units import format_size
+
+DEFAULT_NAME = "default"
+DEFAULT_HOSTS = 2
+DEFAULT_POOL = 512 * 1024 * 1024
+MAX_HOSTS = 16
+# CXL HDM decoders work in 256 MiB units; the pool must fit the 4 GiB fixed memory window.
+POOL_UNIT = 256 * 1024 * 1024
+POOL_MAX = 4 * 1024 * 1024 * 1024
+DEFAULT_BOOT_TIMEOUT_S = 240.0
+# Loaded in every guest at boot (no udev there to load them on demand).
+GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "nd_pmem", "dax_pmem", "device_dax", "kmem")
+HEARTBEAT_STALE_S = 20.0
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class GuestRecord:
+    name: str
+    index: int
+    pid: int | None = None
+    started_at: float | None = None  # epoch seconds
+    boot_s: float | None = None  # QEMU start to agent ready, wall clock
+    guest_uptime_at_ready_s: float | None = None
+
+
+@dataclass
+class LabRecord:
+    name: str
+    hosts: int
+    pool_size: int
+    memory_mib: int
+    accel: str
+    kernel: dict[str, str]
+    initramfs: str
+    created_at: float
+    repo: str
+    venv: str
+    guests: list[GuestRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LabRecord:
+        guests = [GuestRecord(**g) for g in data.get("guests", [])]
+        fields = {k: v for k, v in data.items() if k != "guests"}
+        return cls(**fields, guests=guests)
+
+
+@dataclass
+class GuestStatus:
+    name: str
+    state: str  # running | booting | unresponsive | crashed | stopped
+    pid: int | None
+    detail: str
+    console: str
+    spool: str
+    share: str
+    boot_s: float | None
+    console_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LabStatus:
+    name: str
+    state: str  # up | degraded | down
+    dir: str
+    pool: str | None
+    pool_size: int | None
+    kernel: dict[str, str] | None
+    accel: str | None
+    guests: list[GuestStatus]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class UpReport:
+    status: LabStatus
+    boot_wall_s: float
+    accel: accel_mod.AccelReport
+    kernel_prepared_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "lab": self.status.to_dict(),
+            "boot_wall_s": round(self.boot_wall_s, 2),
+            "accel": self.accel.to_dict(),
+            "prepare_s": round(self.kernel_prepared_s, 2),
+        }
+
+
+@dataclass
+class DownReport:
+    name: str
+    existed: bool
+    stopped: list[str]
+    already_gone: list[str]
+    refused: list[str]  # pids that are no longer our QEMU, left alone
+    removed: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def lab_paths(name: str = DEFAULT_NAME) -> LabPaths:
+    if not valid_lab_name(name):
+        raise UsageError(f"invalid lab name {name!r}", fix="use letters, digits, '.', '_' or '-' (at most 32)")
+    return LabPaths(state_root(), name)
+
+
+def load(paths: LabPaths) -> LabRecord | None:
+    try:
+        return LabRecord.from_dict(json.loads(paths.state_file.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        raise EnvironmentProblem(
+            f"unreadable lab state {paths.state_file}", why=str(exc), fix=f"belugactl lab down --name {paths.name}"
+        ) from exc
+
+
+def _save(paths: LabPaths, record: LabRecord) -> None:
+    tmp = paths.state_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record.to_dict(), indent=1) + "\n")
+    os.replace(tmp, paths.state_file)
+
+
+@contextmanager
+def _locked(paths: LabPaths) -> Iterator[None]:
+    """One `up` or `down` of a lab at a time."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    lock = paths.root / f".{paths.name}.lock"
+    with open(lock, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise EnvironmentProblem(
+                f"another belugactl is bringing lab {paths.name!r} up or down", fix="wait for it to finish"
+            ) from exc
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+# --- prepare -----------------------------------------------------------------------------------
+def prepare(*, install: bool = False, refresh: bool = False, progress: Progress = _quiet) -> dict[str, object]:
+    """Packages (checked, or installed with `install`), the guest kernel and the initramfs, cached."""
+    installed: list[str] = []
+    if install:
+        from belugactl.host.runner import SubprocessRunner
+
+        installed = prereqs.install(SubprocessRunner())
+    prereqs.require()
+    cache = cache_root()
+    start = time.monotonic()
+    kernel = kernel_mod.find(cache) if not refresh else None
+    if kernel is None:
+        progress(f"downloading the guest kernel into {cache}")
+        kernel = kernel_mod.prepare(cache, refresh=refresh)
+    image = initramfs_mod.build(kernel, cache)
+    return {
+        "installed_packages": installed,
+        "cache": str(cache),
+        "kernel": kernel.to_dict(),
+        "initramfs": str(image.path),
+        "initramfs_size": image.size,
+        "seconds": round(time.monotonic() - start, 2),
+    }
+
+
+# --- up ----------------------------------------------------------------------------------------
+def _guest_env(kernel: kernel_mod.GuestKernel, name: str, venv: Path) -> str:
+    agent = Path(__file__).with_name("agent.py").resolve()
+    values = {
+        "LAB_HOSTNAME": name,
+        "LAB_KERNEL_VERSION": kernel.version,
+        "LAB_MODULES_DIR": str(kernel.modules_dir.resolve()),
+        "LAB_MODULES": " ".join(GUEST_MODULES),
+        "LAB_PYTHON": os.path.realpath(sys.executable),
+        "LAB_AGENT": str(agent),
+        "LAB_PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+
+
+def _make_sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+
+
+def _spawn(argv: list[str], guest: GuestPaths) -> int:
+    with open(guest.qemu_log, "wb") as log:
+        child = subprocess.Popen(  # noqa: S603 - argv list, no shell
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    # Not waited for here: the guest outlives this process. proc.alive() reaps it if we are its parent.
+    child.returncode = 0  # keeps Popen.__del__ from warning about a child it was never meant to wait for
+    guest.pidfile.write_text(f"{child.pid}\n")
+    return child.pid
+
+
+def validate(hosts: int, pool_size: int, memory_mib: int) -> None:
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise UsageError(f"--hosts must be between 1 and {MAX_HOSTS}, not {hosts}")
+    if pool_size % POOL_UNIT or not POOL_UNIT <= pool_size <= POOL_MAX:
+        raise UsageError(
+            f"--pool-size {format_size(pool_size)} is not a multiple of 256 MiB between 256 MiB and 4 GiB",
+            why="CXL decoders map memory in 256 MiB units and the lab's fixed memory window is 4 GiB",
+            fix="e.g. --pool-size 512MiB",
+        )
+    if memory_mib < 256:
+        raise UsageError("--memory must be at least 256 MiB")
+
+
+def up(
+    *,
+    name: str = DEFAULT_NAME,
+    hosts: int = DEFAULT_HOSTS,
+    pool_size: int = DEFAULT_POOL,
+    memory_mib: int = 1024,
+    accel: str = "auto",
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S,
+    progress: Progress = _quiet,
+) -> UpReport:
+    validate(hosts, pool_size, memory_mib)
+    paths = lab_paths(name)
+    prereqs.require()
+    with _locked(paths):
+        existing = load(paths)
+        if existing is not None or paths.dir.exists():
+            st = status(name)
+            raise UsageError(
+                f"lab {name!r} already exists ({st.state})",
+                why=f"its state is in {paths.dir}",
+                fix=f"belugactl lab status --name {name}; belugactl lab down --name {name}",
+            )
+        t0 = time.monotonic()
+        prep = prepare(progress=progress)
+        prepared_s = time.monotonic() - t0
+        cache = cache_root()
+        kernel = kernel_mod.find(cache)
+        assert kernel is not None  # prepare() made it
+        image = Path(str(prep["initramfs"]))
+        chosen = accel_mod.choose(accel)
+        venv = Path(sys.prefix)
+        record = LabRecord(
+            name=name,
+            hosts=hosts,
+            pool_size=pool_size,
+            memory_mib=memory_mib,
+            accel=chosen.chosen,
+            kernel=kernel.to_dict(),
+            initramfs=str(image),
+            created_at=time.time(),
+            repo=str(Path(belugactl.__file__).resolve().parent.parent),
+            venv=str(venv),
+        )
+        paths.dir.mkdir(parents=True)
+        _make_sparse(paths.pool, pool_size)
+        specs = []
+        for i in range(1, hosts + 1):
+            gname = guest_name(i)
+            g = paths.guest(gname)
+            for d in (g.dir, g.spool, g.share, g.spool / "req", g.spool / "out", g.spool / "cancel"):
+                d.mkdir(parents=True, exist_ok=True)
+            _make_sparse(g.lsa, qemu.LSA_SIZE)
+            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv))
+            specs.append(
+                (g, qemu.GuestSpec(gname, i, kernel.vmlinuz, image, paths.pool, pool_size, g.lsa, g.spool,
+                                   g.console, memory_mib, chosen.chosen))
+            )
+            record.guests.append(GuestRecord(gname, i))
+        _save(paths, record)
+        progress(f"booting {hosts} guest{'s' if hosts > 1 else ''} ({chosen.chosen}) from {paths.dir}")
+        boot_start = time.monotonic()
+        for (g, spec), grec in zip(specs, record.guests, strict=True):
+            grec.pid = _spawn(qemu.argv(spec), g)
+            grec.started_at = time.time()
+        _save(paths, record)
+        try:
+            _wait_ready(paths, record, boot_start, boot_timeout_s, progress)
+        finally:
+            _save(paths, record)
+        boot_wall = time.monotonic() - boot_start
+    return UpReport(status(name), boot_wall, chosen, prepared_s)
+
+
+def _wait_ready(paths: LabPaths, record: LabRecord, start: float, timeout_s: float, progress: Progress) -> None:
+    pending = {g.name: g for g in record.guests}
+    while pending:
+        for gname, grec in list(pending.items()):
+            g = paths.guest(gname)
+            info = GuestChannel(g.spool, name=gname).ready_info()
+            if info is not None:
+                grec.boot_s = round(time.monotonic() - start, 2)
+                grec.guest_uptime_at_ready_s = float(info.get("uptime_s", -1))
+                if info.get("hostname") != gname:
+                    _fail_boot(paths, record, gname, f"its hostname is {info.get('hostname')!r}")
+                progress(f"{gname} ready in {grec.boot_s:.1f} s (guest uptime {grec.guest_uptime_at_ready_s:.1f} s)")
+                del pending[gname]
+            elif grec.pid is None or not _is_ours(grec.pid, g):
+                _fail_boot(paths, record, gname, "its QEMU exited during boot")
+        if pending and time.monotonic() - start > timeout_s:
+            _fail_boot(paths, record, sorted(pending)[0], f"no agent after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def _fail_boot(paths: LabPaths, record: LabRecord, gname: str, why: str) -> None:
+    g = paths.guest(gname)
+    tail = _tail(g.console, 15) + [f"qemu: {line}" for line in _tail(g.qemu_log, 5)]
+    # Stop the other guests too: half a rack is not what was asked for. Files stay for a look.
+    for grec in record.guests:
+        if grec.pid is not None and _is_ours(grec.pid, paths.guest(grec.name)):
+            proc.terminate(grec.pid)
+    raise StepFailed(
+        f"lab guest {gname} failed to boot: {why}",
+        why="last console lines:\n" + "\n".join(tail) if tail else f"see {g.console}",
+        fix=f"read {g.console} and {g.qemu_log}; then belugactl lab down --name {paths.name}",
+    )
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        data = path.read_bytes()[-16384:]
+    except OSError:
+        return []
+    return [line for line in data.decode(errors="replace").splitlines() if line.strip()][-lines:]
+
+
+def _read_pid(g: GuestPaths) -> int | None:
+    try:
+        return int(g.pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_ours(pid: int, g: GuestPaths) -> bool:
+    return proc.alive(pid) and qemu.is_guest_process(proc.cmdline(pid), g.dir)
+
+
+# --- status ------------------------------------------------------------------------------------
+def status(name: str = DEFAULT_NAME) -> LabStatus:
+    paths = lab_paths(name)
+    record = load(paths)
+    if record is None and not paths.dir.exists():
+        return LabStatus(name, "down", str(paths.dir), None, None, None, None, [])
+    guests: list[GuestStatus] = []
+    names = [g.name for g in record.guests] if record else sorted(p.name for p in (paths.dir / "guests").glob("*"))
+    boot = {g.name: g.boot_s for g in record.guests} if record else {}
+    for gname in names:
+        guests.append(_guest_status(paths.guest(gname), boot.get(gname)))
+    states = {g.state for g in guests}
+    lab_state = "up" if states == {"running"} else "degraded"
+    return LabStatus(
+        name,
+        lab_state,
+        str(paths.dir),
+        str(paths.pool) if paths.pool.exists() else None,
+        record.pool_size if record else None,
+        record.kernel if record else None,
+        record.accel if record else None,
+        guests,
+    )
+
+
+def _guest_status(g: GuestPaths, boot_s: float | None) -> GuestStatus:
+    pid = _read_pid(g)
+    channel = GuestChannel(g.spool, name=g.name)
+    tail: list[str] = []
+    if pid is None:
+        state, detail = "stopped", "no pid file (never started, or stopped)"
+    elif not proc.alive(pid):
+        state, detail = "crashed", f"QEMU pid {pid} is gone"
+        tail = _tail(g.console, 8) + [f"qemu: {line}" for line in _tail(g.qemu_log, 3)]
+    elif not qemu.is_guest_process(proc.cmdline(pid), g.dir):
+        state, detail = "crashed", f"pid {pid} now belongs to another program; this guest's QEMU is gone"
+    elif channel.ready_info() is None:
+        state, detail = "booting", f"QEMU pid {pid} runs; the agent has not announced itself yet"
+    else:
+        age = channel.heartbeat_age()
+        if age is not None and age > HEARTBEAT_STALE_S:
+            state, detail = "unresponsive", f"QEMU pid {pid} runs, but the agent's last heartbeat is {age:.0f} s old"
+        else:
+            state, detail = "running", f"QEMU pid {pid}"
+    return GuestStatus(g.name, state, pid, detail, str(g.console), str(g.spool), str(g.share), boot_s, tail)
+
+
+# --- down --------------------------------------------------------------------------------------
+def down(name: str = DEFAULT_NAME, *, progress: Progress = _quiet) -> DownReport:
+    paths = lab_paths(name)
+    report = DownReport(name, paths.dir.exists(), [], [], [], None)
+    if not paths.dir.exists():
+        return report
+    with _locked(paths):
+        for gdir in sorted((paths.dir / "guests").glob("*")):
+            g = paths.guest(gdir.name)
+            pid = _read_pid(g)
+            if pid is None or not proc.alive(pid):
+                report.already_gone.append(g.name)
+            elif not qemu.is_guest_process(proc.cmdline(pid), g.dir):
+                report.refused.append(f"{g.name}: pid {pid} is not this guest's QEMU any more")
+            elif proc.terminate(pid):
+                report.stopped.append(g.name)
+                progress(f"stopped {g.name} (pid {pid})")
+            else:
+                raise EnvironmentProblem(f"could not stop {g.name} (pid {pid})", fix=f"kill -9 {pid}")
+        shutil.rmtree(paths.dir)
+        report.removed = str(paths.dir)
+    # Leave no empty folders of ours behind either (rmdir refuses anything not empty).
+    for folder in (paths.root, paths.root.parent):
+        if folder.name in ("lab", "belugactl"):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    return report
+
+
+# --- access ------------------------------------------------------------------------------------
+def channel(name: str, host: str) -> GuestChannel:
+    """The exec channel of guest `host` in lab `name`, checked to be running."""
+    paths = lab_paths(name)
+    record = load(paths)
+    if record is None:
+        raise EnvironmentProblem(f"lab {name!r} is not up", fix="belugactl lab up")
+    known = [g.name for g in record.guests]
+    if host not in known:
+        raise UsageError(f"lab {name!r} has no host {host!r}", fix=f"one of: {', '.join(known)}")
+    g = paths.guest(host)
+    st = _guest_status(g, None)
+    if st.state not in ("running", "unresponsive"):
+        raise EnvironmentProblem(
+            f"{host} is {st.state}", why=st.detail, fix=f"belugactl lab status --name {name}"
+        )
+    pid = st.pid
+    assert pid is not None
+
+    def alive() -> bool:
+        return _is_ours(pid, g)
+
+    return GuestChannel(g.spool, name=host, alive=alive)
+
+
+def guest_env(name: str, host: str) -> dict[str, str]:
+    """Environment added to every command run in a guest."""
+    return {
+        "BELUGACTL_LAB": name,
+        "BELUGACTL_LAB_HOST": host,
+        "BELUGACTL_LAB_SHARE": f"{initramfs_mod.GUEST_SPOOL}/share",
+    }
