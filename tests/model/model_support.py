@@ -14,7 +14,7 @@ pool:
     memdevs: all
   size: 510MiB
   namespace:
-    uuid: 5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01
+    uuid: 1c3e5a7b-9d2f-4e61-8a0b-c4d6e8f0a2b3
     name: t
 layout:
   shared_kv: 254MiB
@@ -27,5 +27,3 @@ hosts:
     address: 10.0.0.2
     platform: cpu
 """
-
-

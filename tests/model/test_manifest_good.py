@@ -51,9 +51,11 @@ def test_sizes_accept_units_and_integers():
 
 
 def test_block_size_is_per_platform_and_per_host():
-    text = MINIMAL.replace("  - name: h2\n    address: 10.0.0.2\n    platform: cpu\n",
-                           "  - name: h2\n    address: 10.0.0.2\n    platform: gpu\n    gpus: {count: 1}\n"
-                           "  - name: h3\n    address: 10.0.0.3\n    platform: cpu\n    block_size: 64\n")
+    text = MINIMAL.replace(
+        "  - name: h2\n    address: 10.0.0.2\n    platform: cpu\n",
+        "  - name: h2\n    address: 10.0.0.2\n    platform: gpu\n    gpus: {count: 1}\n"
+        "  - name: h3\n    address: 10.0.0.3\n    platform: cpu\n    block_size: 64\n",
+    )
     text += "serve:\n  vllm:\n    model: m\n    block_size: {gpu: 32, cpu: 128}\n"
     m = load_manifest_text(text)
     assert [m.block_size_on(h) for h in m.hosts] == [128, 32, 64]
