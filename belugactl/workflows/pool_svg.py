@@ -33,7 +33,8 @@ def proportional_widths(sizes: list[int], width: int, min_width: int = 1) -> lis
         return [min_width] * len(sizes)
     spare = width - len(sizes) * min_width
     total = sum(sizes)
-    shares = [spare * s / total if total > 0 else 0.0 for s in sizes]
+    # all-zero sizes share the width equally rather than leaving it unassigned
+    shares = [spare * s / total if total > 0 else spare / len(sizes) for s in sizes]
     widths = [min_width + int(share) for share in shares]
     leftover = width - sum(widths)
     order = sorted(range(len(sizes)), key=lambda i: (-(shares[i] - int(shares[i])), i))
