@@ -21,10 +21,11 @@ def pick_host(manifest: Manifest, wanted: str | None, hostname: str | None, *, f
             import difflib
 
             close = difflib.get_close_matches(wanted, names, n=1)
+            hint = f"; did you mean --host {close[0]}?" if close else ""
             raise UsageError(
-                f"--host {wanted}: no such host in {file}",
+                f"--host {wanted}: no such host in {file}{hint}",
                 why="hosts in the manifest: " + ", ".join(names),
-                fix=f"did you mean --host {close[0]}?" if close else "pass one of the names above with --host",
+                fix="pass one of the names above with --host",
             ) from None
     candidates = [c for c in (hostname, (hostname or "").split(".", 1)[0]) if c]
     for name in candidates:

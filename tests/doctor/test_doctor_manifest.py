@@ -1,0 +1,129 @@
+"""Doctor with a real manifest: host entry selection, expectations, and the pool header on media."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from doctor_snapshots import UUID, beluga_like
+
+from belugactl.errors import ExitCode, UsageError
+from belugactl.host.host import Host
+from belugactl.model.header import PoolHeader, write_claim
+from belugactl.model.manifest import load_manifest
+from belugactl.units import MiB
+from belugactl.workflows.doctor import DoctorContext, Status, builtin_registry, run_doctor
+from belugactl.workflows.doctor.expectations import from_manifest, pick_host
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "examples" / "lab.yaml"
+RACK = REPO / "examples" / "beluga-rack.yaml"
+REGISTRY = builtin_registry()
+
+
+def test_expectations_come_from_the_manifest_and_the_host_entry():
+    manifest = load_manifest(LAB)
+    exp = from_manifest(manifest, manifest.host("lab-2"))
+    assert exp.host_name == "lab-2"
+    assert exp.pool_size == 510 * MiB and exp.region_size == 512 * MiB and exp.align == 2 * MiB
+    assert exp.source == "region" and exp.region_type == "pmem"
+    assert exp.namespace_uuid == manifest.pool.namespace.uuid and exp.namespace_map == "mem"
+    assert exp.hosts_sharing == len(manifest.hosts) == 2
+    assert exp.ddio == "unmanaged" and exp.pool_memory == "write-back"
+    assert [(w.node, w.count) for w in exp.hugepages] == [(0, 64)]
+    assert exp.layout is not None and exp.layout.partition_for("lab-2").size > 0
+
+
+def test_pick_host_by_flag_by_hostname_and_short_name():
+    manifest = load_manifest(LAB)
+    assert pick_host(manifest, "lab-2", "whatever").name == "lab-2"
+    assert pick_host(manifest, None, "lab-1").name == "lab-1"
+    assert pick_host(manifest, None, "lab-1.example.org").name == "lab-1"
+    with pytest.raises(UsageError, match="did you mean --host lab-1"):
+        pick_host(manifest, "lab-11", None)
+    with pytest.raises(UsageError, match="not one of the hosts") as info:
+        pick_host(manifest, None, "elsewhere")
+    assert info.value.exit_code == ExitCode.USAGE
+    assert "lab-1, lab-2" in info.value.why
+
+
+def test_run_doctor_with_a_manifest_checks_against_the_entry():
+    snap = replace(beluga_like(), hostname="lab-1")
+    report = run_doctor(Host("/nonexistent"), manifest_path=str(LAB), snapshot=snap)
+    assert report.host_entry == "lab-1"
+    by_id = {o.id: o for o in report.outcomes}
+    # the lab pins its own namespace uuid; this snapshot's namespace carries another one
+    assert by_id["dax.namespace-uuid"].status is Status.FAIL
+    assert UUID in by_id["dax.namespace-uuid"].result.reason
+    assert by_id["ddio.disabled"].status is Status.SKIP  # lab: ddio unmanaged
+    assert report.exit_code == ExitCode.FAILED
+
+
+def test_host_flag_needs_a_manifest():
+    with pytest.raises(UsageError, match="--host needs a manifest"):
+        run_doctor(Host("/nonexistent"), host_name="lab-1", snapshot=beluga_like())
+
+
+# --- the pool header, read from a pool file standing in for /dev/dax0.0 ------------------------
+
+
+def _pool_tree(tmp_path: Path, data: bytes) -> Host:
+    (tmp_path / "dev").mkdir(parents=True)
+    pool = tmp_path / "dev" / "dax0.0"
+    pool.write_bytes(data.ljust(2 * MiB, b"\0"))
+    return Host(tmp_path)
+
+
+def _header_ctx(host: Host, manifest_path: Path = LAB, name: str = "lab-1", **snap_changes) -> DoctorContext:
+    manifest = load_manifest(manifest_path)
+    exp = from_manifest(manifest, manifest.host(name))
+    snap = beluga_like()
+    snap = replace(snap, dax=[replace(snap.dax[0], size=exp.pool_size, **snap_changes)])
+    return DoctorContext(snap, exp, host)
+
+
+def _lab_header() -> bytes:
+    manifest = load_manifest(LAB)
+    exp = from_manifest(manifest, manifest.host("lab-1"))
+    return PoolHeader.from_layout(manifest, exp.layout, created_by="lab-1", created_time=1).pack()
+
+
+def test_pool_header_matching_the_manifest_is_ok(tmp_path):
+    result = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path, _lab_header())))
+    assert result.status is Status.OK, result
+    assert "matches the manifest" in result.reason and "written by lab-1" in result.reason
+
+
+def test_pool_header_from_another_manifest_fails_with_the_differences(tmp_path):
+    host = _pool_tree(tmp_path, _lab_header())
+    result = REGISTRY.get("pool.header").run(_header_ctx(host, RACK, load_manifest(RACK).hosts[0].name))
+    assert result.status is Status.FAIL
+    assert "disagrees" in result.reason
+    fields = {d["field"] for d in result.details["differences"]}
+    assert "layout_hash" in fields and "pool_uuid" in fields
+
+
+def test_blank_pool_fails_with_manifest_and_skips_without(tmp_path):
+    host = _pool_tree(tmp_path, b"")
+    with_manifest = REGISTRY.get("pool.header").run(_header_ctx(host))
+    assert with_manifest.status is Status.FAIL and "never initialized" in with_manifest.reason
+    assert "belugactl setup" in with_manifest.fix
+    without = REGISTRY.get("pool.header").run(DoctorContext(beluga_like(), None, host))
+    assert without.status is Status.SKIP and "not provisioned" in without.reason
+
+
+def test_corrupted_or_claimed_header_fails_without_a_traceback(tmp_path):
+    data = bytearray(_lab_header())
+    data[30] ^= 0xFF  # inside the pool uuid: the crc no longer matches
+    result = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path / "a", bytes(data))))
+    assert result.status is Status.FAIL and "crc" in result.reason
+    claimed = bytearray(4096)
+    write_claim(claimed, 0xABCDEF)
+    result = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path / "b", bytes(claimed))))
+    assert result.status is Status.FAIL and "claim" in result.reason
+
+
+def test_pool_header_skips_when_the_device_cannot_be_mapped(tmp_path):
+    result = REGISTRY.get("pool.header").run(_header_ctx(Host(tmp_path)))
+    assert result.status is Status.SKIP and "cannot map" in result.reason
