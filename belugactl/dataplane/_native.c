@@ -1,0 +1,498 @@
+/*
+ * belugactl.dataplane._native: the few instructions Python cannot issue.
+ *
+ * CXL 2.0 gives no coherence between hosts, so software publishes data by writing it with
+ * non-temporal stores (or flushing the lines it wrote) and fencing before it flips a status
+ * word, and consumes it by flushing the lines before loading them. This module provides exactly
+ * that, plus 64-bit atomics on mapped memory, bounded spin-waits on a status word, and a
+ * gather/scatter copy of many pieces in one call.
+ *
+ * Every function takes a Python buffer (an mmap, a memoryview, a bytearray) and byte offsets,
+ * and bounds-checks them: a bad offset raises ValueError, it never touches memory outside the
+ * buffer. Long operations release the GIL.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BELUGA_X86 1
+#include <cpuid.h>
+#include <emmintrin.h>
+#else
+#define BELUGA_X86 0
+#endif
+
+#define LINE 64
+
+static int have_clflushopt = 0;
+static int have_clwb = 0;
+static int have_sse2 = 0;
+static int have_avx2 = 0;
+static int have_clflush = 0;
+
+static void detect_cpu(void) {
+#if BELUGA_X86
+    unsigned int a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        have_clflush = (d >> 19) & 1;
+        have_sse2 = (d >> 26) & 1;
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        have_avx2 = (b >> 5) & 1;
+        have_clflushopt = (b >> 23) & 1;
+        have_clwb = (b >> 24) & 1;
+    }
+#endif
+}
+
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if BELUGA_X86
+    _mm_pause();
+#endif
+}
+
+static inline void full_fence(void) {
+#if BELUGA_X86
+    _mm_mfence();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+static inline void store_fence(void) {
+#if BELUGA_X86
+    _mm_sfence();
+#else
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
+
+/* Write back (and for readers, invalidate) every line of [p, p+n). clwb keeps the line cached,
+ * which is right for a writer; a reader must evict the line, so it never uses clwb. */
+static void flush_range(const char *p, size_t n, int for_read) {
+#if BELUGA_X86
+    if (n == 0) return;
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(LINE - 1);
+    uintptr_t end = (uintptr_t)p + n;
+    if (!for_read && have_clwb) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clwb %0" : "+m"(*(volatile char *)a));
+    } else if (have_clflushopt) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clflushopt %0" : "+m"(*(volatile char *)a));
+    } else if (have_clflush) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clflush %0" : "+m"(*(volatile char *)a));
+    }
+#else
+    (void)p; (void)n; (void)for_read;
+#endif
+}
+
+static void nt_memcpy(char *dst, const char *src, size_t n) {
+#if BELUGA_X86
+    /* Plain stores up to a 16-byte boundary, streaming stores for the body, plain stores for the
+     * tail; the plain parts are then written back so no line of the range lingers dirty. */
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n) head = n;
+    if (head) { memcpy(dst, src, head); flush_range(dst, head, 0); }
+    char *d = dst + head;
+    const char *s = src + head;
+    size_t body = (n - head) & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), x0);
+        _mm_stream_si128((__m128i *)(d + i + 16), x1);
+        _mm_stream_si128((__m128i *)(d + i + 32), x2);
+        _mm_stream_si128((__m128i *)(d + i + 48), x3);
+    }
+    size_t tail = n - head - body;
+    if (tail) { memcpy(d + body, s + body, tail); flush_range(d + body, tail, 0); }
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+/* ---- argument helpers ------------------------------------------------------------------- */
+
+static int get_range(Py_buffer *view, Py_ssize_t off, Py_ssize_t n, char **out) {
+    if (off < 0 || n < 0 || off > view->len || n > view->len - off) {
+        PyErr_Format(PyExc_ValueError, "range [%zd, +%zd) outside a buffer of %zd bytes", off, n, view->len);
+        return -1;
+    }
+    *out = (char *)view->buf + off;
+    return 0;
+}
+
+static int get_word(Py_buffer *view, Py_ssize_t off, uint64_t **out) {
+    char *p;
+    if (get_range(view, off, 8, &p) < 0) return -1;
+    if (((uintptr_t)p & 7) != 0) {
+        PyErr_Format(PyExc_ValueError, "offset %zd is not 8-byte aligned in memory", off);
+        return -1;
+    }
+    *out = (uint64_t *)p;
+    return 0;
+}
+
+/* ---- functions -------------------------------------------------------------------------- */
+
+static PyObject *py_features(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
+        "x86", BELUGA_X86 ? Py_True : Py_False,
+        "clflush", have_clflush ? Py_True : Py_False,
+        "clflushopt", have_clflushopt ? Py_True : Py_False,
+        "clwb", have_clwb ? Py_True : Py_False,
+        "sse2", have_sse2 ? Py_True : Py_False,
+        "avx2", have_avx2 ? Py_True : Py_False,
+        "flush", !BELUGA_X86 ? "none" : have_clwb ? "clwb" : have_clflushopt ? "clflushopt" : have_clflush ? "clflush" : "none");
+}
+
+static PyObject *py_flush(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off, n; int for_read = 0; char *p;
+    if (!PyArg_ParseTuple(args, "y*nn|p", &v, &off, &n, &for_read)) return NULL;
+    if (get_range(&v, off, n, &p) < 0) { PyBuffer_Release(&v); return NULL; }
+    flush_range(p, (size_t)n, for_read);
+    full_fence();
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fence(PyObject *self, PyObject *noargs) {
+    full_fence();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_copy(PyObject *self, PyObject *args) {
+    Py_buffer d, s; Py_ssize_t doff, soff, n; int nt = 0; char *dp, *sp;
+    if (!PyArg_ParseTuple(args, "w*ny*nn|p", &d, &doff, &s, &soff, &n, &nt)) return NULL;
+    if (get_range(&d, doff, n, &dp) < 0 || get_range(&s, soff, n, &sp) < 0) {
+        PyBuffer_Release(&d); PyBuffer_Release(&s); return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (nt) { nt_memcpy(dp, sp, (size_t)n); store_fence(); }
+    else memmove(dp, sp, (size_t)n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&d); PyBuffer_Release(&s);
+    Py_RETURN_NONE;
+}
+
+/* pieces: a buffer of int64 (src_off, dst_off, len) triples (array('q'), numpy int64). */
+static PyObject *py_gather(PyObject *self, PyObject *args) {
+    Py_buffer d, s, pv; int nt = 0;
+    if (!PyArg_ParseTuple(args, "w*y*y*|p", &d, &s, &pv, &nt)) return NULL;
+    PyObject *result = NULL;
+    if (pv.len % 24 != 0) {
+        PyErr_SetString(PyExc_ValueError, "pieces must be int64 triples (src_off, dst_off, len)");
+        goto done;
+    }
+    Py_ssize_t count = pv.len / 24;
+    const int64_t *t = (const int64_t *)pv.buf;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t so = t[3 * i], dof = t[3 * i + 1], n = t[3 * i + 2];
+        if (so < 0 || dof < 0 || n < 0 || so > s.len || n > s.len - so || dof > d.len || n > d.len - dof) {
+            PyErr_Format(PyExc_ValueError, "piece %zd (%lld, %lld, %lld) is outside the buffers", i,
+                         (long long)so, (long long)dof, (long long)n);
+            goto done;
+        }
+        total += n;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        char *dp = (char *)d.buf + t[3 * i + 1];
+        const char *sp = (const char *)s.buf + t[3 * i];
+        if (nt) nt_memcpy(dp, sp, (size_t)t[3 * i + 2]);
+        else memcpy(dp, sp, (size_t)t[3 * i + 2]);
+    }
+    if (nt) store_fence();
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLongLong(total);
+done:
+    PyBuffer_Release(&d); PyBuffer_Release(&s); PyBuffer_Release(&pv);
+    return result;
+}
+
+static PyObject *py_load64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "y*n", &v, &off)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(x);
+}
+
+static PyObject *py_store64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long x; int flush = 0; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nK|p", &v, &off, &x, &flush)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    __atomic_store_n(w, (uint64_t)x, __ATOMIC_RELEASE);
+    if (flush) { flush_range((char *)w, 8, 0); full_fence(); }
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cas64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long expected, desired; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nKK", &v, &off, &expected, &desired)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t e = expected;
+    __atomic_compare_exchange_n(w, &e, (uint64_t)desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(e); /* the value seen: equals `expected` on success */
+}
+
+static PyObject *py_fetch_add64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long add; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nK", &v, &off, &add)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t old = __atomic_fetch_add(w, (uint64_t)add, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(old);
+}
+
+/* Spin until the word at `off` equals `value` or `timeout_ns` passes; return the last value
+ * seen. With `flush`, evict the line before each load (a reader on a non-coherent pool). */
+static PyObject *py_wait64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long value, timeout_ns; int flush = 0; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "y*nKK|p", &v, &off, &value, &timeout_ns, &flush)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t x;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t deadline = now_ns() + timeout_ns;
+    unsigned spins = 0;
+    for (;;) {
+        if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+        x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        if (x == value) break;
+        if ((++spins & 63) == 0 && now_ns() >= deadline) break;
+        cpu_relax();
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(x);
+}
+
+/* Spin over a set of word offsets (int64 buffer) until one equals `value`; return its index,
+ * or -1 after `timeout_ns`. The metadata server keeps one offset per ring (its cursor slot). */
+static PyObject *py_wait_any(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long value, timeout_ns; int flush = 0;
+    if (!PyArg_ParseTuple(args, "y*y*KK|p", &v, &ov, &value, &timeout_ns, &flush)) return NULL;
+    PyObject *result = NULL;
+    if (ov.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "offsets must be int64"); goto done; }
+    Py_ssize_t count = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - 8 || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "word offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            goto done;
+        }
+    }
+    Py_ssize_t found = -1;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t deadline = now_ns() + timeout_ns;
+    for (;;) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint64_t *w = (uint64_t *)((char *)v.buf + offs[i]);
+            if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+            if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == value) { found = i; break; }
+        }
+        if (found >= 0 || now_ns() >= deadline) break;
+        cpu_relax();
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(found);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return result;
+}
+
+/* ---- CXL-RPC slot operations (the hot path; see rpc/slots.py for the Python twins) -------
+ * Slot header, little-endian: u64 status, u64 seq, u32 magic, u32 epoch, u16 op, u16 code,
+ * u32 length, then the payload. */
+
+#define HDR 32
+#define ST_FREE 0
+#define ST_REQ 1
+#define ST_RESP 2
+#define RPC_MAGIC 0x554C4542u
+
+struct slot_hdr { uint64_t status; uint64_t seq; uint32_t magic; uint32_t epoch; uint16_t op; uint16_t code; uint32_t length; };
+
+static void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op, uint16_t code, const char *payload,
+                    size_t n, uint64_t status, int flush) {
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    memcpy(slot + HDR, payload, n);
+    h->seq = seq; h->magic = RPC_MAGIC; h->epoch = epoch; h->op = op; h->code = code; h->length = (uint32_t)n;
+    if (flush) { flush_range(slot, HDR + n, 0); full_fence(); }
+    else __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&h->status, status, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+}
+
+static int get_slot(Py_buffer *v, Py_ssize_t off, Py_ssize_t need, char **out) {
+    if (get_range(v, off, need, out) < 0) return -1;
+    if (((uintptr_t)*out & 7) != 0) { PyErr_SetString(PyExc_ValueError, "slot is not 8-byte aligned"); return -1; }
+    return 0;
+}
+
+/* rpc_post(buf, off, seq, epoch, op, payload, flush) */
+static PyObject *py_rpc_post(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off; unsigned long long seq; unsigned int epoch, op; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIy*|p", &v, &off, &seq, &epoch, &op, &pl, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (get_slot(&v, off, HDR + pl.len, &slot) == 0) {
+        publish(slot, seq, epoch, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+        r = Py_None; Py_INCREF(r);
+    }
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush) -> (code, epoch, payload) | None */
+static PyObject *py_rpc_wait_reply(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off, maxp; unsigned long long seq, timeout_ns; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKnK|p", &v, &off, &seq, &maxp, &timeout_ns, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (maxp < 0 || get_slot(&v, off, HDR + maxp, &slot) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "negative max_payload");
+        goto done;
+    }
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    uint64_t st;
+    unsigned spins = 0;
+    /* Spin briefly with the GIL held (the common, fast answer), then release it. */
+    for (;;) {
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+        if (st == ST_RESP || ++spins > 2000) break;
+        cpu_relax();
+    }
+    if (st != ST_RESP) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t deadline = now_ns() + timeout_ns;
+        for (;;) {
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+            if (st == ST_RESP) break;
+            if ((++spins & 63) == 0 && now_ns() >= deadline) break;
+            cpu_relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
+                     (unsigned long long)h->seq, seq, h->length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        goto done;
+    }
+    r = Py_BuildValue("(IIy#)", (unsigned)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
+    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+done:
+    PyBuffer_Release(&v);
+    return r;
+}
+
+/* rpc_take(buf, offsets_int64, start, max_payload, timeout_ns, flush)
+ *   -> (index, seq, magic, epoch, op, length, payload | None) | None */
+static PyObject *py_rpc_take(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; Py_ssize_t start, maxp; unsigned long long timeout_ns; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*nnK|p", &v, &ov, &start, &maxp, &timeout_ns, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (ov.len % 8 != 0 || maxp < 0) { PyErr_SetString(PyExc_ValueError, "bad offsets or max_payload"); goto done; }
+    Py_ssize_t count = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - HDR - maxp || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            goto done;
+        }
+    }
+    if (count == 0) { r = Py_None; Py_INCREF(r); goto done; }
+    if (start < 0 || start >= count) start = 0;
+    Py_ssize_t found = -1;
+    unsigned spins = 0;
+    uint64_t deadline = 0;
+    int released = 0;
+    PyThreadState *ts = NULL;
+    for (;;) {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Py_ssize_t i = start + j; if (i >= count) i -= count;
+            char *slot = (char *)v.buf + offs[i];
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { found = i; break; }
+        }
+        if (found >= 0) break;
+        ++spins;
+        if (spins == 256 && !released) { ts = PyEval_SaveThread(); released = 1; deadline = now_ns() + timeout_ns; }
+        if (released && (spins & 15) == 0 && now_ns() >= deadline) break;
+        if (!released && timeout_ns == 0) break;
+        cpu_relax();
+    }
+    if (released) PyEval_RestoreThread(ts);
+    if (found < 0) { r = Py_None; Py_INCREF(r); goto done; }
+    char *slot = (char *)v.buf + offs[found];
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    struct slot_hdr h;
+    memcpy(&h, slot, sizeof h); /* one snapshot: the client could scribble while we read */
+    if (h.length <= (uint64_t)maxp)
+        r = Py_BuildValue("(nKIIIIy#)", found, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op,
+                          h.length, slot + HDR, (Py_ssize_t)h.length);
+    else
+        r = Py_BuildValue("(nKIIIIO)", found, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op,
+                          h.length, Py_None);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* rpc_reply(buf, off, seq, epoch, op, code, payload, flush) */
+static PyObject *py_rpc_reply(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off; unsigned long long seq; unsigned int epoch, op, code; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIIy*|p", &v, &off, &seq, &epoch, &op, &code, &pl, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (get_slot(&v, off, HDR + pl.len, &slot) == 0) {
+        publish(slot, seq, epoch, (uint16_t)op, (uint16_t)code, pl.buf, (size_t)pl.len, ST_RESP, flush);
+        r = Py_None; Py_INCREF(r);
+    }
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+static PyMethodDef methods[] = {
+    {"features", py_features, METH_NOARGS, "CPU features detected with cpuid, and the flush instruction in use."},
+    {"flush", py_flush, METH_VARARGS, "flush(buf, off, n, for_read=False): write back/evict the lines of a range, then mfence."},
+    {"fence", py_fence, METH_NOARGS, "mfence."},
+    {"copy", py_copy, METH_VARARGS, "copy(dst, dst_off, src, src_off, n, nontemporal=False)."},
+    {"gather", py_gather, METH_VARARGS, "gather(dst, src, pieces_int64_triples, nontemporal=False) -> bytes copied."},
+    {"load64", py_load64, METH_VARARGS, "load64(buf, off) -> int (acquire)."},
+    {"store64", py_store64, METH_VARARGS, "store64(buf, off, value, flush=False) (release; optional line flush + fence)."},
+    {"cas64", py_cas64, METH_VARARGS, "cas64(buf, off, expected, desired) -> value seen (== expected on success)."},
+    {"fetch_add64", py_fetch_add64, METH_VARARGS, "fetch_add64(buf, off, add) -> old value."},
+    {"wait64", py_wait64, METH_VARARGS, "wait64(buf, off, value, timeout_ns, flush=False) -> last value seen."},
+    {"wait_any", py_wait_any, METH_VARARGS, "wait_any(buf, offsets_int64, value, timeout_ns, flush=False) -> index or -1."},
+    {"rpc_post", py_rpc_post, METH_VARARGS, "rpc_post(buf, off, seq, epoch, op, payload, flush=False): write a request, publish REQ_READY."},
+    {"rpc_wait_reply", py_rpc_wait_reply, METH_VARARGS, "rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush=False) -> (code, epoch, payload) | None."},
+    {"rpc_take", py_rpc_take, METH_VARARGS, "rpc_take(buf, offsets, start, max_payload, timeout_ns, flush=False) -> (i, seq, magic, epoch, op, length, payload|None) | None."},
+    {"rpc_reply", py_rpc_reply, METH_VARARGS, "rpc_reply(buf, off, seq, epoch, op, code, payload, flush=False): write a reply, publish RESP_READY."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Coherence helpers for a CXL pool.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    detect_cpu();
+    return PyModule_Create(&module);
+}

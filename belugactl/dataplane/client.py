@@ -1,0 +1,329 @@
+"""Client library of the KV metadata server (what the vLLM connector codes against).
+
+    from belugactl.dataplane.client import connect
+    c = connect("cxl:///dev/dax0.0#3")            # ring 3 of the pool's CXL-RPC area
+    c = connect("tcp://127.0.0.1:9471")            # same messages over TCP
+    n = c.lookup_prefix("qwen32b/tp0", hashes)     # how many leading blocks are in the pool
+    loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes) or None
+    ... read loc.extents from the pool ...
+    c.release([loc.lease_id])
+    r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes)
+    ... write the block into r.extents (flush/non-temporal on a shared pool) ...
+    c.commit(r.token)                              # now visible to every client
+
+Semantics (the server's; see docs/dataplane.md):
+- Keys are bytes (vLLM block hashes, 1..255 bytes), inside a namespace string (model, layout, TP rank).
+- `reserve` hands out extents in the shared KV area; the block is invisible until `commit`. A
+  reservation not committed within the server's reservation TTL (30 s by default) is reclaimed and
+  a late `commit` raises `ReservationExpired`. `abort` gives the space back at once.
+- `lookup_prefix` and `get` grant read leases (10 s by default): a leased block is never evicted or
+  freed, so its bytes stay valid while you copy them. `release` ends leases early; they also expire.
+  A block deleted while leased disappears from lookups at once and is freed when its leases end.
+- Errors (all `MetadataError`, a `BelugaError`): `MetadataUnavailable` (server down, not ready, or
+  no reply within `timeout_s`), `PoolFull`, `StaleEpoch` (the server restarted: every lease id and
+  reservation token you hold is void; call `reconnect()`), `AlreadyPresent`, `ReservationExpired`,
+  `RequestRejected` (malformed request). A best-effort caller treats any `MetadataError` as a miss.
+- One client object is not thread-safe; give each thread (or vLLM process) its own ring/connection.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from belugactl.dataplane.errors import (
+    AlreadyPresent,
+    MetadataUnavailable,
+    PoolFull,
+    RequestRejected,
+    ReservationExpired,
+    StaleEpoch,
+)
+from belugactl.dataplane.rpc import protocol as p
+from belugactl.dataplane.rpc.protocol import Code, Op
+from belugactl.dataplane.rpc.transport import CxlTransport, TcpTransport, TransportError
+from belugactl.errors import UsageError
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.pool import PoolMapping
+
+Extent = tuple[int, int]  # (pool offset, length in bytes)
+
+
+@dataclass(frozen=True)
+class BlockLocation:
+    """Where a committed block lives: extents in pool offsets (in order), and the read lease held on it."""
+
+    extents: list[Extent]
+    lease_id: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Space reserved for one block: write `nbytes` across `extents` (in order), then commit(token)."""
+
+    token: int
+    extents: list[Extent]
+    nbytes: int
+
+
+def parse_address(address: str) -> tuple[str, str, int]:
+    """("cxl", pool path, ring) or ("tcp", host, port)."""
+    parts = urlsplit(address)
+    if parts.scheme == "cxl":
+        path = (parts.netloc + parts.path) if parts.netloc else parts.path
+        if not path or not parts.fragment.isdigit():
+            raise UsageError(
+                f"bad CXL-RPC address {address!r}", fix="write cxl://<pool path>#<ring>, e.g. cxl:///dev/dax0.0#3"
+            )
+        return "cxl", path, int(parts.fragment)
+    if parts.scheme == "tcp":
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None:
+            raise UsageError(f"bad TCP address {address!r}", fix="write tcp://<host>:<port>, e.g. tcp://127.0.0.1:9471")
+        return "tcp", parts.hostname, port
+    raise UsageError(f"unknown address scheme in {address!r}", fix="use cxl://<pool path>#<ring> or tcp://<host>:<port>")
+
+
+def connect(
+    address: str,
+    *,
+    pool: PoolMapping | None = None,
+    client_id: int | None = None,
+    timeout_s: float = 1.0,
+) -> KVIndexClient:
+    """Connect to the metadata server and learn its epoch.
+
+    `address` is "cxl://<pool path>#<ring index>" or "tcp://host:port". For CXL, pass an open
+    `pool` to share one mapping (otherwise the pool path is mapped here, geometry from its header).
+    Raises MetadataUnavailable when the server does not answer within `timeout_s`.
+    """
+    kind, where, num = parse_address(address)
+    owned_pool = None
+    try:
+        if kind == "cxl":
+            if pool is None:
+                from belugactl.dataplane.pool import PoolMapping
+
+                pool = owned_pool = PoolMapping.open(where)
+            transport: CxlTransport | TcpTransport = CxlTransport(pool, num)
+            cid = num if client_id is None else client_id
+        else:
+            transport = TcpTransport(where, num, timeout_s=timeout_s)
+            cid = os.getpid() if client_id is None else client_id
+    except TransportError as exc:
+        raise MetadataUnavailable(
+            f"metadata server at {address} is unreachable",
+            why=str(exc),
+            fix="start it: belugactl metadata-server -f rack.yaml",
+        ) from None
+    client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s, owned_pool=owned_pool)
+    try:
+        client.reconnect()
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+class KVIndexClient:
+    def __init__(
+        self,
+        transport: CxlTransport | TcpTransport,
+        *,
+        address: str,
+        client_id: int,
+        timeout_s: float,
+        owned_pool: PoolMapping | None = None,
+    ) -> None:
+        self.transport = transport
+        self.address = address
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._owned_pool = owned_pool
+        self.epoch = 0
+        self._epoch32 = 0
+        self._ns: dict[str, int] = {}
+        self._stale = False
+        self._pool = transport.pool if isinstance(transport, CxlTransport) else None
+
+    def _pool_epoch(self) -> int:
+        assert self._pool is not None
+        return self._pool.epoch()
+
+    # --- connection ---------------------------------------------------------------------------
+    def reconnect(self) -> int:
+        """(Re)join the server: reset the ring or socket, adopt the server's epoch; return it.
+
+        Call after StaleEpoch (having dropped every lease id and token) or MetadataUnavailable.
+        """
+        try:
+            if self.transport.broken or self._stale or self.epoch:
+                self.transport.reset()
+            code, _e, payload = self.transport.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
+        except TransportError as exc:
+            raise self._unavailable(str(exc)) from None
+        if code != Code.OK:
+            raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
+        epoch, _pid, _maxp = p.decode_hello_reply(payload)
+        self.epoch = epoch
+        self._epoch32 = epoch & 0xFFFFFFFF
+        self._ns.clear()
+        self._stale = False
+        return epoch
+
+    def _unavailable(self, why: str) -> MetadataUnavailable:
+        return MetadataUnavailable(
+            f"metadata server at {self.address} did not answer",
+            why=why,
+            fix="check `belugactl status` / the server's /readyz; the caller should treat this as a cache miss",
+        )
+
+    def _call(self, op: Op, payload: bytes) -> bytes:
+        if self._stale:
+            raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
+        if self._pool is not None and self._pool_epoch() != self.epoch:
+            # The header's epoch word moved: the server restarted. One 8-byte load fences us
+            # without a round trip.
+            self._stale = True
+            raise self._error(Code.STALE_EPOCH, op)
+        if self.transport.broken:
+            old = self.epoch
+            self.reconnect()  # raises MetadataUnavailable, or adopts the server's epoch
+            if old and self.epoch != old:
+                raise StaleEpoch(
+                    "the metadata server restarted (new pool epoch)",
+                    why="leases and reservations from before the restart are void",
+                    fix="drop every lease id and reservation token; this client has reconnected",
+                )
+        try:
+            code, _epoch, reply = self.transport.call(op, self._epoch32, payload, self._timeout_ns)
+        except TransportError as exc:
+            raise self._unavailable(str(exc)) from None
+        if code == Code.OK:
+            return reply
+        raise self._error(code, op)
+
+    def _error(self, code: int, op: Op) -> Exception:
+        name = Code(code).name if code in Code._value2member_map_ else str(code)
+        what = f"{op.name} failed: {name}"
+        if code == Code.STALE_EPOCH:
+            self._stale = True
+            return StaleEpoch(
+                "the metadata server restarted (new pool epoch)",
+                why="leases and reservations from before the restart are void",
+                fix="drop every lease id and reservation token, then call reconnect()",
+            )
+        if code == Code.NOT_READY:
+            return self._unavailable("the server is starting (fencing grace period)")
+        if code == Code.POOL_FULL:
+            return PoolFull(what, why="no space in the shared KV area, even after eviction")
+        if code == Code.EXISTS:
+            return AlreadyPresent(what, why="the key is committed, or another client is writing it")
+        if code == Code.NO_RESERVATION:
+            return ReservationExpired(what, why="the reservation timed out and was reclaimed, or was never issued")
+        if code == Code.TOO_BIG:
+            return PoolFull(what, why="the extents do not fit one reply slot (pool too fragmented or block too large)")
+        return RequestRejected(what)
+
+    def _ns_id(self, namespace: str) -> int:
+        ns = self._ns.get(namespace)
+        if ns is None:
+            ns = p.decode_u32(self._call(Op.OPEN_NS, p.encode_name(namespace)), "OPEN_NS reply")
+            self._ns[namespace] = ns
+        return ns
+
+    # --- index operations ---------------------------------------------------------------------
+    def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
+        """How many leading keys of this chain are committed. Grants read leases on them (TTL)."""
+        return self.lookup_prefix_leased(namespace, keys)[0]
+
+    def lookup_prefix_leased(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, list[int]]:
+        """Like lookup_prefix, also returning the lease ids granted (release them when done)."""
+        if not keys:
+            return 0, []
+        ns = self._ns_id(namespace)
+        per_call = p.lookup_capacity(self.transport.max_payload, len(keys[0]))
+        if per_call < 1:
+            raise RequestRejected(f"a {len(keys[0])}-byte key does not fit one request slot")
+        total = 0
+        leases: list[int] = []
+        for start in range(0, len(keys), per_call):
+            chunk = keys[start : start + per_call]
+            count, lease = p.decode_lookup_reply(self._call(Op.LOOKUP_PREFIX, p.encode_lookup(ns, chunk)))
+            total += count
+            if lease:
+                leases.append(lease)
+            if count < len(chunk):
+                break
+        return total, leases
+
+    def get(self, namespace: str, key: bytes) -> BlockLocation | None:
+        ns = self._ns_id(namespace)
+        try:
+            reply = self._call(Op.GET, p.encode_key(ns, key))
+        except RequestRejected as exc:
+            if exc.what.endswith("NOT_FOUND"):
+                return None
+            raise
+        lease, nbytes, extents = p.decode_get_reply(reply)
+        return BlockLocation(extents, lease, nbytes)
+
+    def reserve(self, namespace: str, key: bytes, nbytes: int) -> Reservation:
+        ns = self._ns_id(namespace)
+        token, extents = p.decode_reserve_reply(self._call(Op.RESERVE, p.encode_reserve(ns, key, nbytes)))
+        return Reservation(token, extents, nbytes)
+
+    def commit(self, token: int) -> None:
+        self._call(Op.COMMIT, p.encode_u64(token))
+
+    def abort(self, token: int) -> None:
+        self._call(Op.ABORT, p.encode_u64(token))
+
+    def release(self, lease_ids: Sequence[int]) -> None:
+        per_call = max(1, p.release_capacity(self.transport.max_payload))
+        ids = [i for i in lease_ids if i]
+        for start in range(0, len(ids), per_call):
+            self._call(Op.RELEASE, p.encode_release(ids[start : start + per_call]))
+
+    def delete(self, namespace: str, key: bytes) -> bool:
+        """True if the key was present."""
+        ns = self._ns_id(namespace)
+        try:
+            self._call(Op.DELETE, p.encode_key(ns, key))
+        except RequestRejected as exc:
+            if exc.what.endswith("NOT_FOUND"):
+                return False
+            raise
+        return True
+
+    def clear_namespace(self, namespace: str) -> int:
+        """Remove every block of a namespace; returns how many."""
+        ns = self._ns_id(namespace)
+        return p.decode_u64(self._call(Op.CLEAR_NS, p.encode_u32(ns)), "CLEAR_NS reply")
+
+    def stats(self) -> dict:
+        return p.decode_stats(self._call(Op.STATS, b""))
+
+    def ping(self, payload: bytes = b"") -> bytes:
+        return self._call(Op.PING, payload)
+
+    def close(self) -> None:
+        self.transport.close()
+        if self._owned_pool is not None:
+            self._owned_pool.close()
+            self._owned_pool = None
+
+    def __enter__(self) -> KVIndexClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

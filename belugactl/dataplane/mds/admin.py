@@ -1,0 +1,139 @@
+"""Admin HTTP for the metadata server: /healthz, /readyz, /metrics (Prometheus), /stats (JSON).
+
+Runs in its own thread and reads only `server.snapshot` (refreshed by the server loop every
+housekeeping tick, ~100 ms) plus plain integer counters, so it never races the index. Binds
+127.0.0.1 unless told otherwise: the endpoints are unauthenticated.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.mds.server import MetadataServer
+
+
+class _Collector:
+    """Builds metric families from the snapshot at scrape time (no locks on the hot path)."""
+
+    def __init__(self, server: MetadataServer) -> None:
+        self.server = server
+
+    def collect(self):  # -> Iterator[Metric]
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        snap = self.server.snapshot
+        idx = snap.get("index", {})
+        req = snap.get("requests", {})
+        g = GaugeMetricFamily("beluga_mds_pool_bytes", "Shared KV area bytes by state", labels=["state"])
+        g.add_metric(["used"], idx.get("bytes_used", 0))
+        g.add_metric(["free"], idx.get("bytes_free", 0))
+        g.add_metric(["reserved"], idx.get("bytes_reserved", 0))
+        g.add_metric(["capacity"], idx.get("bytes_capacity", 0))
+        yield g
+        for name, help_, key in (
+            ("beluga_mds_entries", "Committed blocks in the index", "entries"),
+            ("beluga_mds_reservations", "Reservations waiting for commit", "reservations"),
+            ("beluga_mds_leases", "Read leases outstanding", "leases"),
+            ("beluga_mds_namespaces", "Namespaces opened", "namespaces"),
+        ):
+            gm = GaugeMetricFamily(name, help_)
+            gm.add_metric([], idx.get(key, 0))
+            yield gm
+        for name, help_, value in (
+            ("beluga_mds_evictions", "Blocks evicted (LRU above the high watermark)", idx.get("evictions", 0)),
+            ("beluga_mds_evicted_bytes", "Bytes evicted", idx.get("evicted_bytes", 0)),
+            (
+                "beluga_mds_reservations_reclaimed",
+                "Reservations reclaimed after their timeout",
+                idx.get("reservations_reclaimed", 0),
+            ),
+            ("beluga_mds_pool_full", "Reservations refused for lack of space", idx.get("pool_full", 0)),
+            ("beluga_mds_bad_slots", "CXL-RPC slots rejected (magic, sequence, length)", req.get("bad_slots", 0)),
+        ):
+            c = CounterMetricFamily(name, help_)
+            c.add_metric([], value)
+            yield c
+        ops = CounterMetricFamily("beluga_mds_ops", "Requests served, by opcode", labels=["op"])
+        for op, n in req.get("by_op", {}).items():
+            ops.add_metric([op.lower()], n)
+        yield ops
+        errs = CounterMetricFamily("beluga_mds_errors", "Error replies, by result code", labels=["code"])
+        for code, n in req.get("errors_by_code", {}).items():
+            errs.add_metric([code.lower()], n)
+        yield errs
+        transport = CounterMetricFamily("beluga_mds_requests", "Requests by transport", labels=["transport"])
+        transport.add_metric(["cxl"], req.get("cxl", 0))
+        transport.add_metric(["tcp"], req.get("tcp", 0))
+        yield transport
+        hist = HistogramMetricFamily(
+            "beluga_mds_request_seconds", "Server-side service time per request", labels=["op"]
+        )
+        for op, h in snap.get("latency", {}).items():
+            if not h["count"]:
+                continue
+            cumulative = 0
+            buckets = []
+            for bound, n in zip(h["buckets"], h["counts"], strict=False):
+                cumulative += n
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", h["count"]))
+            hist.add_metric([op.lower()], buckets, h["sum"])
+        yield hist
+        ep = GaugeMetricFamily("beluga_mds_epoch", "Pool epoch this server incarnation serves")
+        ep.add_metric([], snap.get("epoch", 0))
+        yield ep
+        ready = GaugeMetricFamily("beluga_mds_ready", "1 when the server accepts index operations")
+        ready.add_metric([], 1 if snap.get("ready") else 0)
+        yield ready
+
+
+def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPServer:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(server))  # type: ignore[arg-type]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            return  # keep stderr for the server's own messages
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            path = self.path.split("?", 1)[0]
+            snap = server.snapshot
+            if path == "/healthz":
+                self._send(200, json.dumps({"status": "ok", "epoch": snap.get("epoch", 0)}).encode())
+            elif path == "/readyz":
+                ready, reason = server.readiness()
+                body = {
+                    "ready": ready,
+                    "reason": reason,
+                    "epoch": server.epoch,
+                    "restart_policy": snap.get("restart_policy"),
+                    "index": "empty after every restart; the epoch fences older clients",
+                    "native_helper": snap.get("pool", {}).get("native_helper"),
+                }
+                self._send(200 if ready else 503, json.dumps(body).encode())
+            elif path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/stats":
+                self._send(200, json.dumps(snap, default=str, indent=2).encode())
+            else:
+                self._send(404, b'{"error": "not found"}')
+
+    httpd = ThreadingHTTPServer((bind, port), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)
+    thread.start()
+    return httpd

@@ -1,0 +1,305 @@
+"""The KV index: keys -> extents in the shared KV area, with two-phase puts, read leases and LRU eviction.
+
+Not thread-safe by design: the metadata server runs it from one loop. Time comes from an injected
+clock so tests can move it.
+
+Lifecycle of a key:
+    reserve -> (client writes the bytes) -> commit -> visible, in the LRU
+    reserve -> abort / reservation timeout -> extents freed, never visible
+    visible -> delete / clear-namespace / eviction -> invisible at once; extents freed when the
+               last read lease on it ends (a reader holding a lease keeps reading valid bytes)
+Eviction walks the LRU from the cold end, skipping leased entries; reservations are never in
+the LRU, so an uncommitted block cannot be evicted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from belugactl.dataplane.mds.allocator import Allocation, Allocator
+
+Key = tuple[int, bytes]  # (namespace id, block hash)
+
+
+class IndexError_(Exception):
+    """A refused index operation; `code` is the protocol result code name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Entry:
+    key: Key
+    alloc: Allocation
+    leases: int = 0
+    dead: bool = False  # deleted/evicted while leased: free when leases reach zero
+
+
+@dataclass
+class Pending:
+    key: Key
+    alloc: Allocation
+    deadline: float
+
+
+@dataclass
+class Lease:
+    entries: list[Entry]
+    deadline: float
+
+
+@dataclass
+class IndexConfig:
+    lease_ttl_s: float = 10.0
+    reservation_ttl_s: float = 30.0
+    high_watermark: float = 0.90
+    low_watermark: float = 0.80
+    zero_on_free: bool = False
+
+
+@dataclass
+class Counters:
+    evictions: int = 0
+    evicted_bytes: int = 0
+    reservations_reclaimed: int = 0
+    leases_expired: int = 0
+    commits: int = 0
+    aborts: int = 0
+    pool_full: int = 0
+    hits: int = 0
+    misses: int = 0
+
+
+class KVIndex:
+    def __init__(
+        self,
+        allocator: Allocator,
+        config: IndexConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        zero: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.alloc = allocator
+        self.config = config or IndexConfig()
+        self.clock = clock
+        self._zero = zero
+        self.namespaces: dict[str, int] = {}
+        self.ns_names: dict[int, str] = {}
+        self.entries: dict[Key, Entry] = {}
+        self.lru: OrderedDict[Key, Entry] = OrderedDict()  # committed, live entries; cold end first
+        self.pending: dict[int, Pending] = {}
+        self.pending_keys: dict[Key, int] = {}
+        self.leases: dict[int, Lease] = {}
+        # Deadlines only grow (one TTL each), so expiry pops from the left of these queues
+        # instead of scanning every live lease.
+        self._lease_q: deque[tuple[float, int]] = deque()
+        self._pending_q: deque[tuple[float, int]] = deque()
+        self._tokens = itertools.count(1)
+        self._lease_ids = itertools.count(1)
+        self.counters = Counters()
+
+    # --- namespaces ---------------------------------------------------------------------------
+    def open_namespace(self, name: str) -> int:
+        ns = self.namespaces.get(name)
+        if ns is None:
+            ns = len(self.namespaces) + 1
+            self.namespaces[name] = ns
+            self.ns_names[ns] = name
+        return ns
+
+    def _check_ns(self, ns: int) -> None:
+        if ns not in self.ns_names:
+            raise IndexError_("UNKNOWN_NS", f"namespace id {ns} was never opened")
+
+    # --- reads --------------------------------------------------------------------------------
+    def lookup_prefix(self, ns: int, keys: Sequence[bytes]) -> tuple[int, int]:
+        """Leading present count, and a lease id covering those blocks (0 if none)."""
+        self._check_ns(ns)
+        found: list[Entry] = []
+        entries = self.entries
+        for k in keys:
+            e = entries.get((ns, k))
+            if e is None:
+                break
+            found.append(e)
+        if not found:
+            self.counters.misses += 1
+            return 0, 0
+        self.counters.hits += 1
+        return len(found), self._grant(found)
+
+    def get(self, ns: int, key: bytes) -> tuple[Entry, int] | None:
+        self._check_ns(ns)
+        e = self.entries.get((ns, key))
+        if e is None:
+            self.counters.misses += 1
+            return None
+        self.counters.hits += 1
+        return e, self._grant([e])
+
+    def _grant(self, found: list[Entry]) -> int:
+        lru = self.lru
+        for e in found:
+            e.leases += 1
+            lru.move_to_end(e.key)
+        lease = next(self._lease_ids)
+        deadline = self.clock() + self.config.lease_ttl_s
+        self.leases[lease] = Lease(found, deadline)
+        self._lease_q.append((deadline, lease))
+        return lease
+
+    def release(self, lease_ids: Sequence[int]) -> int:
+        released = 0
+        for lid in lease_ids:
+            lease = self.leases.pop(lid, None)
+            if lease is not None:
+                self._drop_lease(lease)
+                released += 1
+        return released
+
+    def _drop_lease(self, lease: Lease) -> None:
+        for e in lease.entries:
+            e.leases -= 1
+            if e.dead and e.leases == 0:
+                self._free(e.alloc)
+
+    # --- writes -------------------------------------------------------------------------------
+    def reserve(self, ns: int, key: bytes, nbytes: int) -> tuple[int, Allocation]:
+        self._check_ns(ns)
+        k = (ns, key)
+        if k in self.entries:
+            raise IndexError_("EXISTS", "the key is committed already")
+        token = self.pending_keys.get(k)
+        if token is not None:
+            if self.pending[token].deadline > self.clock():
+                raise IndexError_("EXISTS", "another client is writing this key")
+            self._reclaim(token)
+        if nbytes > self.alloc.capacity:
+            raise IndexError_("POOL_FULL", f"{nbytes} bytes exceed the whole shared KV area")
+        a = self.alloc.alloc(nbytes)
+        if a is None:
+            self.evict(target_free=nbytes)
+            a = self.alloc.alloc(nbytes)
+            if a is None:
+                self.counters.pool_full += 1
+                raise IndexError_("POOL_FULL", "no space left after evicting every unleased block")
+        token = next(self._tokens)
+        deadline = self.clock() + self.config.reservation_ttl_s
+        self.pending[token] = Pending(k, a, deadline)
+        self._pending_q.append((deadline, token))
+        self.pending_keys[k] = token
+        return token, a
+
+    def commit(self, token: int) -> None:
+        p = self.pending.pop(token, None)
+        if p is None:
+            raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
+        del self.pending_keys[p.key]
+        e = Entry(p.key, p.alloc)
+        self.entries[p.key] = e
+        self.lru[p.key] = e
+        self.counters.commits += 1
+        if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
+            self.evict()
+
+    def abort(self, token: int) -> None:
+        p = self.pending.pop(token, None)
+        if p is None:
+            raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
+        del self.pending_keys[p.key]
+        self.counters.aborts += 1
+        self._free(p.alloc)
+
+    def delete(self, ns: int, key: bytes) -> bool:
+        self._check_ns(ns)
+        e = self.entries.get((ns, key))
+        if e is None:
+            return False
+        self._remove(e)
+        return True
+
+    def clear_namespace(self, ns: int) -> int:
+        self._check_ns(ns)
+        doomed = [e for k, e in self.entries.items() if k[0] == ns]
+        for e in doomed:
+            self._remove(e)
+        return len(doomed)
+
+    def _remove(self, e: Entry) -> None:
+        del self.entries[e.key]
+        self.lru.pop(e.key, None)
+        if e.leases:
+            e.dead = True
+        else:
+            self._free(e.alloc)
+
+    def _free(self, a: Allocation) -> None:
+        if self._zero is not None and self.config.zero_on_free:
+            for off, n in a.extents:
+                self._zero(off, n)
+        self.alloc.free(a)
+
+    # --- housekeeping -------------------------------------------------------------------------
+    def evict(self, target_free: int = 0) -> int:
+        """Evict cold unleased entries until usage is under the low watermark and `target_free` fits."""
+        cap = self.alloc.capacity
+        goal_used = min(self.config.low_watermark * cap, cap - target_free)
+        evicted = 0
+        if self.alloc.used <= goal_used:
+            return 0
+        for key in list(self.lru):
+            if self.alloc.used <= goal_used:
+                break
+            e = self.lru[key]
+            if e.leases:
+                continue
+            self.counters.evicted_bytes += e.alloc.footprint
+            self._remove(e)
+            evicted += 1
+        self.counters.evictions += evicted
+        return evicted
+
+    def expire(self) -> None:
+        """Reclaim timed-out reservations and leases; call a few times a second."""
+        now = self.clock()
+        pq = self._pending_q
+        while pq and pq[0][0] <= now:
+            _, token = pq.popleft()
+            if token in self.pending:
+                self._reclaim(token)
+        lq = self._lease_q
+        while lq and lq[0][0] <= now:
+            _, lid = lq.popleft()
+            lease = self.leases.pop(lid, None)
+            if lease is not None:
+                self._drop_lease(lease)
+                self.counters.leases_expired += 1
+
+    def _reclaim(self, token: int) -> None:
+        p = self.pending.pop(token)
+        del self.pending_keys[p.key]
+        self.counters.reservations_reclaimed += 1
+        self._free(p.alloc)
+
+    def stats(self) -> dict[str, object]:
+        a = self.alloc.stats()
+        reserved = sum(p.alloc.footprint for p in self.pending.values())
+        return {
+            "entries": len(self.entries),
+            "namespaces": len(self.namespaces),
+            "bytes_capacity": a["capacity"],
+            "bytes_used": a["used"],
+            "bytes_free": a["free"],
+            "bytes_reserved": reserved,
+            "reservations": len(self.pending),
+            "leases": len(self.leases),
+            "allocator": a,
+            **{k: v for k, v in vars(self.counters).items()},
+        }
+

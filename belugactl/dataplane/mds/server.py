@@ -1,0 +1,406 @@
+"""The metadata server process: one loop serving CXL-RPC rings and TCP, plus an admin HTTP thread.
+
+Start-up order (each step fails cleanly before the next changes anything shared):
+  1. map and verify the pool (PoolMissing exit 3 / PoolMismatch exit 2)
+  2. bind the TCP and admin ports (a port in use is EnvironmentProblem, exit 3)
+  3. bump the epoch in the pool header: every lease, reservation and request of an earlier
+     incarnation is now fenced (its epoch no longer matches)
+  4. answer requests left in the rings from before the restart with STALE_EPOCH
+  5. fencing grace: for `fence_grace_s` every request but HELLO gets NOT_READY, so a writer of
+     the previous incarnation that has not noticed the restart yet finishes (or fails its commit)
+     before this server hands the same extents to someone else
+  6. ready: /readyz says 200
+
+Restart policy: START EMPTY. The index lives in this process only; after a restart it is empty
+and the epoch fence guarantees no entry of the previous incarnation is ever served. (The journal
+area of the layout is reserved for a later rebuild-from-journal mode; it is not written.)
+
+The loop is single-threaded (the index needs no locks). It spins on the ring cursors through the
+native helper (GIL released), drains TCP with a zero-timeout select every few requests, and after
+`idle_after_s` without a request it sleeps in select() (woken at once by TCP, within
+`idle_poll_s` by CXL) so an idle server does not burn a core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from belugactl.dataplane import native
+from belugactl.dataplane.errors import PoolMismatch
+from belugactl.dataplane.mds.allocator import Allocator
+from belugactl.dataplane.mds.index import IndexConfig, KVIndex
+from belugactl.dataplane.mds.service import MetadataService
+from belugactl.dataplane.pool import PoolMapping
+from belugactl.dataplane.rpc import slots
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD, Code
+from belugactl.errors import EnvironmentProblem
+
+_FRAME = struct.Struct("<I")
+RESTART_POLICY = "start-empty"
+
+
+@dataclass
+class ServerConfig:
+    rpc_bind: str = "127.0.0.1"
+    rpc_port: int | None = 9471  # None: no TCP listener
+    admin_bind: str = "127.0.0.1"
+    admin_port: int | None = 9470  # None: no admin HTTP
+    fence_grace_s: float = 2.0
+    index: IndexConfig = field(default_factory=IndexConfig)
+    spin_ns: int = 200_000  # one native wait on the rings before looking at TCP and timers
+    idle_after_s: float = 0.05
+    idle_poll_s: float = 0.0005
+    housekeeping_s: float = 0.1
+
+
+class _TcpConn:
+    __slots__ = ("sock", "rx")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rx = bytearray()
+
+
+class MetadataServer:
+    def __init__(self, pool: PoolMapping, config: ServerConfig | None = None) -> None:
+        self.pool = pool
+        self.config = config or ServerConfig()
+        g = pool.geometry
+        self.geometry = g
+        self.flush = pool.needs_flush
+        self.max_payload = g.slot_size - HEADER_SIZE
+        self.allocator = Allocator(g.shared_kv_offset, g.shared_kv_size)
+        self.index = KVIndex(self.allocator, self.config.index, zero=pool.zero)
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._ready_at = float("inf")
+        self.epoch = 0
+        self.service = MetadataService(self.index, epoch=0, ready=self.is_ready)
+        self.tcp_listener: socket.socket | None = None
+        self.tcp_port: int | None = None
+        self.admin = None
+        self.admin_port: int | None = None
+        self._sel = selectors.DefaultSelector()
+        self._conns: dict[int, _TcpConn] = {}
+        self.snapshot: dict[str, Any] = {}
+        self.stale_fenced = 0
+        self.cxl_requests = 0
+        self.tcp_requests = 0
+        self.bad_slots = 0
+        R = g.ring_count
+        self._cursor = [0] * R
+        # The native wait watches 2R words: each ring's cursor slot, then each ring's slot 0
+        # (where a (re)connecting client starts).
+        self._offs = array("q", [g.slot_offset(r, 0) for r in range(R)] * 2)
+
+    # --- start-up -----------------------------------------------------------------------------
+    def bind(self) -> None:
+        c = self.config
+        if c.rpc_port is not None:
+            self.tcp_listener = _listen(c.rpc_bind, c.rpc_port, "RPC (TCP)")
+            self.tcp_listener.setblocking(False)
+            self.tcp_port = self.tcp_listener.getsockname()[1]
+            self._sel.register(self.tcp_listener, selectors.EVENT_READ, None)
+        if c.admin_port is not None:
+            from belugactl.dataplane.mds.admin import start_admin
+
+            try:
+                self.admin = start_admin(self, c.admin_bind, c.admin_port)
+            except OSError as exc:
+                self.close()
+                raise _port_problem(c.admin_bind, c.admin_port, "admin HTTP", exc) from None
+            self.admin_port = self.admin.server_address[1]
+
+    def start(self) -> None:
+        """Bind, bump the epoch, fence what the previous incarnation left in the rings."""
+        self.bind()
+        self.epoch = self.pool.bump_epoch()
+        self.service.epoch = self.epoch
+        self.service.epoch32 = self.epoch & 0xFFFFFFFF
+        self._fence_leftovers()
+        self._ready_at = time.monotonic() + self.config.fence_grace_s
+        self.publish_snapshot()
+
+    def _fence_leftovers(self) -> None:
+        g = self.geometry
+        for r in range(g.ring_count):
+            ready = []
+            for s in range(g.slots_per_ring):
+                off = g.slot_offset(r, s)
+                if native.load64(self.pool.buf, off) == REQ_READY:
+                    _st, seq, magic, epoch, op, _c, _n = HEADER.unpack_from(self.pool.buf, off)
+                    ready.append((seq, s, off, op))
+            for seq, _s, off, op in sorted(ready):
+                slots.reply(self.pool.buf, off, seq, self.service.epoch32, op, int(Code.STALE_EPOCH), b"", self.flush)
+                self.stale_fenced += 1
+            self._set_cursor(r, 0)
+
+    def is_ready(self) -> bool:
+        return time.monotonic() >= self._ready_at and not self._stop.is_set()
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._stop.is_set():
+            return False, "shutting down"
+        if self.epoch == 0:
+            return False, "starting"
+        left = self._ready_at - time.monotonic()
+        if left > 0:
+            return False, f"fencing grace period: {left:.1f} s left"
+        return True, "ready"
+
+    # --- the loop -----------------------------------------------------------------------------
+    def _set_cursor(self, ring: int, slot: int) -> None:
+        self._cursor[ring] = slot
+        self._offs[ring] = self.geometry.slot_offset(ring, slot)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        cfg = self.config
+        buf = self.pool.buf
+        offs = self._offs
+        R = self.geometry.ring_count
+        S = self.geometry.slots_per_ring
+        maxp = self.max_payload
+        flush = self.flush
+        handle = self.service.handle
+        latency = self.service.latency
+        names = self.service._names
+        take = slots.take
+        reply = slots.reply
+        perf = time.perf_counter
+        start = 0
+        served_since_tcp = 0
+        last_request = time.monotonic()
+        next_housekeeping = 0.0
+        while not self._stop.is_set():
+            idle = time.monotonic() - last_request > cfg.idle_after_s
+            # With TCP clients connected, spin in shorter stretches so their requests wait less.
+            spin = 0 if idle else (cfg.spin_ns if not self._conns else min(cfg.spin_ns, 20_000))
+            t = take(buf, offs, start, maxp, spin, flush)
+            if t is None:
+                now = time.monotonic()
+                self._poll_tcp(cfg.idle_poll_s if idle else 0)
+                if now >= next_housekeeping:
+                    self.housekeeping()
+                    next_housekeeping = now + cfg.housekeeping_s
+                continue
+            i, seq, magic, epoch, op, length, payload = t
+            ring = i if i < R else i - R
+            if i >= R and self._cursor[ring] != 0:
+                if native.load64(buf, offs[ring]) == REQ_READY:
+                    start = ring  # the cursor slot is ready too: serve in order, slot 0 comes later
+                    continue
+                self._set_cursor(ring, 0)  # a client (re)started its ring
+            slot = self._cursor[ring]
+            off = offs[ring]
+            t0 = perf()
+            if magic != MAGIC:
+                code, rep = self.service.error(Code.BAD_MAGIC)
+                self.bad_slots += 1
+            elif seq % S != slot:
+                code, rep = self.service.error(Code.BAD_SEQ)
+                self.bad_slots += 1
+            elif payload is None:
+                code, rep = self.service.error(Code.BAD_LENGTH)
+                self.bad_slots += 1
+            else:
+                code, rep = handle(op, epoch, payload, maxp)
+            reply(buf, off, seq, self.service.epoch32, op & 0xFFFF, code, rep, flush)
+            h = latency.get(names.get(op, ""))
+            if h is not None:
+                h.observe(perf() - t0)
+            self.cxl_requests += 1
+            nxt = slot + 1 if slot + 1 < S else 0
+            self._set_cursor(ring, nxt)
+            start = ring
+            served_since_tcp += 1
+            if served_since_tcp >= 32:
+                served_since_tcp = 0
+                start = ring + 1 if ring + 1 < R else 0  # fairness between rings
+                self._poll_tcp(0)
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self.housekeeping()
+                    next_housekeeping = now + cfg.housekeeping_s
+            last_request = time.monotonic()
+        self.close()
+
+    def housekeeping(self) -> None:
+        self.index.expire()
+        self.publish_snapshot()
+
+    def publish_snapshot(self) -> None:
+        """A consistent copy of the numbers for the admin thread (which never touches the index)."""
+        s = self.index.stats()
+        ready, reason = self.readiness()
+        self.snapshot = {
+            "time": time.time(),
+            "epoch": self.epoch,
+            "ready": ready,
+            "reason": reason,
+            "restart_policy": RESTART_POLICY,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "pool": {
+                "path": str(self.pool.path),
+                "devdax": self.pool.is_devdax,
+                "needs_flush": self.flush,
+                "native_helper": native.AVAILABLE,
+                "rings": self.geometry.ring_count,
+                "slots_per_ring": self.geometry.slots_per_ring,
+                "slot_size": self.geometry.slot_size,
+            },
+            "index": s,
+            "requests": {
+                "total": self.service.requests,
+                "cxl": self.cxl_requests,
+                "tcp": self.tcp_requests,
+                "errors": self.service.error_count,
+                "bad_slots": self.bad_slots,
+                "stale_fenced_at_start": self.stale_fenced,
+                "by_op": dict(self.service.ops),
+                "errors_by_code": dict(self.service.errors),
+            },
+            "latency": {
+                name: {"buckets": list(h.bounds), "counts": list(h.counts), "sum": h.total, "count": h.n}
+                for name, h in self.service.latency.items()
+            },
+            "tcp": {"bind": self.config.rpc_bind, "port": self.tcp_port, "connections": len(self._conns)},
+        }
+
+    # --- TCP ----------------------------------------------------------------------------------
+    def _poll_tcp(self, timeout: float) -> None:
+        if self.tcp_listener is None:
+            if timeout:
+                time.sleep(timeout)
+            return
+        for key, _ev in self._sel.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                self._read(key.data)
+
+    def _accept(self) -> None:
+        assert self.tcp_listener is not None
+        try:
+            sock, _addr = self.tcp_listener.accept()
+        except OSError:
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(1.0)  # a client that stops reading cannot stall the loop for long
+        conn = _TcpConn(sock)
+        self._conns[sock.fileno()] = conn
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _drop(self, conn: _TcpConn) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn.sock)
+        self._conns.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+
+    def _read(self, conn: _TcpConn) -> None:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        rx = conn.rx
+        rx += data
+        out = bytearray()
+        perf = time.perf_counter
+        while len(rx) >= 4:
+            (size,) = _FRAME.unpack_from(rx, 0)
+            if not HEADER_SIZE <= size <= HEADER_SIZE + TCP_MAX_PAYLOAD:
+                self.service.error(Code.BAD_LENGTH)
+                self._drop(conn)  # framing is lost: nothing after this can be trusted
+                return
+            if len(rx) < 4 + size:
+                break
+            _st, seq, magic, epoch, op, _code, length = HEADER.unpack_from(rx, 4)
+            payload = bytes(rx[4 + HEADER_SIZE : 4 + size])
+            del rx[: 4 + size]
+            t0 = perf()
+            if magic != MAGIC:
+                code, rep = self.service.error(Code.BAD_MAGIC)
+            elif length != size - HEADER_SIZE:
+                code, rep = self.service.error(Code.BAD_LENGTH)
+            else:
+                code, rep = self.service.handle(op, epoch, payload, TCP_MAX_PAYLOAD)
+            frame = bytearray(4 + HEADER_SIZE + len(rep))
+            _FRAME.pack_into(frame, 0, HEADER_SIZE + len(rep))
+            HEADER.pack_into(frame, 4, 0, seq, MAGIC, self.service.epoch32, op & 0xFFFF, code, len(rep))
+            frame[4 + HEADER_SIZE :] = rep
+            out += frame
+            h = self.service.latency.get(self.service._names.get(op, ""))
+            if h is not None:
+                h.observe(perf() - t0)
+            self.tcp_requests += 1
+        if out:
+            try:
+                conn.sock.sendall(out)
+            except OSError:
+                self._drop(conn)
+
+    # --- shutdown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        if self.tcp_listener is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(self.tcp_listener)
+            self.tcp_listener.close()
+            self.tcp_listener = None
+        if self.admin is not None:
+            self.admin.shutdown()
+            self.admin.server_close()
+            self.admin = None
+
+    def stats_json(self) -> str:
+        return json.dumps(self.snapshot, indent=2, default=str)
+
+
+def _listen(bind: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise _port_problem(bind, port, what, exc) from None
+    return sock
+
+
+def _port_problem(bind: str, port: int, what: str, exc: OSError) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"cannot listen for {what} on {bind}:{port}: {exc.strerror or exc}",
+        why="another process holds the port, or the address is not on this host",
+        fix=f"stop the other process (`ss -ltnp 'sport = :{port}'`) or pick another port",
+    )
+
+
+def open_server(
+    pool_path: str | os.PathLike[str],
+    manifest: Any,
+    config: ServerConfig | None = None,
+) -> MetadataServer:
+    """Map + verify the pool against the manifest, then build (not start) a server."""
+    pool = PoolMapping.open(pool_path, manifest)
+    if pool.geometry.shared_kv_size < (2 << 20):
+        pool.close()
+        raise PoolMismatch(f"pool {pool_path} has no shared KV area", fix="give layout.shared_kv some space")
+    return MetadataServer(pool, config)

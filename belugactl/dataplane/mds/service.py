@@ -1,0 +1,169 @@
+"""Request dispatch: one decoded request in, one result code and reply payload out.
+
+Transport-free, so the CXL slot poller and the TCP listener share it and tests can drive it with
+raw bytes. Every failure of an untrusted request becomes an error reply and a counter; nothing a
+client sends can raise out of `handle`.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from collections.abc import Callable
+
+from belugactl.dataplane.mds.index import IndexError_, KVIndex
+from belugactl.dataplane.rpc import protocol as p
+from belugactl.dataplane.rpc.protocol import Code, Op, ProtocolError
+
+# Latency buckets in seconds, for the Prometheus histogram (1 us .. 100 ms).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 1e-2, 1e-1,
+)  # fmt: skip
+
+
+class LatencyHistogram:
+    """Bucket counts kept as plain ints: the hot path cannot afford a lock per observation."""
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+        self.n += 1
+
+
+class MetadataService:
+    def __init__(self, index: KVIndex, *, epoch: int, ready: Callable[[], bool] | None = None) -> None:
+        self.index = index
+        self.epoch = epoch
+        self.epoch32 = epoch & 0xFFFFFFFF
+        self._ready = ready or (lambda: True)
+        self.ops: dict[str, int] = {o.name: 0 for o in Op}
+        self.errors: dict[str, int] = {}
+        self.requests = 0
+        self.error_count = 0
+        self.latency: dict[str, LatencyHistogram] = {o.name: LatencyHistogram() for o in Op}
+        self.pid = os.getpid()
+        names = {int(o): o.name for o in Op}
+        self._names = names
+        self._dispatch: dict[int, Callable[[memoryview | bytes, int], tuple[int, bytes]]] = {
+            Op.HELLO: self._hello,
+            Op.OPEN_NS: self._open_ns,
+            Op.LOOKUP_PREFIX: self._lookup,
+            Op.GET: self._get,
+            Op.RESERVE: self._reserve,
+            Op.COMMIT: self._commit,
+            Op.ABORT: self._abort,
+            Op.RELEASE: self._release,
+            Op.DELETE: self._delete,
+            Op.CLEAR_NS: self._clear,
+            Op.STATS: self._stats,
+            Op.PING: self._ping,
+        }
+
+    def error(self, code: Code) -> tuple[int, bytes]:
+        self.error_count += 1
+        self.errors[code.name] = self.errors.get(code.name, 0) + 1
+        return int(code), b""
+
+    def handle(self, op: int, req_epoch: int, payload: memoryview | bytes, max_reply: int) -> tuple[int, bytes]:
+        """Serve one request; never raises for anything the client controls."""
+        self.requests += 1
+        fn = self._dispatch.get(op)
+        if fn is None:
+            return self.error(Code.BAD_OP)
+        self.ops[self._names[op]] += 1
+        if op != Op.HELLO:
+            if req_epoch != self.epoch32:
+                return self.error(Code.STALE_EPOCH)
+            if not self._ready():
+                return self.error(Code.NOT_READY)
+        try:
+            code, reply = fn(payload, max_reply)
+        except ProtocolError as exc:
+            return self.error(exc.code)
+        except IndexError_ as exc:
+            return self.error(Code[exc.code])
+        if len(reply) > max_reply:
+            return self.error(Code.TOO_BIG)
+        if code:
+            self.error_count += 1
+            name = Code(code).name
+            self.errors[name] = self.errors.get(name, 0) + 1
+        return code, reply
+
+    # --- handlers -----------------------------------------------------------------------------
+    def _hello(self, data, max_reply: int) -> tuple[int, bytes]:
+        p.decode_hello(data)
+        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply)
+
+    def _open_ns(self, data, _max: int) -> tuple[int, bytes]:
+        return 0, p.encode_u32(self.index.open_namespace(p.decode_name(data)))
+
+    def _lookup(self, data, _max: int) -> tuple[int, bytes]:
+        ns, keys = p.decode_lookup(data)
+        count, lease = self.index.lookup_prefix(ns, keys)
+        return 0, p.encode_lookup_reply(count, lease)
+
+    def _get(self, data, max_reply: int) -> tuple[int, bytes]:
+        ns, key = p.decode_key(data, "GET")
+        found = self.index.get(ns, key)
+        if found is None:
+            return int(Code.NOT_FOUND), b""
+        entry, lease = found
+        return 0, p.encode_get_reply(lease, entry.alloc.nbytes, entry.alloc.extents)
+
+    def _reserve(self, data, max_reply: int) -> tuple[int, bytes]:
+        ns, key, nbytes = p.decode_reserve(data)
+        token, alloc = self.index.reserve(ns, key, nbytes)
+        if len(alloc.extents) > p.extents_capacity(max_reply):
+            # The reply could not carry the extents: give the space back rather than leak it.
+            self.index.abort(token)
+            self.index.counters.aborts -= 1
+            return int(Code.TOO_BIG), b""
+        return 0, p.encode_reserve_reply(token, alloc.extents)
+
+    def _commit(self, data, _max: int) -> tuple[int, bytes]:
+        self.index.commit(p.decode_u64(data, "COMMIT"))
+        return 0, b""
+
+    def _abort(self, data, _max: int) -> tuple[int, bytes]:
+        self.index.abort(p.decode_u64(data, "ABORT"))
+        return 0, b""
+
+    def _release(self, data, _max: int) -> tuple[int, bytes]:
+        return 0, p.encode_u32(self.index.release(p.decode_release(data)))
+
+    def _delete(self, data, _max: int) -> tuple[int, bytes]:
+        ns, key = p.decode_key(data, "DELETE")
+        return (0 if self.index.delete(ns, key) else int(Code.NOT_FOUND)), b""
+
+    def _clear(self, data, _max: int) -> tuple[int, bytes]:
+        return 0, p.encode_u64(self.index.clear_namespace(p.decode_u32(data, "CLEAR_NS")))
+
+    def _stats(self, data, _max: int) -> tuple[int, bytes]:
+        return 0, p.encode_stats(self.stats_counters())
+
+    def _ping(self, data, _max: int) -> tuple[int, bytes]:
+        return 0, bytes(data)
+
+    def stats_counters(self) -> dict[str, int]:
+        s = self.index.stats()
+        return {
+            "epoch": self.epoch,
+            "entries": s["entries"],
+            "namespaces": s["namespaces"],
+            "bytes_capacity": s["bytes_capacity"],
+            "bytes_used": s["bytes_used"],
+            "bytes_reserved": s["bytes_reserved"],
+            "reservations": s["reservations"],
+            "leases": s["leases"],
+            "evictions": s["evictions"],
+            "reservations_reclaimed": s["reservations_reclaimed"],
+            "requests": self.requests,
+            "errors": self.error_count,
+        }

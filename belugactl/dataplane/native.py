@@ -1,0 +1,187 @@
+"""The native coherence helper, or pure-Python stand-ins that are honest about what they cannot do.
+
+With the C extension (`_native`, built by setup.py with the machine's compiler) this module gives:
+cache-line flush + fence (clwb / clflushopt / clflush, picked with cpuid at import), non-temporal
+copies, 64-bit atomic load/store/CAS/fetch-add on mapped memory, bounded spin-waits, and a
+gather/scatter copy of many pieces in one call.
+
+Without it the same functions exist and work on ONE host (the CPU cache is coherent there), but
+`flush` cannot flush and `cas64` is not atomic across processes. `require_coherence()` turns that
+into a loud warning (or an error) wherever a pool is shared by several hosts. Set
+BELUGACTL_NATIVE=0 to force the stand-ins (tests of the fallback path use it).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+_native: Any = None
+if os.environ.get("BELUGACTL_NATIVE", "1") != "0":
+    try:
+        from belugactl.dataplane import _native  # type: ignore[attr-defined,no-redef]
+    except ImportError:  # not built: the stand-ins below take over
+        _native = None
+
+AVAILABLE: bool = _native is not None
+_Q = struct.Struct("<Q")
+
+MISSING_WHY = (
+    "the C helper belugactl.dataplane._native is not built (no compiler at install time, or BELUGACTL_NATIVE=0)"
+)
+MISSING_FIX = (
+    "install gcc and python3-dev, then `pip install -e .` again; or map the pool uncacheable (MTRR UC) "
+    "so plain loads and stores are coherent; a single-host pool works without it"
+)
+
+
+def features() -> dict[str, object]:
+    """CPU features seen by cpuid and the flush instruction in use; `native: False` without the helper."""
+    if _native is None:
+        return {"native": False, "flush": "none"}
+    return {"native": True, **_native.features()}
+
+
+_warned = False
+
+
+def require_coherence(*, shared_by_hosts: bool, uncacheable: bool = False) -> str | None:
+    """Say loudly (once, on stderr) when a multi-host pool would run without flushes. Returns the warning."""
+    global _warned
+    if AVAILABLE or not shared_by_hosts or uncacheable:
+        return None
+    text = (
+        "WARNING: multi-host CXL pool without the native helper: no cache-line flushes or non-temporal stores, "
+        f"so other hosts may read stale bytes. Why: {MISSING_WHY}. Fix: {MISSING_FIX}."
+    )
+    if not _warned:
+        print(text, file=sys.stderr)
+        _warned = True
+    return text
+
+
+# --- pure-Python stand-ins (single host only) -------------------------------------------------
+
+
+def _check(buf: Any, off: int, n: int) -> None:
+    if off < 0 or n < 0 or off + n > len(memoryview(buf).cast("B")):
+        raise ValueError(f"range [{off}, +{n}) outside a buffer of {len(memoryview(buf).cast('B'))} bytes")
+
+
+def _py_flush(buf: Any, off: int, n: int, for_read: bool = False) -> None:
+    _check(buf, off, n)  # nothing to do: Python cannot flush a cache line
+
+
+def _py_fence() -> None:
+    return None
+
+
+def _py_copy(dst: Any, dst_off: int, src: Any, src_off: int, n: int, nontemporal: bool = False) -> None:
+    _check(dst, dst_off, n)
+    _check(src, src_off, n)
+    memoryview(dst).cast("B")[dst_off : dst_off + n] = memoryview(src).cast("B")[src_off : src_off + n]
+
+
+def _py_gather(dst: Any, src: Any, pieces: Any, nontemporal: bool = False) -> int:
+    d = memoryview(dst).cast("B")
+    s = memoryview(src).cast("B")
+    flat = list(memoryview(pieces).cast("B").cast("q")) if not isinstance(pieces, list | tuple) else None
+    triples = [tuple(flat[i : i + 3]) for i in range(0, len(flat), 3)] if flat is not None else list(pieces)
+    total = 0
+    for so, do, n in triples:
+        if so < 0 or do < 0 or n < 0 or so + n > len(s) or do + n > len(d):
+            raise ValueError(f"piece ({so}, {do}, {n}) is outside the buffers")
+    for so, do, n in triples:
+        d[do : do + n] = s[so : so + n]
+        total += n
+    return total
+
+
+def _py_load64(buf: Any, off: int) -> int:
+    return _Q.unpack_from(buf, off)[0]
+
+
+def _py_store64(buf: Any, off: int, value: int, flush: bool = False) -> None:
+    _Q.pack_into(buf, off, value)
+
+
+def _py_cas64(buf: Any, off: int, expected: int, desired: int) -> int:
+    # Not atomic across processes: only safe with one writer, which is all a single host without
+    # the helper is promised.
+    seen = _Q.unpack_from(buf, off)[0]
+    if seen == expected:
+        _Q.pack_into(buf, off, desired)
+    return seen
+
+
+def _py_fetch_add64(buf: Any, off: int, add: int) -> int:
+    old = _Q.unpack_from(buf, off)[0]
+    _Q.pack_into(buf, off, (old + add) & 0xFFFFFFFFFFFFFFFF)
+    return old
+
+
+def _py_wait64(buf: Any, off: int, value: int, timeout_ns: int, flush: bool = False) -> int:
+    deadline = time.perf_counter_ns() + timeout_ns
+    unpack = _Q.unpack_from
+    while True:
+        x = unpack(buf, off)[0]
+        if x == value or time.perf_counter_ns() >= deadline:
+            return x
+
+
+def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: bool = False) -> int:
+    offs = list(memoryview(offsets).cast("B").cast("q"))
+    deadline = time.perf_counter_ns() + timeout_ns
+    unpack = _Q.unpack_from
+    while True:
+        for i, off in enumerate(offs):
+            if unpack(buf, off)[0] == value:
+                return i
+        if time.perf_counter_ns() >= deadline:
+            return -1
+
+
+if _native is not None:
+    flush = _native.flush
+    fence = _native.fence
+    copy = _native.copy
+    load64 = _native.load64
+    store64 = _native.store64
+    cas64 = _native.cas64
+    fetch_add64 = _native.fetch_add64
+    wait64 = _native.wait64
+    wait_any = _native.wait_any
+    _gather = _native.gather
+else:
+    flush = _py_flush
+    fence = _py_fence
+    copy = _py_copy
+    load64 = _py_load64
+    store64 = _py_store64
+    cas64 = _py_cas64
+    fetch_add64 = _py_fetch_add64
+    wait64 = _py_wait64
+    wait_any = _py_wait_any
+    _gather = _py_gather
+
+
+def gather(dst: Any, src: Any, pieces: Any, *, nontemporal: bool = False) -> int:
+    """Copy many pieces in one call; returns the bytes copied.
+
+    `pieces` is a buffer of int64 (src_off, dst_off, len) triples (array('q'), a numpy int64 array
+    of shape (n, 3)), or a sequence of 3-tuples. Offsets are checked against both buffers before
+    anything is copied. With `nontemporal`, destination writes bypass the cache (publishing to a
+    non-coherent pool); ends with a store fence.
+    """
+    if isinstance(pieces, Sequence) and not isinstance(pieces, bytes | bytearray | memoryview):
+        from array import array
+
+        flat = array("q")
+        for t in pieces:
+            flat.extend(t)
+        pieces = flat
+    return _gather(dst, src, pieces, nontemporal)

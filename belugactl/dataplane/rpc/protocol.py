@@ -1,0 +1,307 @@
+"""The metadata-server wire format, shared by the CXL slot rings and the TCP transport.
+
+Every message is a 32-byte header followed by a payload; all integers little-endian.
+
+    off size field
+      0    8 status   slot state word (FREE / REQ_READY / RESP_READY); 0 and ignored over TCP
+      8    8 seq      request sequence number, echoed in the reply
+     16    4 magic    MAGIC; anything else is rejected
+     20    4 epoch    low 32 bits of the pool epoch the client believes in / the server serves
+     24    2 op       opcode (requests); echoed in replies
+     26    2 code     result code (replies); 0 in requests
+     28    4 length   payload bytes that follow
+     32    .. payload
+
+The status word sits in the same cache line as the rest of the header, so one line flush
+publishes both. Payload layouts are in the `encode_*` / `decode_*` helpers below; every decode
+bounds-checks and raises `ProtocolError` (never IndexError/struct.error) because the bytes come
+from another process, possibly another host.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from enum import IntEnum
+
+MAGIC = 0x554C4542  # b"BELU" read little-endian
+HEADER = struct.Struct("<QQIIHHI")
+HEADER_SIZE = HEADER.size  # 32
+STATUS_OFFSET = 0
+
+# Slot states. Only the owner of a transition writes it: the client FREE->REQ_READY and
+# RESP_READY->FREE, the server REQ_READY->RESP_READY.
+FREE = 0
+REQ_READY = 1
+RESP_READY = 2
+
+# TCP frames are bounded so a hostile length cannot make the server allocate gigabytes.
+TCP_MAX_PAYLOAD = 1 << 20
+
+MAX_KEY = 255
+MAX_NAMESPACE = 255
+
+
+class Op(IntEnum):
+    HELLO = 1
+    OPEN_NS = 2
+    LOOKUP_PREFIX = 3
+    GET = 4
+    RESERVE = 5
+    COMMIT = 6
+    ABORT = 7
+    RELEASE = 8
+    DELETE = 9
+    CLEAR_NS = 10
+    STATS = 11
+    PING = 12
+
+
+class Code(IntEnum):
+    OK = 0
+    NOT_FOUND = 1
+    POOL_FULL = 2
+    STALE_EPOCH = 3
+    BAD_MAGIC = 4
+    BAD_OP = 5
+    BAD_LENGTH = 6
+    BAD_ARGS = 7
+    NO_RESERVATION = 8
+    EXISTS = 9
+    NOT_READY = 10
+    TOO_BIG = 11
+    BAD_SEQ = 12
+    INTERNAL = 13
+    UNKNOWN_NS = 14
+
+
+OPS = frozenset(int(o) for o in Op)
+
+
+class ProtocolError(ValueError):
+    """Bytes that do not form a valid message; carries the reply code to send back."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def pack_header(buf, offset: int, *, status: int, seq: int, epoch: int, op: int, code: int, length: int) -> None:
+    HEADER.pack_into(buf, offset, status, seq, MAGIC, epoch & 0xFFFFFFFF, op, code, length)
+
+
+# --- payloads ---------------------------------------------------------------------------------
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_HELLO_REQ = struct.Struct("<II")  # client_id, flags
+_HELLO_REP = struct.Struct("<QII")  # full epoch, server pid, max payload
+_LOOKUP_REQ = struct.Struct("<IHH")  # ns, count, key length
+_LOOKUP_REP = struct.Struct("<IIQ")  # present count, pad, lease id
+_KEY_REQ = struct.Struct("<IH")  # ns, key length
+_RESERVE_REQ = struct.Struct("<IHHQ")  # ns, key length, pad, nbytes
+_GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, pad, pad
+_RESERVE_REP = struct.Struct("<QHHI")  # token, extent count, pad, pad
+_EXTENT = struct.Struct("<QQ")
+_RELEASE_REQ = struct.Struct("<HHI")  # count, pad, pad
+
+STATS_FIELDS: tuple[str, ...] = (
+    "epoch",
+    "entries",
+    "namespaces",
+    "bytes_capacity",
+    "bytes_used",
+    "bytes_reserved",
+    "reservations",
+    "leases",
+    "evictions",
+    "reservations_reclaimed",
+    "requests",
+    "errors",
+)
+_STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
+
+Extent = tuple[int, int]
+
+
+def _need(data: bytes | memoryview, size: int, what: str) -> None:
+    if len(data) < size:
+        raise ProtocolError(Code.BAD_LENGTH, f"{what}: payload of {len(data)} bytes, need {size}")
+
+
+def encode_hello(client_id: int, flags: int = 0) -> bytes:
+    return _HELLO_REQ.pack(client_id & 0xFFFFFFFF, flags)
+
+
+def decode_hello(data) -> tuple[int, int]:
+    _need(data, _HELLO_REQ.size, "HELLO")
+    return _HELLO_REQ.unpack_from(data, 0)
+
+
+def encode_hello_reply(epoch: int, pid: int, max_payload: int) -> bytes:
+    return _HELLO_REP.pack(epoch, pid & 0xFFFFFFFF, max_payload)
+
+
+def decode_hello_reply(data) -> tuple[int, int, int]:
+    _need(data, _HELLO_REP.size, "HELLO reply")
+    return _HELLO_REP.unpack_from(data, 0)
+
+
+def encode_name(name: str) -> bytes:
+    raw = name.encode()
+    if not 0 < len(raw) <= MAX_NAMESPACE:
+        raise ValueError(f"namespace must be 1..{MAX_NAMESPACE} bytes of UTF-8, got {len(raw)}")
+    return bytes([len(raw)]) + raw
+
+
+def decode_name(data) -> str:
+    _need(data, 1, "OPEN_NS")
+    n = data[0]
+    if n == 0 or len(data) < 1 + n:
+        raise ProtocolError(Code.BAD_LENGTH, f"OPEN_NS: name length {n} does not fit {len(data)} bytes")
+    try:
+        return bytes(data[1 : 1 + n]).decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(Code.BAD_ARGS, "OPEN_NS: name is not UTF-8") from exc
+
+
+def encode_u32(v: int) -> bytes:
+    return _U32.pack(v)
+
+
+def decode_u32(data, what: str) -> int:
+    _need(data, 4, what)
+    return _U32.unpack_from(data, 0)[0]
+
+
+def encode_u64(v: int) -> bytes:
+    return _U64.pack(v)
+
+
+def decode_u64(data, what: str) -> int:
+    _need(data, 8, what)
+    return _U64.unpack_from(data, 0)[0]
+
+
+def _check_key_len(klen: int, what: str) -> None:
+    if not 0 < klen <= MAX_KEY:
+        raise ProtocolError(Code.BAD_ARGS, f"{what}: key length {klen} outside 1..{MAX_KEY}")
+
+
+def lookup_capacity(max_payload: int, key_len: int) -> int:
+    """How many keys of `key_len` bytes one LOOKUP_PREFIX request can carry."""
+    return max(0, (max_payload - _LOOKUP_REQ.size) // key_len)
+
+
+def encode_lookup(ns: int, keys: Sequence[bytes]) -> bytes:
+    klen = len(keys[0])
+    if any(len(k) != klen for k in keys):
+        raise ValueError("all keys of one prefix lookup must have the same length")
+    return _LOOKUP_REQ.pack(ns, len(keys), klen) + b"".join(keys)
+
+
+def decode_lookup(data) -> tuple[int, list[bytes]]:
+    _need(data, _LOOKUP_REQ.size, "LOOKUP_PREFIX")
+    ns, count, klen = _LOOKUP_REQ.unpack_from(data, 0)
+    _check_key_len(klen, "LOOKUP_PREFIX")
+    end = _LOOKUP_REQ.size + count * klen
+    if count == 0 or len(data) < end:
+        raise ProtocolError(Code.BAD_LENGTH, f"LOOKUP_PREFIX: {count} keys of {klen} bytes do not fit {len(data)}")
+    raw = bytes(data[_LOOKUP_REQ.size : end])
+    return ns, [raw[i : i + klen] for i in range(0, len(raw), klen)]
+
+
+def encode_lookup_reply(count: int, lease: int) -> bytes:
+    return _LOOKUP_REP.pack(count, 0, lease)
+
+
+def decode_lookup_reply(data) -> tuple[int, int]:
+    _need(data, _LOOKUP_REP.size, "LOOKUP_PREFIX reply")
+    count, _pad, lease = _LOOKUP_REP.unpack_from(data, 0)
+    return count, lease
+
+
+def encode_key(ns: int, key: bytes) -> bytes:
+    return _KEY_REQ.pack(ns, len(key)) + key
+
+
+def decode_key(data, what: str) -> tuple[int, bytes]:
+    _need(data, _KEY_REQ.size, what)
+    ns, klen = _KEY_REQ.unpack_from(data, 0)
+    _check_key_len(klen, what)
+    end = _KEY_REQ.size + klen
+    _need(data, end, what)
+    return ns, bytes(data[_KEY_REQ.size : end])
+
+
+def encode_reserve(ns: int, key: bytes, nbytes: int) -> bytes:
+    return _RESERVE_REQ.pack(ns, len(key), 0, nbytes) + key
+
+
+def decode_reserve(data) -> tuple[int, bytes, int]:
+    _need(data, _RESERVE_REQ.size, "RESERVE")
+    ns, klen, _pad, nbytes = _RESERVE_REQ.unpack_from(data, 0)
+    _check_key_len(klen, "RESERVE")
+    end = _RESERVE_REQ.size + klen
+    _need(data, end, "RESERVE")
+    if nbytes == 0:
+        raise ProtocolError(Code.BAD_ARGS, "RESERVE: zero bytes")
+    return ns, bytes(data[_RESERVE_REQ.size : end]), nbytes
+
+
+def _pack_extents(extents: Sequence[Extent]) -> bytes:
+    return b"".join(_EXTENT.pack(o, n) for o, n in extents)
+
+
+def _unpack_extents(data, start: int, count: int, what: str) -> list[Extent]:
+    _need(data, start + count * _EXTENT.size, what)
+    return [_EXTENT.unpack_from(data, start + i * _EXTENT.size) for i in range(count)]
+
+
+def extents_capacity(max_payload: int) -> int:
+    """How many extents fit in a GET or RESERVE reply of `max_payload` bytes."""
+    return (max_payload - max(_GET_REP.size, _RESERVE_REP.size)) // _EXTENT.size
+
+
+def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent]) -> bytes:
+    return _GET_REP.pack(lease, nbytes, len(extents), 0, 0) + _pack_extents(extents)
+
+
+def decode_get_reply(data) -> tuple[int, int, list[Extent]]:
+    _need(data, _GET_REP.size, "GET reply")
+    lease, nbytes, count, _a, _b = _GET_REP.unpack_from(data, 0)
+    return lease, nbytes, _unpack_extents(data, _GET_REP.size, count, "GET reply")
+
+
+def encode_reserve_reply(token: int, extents: Sequence[Extent]) -> bytes:
+    return _RESERVE_REP.pack(token, len(extents), 0, 0) + _pack_extents(extents)
+
+
+def decode_reserve_reply(data) -> tuple[int, list[Extent]]:
+    _need(data, _RESERVE_REP.size, "RESERVE reply")
+    token, count, _a, _b = _RESERVE_REP.unpack_from(data, 0)
+    return token, _unpack_extents(data, _RESERVE_REP.size, count, "RESERVE reply")
+
+
+def release_capacity(max_payload: int) -> int:
+    return (max_payload - _RELEASE_REQ.size) // 8
+
+
+def encode_release(lease_ids: Sequence[int]) -> bytes:
+    return _RELEASE_REQ.pack(len(lease_ids), 0, 0) + b"".join(_U64.pack(x) for x in lease_ids)
+
+
+def decode_release(data) -> list[int]:
+    _need(data, _RELEASE_REQ.size, "RELEASE")
+    count = _RELEASE_REQ.unpack_from(data, 0)[0]
+    end = _RELEASE_REQ.size + 8 * count
+    _need(data, end, "RELEASE")
+    return list(struct.unpack_from(f"<{count}Q", data, _RELEASE_REQ.size))
+
+
+def encode_stats(values: dict[str, int]) -> bytes:
+    return _STATS.pack(*(max(0, int(values.get(k, 0))) for k in STATS_FIELDS))
+
+
+def decode_stats(data) -> dict[str, int]:
+    _need(data, _STATS.size, "STATS reply")
+    return dict(zip(STATS_FIELDS, _STATS.unpack_from(data, 0), strict=True))
