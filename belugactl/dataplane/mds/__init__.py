@@ -1,0 +1,1 @@
+"""The KV metadata server: allocator, index, request dispatch, server loop, admin HTTP."""
