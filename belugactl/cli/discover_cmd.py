@@ -87,15 +87,20 @@ def compact_list(values: list[int]) -> str:
 
 
 def render_snapshot(snap: Any) -> None:
+    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
     from rich.tree import Tree
 
-    from belugactl.cli.render import stdout_console
+    # Markup and emoji off: device names such as 0000:ab:00.0 or "[none]" must print as they are.
+    console = Console(highlight=False, emoji=False, markup=False)
 
-    console = stdout_console()
+    def heading(text: str, rest: str = "") -> Text:
+        return Text.assemble((text, "bold"), rest)
+
     cpu, kernel = snap.cpu, snap.kernel
     where = "" if snap.root == "/" else f"  (from {snap.root})"
-    console.print(f"[bold]{snap.hostname or 'host'}[/bold]{where}")
+    console.print(heading(snap.hostname or "host", where))
     console.print(
         f"  CPU: {cpu.vendor or '?'} {cpu.model_name or ''} (family {_opt(cpu.family)}, model "
         f"{_hex(cpu.model) if cpu.model is not None else '?'}), {_opt(cpu.sockets)} socket(s), {_opt(cpu.cpus)} CPUs"
@@ -115,10 +120,10 @@ def render_snapshot(snap: Any) -> None:
     cxl = snap.cxl
     if not cxl.bus_present and not cxl.memdevs:
         console.print(
-            "[bold]CXL[/bold]: none on this host (/sys/bus/cxl is absent: no CXL hardware or cxl_core not loaded)"
+            heading("CXL", ": none on this host (/sys/bus/cxl is absent: no CXL hardware or cxl_core not loaded)")
         )
     else:
-        tree = Tree(f"[bold]CXL[/bold] (from {cxl.source or '?'})")
+        tree = Tree(heading("CXL", f" (from {cxl.source or '?'})"))
         mem = tree.add(f"memdevs ({len(cxl.memdevs)})")
         for m in cxl.memdevs:
             mem.add(
@@ -165,7 +170,7 @@ def render_snapshot(snap: Any) -> None:
             )
         console.print(dax)
     else:
-        console.print("[bold]Device-dax[/bold]: none")
+        console.print(heading("Device-dax", ": none"))
 
     numa = Table(title="NUMA nodes", title_justify="left", box=None, pad_edge=False)
     for col in ("node", "cpus", "memory", "free", "hugepages (total/free)"):
@@ -195,7 +200,7 @@ def render_snapshot(snap: Any) -> None:
             )
         console.print(pci)
     else:
-        console.print("[bold]GPUs and CXL adapters[/bold]: none on PCI")
+        console.print(heading("GPUs and CXL adapters", ": none on PCI"))
     if snap.root_ports:
         ports = Table(title="Root ports above them", title_justify="left", box=None, pad_edge=False)
         for col in ("root port", "vendor:device", "perfctrlsts_0 (0x180)", "byte 0x185", "below"):
@@ -210,13 +215,13 @@ def render_snapshot(snap: Any) -> None:
         console.print(ports)
 
     if snap.mtrr is None:
-        console.print("[bold]MTRR[/bold]: /proc/mtrr absent")
+        console.print(heading("MTRR", ": /proc/mtrr absent"))
     else:
-        console.print(f"[bold]MTRR[/bold]: {len(snap.mtrr)} variable range(s) in use")
+        console.print(heading("MTRR", f": {len(snap.mtrr)} variable range(s) in use"))
         for m in snap.mtrr:
             console.print(f"  reg{m.reg:02d}: {_size(m.size)} at {_hex(m.base)} {m.type}")
 
     if snap.problems:
-        console.print(f"[yellow]Could not read everything ({len(snap.problems)}):[/yellow]")
+        console.print(Text(f"Could not read everything ({len(snap.problems)}):", style="yellow"))
         for problem in snap.problems:
-            console.print(f"  ! {problem}", markup=False)
+            console.print(f"  ! {problem}")

@@ -415,6 +415,7 @@ def read_cxl(host: Host, problems: list[str]) -> CxlState:
         listing.buses += part.buses
         listing.ports += part.ports
     decoders = _merge(listing.decoders, sysfs.decoders)
+    regions = [_region_type(r, decoders) for r in _merge(_dedupe(listing.regions), sysfs.regions)]
     sources = [s for s, used in (("cxl list", listed), ("sysfs", bus_present)) if used]
     return CxlState(
         bus_present=bus_present,
@@ -422,11 +423,22 @@ def read_cxl(host: Host, problems: list[str]) -> CxlState:
         root_decoders=[d for d in decoders if d.kind == "root"],
         switch_decoders=[d for d in decoders if d.kind == "switch"],
         endpoint_decoders=[d for d in decoders if d.kind == "endpoint"],
-        regions=_merge(_dedupe(listing.regions), sysfs.regions),
+        regions=regions,
         buses=sorted(set(listing.buses) | set(sysfs.buses), key=_natural),
         ports=sorted(set(listing.ports) | set(sysfs.ports), key=_natural),
         source="+".join(sources) or None,
     )
+
+
+def _region_type(region: CxlRegion, decoders: list[CxlDecoder]) -> CxlRegion:
+    """ndctl < 77 prints no region type and kernels < 6.3 have no region/mode: the endpoint
+    decoders' DPA mode (pmem or ram) says the same thing."""
+    if region.type is not None:
+        return region
+    modes = {d.mode for d in decoders if d.name in region.endpoint_decoders}
+    if len(modes) == 1 and modes <= {"pmem", "ram"}:
+        return dataclasses.replace(region, type=modes.pop())
+    return region
 
 
 def _dedupe(items: list[T]) -> list[T]:
