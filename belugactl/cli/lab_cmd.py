@@ -1,0 +1,211 @@
+"""`belugactl lab ...`: an emulated CXL rack of QEMU guests on this machine (see belugactl.lab)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+NAME_HELP = "Lab name: several labs can coexist, each under its own state directory."
+
+
+def register(app: typer.Typer) -> None:
+    lab = typer.Typer(
+        help="An emulated CXL rack: QEMU guests with a real kernel sharing one pool file.",
+        no_args_is_help=True,
+    )
+
+    @lab.command("prepare")
+    def prepare_cmd(
+        install: bool = typer.Option(False, "--install", help="apt-get install missing packages (root)."),
+        refresh: bool = typer.Option(False, "--refresh", help="Download the kernel again even if cached."),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Check/install packages, download and unpack the guest kernel, build the initramfs (cached)."""
+        from belugactl.cli.render import print_json
+        from belugactl.lab import rack
+
+        result = rack.prepare(install=install, refresh=refresh, progress=_progress)
+        if as_json:
+            print_json(result)
+            return
+        kernel = result["kernel"]
+        assert isinstance(kernel, dict)
+        if result["installed_packages"]:
+            print(f"installed: {' '.join(result['installed_packages'])}")  # type: ignore[arg-type]
+        print(f"kernel     {kernel['version']}  {kernel['vmlinuz']}")
+        print(f"initramfs  {result['initramfs']}  ({int(result['initramfs_size']) // 1024} KiB)")  # type: ignore[call-overload]
+        print(f"cache      {result['cache']}  (ready in {result['seconds']} s)")
+
+    @lab.command("up")
+    def up_cmd(
+        hosts: int = typer.Option(2, "--hosts", "-n", help="Number of guests (lab-1 ... lab-N)."),
+        pool_size: str = typer.Option("512MiB", "--pool-size", help="Shared pool size, a multiple of 256 MiB."),
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        memory: str = typer.Option("1GiB", "--memory", help="RAM per guest."),
+        accel: str = typer.Option("auto", "--accel", help="auto (= tcg, KVM only reported), tcg or kvm."),
+        boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for every guest."),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Boot N guests in parallel, each with a CXL host bridge, two root ports and one type-3 device
+        backed by the same pool file. Guests come up bare (no region): `lab selftest` or `setup` go next."""
+        from belugactl.cli.render import print_json
+        from belugactl.errors import UsageError
+        from belugactl.lab import rack
+        from belugactl.units import parse_size
+
+        if accel not in ("auto", "tcg", "kvm"):
+            raise UsageError(f"--accel must be auto, tcg or kvm, not {accel!r}")
+        try:
+            size = parse_size(pool_size)
+            mem = parse_size(memory)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        report = rack.up(
+            name=name,
+            hosts=hosts,
+            pool_size=size,
+            memory_mib=mem // (1024 * 1024),
+            accel=accel,
+            boot_timeout_s=boot_timeout,
+            progress=_progress,
+        )
+        if as_json:
+            print_json(report.to_dict())
+            return
+        st = report.status
+        print(
+            f"lab {st.name}: {len(st.guests)} guest{'s' if len(st.guests) != 1 else ''} up in "
+            f"{report.boot_wall_s:.1f} s (booted in parallel; accel {report.accel.chosen}; "
+            f"kvm: {report.accel.kvm_detail})"
+        )
+        _print_lab(st)
+
+    @lab.command("status")
+    def status_cmd(
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Guests and their state (running, booting, unresponsive, crashed), the pool file, the kernel.
+        Exits 1 when the lab exists but not every guest runs."""
+        from belugactl.cli.render import print_json
+        from belugactl.lab import rack
+
+        st = rack.status(name)
+        if as_json:
+            print_json(st.to_dict())
+        elif st.state == "down":
+            print(f"lab {name}: down (nothing under {st.dir})")
+        else:
+            print(f"lab {st.name}: {st.state}")
+            _print_lab(st)
+        if st.state == "degraded":
+            raise typer.Exit(1)
+
+    @lab.command("exec", context_settings={"allow_interspersed_args": False})
+    def exec_cmd(
+        host: str = typer.Argument(..., help="Guest name, e.g. lab-1."),
+        command: list[str] = typer.Argument(..., help="The command and its arguments (after --)."),
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        timeout: float = typer.Option(600.0, "--timeout", help="Kill the command after this many seconds."),
+        stdin: bool = typer.Option(False, "--stdin", help="Send this process's stdin to the command."),
+    ) -> None:
+        """Run a command in a guest as root, in the same directory as here; its output and exit status
+        come back as if it ran locally (124 after --timeout). `belugactl` there is this checkout's.
+        Options go before HOST: everything after HOST belongs to the command."""
+        from belugactl.errors import UsageError
+        from belugactl.lab import rack
+
+        if command and command[0] == "--":
+            command = command[1:]  # interspersed args are off, so click hands `--` through
+        if not command:
+            raise UsageError("no command given", fix=f"belugactl lab exec {host} -- CMD [ARGS...]")
+        channel = rack.channel(name, host)
+        cwd = os.getcwd()
+        data = sys.stdin.buffer.read() if stdin else None
+        result = channel.run(
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=rack.guest_env(name, host),
+            stdin=data,
+            stdout=sys.stdout.buffer,
+            stderr=sys.stderr.buffer,
+        )
+        if result.timed_out:
+            print(f"belugactl lab exec: {host}: killed after {timeout:g} s", file=sys.stderr)
+        raise typer.Exit(result.returncode)
+
+    @lab.command("selftest")
+    def selftest_cmd(
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        keep: bool = typer.Option(False, "--keep", help="Leave the region and namespace in place."),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Create a region and devdax namespace in every guest with the real tools, write a pattern
+        from each guest and find it in the others and in the pool file. Cleans up unless --keep."""
+        from belugactl.cli.render import print_json
+        from belugactl.errors import StepFailed
+        from belugactl.lab import selftest
+
+        report = selftest.run(name, keep=keep)
+        if as_json:
+            print_json(report.to_dict())
+        else:
+            for p in report.provisioned:
+                print(f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> /dev/{p.dax} "
+                      f"({p.dax_size // (1024 * 1024)} MiB, pool file offset {p.file_offset:#x})")
+            for c in report.checks:
+                print(f"  [{'ok' if c.ok else 'FAIL'}] {c.what}: {c.detail}")
+            cleanup = "torn down" if report.cleaned_up else ("kept (--keep)" if keep else "cleanup FAILED")
+            print(f"region and namespace: {cleanup}; {len(report.steps)} guest commands in {report.seconds} s")
+        if not report.ok:
+            failed = [c.what for c in report.checks if not c.ok]
+            raise StepFailed(
+                "lab selftest FAILED: the guests do not share the pool as expected",
+                why=report.error or "; ".join(failed) or "no checks ran",
+                fix="see the lines above; a topology with one root port per host bridge drops writes on QEMU 7.2",
+            )
+
+    @lab.command("down")
+    def down_cmd(
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Stop every guest (by pid, after checking it is still our QEMU) and remove the lab's files."""
+        from belugactl.cli.render import print_json
+        from belugactl.lab import rack
+
+        report = rack.down(name, progress=_progress)
+        if as_json:
+            print_json(report.to_dict())
+        elif not report.existed:
+            print(f"lab {name}: nothing to take down")
+        else:
+            gone = f"; already gone: {', '.join(report.already_gone)}" if report.already_gone else ""
+            print(f"lab {name}: stopped {', '.join(report.stopped) or 'no guest'}{gone}; removed {report.removed}")
+            for line in report.refused:
+                print(f"  left alone: {line}", file=sys.stderr)
+
+    app.add_typer(lab, name="lab")
+
+
+def _progress(message: str) -> None:
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+
+
+def _print_lab(st) -> None:  # st: belugactl.lab.rack.LabStatus
+    if st.kernel:
+        print(f"  kernel  {st.kernel.get('version')}  ({st.kernel.get('vmlinuz')})")
+    print(f"  state   {st.dir}")
+    if st.pool:
+        size = f"{st.pool_size // (1024 * 1024)} MiB, " if st.pool_size else ""
+        print(f"  pool    {st.pool}  ({size}one backing file for every guest's CXL device)")
+    for g in st.guests:
+        boot = f"  booted in {g.boot_s:.1f} s" if g.boot_s is not None else ""
+        print(f"  {g.name:<7} {g.state:<12} {g.detail}{boot}")
+        print(f"          console {g.console}")
+        print(f"          share   {g.share}  (in the guest: /run/belugactl-lab/share)")
+        for line in g.console_tail:
+            print(f"          | {line}")
