@@ -18,7 +18,7 @@ from belugactl.errors import BelugaError, EnvironmentProblem, StepFailed
 from belugactl.host.host import Host
 from belugactl.host.write_mtrr import add_mtrr, read_mtrr, remove_mtrr
 from belugactl.host.write_pci import rmw_config_byte
-from belugactl.host.write_state import load_state, save_state, setup_lock
+from belugactl.host.write_state import boot_id, load_state, save_state, setup_lock
 from belugactl.host.write_sysfs import bracketed_choice, write_attr
 from belugactl.host.write_udev import RULE_FILE, remove_file, set_ownership, write_config_file
 from belugactl.model.plan import (
@@ -55,7 +55,9 @@ class SetupFailed(StepFailed):
         done = ", ".join(o.step.id for o in report.applied) or "nothing"
         left = ", ".join(s.id for s in report.remaining) or "nothing"
         super().__init__(
-            f"{report.verb} stopped at step {report.failed.id if report.failed else '?'}: {cause.what}",
+            f"{report.verb} stopped at step {report.failed.id}: {cause.what}"
+            if report.failed
+            else f"{report.verb} stopped while planning the next step: {cause.what}",
             why=(cause.why + "\n" if cause.why else "") + f"done: {done}\nnot done: {left}",
             fix=(cause.fix + "; then " if cause.fix else "") + f"rerun `belugactl {report.verb}`: it continues "
             "from where the host is now",
@@ -211,7 +213,11 @@ def _run(
             save_state(host, state)
             if progress:
                 progress("done", step, detail)
-            plan = planner(facts)
+            try:
+                plan = planner(facts)
+            except BelugaError as exc:
+                # E.g. the device just created holds a header from another manifest: stop, report what ran.
+                raise SetupFailed(exc, report) from exc
         report.duration_s = time.monotonic() - start
         return report
 
@@ -292,11 +298,12 @@ def _apply_action(host: Host, target: SetupTarget, action: Action, state: dict[s
         )
         return f"{action.bdf} 0x{action.offset:x}: 0x{before:02x} -> 0x{after:02x}"
     if isinstance(action, MtrrAdd):
+        current_boot = boot_id(host)
+        if state.get("boot_id") != current_boot:
+            state["mtrr"] = []  # entries remembered from an earlier boot died with it
+            state["boot_id"] = current_boot
         entry = add_mtrr(host, action.base, action.size, action.type)
         state.setdefault("mtrr", []).append({"reg": entry.reg, "base": entry.base, "size": entry.size})
-        from belugactl.host.write_state import boot_id
-
-        state["boot_id"] = boot_id(host)
         return f"reg{entry.reg:02d} base=0x{entry.base:x} size=0x{entry.size:x}"
     if isinstance(action, MtrrRemove):
         listed = read_mtrr(host) or []

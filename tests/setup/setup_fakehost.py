@@ -21,6 +21,9 @@ from typing import Any
 
 from belugactl.host.host import Host
 from belugactl.host.runner import RC_NOT_FOUND, CommandResult
+from belugactl.model.layout import resolve_layout
+from belugactl.model.manifest import load_manifest_text
+from belugactl.workflows.setup.target import SetupTarget, target_from_manifest
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -355,3 +358,16 @@ class _Runner:
         args = tuple(str(a) for a in argv)
         self.calls.append(args)
         return self.machine.run(args)
+
+
+LAB = Path(__file__).resolve().parents[2] / "examples" / "lab.yaml"
+
+
+def lab_target(host: str = "lab-1", *, edit: dict[str, str] | None = None) -> SetupTarget:
+    """The lab example manifest, optionally with text replacements (each must apply)."""
+    text = LAB.read_text()
+    for old, new in (edit or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    manifest = load_manifest_text(text, file="lab.yaml")
+    return target_from_manifest(manifest, host, layout=resolve_layout(manifest))
