@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from belugactl.host.snapshot import RootPort
 from belugactl.units import format_size
+from belugactl.workflows.doctor.checks.common import NO_CXL, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -74,7 +75,7 @@ def _desired(ctx: DoctorContext) -> str:
 
 def ddio_problem_ports(ctx: DoctorContext) -> list[str]:
     """Root ports whose DDIO state differs from what is wanted (empty when not applicable)."""
-    if not ctx.is_intel or _desired(ctx) == "unmanaged":
+    if not ctx.is_intel or _desired(ctx) == "unmanaged" or skip_without_cxl(ctx) is not None:
         return []
     want_off = _desired(ctx) == "disabled"
     states = [
@@ -112,6 +113,8 @@ def ddio_disabled(ctx: DoctorContext) -> CheckResult:
         return CheckResult.skip("CPU vendor unknown; DDIO exists on Intel Xeon only")
     if not ctx.is_intel:
         return CheckResult.skip(f"not applicable on {cpu.vendor}: DDIO is an Intel Xeon feature")
+    if not ctx.has_cxl and ctx.expect is None:
+        return CheckResult.skip(NO_CXL + ": DDIO in front of the GPUs matters only for their traffic to the pool")
     desired = _desired(ctx)
     if desired == "unmanaged":
         return CheckResult.skip("the manifest leaves DDIO unmanaged (caching.ddio: unmanaged)")
