@@ -61,6 +61,27 @@ def _host_rules(m: Manifest) -> list[RuleProblem]:
             )
         else:
             seen_addresses[host.address] = i
+    reported: set[Path_] = set()
+    for i, host in enumerate(m.hosts):
+        tuning = m.tuning_for(host)
+        nodes = host.numa.cpu_nodes + host.numa.cxl_nodes
+        if tuning.hugepages is not None:
+            for node in tuning.hugepages.per_node:
+                if node >= nodes:
+                    where = ("hosts", i, "tuning", "hugepages", "per_node", node)
+                    if host.tuning is None or host.tuning.hugepages is None:
+                        where = ("tuning", "hugepages", "per_node", node)
+                    if where in reported:
+                        continue
+                    reported.add(where)
+                    out.append(
+                        RuleProblem(
+                            where,
+                            f"NUMA node {node} does not exist on {host.name}, which lists {nodes} node(s)",
+                            "node ids run from 0 to cpu_nodes + cxl_nodes - 1",
+                            at_key=True,
+                        )
+                    )
     metadata = [i for i, h in enumerate(m.hosts) if "metadata" in h.roles]
     if not metadata:
         out.append(

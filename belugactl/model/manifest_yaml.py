@@ -94,7 +94,8 @@ def _syntax_problem(exc: Any, text: str) -> YamlProblem:
     return YamlProblem(position, (), f"YAML syntax error: {context}{problem}", hint)
 
 
-_MAX_DEPTH = 64  # a manifest is shallow; this only stops alias bombs and runaway nesting
+_MAX_DEPTH = 64  # a manifest is shallow; this stops runaway nesting
+_MAX_NODES = 20_000  # aliases can multiply a small file into a huge tree ("billion laughs")
 
 
 def _build(
@@ -103,9 +104,9 @@ def _build(
     import yaml
 
     doc.value_positions[path] = _pos(node.start_mark)
-    if depth > _MAX_DEPTH:
-        problems.append(YamlProblem(_pos(node.start_mark), path, "nesting too deep for a manifest"))
-        return None
+    if depth > _MAX_DEPTH or len(doc.value_positions) > _MAX_NODES:
+        problem = YamlProblem(_pos(node.start_mark), (), "document too large or too deeply nested for a manifest")
+        raise YamlSyntaxError([problem])
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         first_seen: dict[Any, Position] = {}
