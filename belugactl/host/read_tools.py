@@ -44,11 +44,10 @@ def read_tools(host: Host, problems: list[str]) -> dict[str, ToolInfo]:
 
 def read_tool(host: Host, name: str, argv: Sequence[str], problems: list[str]) -> ToolInfo:
     result = host.run(list(argv), timeout=VERSION_TIMEOUT_S)
-    path = _which(host, name)
     if result.not_found:
-        return ToolInfo(name=name, path=path)
+        return ToolInfo(name=name)
     # Recorded runs replay without a real binary; the tool was there when they were recorded.
-    path = path or name
+    path = _which(host, name) or name
     if not result.ok:
         problem = f"{name}: version query failed: {result.describe()}"
         problems.append(problem)
