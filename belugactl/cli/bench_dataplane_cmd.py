@@ -1,0 +1,91 @@
+"""`belugactl bench rpc` and `belugactl bench mds`: the data plane's benchmarks, side by side with baselines."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(bench: typer.Typer) -> None:
+    bench.command("rpc")(rpc)
+    bench.command("mds")(mds)
+
+
+def rpc(
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
+    samples: int = typer.Option(20000, "--samples", help="Round trips measured at QD1, per transport."),
+    seconds: float = typer.Option(0.5, "--seconds", help="Seconds per queue-depth throughput run."),
+    pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs."),
+    flush: bool = typer.Option(False, "--flush", help="Flush lines as on a shared write-back devdax pool."),
+) -> None:
+    """One metadata server, the same 64 B lookup over CXL-RPC (file-backed pool) and TCP loopback."""
+    from belugactl.cli.render import print_json
+    from belugactl.dataplane.bench import QDS, bench_rpc
+
+    result = bench_rpc(samples=samples, seconds=seconds, pin=pin, flush=flush)
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    from belugactl.cli.render import stdout_console
+
+    console = stdout_console()
+    console.print(
+        f"[bold]bench rpc[/]: {result['request']}; pool {result['pool']}; "
+        f"native helper {'yes' if result['native_helper'] else 'NO'}; pinned {result['pinned_cpus']}"
+    )
+    table = Table("", "CXL-RPC", "TCP loopback", "TCP / CXL")
+    cxl, tcp = result["cxl"], result["tcp"]
+    table.add_row(
+        "QD1 p50 (us)",
+        f"{cxl['qd1']['p50_us']:.2f}",
+        f"{tcp['qd1']['p50_us']:.2f}",
+        f"{result['ratios']['tcp_over_cxl_p50']:.1f}x",
+    )
+    table.add_row(
+        "QD1 p99 (us)",
+        f"{cxl['qd1']['p99_us']:.2f}",
+        f"{tcp['qd1']['p99_us']:.2f}",
+        f"{result['ratios']['tcp_over_cxl_p99']:.1f}x",
+    )
+    for qd in QDS:
+        c, t = cxl["ops_per_s"][str(qd)], tcp["ops_per_s"][str(qd)]
+        table.add_row(f"QD{qd} (kops/s)", f"{c / 1e3:.1f}", f"{t / 1e3:.1f}", f"{c / t:.1f}x (CXL/TCP)")
+    console.print(table)
+    targets = Table("target", "goal", "measured", "met")
+    for name, t in result["targets"].items():
+        targets.add_row(name, str(t["target"]), str(t["measured"]), "yes" if t["met"] else "no")
+    console.print(targets)
+    cal = result["calibration"]
+    console.print(
+        f"calibration: bare shm ping-pong in Python {cal['shm_pingpong_python_p50_us']} us, "
+        f"TCP echo in Python {cal['tcp_loopback_echo_python_p50_us']} us; paper CXL-RPC "
+        f"{cal['paper_cxl_rpc_qd1_us']} us QD1, {cal['paper_cxl_rpc_qd128_mops']} Mops QD128"
+    )
+
+
+def mds(
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
+    ops: int = typer.Option(200_000, "--ops", help="Index operations to run."),
+) -> None:
+    """Index operations per second (put/commit/lookup mix) and allocator utilization under churn."""
+    from belugactl.cli.render import print_json
+    from belugactl.dataplane.bench import bench_mds
+
+    result = bench_mds(ops=ops)
+    if json_out:
+        print_json(result)
+        return
+    from belugactl.cli.render import stdout_console
+
+    console = stdout_console()
+    i, a = result["index"], result["allocator_churn"]
+    console.print(
+        f"[bold]bench mds[/]: {i['ops']} index ops in {i['seconds']} s = {i['ops_per_s']:,} ops/s "
+        f"(mix {i['mix']}); {i['entries']} entries, {i['evictions']} evictions"
+    )
+    console.print(
+        f"allocator churn: live bytes / area peak {a['live_bytes_over_area_peak']:.1%}, "
+        f"end {a['live_bytes_over_area_end']:.1%}; fill of handed-out blocks {a['fill_of_handed_out_blocks']:.1%}; "
+        f"{a['alloc_failures']} failed allocations; {a['classes_in_use']} size classes in use"
+    )

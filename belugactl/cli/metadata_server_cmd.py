@@ -1,0 +1,118 @@
+"""`belugactl metadata-server`: run the KV metadata server on this host (serve starts it; runnable alone)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("metadata-server")(metadata_server)
+
+
+def metadata_server(
+    file: Path = typer.Option(..., "-f", "--file", help="Rack manifest (rack.yaml)."),
+    pool: str | None = typer.Option(
+        None, "--pool", help="Pool to map: /dev/daxX.Y or a file pool. Default: the manifest's dax device."
+    ),
+    bind: str | None = typer.Option(
+        None, "--bind", help="Address for the RPC TCP listener and admin HTTP (default: manifest, else 127.0.0.1)."
+    ),
+    admin_port: int | None = typer.Option(None, "--admin-port", help="Admin HTTP port (default: manifest, 9470)."),
+    rpc_port: int | None = typer.Option(None, "--rpc-port", help="TCP RPC port (default: manifest, 9471)."),
+    no_tcp: bool = typer.Option(False, "--no-tcp", help="Serve CXL-RPC only."),
+    fence_grace: float = typer.Option(
+        2.0, "--fence-grace", help="Seconds after start during which only HELLO is served (stale writers drain)."
+    ),
+    lease_ttl: float = typer.Option(10.0, "--lease-ttl", help="Read lease lifetime, seconds."),
+    reservation_ttl: float = typer.Option(30.0, "--reservation-ttl", help="Uncommitted reservation lifetime, seconds."),
+    high_watermark: float = typer.Option(0.90, "--high-watermark", help="Evict above this fraction of the KV area."),
+    low_watermark: float = typer.Option(0.80, "--low-watermark", help="...down to this fraction."),
+    zero_on_free: bool = typer.Option(False, "--zero-on-free", help="Zero freed blocks (multi-tenant pools)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the start-up record as JSON on stdout."),
+) -> None:
+    """Serve the KV index over CXL-RPC (pool slot rings) and TCP, with /healthz /readyz /metrics /stats.
+
+    Restart policy: start empty. Every start bumps the pool epoch, which fences clients, leases and
+    reservations of the previous incarnation; the index is rebuilt by clients writing again.
+    Stop with SIGTERM or Ctrl-C (graceful).
+    """
+    import json
+    import signal
+
+    from belugactl.dataplane.mds.index import IndexConfig
+    from belugactl.dataplane.mds.server import ServerConfig, open_server
+    from belugactl.errors import UsageError
+    from belugactl.model.manifest import load_manifest
+
+    manifest = load_manifest(file)
+    ms = manifest.serve.metadata if manifest.serve is not None else None
+    if pool is None:
+        source = manifest.pool.source
+        device = getattr(source, "device", None)
+        if device is None:
+            raise UsageError(
+                "no pool given and the manifest does not name a dax device",
+                fix="pass --pool /dev/daxX.Y (see `belugactl discover`) or a file pool",
+            )
+        pool = f"/dev/{device}"
+    if not 0 < low_watermark < high_watermark <= 1:
+        raise UsageError(
+            "watermarks must satisfy 0 < low < high <= 1", fix="e.g. --high-watermark 0.9 --low-watermark 0.8"
+        )
+    default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
+    config = ServerConfig(
+        rpc_bind=bind or default_bind,
+        rpc_port=None if no_tcp else (rpc_port if rpc_port is not None else (ms.rpc_port if ms else 9471)),
+        admin_bind=bind or default_bind,
+        admin_port=admin_port if admin_port is not None else (ms.admin_port if ms else 9470),
+        fence_grace_s=fence_grace,
+        index=IndexConfig(
+            lease_ttl_s=lease_ttl,
+            reservation_ttl_s=reservation_ttl,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            zero_on_free=zero_on_free,
+        ),
+    )
+    server = open_server(pool, manifest, config)
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        server.pool.close()
+        raise
+
+    def _term(signum: int, _frame: object) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    record = {
+        "event": "started",
+        "pool": str(server.pool.path),
+        "epoch": server.epoch,
+        "rpc": f"tcp://{config.rpc_bind}:{server.tcp_port}" if server.tcp_port else None,
+        "cxl": f"cxl://{server.pool.path}#<ring>",
+        "admin": f"http://{config.admin_bind}:{server.admin_port}" if server.admin_port else None,
+        "restart_policy": "start-empty",
+        "native_helper": server.snapshot["pool"]["native_helper"],
+        "fence_grace_s": fence_grace,
+    }
+    if json_out:
+        print(json.dumps(record), flush=True)
+    else:
+        print(
+            f"metadata server: epoch {server.epoch}, pool {server.pool.path}, rpc {record['rpc']}, "
+            f"admin {record['admin']} (ready after {fence_grace:g} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+        server.pool.close()
+    print("metadata server: stopped", file=sys.stderr)

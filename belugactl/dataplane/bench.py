@@ -1,0 +1,293 @@
+"""The data plane's benchmarks: `bench rpc` (CXL-RPC vs TCP, same server, same request) and `bench mds`.
+
+Benchmarks are commands, not tests: they print what they measured next to the baseline and the
+targets, and never assert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from belugactl.errors import EnvironmentProblem
+
+# A small rack whose ring has room for 128 requests in flight.
+BENCH_RACK = """\
+version: 1
+name: bench-rpc
+pool:
+  source: {kind: cxl-region, memdevs: all, type: ram}
+  size: 256MiB
+  align: 2MiB
+layout:
+  metadata: {slots_per_ring: 128, slot_size: 256B, spare_rings: 2, journal: 2MiB}
+  shared_kv: 128MiB
+  partition_size: equal
+hosts:
+  - name: bench-0
+    address: 127.0.0.1
+    roles: [metadata, worker]
+    platform: gpu
+    numa: {cpu_nodes: 1, cxl_nodes: 1}
+    gpus: {count: 1, model: L40S}
+serve:
+  vllm:
+    model: bench/model
+    instances_per_host: 1
+"""
+
+NAMESPACE = "bench/tp0"
+KEY_LEN = 24  # 32 B header + 8 B lookup fields + 24 B key = a 64 B request
+QDS = (1, 8, 32, 128)
+TARGETS = {"cxl_qd1_p50_us": 2.0, "tcp_over_cxl_p50": 25.0, "cxl_qd128_mops": 2.0}
+CALIBRATION = {
+    "shm_pingpong_python_p50_us": 0.36,
+    "tcp_loopback_echo_python_p50_us": 51.0,
+    "paper_cxl_rpc_qd1_us": 2.11,
+    "paper_cxl_rpc_qd128_mops": 12.13,
+}
+
+
+@contextlib.contextmanager
+def running_server(
+    manifest: Path, pool: Path, *, cpu: int | None = None, extra: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Start `belugactl metadata-server` in a child process; yield its start-up record; stop it."""
+    argv = [
+        sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
+        "--rpc-port", "0", "--admin-port", "0", "--fence-grace", "0", "--json", *(extra or []),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # noqa: S603
+    try:
+        if cpu is not None and hasattr(os, "sched_setaffinity"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(proc.pid, {cpu})
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise EnvironmentProblem("the metadata server did not start", why=err.strip()[-2000:])
+        record = json.loads(line)
+        record["pid"] = proc.pid
+        yield record
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _percentile(sorted_ns: list[int], q: float) -> float:
+    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1000.0
+
+
+def _latency(client: Any, keys: list[bytes], n: int) -> dict[str, float]:
+    perf = time.perf_counter_ns
+    lookup = client.lookup_prefix
+    for _ in range(min(2000, n)):  # warm the caches and the server's spin loop
+        lookup(NAMESPACE, keys)
+    samples = []
+    for _ in range(n):
+        t = perf()
+        lookup(NAMESPACE, keys)
+        samples.append(perf() - t)
+    samples.sort()
+    return {"p50_us": _percentile(samples, 0.5), "p99_us": _percentile(samples, 0.99), "samples": n}
+
+
+def _throughput(client: Any, payload: bytes, qd: int, seconds: float) -> float:
+    """Requests/s with `qd` lookups in flight on one connection (raw transport, same message)."""
+    from belugactl.dataplane.rpc.protocol import Op
+
+    t = client.transport
+    epoch = client._epoch32
+    timeout = int(client.timeout_s * 1e9)
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for _ in range(qd):
+            t.submit(Op.LOOKUP_PREFIX, epoch, payload)
+        for _ in range(qd):
+            code, _e, _r = t.collect(timeout)
+            if code:
+                raise RuntimeError(f"lookup failed with code {code}")
+        done += qd
+        now = time.perf_counter()
+        if now >= deadline:
+            return done / (now - start)
+
+
+def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, flush: bool = False) -> dict[str, Any]:
+    from belugactl.dataplane import native
+    from belugactl.dataplane.client import connect
+    from belugactl.dataplane.pool import PoolMapping, create_file_pool
+    from belugactl.dataplane.rpc import protocol as p
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pinned = pin and len(cpus) >= 2
+    with tempfile.TemporaryDirectory(prefix="belugactl-bench-") as tmp:
+        manifest = Path(tmp) / "rack.yaml"
+        manifest.write_text(BENCH_RACK)
+        pool_path = create_file_pool(Path(tmp) / "pool.bin", manifest)
+        old_affinity = None
+        if pinned:
+            old_affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {cpus[0]})
+        try:
+            with running_server(manifest, pool_path, cpu=cpus[1] if pinned else None) as srv:
+                pool = PoolMapping.open(pool_path)
+                if flush:
+                    pool.needs_flush = True  # measure the cost of the flushes a shared devdax pool needs
+                key = bytes(random.getrandbits(8) for _ in range(KEY_LEN))
+                results: dict[str, Any] = {}
+                for name, address in (("cxl", f"cxl://{pool_path}#0"), ("tcp", srv["rpc"])):
+                    client = connect(address, pool=pool if name == "cxl" else None, timeout_s=5.0)
+                    try:
+                        ns = client._ns_id(NAMESPACE)
+                        with contextlib.suppress(Exception):
+                            r = client.reserve(NAMESPACE, key, 4096)
+                            client.commit(r.token)
+                        payload = p.encode_lookup(ns, [key])
+                        request_bytes = p.HEADER_SIZE + len(payload)
+                        lat = _latency(client, [key], samples)
+                        thr = {str(qd): _throughput(client, payload, qd, seconds) for qd in QDS}
+                        results[name] = {"qd1": lat, "ops_per_s": thr, "request_bytes": request_bytes}
+                    finally:
+                        client.close()
+                pool.close()
+        finally:
+            if old_affinity is not None:
+                os.sched_setaffinity(0, old_affinity)
+    cxl, tcp = results["cxl"], results["tcp"]
+    ratios = {
+        "tcp_over_cxl_p50": round(tcp["qd1"]["p50_us"] / cxl["qd1"]["p50_us"], 2),
+        "tcp_over_cxl_p99": round(tcp["qd1"]["p99_us"] / cxl["qd1"]["p99_us"], 2),
+        **{
+            f"cxl_over_tcp_ops_qd{qd}": round(cxl["ops_per_s"][str(qd)] / tcp["ops_per_s"][str(qd)], 2) for qd in QDS
+        },
+    }
+    measured = {
+        "cxl_qd1_p50_us": cxl["qd1"]["p50_us"],
+        "tcp_over_cxl_p50": ratios["tcp_over_cxl_p50"],
+        "cxl_qd128_mops": cxl["ops_per_s"]["128"] / 1e6,
+    }
+    return {
+        "benchmark": "rpc",
+        "request": "LOOKUP_PREFIX of one 24-byte key (64 B message), answered from the index",
+        "pool": "file-backed, " + ("flushes on (as on a shared write-back devdax pool)" if flush else "no flushes"),
+        "native_helper": native.AVAILABLE,
+        "pinned_cpus": [cpus[0], cpus[1]] if pinned else None,
+        "cxl": cxl,
+        "tcp": tcp,
+        "ratios": ratios,
+        "targets": {
+            k: {"target": v, "measured": round(measured[k], 3), "met": _met(k, measured[k], v)}
+            for k, v in TARGETS.items()
+        },
+        "calibration": CALIBRATION,
+    }
+
+
+def _met(name: str, value: float, target: float) -> bool:
+    return value <= target if name.endswith("_us") else value >= target
+
+
+# --- bench mds -----------------------------------------------------------------------------------
+
+
+def bench_mds(*, ops: int = 200_000, seed: int = 1) -> dict[str, Any]:
+    """Index operations per second (put/commit/lookup mix) and allocator utilization under churn."""
+    from belugactl.dataplane.mds.allocator import Allocator
+    from belugactl.dataplane.mds.index import IndexConfig, KVIndex
+
+    rng = random.Random(seed)
+    area = 1 << 30
+    # Mix: 70 % prefix lookups of 8 keys, 15 % reserve+commit, 10 % get, 5 % release.
+    index = KVIndex(Allocator(2 << 20, area), IndexConfig(high_watermark=0.9, low_watermark=0.8))
+    ns = index.open_namespace("bench")
+    keys = [rng.randbytes(32) for _ in range(20000)]
+    block = 160 << 10
+    counts = {"lookup_prefix": 0, "put": 0, "get": 0, "release": 0}
+    leases: list[int] = []
+    start = time.perf_counter()
+    for _ in range(ops):
+        r = rng.random()
+        if r < 0.70:
+            i = rng.randrange(len(keys) - 8)
+            n, lease = index.lookup_prefix(ns, keys[i : i + 8])
+            if lease:
+                leases.append(lease)
+            counts["lookup_prefix"] += 1
+        elif r < 0.85:
+            k = keys[rng.randrange(len(keys))]
+            with contextlib.suppress(Exception):
+                token, _a = index.reserve(ns, k, block)
+                index.commit(token)
+            counts["put"] += 1
+        elif r < 0.95:
+            found = index.get(ns, keys[rng.randrange(len(keys))])
+            if found:
+                leases.append(found[1])
+            counts["get"] += 1
+        else:
+            index.release(leases[-64:])
+            del leases[-64:]
+            counts["release"] += 1
+    elapsed = time.perf_counter() - start
+    index_stats = index.stats()
+
+    # Allocator churn: mixed block sizes (three models' block sizes plus noise), random frees,
+    # fill until the first failure, measure how much of the area holds live bytes.
+    churn = Allocator(2 << 20, area)
+    sizes = [160 << 10, 2_621_440, 327_680, 4096 * 5, 64 << 10]
+    live: list[Any] = []
+    failures = 0
+    samples = []
+    for step in range(60_000):
+        if live and rng.random() < 0.45:
+            churn.free(live.pop(rng.randrange(len(live))))
+        else:
+            a = churn.alloc(rng.choice(sizes) + rng.randrange(0, 4096))
+            if a is None:
+                failures += 1
+                if live:
+                    churn.free(live.pop(rng.randrange(len(live))))
+            else:
+                live.append(a)
+        if step % 1000 == 999:
+            samples.append(churn.requested / churn.capacity)
+    st = churn.stats()
+    return {
+        "benchmark": "mds",
+        "index": {
+            "ops": ops,
+            "seconds": round(elapsed, 3),
+            "ops_per_s": round(ops / elapsed),
+            "mix": counts,
+            "entries": index_stats["entries"],
+            "evictions": index_stats["evictions"],
+            "utilization": index_stats["allocator"]["utilization"],  # type: ignore[index]
+        },
+        "allocator_churn": {
+            "area_bytes": area,
+            "alloc_failures": failures,
+            "live_bytes_over_area_peak": round(max(samples), 4) if samples else 0.0,
+            "live_bytes_over_area_end": round(churn.requested / churn.capacity, 4),
+            "fill_of_handed_out_blocks": st["fill"],
+            "carved_idle_bytes": st["carved_idle_bytes"],
+            "classes_in_use": len(st["classes"]),  # type: ignore[arg-type]
+        },
+    }
