@@ -149,6 +149,7 @@ def beluga_like() -> HostSnapshot:
                 class_code=0x050210,
                 numa_node=0,
                 kind="cxl",
+                driver="cxl_pci",
                 root_port="0000:37:01.0",
                 link_speed="32.0 GT/s PCIe",
                 link_width=16,

@@ -312,6 +312,17 @@ def test_decoder_capacity_for_a_pool_not_built_yet():
     assert result.status is Status.FAIL and "512 MiB" in result.reason
 
 
+def test_cxl_adapter_without_its_driver_fails_kernel_cxl_bus():
+    snap = beluga_like()
+    unbound = replace(snap, pci=[replace(d, driver=None) if d.kind == "cxl" else d for d in snap.pci])
+    result = run("kernel.cxl-bus", unbound)
+    assert result.status is Status.FAIL and "0000:38:00.0 (no driver)" in result.reason
+    assert "modprobe -a cxl_acpi cxl_pci" in result.fix
+    no_bus = replace(unbound, cxl=replace(snap.cxl, bus_present=False))
+    assert "drivers are not loaded" in run("kernel.cxl-bus", no_bus).reason
+    assert run("kernel.cxl-bus", snap).status is Status.OK
+
+
 def test_discovery_problems_are_surfaced():
     snap = replace(beluga_like(), problems=["cxl list: not JSON"])
     result = run("discover.complete", snap)

@@ -89,8 +89,8 @@ class DoctorContext:
         """Dax devices backed by CXL memory.
 
         A dax device's physical range inside a CXL region's range marks it CXL-backed; without
-        ranges, a devdax namespace on a CXL nd region does; with neither, every dax device on a host
-        with CXL regions counts (hmem-only hosts without CXL are rare in this rack).
+        ranges, a devdax namespace on a CXL nd region does; with neither, a dax device on a host
+        whose CXL regions have no libnvdimm namespaces (ram regions) counts.
         """
         snap = self.snapshot
         regions = [r for r in snap.cxl.regions if r.resource is not None and r.size]
@@ -101,8 +101,9 @@ class DoctorContext:
             if dev.resource is not None and regions:
                 if any(r.resource <= dev.resource < r.resource + r.size for r in regions):  # type: ignore[operator]
                     found.append(dev)
-                continue
-            if dev.name in ns_chardevs or (snap.cxl.regions and not ns_chardevs and not regions):
+            elif dev.name in ns_chardevs or (snap.cxl.regions and not cxl_nd_regions):
+                # No address to compare: a namespace on a CXL nd region says so, and on a host whose CXL
+                # regions carry no libnvdimm namespaces (ram regions) a dax device is taken as CXL-backed.
                 found.append(dev)
         return found
 

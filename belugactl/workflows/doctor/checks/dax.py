@@ -207,8 +207,7 @@ def _identity(ctx: DoctorContext, field: str) -> CheckResult:
     if (have or "").lower() != want.lower():
         return CheckResult.fail(
             f"{ns.dev} {field} is {have!r}, the manifest pins {want!r}: this host did not create the rack's namespace",
-            _reconfig_cmd(ctx, ns)
-            + " (rewrites the namespace info block at the start of the shared region: "
+            _reconfig_cmd(ctx, ns) + " (rewrites the namespace info block at the start of the shared region: "
             "only while no host serves from the pool)",
         )
     return CheckResult.ok(f"{ns.dev} {field} {have}")

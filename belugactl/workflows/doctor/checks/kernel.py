@@ -26,6 +26,14 @@ def cxl_bus(ctx: DoctorContext) -> CheckResult:
     modprobe = "modprobe -a " + " ".join(CXL_MODULES)
     container = " (running in a container: /sys may be the host's view or hidden)" if snap.kernel.in_container else ""
     if snap.cxl.bus_present:
+        unbound = [d for d in snap.cxl_adapters if d.driver != "cxl_pci"]
+        if unbound:
+            described = ", ".join(f"{d.bdf} ({d.driver or 'no driver'})" for d in unbound)
+            return CheckResult.fail(
+                f"CXL adapter(s) not bound to cxl_pci: {described}: their memory devices cannot appear",
+                modprobe + "; if an adapter stays unbound, `dmesg | grep -i cxl` says why",
+                adapters=[d.bdf for d in unbound],
+            )
         return CheckResult.ok(
             f"/sys/bus/cxl present: {len(snap.cxl.memdevs)} memdev(s), buses {', '.join(snap.cxl.buses) or 'none'}"
         )
