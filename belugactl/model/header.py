@@ -114,7 +114,7 @@ class PoolHeader:
             pool_size=layout.pool_size,
             align=layout.align,
             created_time=int(time.time()) if created_time is None else created_time,
-            created_by=created_by,
+            created_by=_fit_name(created_by),
             rpc_offset=layout.rpc.offset,
             rpc_ring_stride=layout.rpc.ring_stride,
             rpc_ring_count=layout.rpc.ring_count,
@@ -336,6 +336,12 @@ def _crc(record: bytearray | bytes) -> int:
     for start, end in _LIVE_RANGES:
         work[start:end] = bytes(end - start)
     return zlib.crc32(work) & 0xFFFFFFFF
+
+
+def _fit_name(name: str) -> str:
+    """created_by is informational: cut a long host name at a character boundary to fit its field."""
+    raw = name.replace("\0", "").encode()[:HOST_NAME_MAX]
+    return raw.decode("utf-8", errors="ignore") or "unknown"
 
 
 def _name_bytes(name: str, what: str) -> bytes:

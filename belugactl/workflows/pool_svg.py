@@ -21,6 +21,7 @@ KIND_COLORS = {
 }
 # Alternate partition shades so neighbouring hosts stay distinguishable.
 PARTITION_SHADES = ("#2ca02c", "#98df8a")
+LIGHT_FILLS = {"#98df8a", "#c7c7c7"}  # labels on these are dark for contrast
 
 
 def proportional_widths(sizes: list[int], width: int, min_width: int = 1) -> list[int]:
@@ -85,7 +86,8 @@ def render_svg(layout: PoolLayout, *, title: str) -> str:
         if w >= 60:
             label = region.owner if region.kind == "partition" else region.name
             out.append(
-                f'<text x="{x + w / 2:.1f}" y="{bar_y + bar_h / 2 + 4}" text-anchor="middle" fill="#ffffff">'
+                f'<text x="{x + w / 2:.1f}" y="{bar_y + bar_h / 2 + 4}" text-anchor="middle" '
+                f'fill="{"#222222" if color in LIGHT_FILLS else "#ffffff"}">'
                 f"{escape(label[: max(1, w // 8)])}</text>"
             )
         x += w

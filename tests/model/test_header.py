@@ -173,3 +173,11 @@ def test_pool_uuid_without_a_namespace_is_derived_from_the_rack_name():
     a = hdr.pool_uuid(load_manifest_text(text))
     b = hdr.pool_uuid(load_manifest_text(text.replace("name: t\n", "name: u\n", 1)))
     assert a != b and len(a) == 36
+
+
+def test_long_created_by_is_cut_to_fit():
+    m = load_manifest(EXAMPLES / "lab.yaml")
+    name = "ä" * 40  # 80 bytes of UTF-8
+    h = PoolHeader.from_layout(m, resolve_layout(m), created_by=name, created_time=0)
+    assert name.startswith(h.created_by) and len(h.created_by.encode()) <= 47
+    assert PoolHeader.unpack(h.pack()).created_by == h.created_by
