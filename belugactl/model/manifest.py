@@ -123,7 +123,9 @@ def _schema_problem(err: dict[str, Any], doc: PositionedDocument, problem: Any) 
     if kind == "missing":
         key = path[-1]
         return problem(doc.position_of(path[:-1]), path, f"missing required key {key!r}")
-    if kind.startswith("literal_error") or kind in ("int_type", "int_parsing", "string_type", "bool_type"):
+    if kind in _PLAIN_TYPE_NAMES:
+        message = f"expected {_PLAIN_TYPE_NAMES[kind]}, got {_show(err.get('input'))}"
+    elif kind.startswith("literal_error") or kind.endswith(("_type", "_parsing")):
         message = f"{message}, got {_show(err.get('input'))}"
     if kind == "union_tag_invalid":
         ctx = err.get("ctx") or {}
@@ -140,6 +142,20 @@ def _schema_problem(err: dict[str, Any], doc: PositionedDocument, problem: Any) 
     if kind == "union_tag_not_found":
         return problem(doc.position_of(path), path + ("kind",), "missing required key 'kind'")
     return problem(doc.position_of(path), path, message)
+
+
+# pydantic's wording names Python classes ("a valid dictionary or instance of Pool"); say it in YAML terms
+_PLAIN_TYPE_NAMES = {
+    "model_type": "a mapping of keys",
+    "model_attributes_type": "a mapping of keys",
+    "dict_type": "a mapping",
+    "list_type": "a list",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+}
 
 
 def _show(value: Any) -> str:
