@@ -215,7 +215,6 @@ def expectations(**changes: object) -> Expectations:
         region_type="pmem",
         namespace_uuid=UUID,
         namespace_name="beluga-pool",
-        namespace_map="mem",
         interleave_ways=1,
         hosts_sharing=2,
         thp="madvise",

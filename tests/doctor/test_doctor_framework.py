@@ -118,7 +118,8 @@ def test_report_exit_code_and_json_shape():
     assert report.exit_code == ExitCode.OK
     data = report.to_dict()
     assert data["summary"]["fail"] == 0
-    assert {"id", "status", "reason", "fix"} <= set(data["checks"][0])
+    assert {"id", "status", "reason", "fix", "severity"} <= set(data["checks"][0])
+    assert {c["id"]: c["severity"] for c in data["checks"]}["gpu.numa-locality"] == "warning"
     assert len(data["checks"]) == len(builtin_registry().ids)
     failing = DoctorReport("x", None, None, tuple(run_checks(tiny_registry(), ctx(nocxl()))))
     assert failing.exit_code == ExitCode.FAILED

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from belugactl.host.snapshot import DaxDevice, HostSnapshot, NumaNode
@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class HugepageWant:
-    """Hugepages the manifest wants on one NUMA node (node None: on the node that holds the pool)."""
+    """Hugepages the manifest wants on one NUMA node."""
 
-    node: int | None
+    node: int
     page_size: int  # bytes
     count: int
 
@@ -37,7 +37,6 @@ class Expectations:
     region_type: str | None = None  # "pmem" | "ram"
     namespace_uuid: str | None = None
     namespace_name: str | None = None
-    namespace_map: str | None = None  # "mem" (required for a shared pool) | "dev"
     interleave_ways: int | None = None
     memdev_serials: tuple[int, ...] = ()  # empty: "all"
     hosts_sharing: int = 1  # hosts in the manifest: > 1 means the media is shared
@@ -59,7 +58,6 @@ class DoctorContext:
     # The Host the snapshot came from: only for checks that must read bytes themselves (the pool
     # header at offset 0 of the dax device). Everything else comes from the snapshot.
     host: Host | None = None
-    notes: list[str] = field(default_factory=list)
 
     # --- facts derived from the snapshot that several checks share ---------------------------
     @property

@@ -80,7 +80,6 @@ def from_manifest(manifest: Manifest, host: Host) -> Expectations:
         region_type=getattr(source, "type", None) if is_region else None,
         namespace_uuid=namespace.uuid if namespace is not None else None,
         namespace_name=namespace.name if namespace is not None else None,
-        namespace_map=namespace.map if namespace is not None else None,
         interleave_ways=pool.interleave.ways if pool.interleave.mode == "hardware" else None,
         memdev_serials=_serials(getattr(source, "memdevs", "all")) if is_region else (),
         hosts_sharing=len(manifest.hosts),

@@ -64,6 +64,7 @@ class CheckOutcome:
     title: str
     topic: str
     result: CheckResult
+    severity: str = "error"  # the check's severity: "warning" checks never fail the run
     # True when the check failed but `--ignore` downgraded it to a warning.
     ignored: bool = False
     # True when the check itself raised; the result is then a failure carrying the error.
@@ -78,6 +79,7 @@ class CheckOutcome:
             "id": self.id,
             "title": self.title,
             "topic": self.topic,
+            "severity": self.severity,
             "status": self.result.status.value,
             "reason": self.result.reason,
             "fix": self.result.fix,

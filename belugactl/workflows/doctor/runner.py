@@ -68,5 +68,15 @@ def run_checks(registry: Registry, ctx: DoctorContext, ignore: frozenset[str] = 
                 Status.WARN, result.reason + " (failure ignored: --ignore)", result.fix, result.details
             )
             ignored = True
-        outcomes.append(CheckOutcome(check.id, check.title, check.topic, result, ignored=ignored, crashed=crashed))
+        outcomes.append(
+            CheckOutcome(
+                check.id,
+                check.title,
+                check.topic,
+                result,
+                severity=check.severity.value,
+                ignored=ignored,
+                crashed=crashed,
+            )
+        )
     return outcomes

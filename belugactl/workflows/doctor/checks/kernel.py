@@ -76,7 +76,7 @@ def kernel_release(ctx: DoctorContext) -> CheckResult:
 def _wants_register_writes(ctx: DoctorContext) -> list[str]:
     """What doctor/setup would need to write through PCI config space or MSRs on this host."""
     wants: list[str] = []
-    if ctx.is_intel:
+    if ctx.is_intel and (ctx.has_cxl or ctx.expect is not None):
         ddio = ctx.expect.ddio if ctx.expect is not None else "disabled"
         if ddio in ("disabled", "enabled"):
             wants.append(f"setting DDIO {ddio} (PCI config writes to root ports, MSR 0xc8b)")

@@ -49,8 +49,6 @@ def hugepages_per_node(ctx: DoctorContext) -> CheckResult:
     short, extra, missing_nodes = [], [], []
     fixes: list[str] = []
     for want in wants:
-        if want.node is None:
-            continue
         node = snap.numa_node(want.node)
         if node is None:
             missing_nodes.append(want.node)
