@@ -83,6 +83,7 @@ class _Tree:
     links: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    _memo: dict[str, str | None] = field(default_factory=dict)
 
     def src(self, p: str) -> str:
         return os.path.join(str(self.source), p.lstrip("/"))
@@ -99,32 +100,29 @@ class _Tree:
         self.dirs.discard(p)
 
     def real(self, p: str, depth: int = 0) -> str | None:
-        """Record every link and directory on the way to `p`; return its real machine path."""
-        if depth > _MAX_LINK_DEPTH:
-            return None
-        parts = [x for x in p.split("/") if x and x != "."]
-        cur = "/"
-        for index, comp in enumerate(parts):
-            if comp == "..":
-                cur = posixpath.dirname(cur)
-                continue
-            nxt = posixpath.join(cur, comp)
-            src = self.src(nxt)
+        """Record every link and directory on the way to `p`; return its real machine path.
+
+        `p` is absolute and free of "..": discovery asks for plain paths, and link targets are
+        joined to an already resolved directory before they are normalised.
+        """
+        if p == "/":
+            return "/"
+        if p in self._memo:
+            return self._memo[p]
+        result: str | None = None
+        parent = self.real(posixpath.dirname(p), depth)
+        if parent is not None and depth <= _MAX_LINK_DEPTH:
+            self.add_dir(parent)
+            here = posixpath.join(parent, posixpath.basename(p))
+            src = self.src(here)
             if os.path.islink(src):
                 target = os.readlink(src)
-                self.add_link(nxt, target)
-                lexical = posixpath.normpath(target if target.startswith("/") else posixpath.join(cur, target))
-                resolved = self.real(lexical, depth + 1)
-                if resolved is None:
-                    return None
-                cur = resolved
-                continue
-            if not os.path.lexists(src):
-                return None
-            if index < len(parts) - 1:
-                self.add_dir(nxt)
-            cur = nxt
-        return cur
+                self.add_link(here, target)
+                result = self.real(posixpath.normpath(posixpath.join(parent, target)), depth + 1)
+            elif os.path.lexists(src):
+                result = here
+        self._memo[p] = result
+        return result
 
     def add_file(self, p: str) -> None:
         real = self.real(p)
