@@ -44,6 +44,17 @@ def register(app: typer.Typer) -> None:
         )
         render_layout_table(console, layout, title=f"pool layout {layout.layout_hash[:12]}")
 
+    @manifest.command("schema")
+    def schema() -> None:
+        """Print the manifest's JSON Schema (for editors: yaml-language-server, VS Code)."""
+        from belugactl.cli.render import print_json
+        from belugactl.model.manifest_schema import Manifest
+
+        document = Manifest.model_json_schema(mode="validation")
+        document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        document["title"] = "belugactl rack manifest"
+        print_json(document)
+
     app.add_typer(manifest, name="manifest")
 
 

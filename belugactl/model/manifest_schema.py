@@ -37,7 +37,7 @@ def _size(value: Any) -> int:
         raise ValueError(str(exc)) from None
 
 
-Size = Annotated[int, BeforeValidator(_size)]
+Size = Annotated[int, BeforeValidator(_size, json_schema_input_type=int | str)]
 
 
 def _size_or(word: str, *, percent: bool = False) -> Any:
@@ -59,8 +59,8 @@ def _size_or(word: str, *, percent: bool = False) -> Any:
 
 
 # shared_kv: a size, "N%" of what follows the metadata area, or "rest" (what the partitions leave)
-SizeOrRest = Annotated[int | str, PlainValidator(_size_or("rest", percent=True))]
-SizeOrEqual = Annotated[int | str, PlainValidator(_size_or("equal"))]
+SizeOrRest = Annotated[int | str, PlainValidator(_size_or("rest", percent=True), json_schema_input_type=int | str)]
+SizeOrEqual = Annotated[int | str, PlainValidator(_size_or("equal"), json_schema_input_type=int | str)]
 
 
 def _memdev_list(value: Any) -> str | list[str]:
@@ -76,7 +76,7 @@ def _memdev_list(value: Any) -> str | list[str]:
     return serials
 
 
-MemdevSelection = Annotated[str | list[str], PlainValidator(_memdev_list)]
+MemdevSelection = Annotated[str | list[str], PlainValidator(_memdev_list, json_schema_input_type=str | list[str | int])]
 
 
 def _strict_int(value: Any) -> Any:

@@ -110,3 +110,14 @@ def test_pool_show_svg_unwritable_path_is_an_environment_error(tmp_path, capsys)
 def test_pool_show_broken_manifest_exits_2(capsys):
     assert run(["pool", "show", "-f", str(BROKEN / "layout-does-not-fit.yaml")]) == 2
     assert "layout.shared_kv" in capsys.readouterr().err
+
+
+def test_manifest_schema_describes_every_top_level_key(capsys):
+    from belugactl.model.manifest_schema import Manifest
+
+    assert run(["manifest", "schema"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["properties"]) == set(Manifest.model_fields)
+    assert doc["$defs"]["Pool"]["additionalProperties"] is False  # unknown keys are errors in editors too
+    size_types = {alt["type"] for alt in doc["$defs"]["Pool"]["properties"]["size"]["anyOf"]}
+    assert size_types == {"integer", "string"}  # "2MiB" must not be flagged by an editor
