@@ -234,6 +234,15 @@ def test_hugepages_per_node_shortfall_names_the_sysfs_file():
     assert ok.status is Status.OK
 
 
+def test_hugepages_pinned_on_the_cxl_node_fail_as_an_assumed_node_number():
+    want = (HugepageWant(0, 2 * MiB, 1024), HugepageWant(CXL_NODE, 2 * MiB, 64))
+    snap = beluga_like()
+    snap = replace(snap, numa=[*snap.numa, NumaNode(CXL_NODE, cpus=[], has_memory=True)])
+    result = run("hugepages.per-node", snap, expectations(hugepages=want))
+    assert result.status is Status.FAIL
+    assert f"node(s) {CXL_NODE}" in result.reason and "never pinned" in result.reason
+
+
 def test_thp_mode_against_the_manifest():
     result = run("thp.mode", beluga_like(), expectations(thp="always"))
     assert result.status is Status.FAIL

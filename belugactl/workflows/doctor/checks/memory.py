@@ -64,6 +64,16 @@ def hugepages_per_node(ctx: DoctorContext) -> CheckResult:
             fixes.append(f"echo {want.count} > {path}")
         elif total > want.count:
             extra.append(label)
+    from belugactl.workflows.doctor.checks.numa import discovered_cxl_nodes
+
+    on_cxl = sorted({w.node for w in wants} & set(discovered_cxl_nodes(ctx))) if ctx.has_cxl else []
+    if on_cxl:
+        return CheckResult.fail(
+            f"the manifest reserves hugepages on node(s) {', '.join(map(str, on_cxl))}, which is the CXL memory "
+            "here: a CXL node's number is assigned at boot and can change, so it must be discovered, never pinned",
+            "list only CPU nodes in tuning.hugepages.per_node (`numactl --hardware`; the CXL node is CPU-less)",
+            cxl_nodes=on_cxl,
+        )
     if missing_nodes:
         nodes = ", ".join(str(n.id) for n in snap.numa) or "none"
         return CheckResult.fail(
