@@ -14,17 +14,31 @@ def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_command(
         manifest: Path | None = typer.Option(
-            None, "-f", "--manifest", help="Rack manifest: check this host against its entry.", envvar="BELUGA_MANIFEST"
+            None,
+            "-f",
+            "--manifest",
+            metavar="FILE",
+            help="Rack manifest: check this host against its entry.",
+            envvar="BELUGA_MANIFEST",
         ),
         host_name: str | None = typer.Option(
-            None, "--host", help="The manifest's host entry to check against (default: the one matching the hostname)."
+            None,
+            "--host",
+            metavar="NAME",
+            help="The manifest's host entry to check against (default: the one matching the hostname).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (stable keys)."),
         ignore: list[str] = typer.Option(
-            [], "--ignore", help="Downgrade this check's failure to a warning (repeat, or comma list; `all`)."
+            [],
+            "--ignore",
+            metavar="CHECK",
+            help="Downgrade this check's failure to a warning (repeat, or comma list; `all`).",
         ),
         root: Path | None = typer.Option(
-            None, "--root", help="Check a captured or fixture host instead of this machine (directory or FILE.tar.gz)."
+            None,
+            "--root",
+            metavar="DIR",
+            help="Check a captured or fixture host instead of this machine (directory or FILE.tar.gz).",
         ),
         list_checks: bool = typer.Option(False, "--list", help="List every check id and title, then exit."),
     ) -> None:
