@@ -327,3 +327,31 @@ def resolve_layout(manifest: Manifest) -> PoolLayout:
         partitions=tuple(partitions),
         clients=tuple(clients),
     )
+
+
+@dataclass(frozen=True)
+class Stripes:
+    """Software interleave: `ways` equal devices laid end to end, striped in `granularity` units.
+
+    An allocation policy for the shared KV area (the metadata server spreads a large extent over
+    devices), not part of the layout contract: clients address extents by pool offset either way.
+    """
+
+    ways: int
+    granularity: int
+    device_size: int
+
+    def device_of(self, offset: int) -> int:
+        return offset // self.device_size
+
+    def stripe_start(self, offset: int) -> int:
+        return align_down(offset, self.granularity)
+
+
+def software_stripes(manifest: Manifest) -> Stripes | None:
+    """The software interleave the manifest asks for, or None (hardware or no interleave)."""
+    il = manifest.pool.interleave
+    if il.mode != "software":
+        return None
+    granularity = il.granularity if il.granularity is not None else manifest.pool.align
+    return Stripes(il.ways, granularity, manifest.pool.size // il.ways)

@@ -158,3 +158,16 @@ def test_partition_dataclasses_are_frozen():
     layout = resolve_layout(load_manifest_text(MINIMAL))
     with pytest.raises(dataclasses.FrozenInstanceError):
         layout.partitions[0].size = 0  # type: ignore[misc]
+
+
+def test_software_stripes_for_the_beluga_rack():
+    from belugactl.model.layout import software_stripes
+
+    m = load_manifest(EXAMPLES / "beluga-rack.yaml")
+    stripes = software_stripes(m)
+    assert stripes is not None and stripes.ways == 32 and stripes.granularity == 2 * MiB
+    assert stripes.device_size * stripes.ways == m.pool.size
+    assert stripes.device_of(0) == 0 and stripes.device_of(m.pool.size - 1) == 31
+    assert stripes.device_of(stripes.device_size) == 1
+    assert stripes.stripe_start(3 * MiB) == 2 * MiB
+    assert software_stripes(load_manifest(EXAMPLES / "lab.yaml")) is None
