@@ -46,6 +46,11 @@ def register(app: typer.Typer) -> None:
                 )
             else:
                 snapshot = discover(host)
+        if root is not None:
+            import dataclasses
+
+            # A bundle is unpacked into a temporary directory; name what the operator gave instead.
+            snapshot = dataclasses.replace(snapshot, root=str(root))
         if as_json:
             print_json(snapshot.to_dict())
         else:

@@ -82,3 +82,11 @@ def test_missing_root_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_p
     assert run(["discover", "--root", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "no such file or directory" in err and "Traceback" not in err
+
+
+def test_root_names_the_bundle_not_its_unpacked_copy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bundle = tmp_path / "b.tar.gz"
+    assert run(["discover", "--root", str(tree("nocxl")), "--capture", str(bundle)]) == 0
+    capsys.readouterr()
+    code, doc, _ = _json(capsys, ["discover", "--json", "--root", str(bundle)])
+    assert code == 0 and doc["root"] == str(bundle)

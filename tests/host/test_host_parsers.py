@@ -72,3 +72,17 @@ def test_pci_paths_and_classes() -> None:
     assert classify(0x020000, 0x15B3) == "nic"
     assert classify(0x060400, 0x8086) is None
     assert classify(None, None) is None
+
+
+def test_udev_is_only_asked_on_the_live_root() -> None:
+    from host_fixtures import host
+
+    from belugactl.host.read_udev import dax_devnames, has_udev_db
+
+    problems: list[str] = []
+    fixture = host("beluga-intel")
+    assert has_udev_db(fixture) is True
+    # A tree's udev database is not this machine's: the sysfs defaults stand.
+    assert dax_devnames(fixture, problems) is None
+    assert problems == []
+    assert has_udev_db(host("lab-guest")) is False
