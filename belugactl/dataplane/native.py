@@ -101,17 +101,26 @@ def _py_gather(dst: Any, src: Any, pieces: Any, nontemporal: bool = False) -> in
     return total
 
 
+def _word(buf: Any, off: int) -> None:
+    # struct would accept a negative offset (counted from the end): refuse it like the C helper.
+    if off < 0 or off + 8 > memoryview(buf).nbytes:
+        raise ValueError(f"word offset {off} outside a buffer of {memoryview(buf).nbytes} bytes")
+
+
 def _py_load64(buf: Any, off: int) -> int:
+    _word(buf, off)
     return _Q.unpack_from(buf, off)[0]
 
 
 def _py_store64(buf: Any, off: int, value: int, flush: bool = False) -> None:
+    _word(buf, off)
     _Q.pack_into(buf, off, value)
 
 
 def _py_cas64(buf: Any, off: int, expected: int, desired: int) -> int:
     # Not atomic across processes: only safe with one writer, which is all a single host without
     # the helper is promised.
+    _word(buf, off)
     seen = _Q.unpack_from(buf, off)[0]
     if seen == expected:
         _Q.pack_into(buf, off, desired)
@@ -119,12 +128,14 @@ def _py_cas64(buf: Any, off: int, expected: int, desired: int) -> int:
 
 
 def _py_fetch_add64(buf: Any, off: int, add: int) -> int:
+    _word(buf, off)
     old = _Q.unpack_from(buf, off)[0]
     _Q.pack_into(buf, off, (old + add) & 0xFFFFFFFFFFFFFFFF)
     return old
 
 
 def _py_wait64(buf: Any, off: int, value: int, timeout_ns: int, flush: bool = False) -> int:
+    _word(buf, off)
     deadline = time.perf_counter_ns() + timeout_ns
     unpack = _Q.unpack_from
     while True:
@@ -135,6 +146,8 @@ def _py_wait64(buf: Any, off: int, value: int, timeout_ns: int, flush: bool = Fa
 
 def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: bool = False) -> int:
     offs = list(memoryview(offsets).cast("B").cast("q"))
+    for off in offs:
+        _word(buf, off)
     deadline = time.perf_counter_ns() + timeout_ns
     unpack = _Q.unpack_from
     while True:

@@ -38,6 +38,11 @@ serve:
 
 
 @pytest.fixture
+def rack_text() -> str:
+    return SMALL_RACK
+
+
+@pytest.fixture
 def manifest_path(tmp_path: Path) -> Path:
     path = tmp_path / "rack.yaml"
     path.write_text(SMALL_RACK)

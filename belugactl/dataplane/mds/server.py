@@ -171,15 +171,10 @@ class MetadataServer:
         buf = self.pool.buf
         offs = self._offs
         R = self.geometry.ring_count
-        S = self.geometry.slots_per_ring
         maxp = self.max_payload
         flush = self.flush
-        handle = self.service.handle
-        latency = self.service.latency
-        names = self.service._names
         take = slots.take
-        reply = slots.reply
-        perf = time.perf_counter
+        serve = self._serve
         start = 0
         served_since_tcp = 0
         last_request = time.monotonic()
@@ -196,39 +191,11 @@ class MetadataServer:
                     self.housekeeping()
                     next_housekeeping = now + cfg.housekeeping_s
                 continue
-            i, seq, magic, epoch, op, length, payload = t
-            ring = i if i < R else i - R
-            if i >= R and self._cursor[ring] != 0:
-                if native.load64(buf, offs[ring]) == REQ_READY:
-                    start = ring  # the cursor slot is ready too: serve in order, slot 0 comes later
-                    continue
-                self._set_cursor(ring, 0)  # a client (re)started its ring
-            slot = self._cursor[ring]
-            off = offs[ring]
-            t0 = perf()
-            if magic != MAGIC:
-                code, rep = self.service.error(Code.BAD_MAGIC)
-                self.bad_slots += 1
-            elif seq % S != slot:
-                code, rep = self.service.error(Code.BAD_SEQ)
-                self.bad_slots += 1
-            elif payload is None:
-                code, rep = self.service.error(Code.BAD_LENGTH)
-                self.bad_slots += 1
-            else:
-                code, rep = handle(op, epoch, payload, maxp)
-            reply(buf, off, seq, self.service.epoch32, op & 0xFFFF, code, rep, flush)
-            h = latency.get(names.get(op, ""))
-            if h is not None:
-                h.observe(perf() - t0)
-            self.cxl_requests += 1
-            nxt = slot + 1 if slot + 1 < S else 0
-            self._set_cursor(ring, nxt)
-            start = ring
+            start = serve(t)
             served_since_tcp += 1
             if served_since_tcp >= 32:
                 served_since_tcp = 0
-                start = ring + 1 if ring + 1 < R else 0  # fairness between rings
+                start = start + 1 if start + 1 < R else 0  # fairness between rings
                 self._poll_tcp(0)
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -236,6 +203,48 @@ class MetadataServer:
                     next_housekeeping = now + cfg.housekeeping_s
             last_request = time.monotonic()
         self.close()
+
+    def poll_once(self, timeout_ns: int = 0) -> bool:
+        """Serve at most one ring request (tests drive the server with this, without a loop)."""
+        t = slots.take(self.pool.buf, self._offs, 0, self.max_payload, timeout_ns, self.flush)
+        if t is None:
+            return False
+        self._serve(t)
+        return True
+
+    def _serve(self, t: slots.Taken) -> int:
+        """Validate and answer one taken slot; return the ring to look at first next time."""
+        i, seq, magic, epoch, op, _length, payload = t
+        R = self.geometry.ring_count
+        ring = i if i < R else i - R
+        buf = self.pool.buf
+        offs = self._offs
+        if i >= R and self._cursor[ring] != 0:
+            if native.load64(buf, offs[ring]) == REQ_READY:
+                return ring  # the cursor slot is ready too: serve in order, slot 0 comes later
+            self._set_cursor(ring, 0)  # a client (re)started its ring
+        slot = self._cursor[ring]
+        off = offs[ring]
+        service = self.service
+        t0 = time.perf_counter()
+        if magic != MAGIC:
+            code, rep = service.error(Code.BAD_MAGIC)
+            self.bad_slots += 1
+        elif seq % self.geometry.slots_per_ring != slot:
+            code, rep = service.error(Code.BAD_SEQ)
+            self.bad_slots += 1
+        elif payload is None:
+            code, rep = service.error(Code.BAD_LENGTH)
+            self.bad_slots += 1
+        else:
+            code, rep = service.handle(op, epoch, payload, self.max_payload)
+        slots.reply(buf, off, seq, service.epoch32, op & 0xFFFF, code, rep, self.flush)
+        h = service.latency.get(service._names.get(op, ""))
+        if h is not None:
+            h.observe(time.perf_counter() - t0)
+        self.cxl_requests += 1
+        self._set_cursor(ring, slot + 1 if slot + 1 < self.geometry.slots_per_ring else 0)
+        return ring
 
     def housekeeping(self) -> None:
         self.index.expire()
