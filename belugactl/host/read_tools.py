@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from belugactl.errors import ToolOutputError
+from belugactl.errors import EnvironmentProblem, ToolOutputError
 from belugactl.host.host import CAPTURE_META, Host
 from belugactl.host.runner import CommandResult
 from belugactl.host.snapshot import ToolInfo
@@ -105,6 +105,23 @@ def run_json(host: Host, argv: Sequence[str], problems: list[str]) -> list[Any] 
     except ToolOutputError as exc:
         problems.append(f"{exc.what}: {exc.why}" if exc.why else exc.what)
         return None
+
+
+def run_json_strict(host: Host, argv: Sequence[str], *, timeout: float = LIST_TIMEOUT_S) -> list[Any]:
+    """For callers that need the data: the top-level array, or a typed error to show the operator.
+
+    A missing program raises EnvironmentProblem (exit 3); a failure or unusable output raises
+    ToolOutputError (exit 2), both naming the command and, for the ndctl family, the errno.
+    """
+    result = host.run(list(argv), timeout=timeout)
+    if result.not_found:
+        package = "ndctl" if result.program in ("cxl", "ndctl") else result.program
+        raise EnvironmentProblem(
+            f"`{result.program}` is not installed",
+            why=f"`{' '.join(result.argv)}` could not be run",
+            fix=f"install it (Debian/Ubuntu: apt-get install {package}; RHEL: dnf install {package})",
+        )
+    return parse_list_output(result)
 
 
 def parse_list_output(result: CommandResult) -> list[Any]:

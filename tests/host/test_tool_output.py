@@ -248,3 +248,18 @@ def test_missing_tools_are_not_installed_and_not_problems() -> None:
     assert not any(t.installed for t in snap.tools.values())
     assert snap.problems == []
     assert snap.cxl.source is None
+
+
+def test_strict_listing_for_callers_that_need_the_data() -> None:
+    from belugactl.errors import EnvironmentProblem
+    from belugactl.host.read_tools import run_json_strict
+
+    lab = Host.from_tree(tree("lab-guest"))
+    [memdev] = run_json_strict(lab, ["cxl", "list", "-M", "-i"])
+    assert memdev["memdev"] == "mem0"
+    with pytest.raises(EnvironmentProblem) as info:
+        run_json_strict(Host(tree("lab-guest"), RecordedRunner()), ["daxctl", "list", "-R", "-D"])
+    assert info.value.exit_code == ExitCode.ENVIRONMENT and "apt-get install daxctl" in (info.value.fix or "")
+    broken = _host_with("nocxl", {("cxl", "list", "-M", "-i"): CommandResult(("cxl", "list", "-M", "-i"), 0, "{", "")})
+    with pytest.raises(ToolOutputError):
+        run_json_strict(broken, ["cxl", "list", "-M", "-i"])
