@@ -41,6 +41,9 @@ def register(app: typer.Typer) -> None:
             help="Check a captured or fixture host instead of this machine (directory or FILE.tar.gz).",
         ),
         list_checks: bool = typer.Option(False, "--list", help="List every check id and title, then exit."),
+        verbose: bool = typer.Option(
+            False, "-v", "--verbose", help="Also show each check's title and the facts behind it."
+        ),
     ) -> None:
         """Run the named health checks (ok / warn / fail / skip, each with its fix). Reads only; changes nothing.
 
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
 
             print_json(report.to_dict())
         else:
-            render_report(report)
+            render_report(report, verbose=verbose)
         raise typer.Exit(code=report.exit_code)
 
 
@@ -89,7 +92,7 @@ def _print_list(registry: Any, as_json: bool) -> None:
         print(f"{check.id:<{width}}  {check.title}{note}")
 
 
-def render_report(report: Any) -> None:
+def render_report(report: Any, *, verbose: bool = False) -> None:
     """Human output in the manner of flutter doctor and kubeadm preflight.
 
     The symbols carry the meaning; colour only decorates. Lines are not wrapped (soft wrap), so
@@ -122,6 +125,13 @@ def render_report(report: Any) -> None:
             fix = Text("      fix: ", style="bold")
             fix.append(outcome.result.fix)
             console.print(fix)
+        if verbose:
+            import json
+
+            console.print(Text(f"      checks: {outcome.title}", style="dim"))
+            if outcome.result.details:
+                facts = json.dumps(outcome.result.details, sort_keys=True, default=str)
+                console.print(Text(f"      facts: {facts}", style="dim"))
     summary = report.summary()
     console.print()
     console.print(

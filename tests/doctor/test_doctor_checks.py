@@ -267,6 +267,26 @@ def test_mtrr_only_when_the_manifest_asks_for_uncachable():
     assert "/proc/mtrr is absent" in run("mtrr.pool-uncachable", absent, uc).reason
 
 
+def test_mtrr_shortage_is_a_failure_of_its_own(tmp_path):
+    from belugactl.host.host import Host
+    from belugactl.workflows.doctor import DoctorContext
+
+    msr = tmp_path / "dev" / "cpu" / "0" / "msr"
+    msr.parent.mkdir(parents=True)
+    msr.write_bytes(bytes(0xFE) + (0x508).to_bytes(8, "little"))  # IA32_MTRRCAP: VCNT 8 (low byte)
+    used = [MtrrEntry(i, (i + 1) << 32, 1 << 20, "write-back") for i in range(6)]
+    snap = replace(beluga_like(), mtrr=used)
+    uc = expectations(pool_memory="uncachable")
+    check = REGISTRY.get("mtrr.pool-uncachable")
+    result = check.run(DoctorContext(snap, uc, Host(tmp_path)))
+    # a 510 MiB pool 2 MiB into a 1 GiB-aligned region needs 8 power-of-two pieces; 2 of 8 registers are free
+    assert result.status is Status.FAIL
+    assert "takes 8 MTRR(s) while only 2 of 8 are free" in result.reason
+    assert result.details["variable_mtrrs"] == 8
+    plenty = check.run(DoctorContext(replace(snap, mtrr=[]), uc, Host(tmp_path)))
+    assert "while only" not in plenty.reason
+
+
 def test_region_checks():
     snap = beluga_like()
     reset = replace(snap, cxl=replace(snap.cxl, regions=[replace(snap.cxl.regions[0], decode_state="reset")]))

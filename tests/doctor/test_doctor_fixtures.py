@@ -189,3 +189,7 @@ def test_cli_human_output_has_symbols_fixes_and_summary(capsys):
     assert "[✗] dax.mode-devdax" in out and "[✓] kernel.cxl-bus" in out and "[-] dax.map-mem" in out
     assert "fix: stop what runs on that node, then daxctl reconfigure-device" in out
     assert "Summary:" in out and "3 failed" in out
+    assert "facts:" not in out
+    assert run(["doctor", "--root", str(FIXTURES / "beluga-intel"), "-v"]) == 1
+    verbose = capsys.readouterr().out
+    assert "checks: DDIO off on the root ports" in verbose and '"perfctrlsts_0": 128' in verbose

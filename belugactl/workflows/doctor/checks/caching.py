@@ -166,6 +166,18 @@ def ddio_disabled(ctx: DoctorContext) -> CheckResult:
     )
 
 
+def _variable_mtrrs(ctx: DoctorContext) -> int | None:
+    """The CPU's variable MTRR count (IA32_MTRRCAP), when the msr driver lets us read it."""
+    if ctx.host is None:
+        return None
+    try:
+        from belugactl.host.write_mtrr import variable_mtrr_count
+
+        return variable_mtrr_count(ctx.host)
+    except (ImportError, OSError):
+        return None
+
+
 def _pool_range(ctx: DoctorContext) -> tuple[int, int] | None:
     """The pool's physical range (base, size): its dax device, else its CXL region."""
     dax = ctx.pool_dax()
@@ -238,6 +250,16 @@ def mtrr_pool_uncachable(ctx: DoctorContext) -> CheckResult:
         for b, s in mtrr_pieces(g_b, g_s)
     ]
     missing = sum(s for _, s in gaps)
+    total = _variable_mtrrs(ctx)
+    if total is not None and len(lines) > total - len(mtrr):
+        details["variable_mtrrs"] = total
+        return CheckResult.fail(
+            f"{format_size(missing)} of the pool (0x{base:x}+{format_size(size)}) is not uncachable, and covering it "
+            f"takes {len(lines)} MTRR(s) while only {max(total - len(mtrr), 0)} of {total} are free",
+            "size and place the pool as one power of two aligned to its size (one MTRR covers it), free firmware "
+            "entries you do not need (`cat /proc/mtrr`), or set caching.pool_memory_type: write-back",
+            **details,
+        )
     return CheckResult.fail(
         f"{format_size(missing)} of the pool (0x{base:x}+{format_size(size)}) is not uncachable; "
         f"{len(lines)} MTRR(s) needed",
