@@ -257,7 +257,7 @@ def _write_tarball(tree: _Tree, extra: dict[str, bytes], dest: Path) -> None:
     mtime = int(time.time())
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
-    with tarfile.open(tmp, "w:gz") as tar:
+    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
         for p in sorted(tree.dirs | {posixpath.dirname(k) for k in extra}):
             info = tarfile.TarInfo(p.lstrip("/"))
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime

@@ -30,12 +30,12 @@ def test_tarball_round_trip_gives_the_same_snapshot(name: str, tmp_path: Path) -
 
 def test_directory_round_trip_and_recapture(tmp_path: Path) -> None:
     first = tmp_path / "first"
-    capture(host("beluga-intel"), first)
+    capture(host("amd-host"), first)
     second = tmp_path / "second.tgz"
     # A bundle captured from a bundle is still the same host.
     capture(Host.from_tree(first), second)
     with open_root(second) as back:
-        assert without_root(discover(back).to_dict()) == without_root(snapshot("beluga-intel").to_dict())
+        assert without_root(discover(back).to_dict()) == without_root(snapshot("amd-host").to_dict())
 
 
 def test_bundle_links_are_relative_and_stay_inside(tmp_path: Path) -> None:
