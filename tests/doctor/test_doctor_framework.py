@@ -124,3 +124,17 @@ def test_report_exit_code_and_json_shape():
     failing = DoctorReport("x", None, None, tuple(run_checks(tiny_registry(), ctx(nocxl()))))
     assert failing.exit_code == ExitCode.FAILED
     assert failing.summary() == {"ok": 1, "warn": 1, "fail": 2, "skip": 0}
+
+
+def test_the_check_catalogue_lists_every_check_and_marks_the_warning_ones():
+    import re
+    from pathlib import Path
+
+    import belugactl.workflows.doctor as pkg
+
+    text = (Path(pkg.__file__).parent / "CHECKS.md").read_text()
+    rows = re.findall(r"^\| `([a-z0-9.-]+)`( \*\(warning\)\*)? \|", text, flags=re.M)
+    reg = builtin_registry()
+    assert [r[0] for r in rows] == reg.ids
+    for check_id, marked in rows:
+        assert bool(marked) == (reg.get(check_id).severity is Severity.WARNING), check_id
