@@ -9,6 +9,7 @@ from sysfs. A captured or fixture tree cannot hold device nodes: their metadata 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -47,30 +48,24 @@ def read_dax(host: Host, problems: list[str], devnames: dict[str, str] | None = 
     devnodes = _load_devnodes(host, problems)
     devices = []
     for name in sorted(set(names) | set(listed), key=_natural):
-        from_sysfs = _from_sysfs(host, name) if name in names else DaxDevice(name=name)
+        merged = _from_sysfs(host, name) if name in names else DaxDevice(name=name)
         tool = listed.get(name)
-        merged = from_sysfs
         if tool is not None:
-            merged = DaxDevice(
-                **{
-                    key: (getattr(tool, key) if getattr(tool, key) is not None else getattr(from_sysfs, key))
-                    for key in DaxDevice.__dataclass_fields__
-                }
-            )
+            # daxctl knows the mode and memory blocks; sysfs alone knows numa_node and resource.
+            known = {f.name: getattr(tool, f.name) for f in dataclasses.fields(tool)}
+            merged = dataclasses.replace(merged, **{k: v for k, v in known.items() if v is not None})
         dev_path = (devnames or {}).get(name, f"/dev/{name}")
         node = devnode(host, dev_path, devnodes)
         devices.append(
-            DaxDevice(
-                **{
-                    **{k: getattr(merged, k) for k in DaxDevice.__dataclass_fields__},
-                    "dev_path": dev_path,
-                    "dev_exists": node.exists,
-                    "dev_uid": node.uid,
-                    "dev_gid": node.gid,
-                    "dev_mode": node.mode,
-                    "dev_owner": node.owner,
-                    "dev_group": node.group,
-                }
+            dataclasses.replace(
+                merged,
+                dev_path=dev_path,
+                dev_exists=node.exists,
+                dev_uid=node.uid,
+                dev_gid=node.gid,
+                dev_mode=node.mode,
+                dev_owner=node.owner,
+                dev_group=node.group,
             )
         )
     return devices
