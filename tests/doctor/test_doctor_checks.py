@@ -176,6 +176,8 @@ def test_lockdown_blocking_the_ddio_write_fails():
     assert run("kernel.lockdown", done).status is Status.OK
     amd = replace(snap, cpu=CpuInfo(vendor="AuthenticAMD"))
     assert run("kernel.lockdown", amd).status is Status.OK
+    partial = replace(with_ports(beluga_like(), 0x00, 0x00), kernel=KernelInfo(release="6.8.0", lockdown="integrity"))
+    assert run("kernel.lockdown", partial).status is Status.FAIL  # TPHDIS still has to be written
     plain = replace(nocxl(), kernel=KernelInfo(release="6.1.0", lockdown="integrity"))
     result = run("kernel.lockdown", plain)
     assert result.status is Status.OK and "nothing this host needs" in result.reason

@@ -60,12 +60,9 @@ def _managed_ports(ctx: DoctorContext) -> list[RootPort]:
     snap = ctx.snapshot
     wanted = {d.root_port for d in snap.pci if d.kind in ("gpu", "cxl") and d.root_port}
     wanted |= {m.root_port for m in snap.cxl.memdevs if m.root_port}
-    ports = [p for p in snap.root_ports if p.bdf in wanted or any(b in _device_bdfs(ctx) for b in p.devices)]
+    devices = {d.bdf for d in snap.pci if d.kind in ("gpu", "cxl")}
+    ports = [p for p in snap.root_ports if p.bdf in wanted or devices.intersection(p.devices)]
     return sorted(ports, key=lambda p: p.bdf)
-
-
-def _device_bdfs(ctx: DoctorContext) -> set[str]:
-    return {d.bdf for d in ctx.snapshot.pci if d.kind in ("gpu", "cxl")}
 
 
 def _desired(ctx: DoctorContext) -> str:
@@ -83,7 +80,8 @@ def ddio_problem_ports(ctx: DoctorContext) -> list[str]:
         for p in _managed_ports(ctx)
         if p.vendor in (None, INTEL_VENDOR)
     ]
-    return [s.bdf for s in states if s.readable and s.allocating == want_off]
+    # Disabling also means NoSnoopOpWrEn clear and TPHDIS set, so a partial state still needs writes.
+    return [s.bdf for s in states if s.readable and ((not s.fully_off) if want_off else not s.allocating)]
 
 
 def _ddio_fix(ctx: DoctorContext, ports: list[PortDdio], *, want_off: bool) -> str:
