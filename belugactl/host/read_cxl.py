@@ -247,12 +247,17 @@ def read_cxl_sysfs(host: Host) -> CxlListing:
     listing = CxlListing()
     names = host.listdir(CXL_DEVICES)
     endpoint_memdev: dict[str, str] = {}
+    endpoint_port: dict[str, str] = {}
     for name in names:
         base = f"{CXL_DEVICES}/{name}"
         if re.fullmatch(r"endpoint\d+", name):
             uport = host.resolve(f"{base}/uport")
             if uport:
                 endpoint_memdev[name] = os.path.basename(uport)
+            # An endpoint sits under the port (host bridge or switch) it is reached through.
+            parent = os.path.basename(os.path.dirname(host.resolve(base) or ""))
+            if re.fullmatch(r"port\d+", parent):
+                endpoint_port[name] = parent
             listing.ports.append(name)
         elif re.fullmatch(r"port\d+", name):
             listing.ports.append(name)
@@ -262,7 +267,9 @@ def read_cxl_sysfs(host: Host) -> CxlListing:
     for name in names:
         base = f"{CXL_DEVICES}/{name}"
         if re.fullmatch(r"mem\d+", name):
-            listing.memdevs.append(_memdev_from_sysfs(host, name, base, memdev_endpoint.get(name)))
+            endpoint = memdev_endpoint.get(name)
+            memdev = _memdev_from_sysfs(host, name, base, endpoint)
+            listing.memdevs.append(dataclasses.replace(memdev, port=endpoint_port.get(endpoint or "")))
         elif re.fullmatch(r"decoder\d+\.\d+", name):
             listing.decoders.append(_decoder_from_sysfs(host, name, base))
         elif re.fullmatch(r"region\d+", name):

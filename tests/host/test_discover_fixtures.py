@@ -48,6 +48,7 @@ def test_cxl_lab_guest() -> None:
     assert mem.root_port == "0000:0c:00.0"
     assert mem.numa_node is None  # the tool omits it and sysfs says -1
     assert mem.endpoint == "endpoint2"
+    assert mem.port == "port1"
     assert mem.state == "enabled"
     [root] = cxl.root_decoders
     assert root.name == "decoder0.0"
@@ -80,6 +81,7 @@ def test_cxl_beluga_intel_two_adapters_one_interleaved_region() -> None:
         ("mem1", "0000:b8:00.0", "0000:b7:01.0", 1, 256 * GiB, 0),
     ]
     assert cxl.memdevs[0].serial == 0x1A2B3C4D5E6F0001
+    assert [(m.endpoint, m.port) for m in cxl.memdevs] == [("endpoint5", "port1"), ("endpoint6", "port2")]
     [root] = cxl.root_decoders
     assert root.pmem_capable is False  # the tool prints the flag only when true
     assert root.volatile_capable is True
