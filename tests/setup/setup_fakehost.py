@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import uuid as uuid_mod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,13 +247,16 @@ class FakeMachine:
             "mode": opts.get("-m", "fsdax"),
             "map": opts.get("-M", "dev"),
             "size": size,
-            "uuid": opts.get("-u"),
+            # As the lab's ndctl 76 shows: a devdax namespace's "uuid" is its info block's (random);
+            # the label uuid given with -u is in sysfs (and in `ndctl list -v` as raw_uuid).
+            "uuid": str(uuid_mod.uuid4()),
             "name": opts.get("-n"),
             "align": 2 * MiB,
             "chardev": f"dax{nd}.0",
             "_region": region,
         }
         self.state.namespaces.append(ns)
+        self.write(f"sys/bus/nd/devices/{ns['dev']}/uuid", f"{opts.get('-u')}\n")
         self._make_dax(f"dax{nd}.0", size, self.state.regions[nd]["resource"] + 2 * MiB)
         return CommandResult(argv, 0, json.dumps({k: v for k, v in ns.items() if not k.startswith("_")}) + "\n")
 
@@ -262,6 +266,8 @@ class FakeMachine:
         if ns is None:
             return CommandResult(argv, 256 - errno.ENXIO, "", f"{name}: not found")
         self.state.namespaces.remove(ns)
+        (self.root / f"sys/bus/nd/devices/{name}/uuid").unlink()
+        (self.root / f"sys/bus/nd/devices/{name}").rmdir()
         dev = self.root / "dev" / ns["chardev"]
         dev.unlink(missing_ok=True)
         sysdir = self.root / "sys/bus/dax/devices" / ns["chardev"]

@@ -54,6 +54,8 @@ class SetupFailed(StepFailed):
         self.report = report
         done = ", ".join(o.step.id for o in report.applied) or "nothing"
         left = ", ".join(s.id for s in report.remaining) or "nothing"
+        if isinstance(cause, ForceRequired):
+            cause = BelugaError(cause.what.replace("; nothing was changed", ""), why=cause.why, fix=cause.fix)
         super().__init__(
             f"{report.verb} stopped at step {report.failed.id}: {cause.what}"
             if report.failed
@@ -193,7 +195,14 @@ def _run(
                     ),
                     report,
                 )
-            _refuse_without_force(Plan(plan.host, verb, [step]), force)
+            try:
+                _refuse_without_force(Plan(plan.host, verb, [step]), force)
+            except ForceRequired as exc:
+                if not report.applied:
+                    raise
+                report.failed = step
+                report.remaining = list(plan.steps)
+                raise SetupFailed(exc, report) from exc
             if progress:
                 progress("start", step, None)
             t0 = time.monotonic()

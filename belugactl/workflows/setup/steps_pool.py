@@ -80,10 +80,19 @@ def find_pool_region(target: SetupTarget, facts: SetupFacts) -> CxlRegion | None
 
 
 def find_pool_namespace(target: SetupTarget, facts: SetupFacts) -> NdNamespace | None:
-    uuid = target.pool.namespace_uuid
-    if uuid is None:
+    uuid = (target.pool.namespace_uuid or "").lower()
+    if not uuid:
         return None
-    return next((n for n in facts.snapshot.nd.namespaces if (n.uuid or "").lower() == uuid.lower()), None)
+    spaces = facts.snapshot.nd.namespaces
+    by_label = [n for n in spaces if facts.namespace_uuids.get(n.dev) == uuid or (n.uuid or "").lower() == uuid]
+    if by_label:
+        return by_label[0]
+    # Without the label uuid (no sysfs access), the pinned name identifies it: ndctl's "uuid" for a
+    # devdax namespace is the info block's, not the one we pinned.
+    return next(
+        (n for n in spaces if n.dev not in facts.namespace_uuids and n.name and n.name == target.pool.namespace_name),
+        None,
+    )
 
 
 def pool_dax_device(target: SetupTarget, facts: SetupFacts) -> str | None:
@@ -275,19 +284,18 @@ def _plan_namespace(target: SetupTarget, facts: SetupFacts, force: bool) -> list
             )
         ]
     # A namespace on that region with another uuid holds someone's data: replacing it is destructive.
-    others = [
-        n for n in facts.snapshot.nd.namespaces if n.region == nd_region and (n.size or 0) > 0 and n.mode != "raw"
-    ]
+    others = [n for n in facts.snapshot.nd.namespaces if n.region == nd_region and (n.size or 0) > 0]
     if others:
         other = others[0]
         return [
             Step(
                 id="devdax.reconfigure",
                 topic="devdax",
-                summary=f"replace namespace {other.dev} (uuid {other.uuid}) with the pool's namespace",
+                summary=f"replace namespace {other.dev} ({other.name or 'unnamed'}) with the pool's namespace",
                 actions=(RunCommand(_namespace_argv(target, nd_region, reconfig=other.dev)),),
                 destroys_data=True,
-                before=f"{other.dev}: {other.mode}, uuid {other.uuid}",
+                before=f"{other.dev}: {other.mode}, name {other.name}, "
+                f"uuid {facts.namespace_uuids.get(other.dev, '?')}",
                 after=f"devdax, uuid {pool.namespace_uuid}",
                 note="the manifest pins another uuid; the existing namespace's contents are discarded",
             )
