@@ -156,7 +156,11 @@ def test_ddio_skips_on_amd_and_when_unmanaged_and_warns_when_unreadable():
     unmanaged = run("ddio.disabled", with_ports(beluga_like(), 0x80, 0), expectations(ddio="unmanaged"))
     assert unmanaged.status is Status.SKIP and "unmanaged" in unmanaged.reason
     unreadable = run("ddio.disabled", with_ports(beluga_like(), None, None))
-    assert unreadable.status is Status.WARN and "0x180" in unreadable.reason
+    assert unreadable.status is Status.WARN and "0x180" in unreadable.reason and "root" in unreadable.fix
+    no_ecam = with_ports(beluga_like(), None, None)
+    no_ecam = replace(no_ecam, root_ports=[replace(p, config_size=256) for p in no_ecam.root_ports])
+    result = run("ddio.disabled", no_ecam)
+    assert result.status is Status.WARN and "first 256 bytes" in result.reason and "ECAM" in result.fix
 
 
 def test_ddio_on_newer_cpu_points_at_the_bios():

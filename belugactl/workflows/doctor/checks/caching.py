@@ -152,6 +152,15 @@ def ddio_disabled(ctx: DoctorContext) -> CheckResult:
                 _ddio_fix(ctx, off, want_off=False),
                 **details,
             )
+    short_config = [p.bdf for p in ports if p.config_size is not None and p.config_size < 4096]
+    if unreadable and short_config:
+        return CheckResult.warn(
+            f"only the first {min(p.config_size or 0 for p in ports if p.bdf in short_config)} bytes of config space "
+            f"are visible at {', '.join(short_config)}: no extended config space (ECAM/MMCONFIG), "
+            "so 0x180 is out of reach",
+            "enable MMCONFIG/ECAM (BIOS, or drop pci=nommconf from the kernel command line), or set DDIO in the BIOS",
+            **details,
+        )
     if unreadable:
         return CheckResult.warn(
             f"cannot read config offset 0x180 of {', '.join(s.bdf for s in unreadable)} "
