@@ -165,7 +165,8 @@ def ddio_disabled(ctx: DoctorContext) -> CheckResult:
         return CheckResult.warn(
             f"cannot read config offset 0x180 of {', '.join(s.bdf for s in unreadable)} "
             "(needs root and extended config space)",
-            "run `sudo belugactl doctor ...`; `/sys/bus/pci/devices/BDF/config` must be 4096 bytes (ECAM)",
+            "run doctor as root (`sudo belugactl doctor ...`); "
+            "`/sys/bus/pci/devices/BDF/config` must be 4096 bytes (ECAM)",
             **details,
         )
     return CheckResult.ok(
