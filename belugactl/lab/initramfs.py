@@ -26,6 +26,7 @@ BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 GUEST_SPOOL = "/run/belugactl-lab"
 HOSTROOT_TAG = "hostroot"
 SPOOL_TAG = "spool"
+REPO_TAG = "repo"
 
 INIT_SCRIPT = r"""#!/bin/sh
 # belugactl lab guest init (PID 1). Written by belugactl.lab.initramfs; see that module for the why.
@@ -40,10 +41,11 @@ say "init at $(cut -d' ' -f1 /proc/uptime) s"
 for m in $(cat /etc/boot-modules); do insmod "/lib/modules/boot/$m" || die "insmod $m failed"; done
 mkdir -p /lower /rw /host /spool
 O=trans=virtio,version=9p2000.L,msize=262144
-mount -t 9p -o "$O,ro" @HOSTROOT_TAG@ /lower || die "cannot mount the host root over 9p"
 mount -t 9p -o "$O" @SPOOL_TAG@ /spool || die "cannot mount the spool over 9p"
 [ -r /spool/guest.env ] || die "no guest.env in the spool"
 . /spool/guest.env
+mount -t 9p -o "$O,ro,cache=${LAB_ROOT_CACHE:-none}" @HOSTROOT_TAG@ /lower \
+  || die "cannot mount the host root over 9p"
 hostname "$LAB_HOSTNAME"
 # The host's root, read-only underneath a tmpfs: the guest may write anywhere (setup writes udev
 # rules, sysctl files, ...) and every change stays in guest memory, never reaching the host.
@@ -52,6 +54,14 @@ mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /host \
   || die "cannot mount the overlay root"
 R=/host
+# This checkout, uncached, so edits on the host show at once; its virtual environment stays on the
+# cached root (it changes rarely and its imports are most of a Python start-up's 9p traffic).
+if [ -n "$LAB_REPO" ]; then
+  mkdir -p /repo
+  mount -t 9p -o "$O,ro,cache=none" @REPO_TAG@ /repo || die "cannot mount the checkout over 9p"
+  mount --bind /repo "$R$LAB_REPO" || die "cannot bind the checkout"
+  case "$LAB_VENV" in "$LAB_REPO"/*) mount --bind "/lower$LAB_VENV" "$R$LAB_VENV" ;; esac
+fi
 mount -t proc proc $R/proc || die "cannot mount /proc in the chroot"
 mount -t sysfs sysfs $R/sys
 mount -t devtmpfs devtmpfs $R/dev
@@ -62,6 +72,8 @@ mount -t tmpfs tmpfs $R/dev/shm
 mkdir -p "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot create /lib/modules/$LAB_KERNEL_VERSION"
 mount --bind "/lower$LAB_MODULES_DIR" "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot bind the guest modules"
 echo "$LAB_HOSTNAME" > $R/etc/hostname
+# The host may be a container; the guest is not (only the overlay loses these, never the host).
+rm -f $R/.dockerenv $R/run/.containerenv
 mount -t tmpfs -o mode=0755 tmpfs $R/run
 mkdir -p $R@GUEST_SPOOL@
 mount --bind /spool $R@GUEST_SPOOL@
@@ -87,6 +99,7 @@ def init_script() -> str:
     return (
         INIT_SCRIPT.replace("@HOSTROOT_TAG@", HOSTROOT_TAG)
         .replace("@SPOOL_TAG@", SPOOL_TAG)
+        .replace("@REPO_TAG@", REPO_TAG)
         .replace("@GUEST_SPOOL@", GUEST_SPOOL)
     )
 
@@ -97,7 +110,7 @@ def entries(kernel: GuestKernel, busybox: Path) -> tuple[list[cpio.Entry], tuple
     items = [
         cpio.directory(d)
         for d in ("bin", "dev", "etc", "proc", "sys", "lib", "lib/modules", "lib/modules/boot")
-        + ("lower", "rw", "host", "spool", "tmp")
+        + ("lower", "rw", "host", "spool", "repo", "tmp")
     ]
     items += [
         cpio.char_device("dev/console", 5, 1),

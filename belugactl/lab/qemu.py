@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from belugactl.lab.initramfs import HOSTROOT_TAG, SPOOL_TAG
+from belugactl.lab.initramfs import HOSTROOT_TAG, REPO_TAG, SPOOL_TAG
 
 LSA_SIZE = 2 * 1024 * 1024
 # The CXL fixed memory window (CFMWS): room for the pool, whatever its size within reason.
@@ -33,6 +33,7 @@ class GuestSpec:
     memory_mib: int = 1024
     accel: str = "tcg"
     host_root: str = "/"
+    repo: Path | None = None  # exported again, uncached, over the cached host root
 
 
 def kernel_cmdline(spec: GuestSpec) -> str:
@@ -45,6 +46,10 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         raise ValueError(f"accel must be one of {ACCELS}")
     mem = f"{spec.memory_mib}M"
     accel = ["-accel", "tcg,thread=multi", "-cpu", "max"] if spec.accel == "tcg" else ["-accel", "kvm", "-cpu", "host"]
+    repo = [] if spec.repo is None else [
+        "-fsdev", f"local,id=repo,path={spec.repo},security_model=none,readonly=on,multidevs=remap",
+        "-device", f"virtio-9p-pci,fsdev=repo,mount_tag={REPO_TAG}",
+    ]  # fmt: skip
     return [
         qemu,
         "-name", f"{spec.name},process=belugactl-{spec.name}",
@@ -66,6 +71,7 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-device", f"virtio-9p-pci,fsdev=hostroot,mount_tag={HOSTROOT_TAG}",
         "-fsdev", f"local,id=spool,path={spec.spool},security_model=none,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
+        *repo,
         "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={spec.pool},size={spec.pool_size}",
         "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={spec.lsa},size={LSA_SIZE}",
         "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",

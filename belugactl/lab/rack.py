@@ -209,7 +209,7 @@ def prepare(*, install: bool = False, refresh: bool = False, progress: Progress 
 
 
 # --- up ----------------------------------------------------------------------------------------
-def _guest_env(kernel: kernel_mod.GuestKernel, name: str, venv: Path) -> str:
+def _guest_env(kernel: kernel_mod.GuestKernel, name: str, venv: Path, repo: Path, root_cache: str) -> str:
     agent = Path(__file__).with_name("agent.py").resolve()
     values = {
         "LAB_HOSTNAME": name,
@@ -218,6 +218,9 @@ def _guest_env(kernel: kernel_mod.GuestKernel, name: str, venv: Path) -> str:
         "LAB_MODULES": " ".join(GUEST_MODULES),
         "LAB_PYTHON": os.path.realpath(sys.executable),
         "LAB_AGENT": str(agent),
+        "LAB_ROOT_CACHE": root_cache,
+        "LAB_REPO": str(repo),
+        "LAB_VENV": str(venv),
         "LAB_PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
@@ -260,6 +263,7 @@ def up(
     memory_mib: int = 1024,
     accel: str = "auto",
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S,
+    root_cache: str = "loose",
     progress: Progress = _quiet,
 ) -> UpReport:
     validate(hosts, pool_size, memory_mib)
@@ -283,6 +287,7 @@ def up(
         image = Path(str(prep["initramfs"]))
         chosen = accel_mod.choose(accel)
         venv = Path(sys.prefix)
+        repo = Path(belugactl.__file__).resolve().parent.parent
         record = LabRecord(
             name=name,
             hosts=hosts,
@@ -292,7 +297,7 @@ def up(
             kernel=kernel.to_dict(),
             initramfs=str(image),
             created_at=time.time(),
-            repo=str(Path(belugactl.__file__).resolve().parent.parent),
+            repo=str(repo),
             venv=str(venv),
         )
         paths.dir.mkdir(parents=True)
@@ -304,10 +309,10 @@ def up(
             for d in (g.dir, g.spool, g.share, g.spool / "req", g.spool / "out", g.spool / "cancel"):
                 d.mkdir(parents=True, exist_ok=True)
             _make_sparse(g.lsa, qemu.LSA_SIZE)
-            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv))
+            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache))
             specs.append(
                 (g, qemu.GuestSpec(gname, i, kernel.vmlinuz, image, paths.pool, pool_size, g.lsa, g.spool,
-                                   g.console, memory_mib, chosen.chosen))
+                                   g.console, memory_mib, chosen.chosen, repo=repo))
             )
             record.guests.append(GuestRecord(gname, i))
         _save(paths, record)
