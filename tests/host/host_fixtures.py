@@ -10,7 +10,9 @@ from belugactl.host.snapshot import HostSnapshot
 from belugactl.workflows.discover import discover
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TREES = ("lab-guest", "beluga-intel", "amd-host", "nocxl")
+TREES = ("lab-guest", "beluga-intel", "amd-host", "nocxl")  # hand-written, values asserted one by one
+# Every tree, recorded ones included (e.g. lab-guest-recorded from `discover --capture` in the lab).
+ALL_TREES = tuple(sorted(p.name for p in FIXTURES.iterdir() if (p / ".belugactl").is_dir()))
 
 
 def tree(name: str) -> Path:

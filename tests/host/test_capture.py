@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from host_fixtures import TREES, host, snapshot, tree, without_root
+from host_fixtures import ALL_TREES, host, snapshot, tree, without_root
 
 from belugactl.errors import InputError, UsageError
 from belugactl.host.capture import open_root
@@ -16,7 +16,7 @@ from belugactl.host.host import Host
 from belugactl.workflows.discover import capture, discover
 
 
-@pytest.mark.parametrize("name", TREES)
+@pytest.mark.parametrize("name", ALL_TREES)
 def test_tarball_round_trip_gives_the_same_snapshot(name: str, tmp_path: Path) -> None:
     bundle = tmp_path / f"{name}.tar.gz"
     result = capture(host(name), bundle)
@@ -25,7 +25,6 @@ def test_tarball_round_trip_gives_the_same_snapshot(name: str, tmp_path: Path) -
     with open_root(bundle) as back:
         again = discover(back)
     assert without_root(again.to_dict()) == without_root(snapshot(name).to_dict())
-    assert again.problems == []
 
 
 def test_directory_round_trip_and_recapture(tmp_path: Path) -> None:
