@@ -193,3 +193,15 @@ def test_cli_human_output_has_symbols_fixes_and_summary(capsys):
     assert run(["doctor", "--root", str(FIXTURES / "beluga-intel"), "-v"]) == 1
     verbose = capsys.readouterr().out
     assert "checks: DDIO off on the root ports" in verbose and '"perfctrlsts_0": 128' in verbose
+
+
+def test_a_support_bundle_gives_the_same_verdicts_as_the_tree(capsys, tmp_path):
+    bundle = tmp_path / "bundle.tar.gz"
+    assert run(["discover", "--root", str(FIXTURES / "beluga-intel"), "--capture", str(bundle), "--json"]) == 0
+    capsys.readouterr()
+    code, from_bundle = _cli_json(capsys, "--root", str(bundle))
+    _, from_tree = _cli_json(capsys, "--root", str(FIXTURES / "beluga-intel"))
+    assert code == 1
+    assert [(c["id"], c["status"]) for c in from_bundle["checks"]] == [
+        (c["id"], c["status"]) for c in from_tree["checks"]
+    ]
