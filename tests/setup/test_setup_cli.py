@@ -1,0 +1,71 @@
+"""The CLI: plan/setup --dry-run as JSON on a recorded tree, exit codes, export systemd."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from setup_fakehost import LAB, FakeMachine
+
+from belugactl.cli.app import run
+from belugactl.host.runner import RecordingRunner
+from belugactl.workflows.discover import discover
+
+
+def recorded_tree(machine: FakeMachine) -> Path:
+    """Record the tool outputs discovery asks for into the tree, as `discover --capture` would."""
+    recorder = RecordingRunner(machine.host.runner)
+    machine.host.runner = recorder
+    discover(machine.host)
+    (machine.root / ".belugactl").mkdir(exist_ok=True)
+    recorder.dump(machine.root / ".belugactl/commands.json")
+    return machine.root
+
+
+def test_plan_json_on_a_recorded_tree(lab1, capsys):
+    root = recorded_tree(lab1)
+    code = run(["plan", "-f", str(LAB), "--host", "lab-1", "--root", str(root), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["host"] == "lab-1" and doc["converged"] is False and doc["destroys_data"] is False
+    first = doc["steps"][0]
+    assert first["id"] == "region.create"
+    assert first["actions"][0]["kind"] == "run"
+    assert first["actions"][0]["argv"][:2] == ["cxl", "create-region"]
+    assert [s["topic"] for s in doc["skipped"]] == ["ddio", "mtrr"]
+
+
+def test_setup_dry_run_changes_nothing(lab1, capsys):
+    root = recorded_tree(lab1)
+    before = sorted(p.name for p in root.rglob("*"))
+    code = run(["setup", "-f", str(LAB), "--host", "lab-1", "--root", str(root), "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "cxl create-region -m -d decoder0.0" in out and "(after earlier steps)" in out
+    assert sorted(p.name for p in root.rglob("*")) == before
+
+
+def test_unknown_host_is_a_usage_error(lab1, capsys):
+    code = run(["plan", "-f", str(LAB), "--host", "nope", "--root", str(recorded_tree(lab1))])
+    assert code == 2
+    assert "no host named 'nope'" in capsys.readouterr().err
+
+
+def test_unknown_topic_is_a_usage_error(lab1, capsys):
+    code = run(["setup", "-f", str(LAB), "--host", "lab-1", "--only", "dddio", "--root", str(recorded_tree(lab1))])
+    assert code == 2
+    assert "unknown topic(s) for --only: dddio" in capsys.readouterr().err
+
+
+def test_export_systemd(tmp_path, capsys):
+    unit = tmp_path / "belugactl-setup.service"
+    code = run(["export", "systemd", "-f", str(LAB), "--host", "lab-2", "-o", str(unit),
+                "--command", "/usr/bin/belugactl"])
+    assert code == 0
+    text = unit.read_text()
+    assert "Type=oneshot" in text and "RemainAfterExit=yes" in text and "WantedBy=multi-user.target" in text
+    exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert exec_line == (
+        f"ExecStart=/usr/bin/belugactl setup -f {LAB} --host lab-2 --only permissions,hugepages,thp,ddio,mtrr --yes"
+    )
