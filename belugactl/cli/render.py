@@ -48,10 +48,11 @@ def _default(obj: Any) -> Any:
 def stdout_console():  # -> rich.console.Console, imported lazily to keep --help fast
     from rich.console import Console
 
-    return Console(highlight=False)
+    # emoji off: PCI addresses such as 0000:ab:00.0 must not become pictures
+    return Console(highlight=False, emoji=False)
 
 
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)

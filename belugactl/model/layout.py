@@ -73,6 +73,11 @@ class RpcArea:
         return self.ring_offset(ring) + slot * self.slot_size
 
 
+# The first 4 KiB of every host partition belong to belugactl (the rack probe record lives in its
+# first cache line); data users start at `Partition.data_offset`.
+PARTITION_LABEL_SIZE = 4096
+
+
 @dataclass(frozen=True)
 class Partition:
     host: str
@@ -83,6 +88,14 @@ class Partition:
     @property
     def end(self) -> int:
         return self.offset + self.size
+
+    @property
+    def data_offset(self) -> int:
+        return self.offset + PARTITION_LABEL_SIZE
+
+    @property
+    def data_size(self) -> int:
+        return self.size - PARTITION_LABEL_SIZE
 
 
 @dataclass(frozen=True)
