@@ -25,7 +25,7 @@ REGISTRY = builtin_registry()
 def test_expectations_come_from_the_manifest_and_the_host_entry():
     manifest = load_manifest(LAB)
     exp = from_manifest(manifest, manifest.host("lab-2"))
-    assert exp.host_name == "lab-2"
+    assert exp.host_name == "lab-2" and exp.entry is manifest.host("lab-2")
     assert exp.pool_size == 510 * MiB and exp.region_size == 512 * MiB and exp.align == 2 * MiB
     assert exp.source == "region" and exp.region_type == "pmem"
     assert exp.namespace_uuid == manifest.pool.namespace.uuid

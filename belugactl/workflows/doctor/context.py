@@ -49,6 +49,7 @@ class Expectations:
     gpus: int | None = None  # GPUs this host should have
     layout: Any = None  # belugactl.model.layout.PoolLayout when the model provides one
     manifest: Any = None  # the validated belugactl.model.manifest_schema.Manifest
+    entry: Any = None  # that manifest's Host entry for this machine
 
 
 @dataclass(frozen=True)

@@ -92,4 +92,5 @@ def from_manifest(manifest: Manifest, host: Host) -> Expectations:
         gpus=host.gpus.count,
         layout=layout,
         manifest=manifest,
+        entry=host,
     )
