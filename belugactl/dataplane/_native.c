@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BELUGA_X86 1
@@ -53,6 +54,10 @@ static inline uint64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* After this long spinning, yield the CPU between polls: on a machine with more runnable
+ * threads than cores, the peer we wait for may need our core to answer at all. */
+#define SPIN_BEFORE_YIELD_NS 20000ull
 
 static inline void cpu_relax(void) {
 #if BELUGA_X86
@@ -268,13 +273,17 @@ static PyObject *py_wait64(PyObject *self, PyObject *args) {
     if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
     uint64_t x;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t deadline = now_ns() + timeout_ns;
+    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
     unsigned spins = 0;
     for (;;) {
         if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
         x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
         if (x == value) break;
-        if ((++spins & 63) == 0 && now_ns() >= deadline) break;
+        if ((++spins & 63) == 0) {
+            uint64_t t = now_ns();
+            if (t >= deadline) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+        }
         cpu_relax();
     }
     Py_END_ALLOW_THREADS
@@ -379,12 +388,16 @@ static PyObject *py_rpc_wait_reply(PyObject *self, PyObject *args) {
     }
     if (st != ST_RESP) {
         Py_BEGIN_ALLOW_THREADS
-        uint64_t deadline = now_ns() + timeout_ns;
+        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
         for (;;) {
             if (flush) { flush_range(slot, 8, 1); full_fence(); }
             st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
             if (st == ST_RESP) break;
-            if ((++spins & 63) == 0 && now_ns() >= deadline) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t >= deadline) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
             cpu_relax();
         }
         Py_END_ALLOW_THREADS
@@ -424,7 +437,7 @@ static PyObject *py_rpc_take(PyObject *self, PyObject *args) {
     if (start < 0 || start >= count) start = 0;
     Py_ssize_t found = -1;
     unsigned spins = 0;
-    uint64_t deadline = 0;
+    uint64_t deadline = 0, t0 = 0;
     int released = 0;
     PyThreadState *ts = NULL;
     for (;;) {
@@ -436,8 +449,12 @@ static PyObject *py_rpc_take(PyObject *self, PyObject *args) {
         }
         if (found >= 0) break;
         ++spins;
-        if (spins == 256 && !released) { ts = PyEval_SaveThread(); released = 1; deadline = now_ns() + timeout_ns; }
-        if (released && (spins & 15) == 0 && now_ns() >= deadline) break;
+        if (spins == 256 && !released) { ts = PyEval_SaveThread(); released = 1; t0 = now_ns(); deadline = t0 + timeout_ns; }
+        if (released && (spins & 15) == 0) {
+            uint64_t t = now_ns();
+            if (t >= deadline) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+        }
         if (!released && timeout_ns == 0) break;
         cpu_relax();
     }

@@ -110,6 +110,9 @@ class PoolMapping:
         self.layout = layout
         self.geometry = Geometry.from_header(header)
         self.is_devdax = is_devdax
+        from belugactl.model.header import EPOCH_OFFSET
+
+        self._epoch_off = EPOCH_OFFSET
         # Flushes matter only for a write-back devdax pool that other hosts also map.
         self.needs_flush = is_devdax and not uncacheable and shared_by_hosts
         self.coherence_warning = native.require_coherence(shared_by_hosts=self.needs_flush)
@@ -222,11 +225,9 @@ class PoolMapping:
 
     # --- epoch --------------------------------------------------------------------------------
     def epoch(self) -> int:
-        from belugactl.model.header import EPOCH_OFFSET
-
         if self.needs_flush:
-            native.flush(self.buf, EPOCH_OFFSET, 8, True)
-        return native.load64(self.buf, EPOCH_OFFSET)
+            native.flush(self.buf, self._epoch_off, 8, True)
+        return native.load64(self.buf, self._epoch_off)
 
     def bump_epoch(self) -> int:
         """Atomically add one to the header's epoch word; return the new epoch."""

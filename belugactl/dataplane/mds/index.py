@@ -33,7 +33,7 @@ class IndexError_(Exception):
         self.code = code
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     key: Key
     alloc: Allocation
@@ -41,14 +41,14 @@ class Entry:
     dead: bool = False  # deleted/evicted while leased: free when leases reach zero
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     key: Key
     alloc: Allocation
     deadline: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
     entries: list[Entry]
     deadline: float
@@ -120,7 +120,8 @@ class KVIndex:
     # --- reads --------------------------------------------------------------------------------
     def lookup_prefix(self, ns: int, keys: Sequence[bytes]) -> tuple[int, int]:
         """Leading present count, and a lease id covering those blocks (0 if none)."""
-        self._check_ns(ns)
+        if ns not in self.ns_names:
+            raise IndexError_("UNKNOWN_NS", f"namespace id {ns} was never opened")
         found: list[Entry] = []
         entries = self.entries
         for k in keys:

@@ -85,7 +85,7 @@ class MetadataServer:
         self._started = time.monotonic()
         self._ready_at = float("inf")
         self.epoch = 0
-        self.service = MetadataService(self.index, epoch=0, ready=self.is_ready)
+        self.service = MetadataService(self.index, epoch=0, ready=False)
         self.tcp_listener: socket.socket | None = None
         self.tcp_port: int | None = None
         self.admin = None
@@ -129,6 +129,7 @@ class MetadataServer:
         self.service.epoch32 = self.epoch & 0xFFFFFFFF
         self._fence_leftovers()
         self._ready_at = time.monotonic() + self.config.fence_grace_s
+        self.service.ready = self.is_ready()
         self.publish_snapshot()
 
     def _fence_leftovers(self) -> None:
@@ -239,14 +240,17 @@ class MetadataServer:
         else:
             code, rep = service.handle(op, epoch, payload, self.max_payload)
         slots.reply(buf, off, seq, service.epoch32, op & 0xFFFF, code, rep, self.flush)
-        h = service.latency.get(service._names.get(op, ""))
-        if h is not None:
-            h.observe(time.perf_counter() - t0)
+        lat = service.latency_by_op
+        if op < len(lat):
+            h = lat[op]
+            if h is not None:
+                h.observe(time.perf_counter() - t0)
         self.cxl_requests += 1
         self._set_cursor(ring, slot + 1 if slot + 1 < self.geometry.slots_per_ring else 0)
         return ring
 
     def housekeeping(self) -> None:
+        self.service.ready = self.is_ready()
         self.index.expire()
         self.publish_snapshot()
 

@@ -8,6 +8,7 @@ client sends can raise out of `handle`.
 from __future__ import annotations
 
 import os
+import struct
 from bisect import bisect_left
 from collections.abc import Callable
 
@@ -36,17 +37,26 @@ class LatencyHistogram:
         self.n += 1
 
 
+_HELLO = int(Op.HELLO)
+_LOOKUP_HDR = struct.Struct("<IHH")
+
+
 class MetadataService:
-    def __init__(self, index: KVIndex, *, epoch: int, ready: Callable[[], bool] | None = None) -> None:
+    def __init__(self, index: KVIndex, *, epoch: int, ready: bool = True) -> None:
         self.index = index
         self.epoch = epoch
         self.epoch32 = epoch & 0xFFFFFFFF
-        self._ready = ready or (lambda: True)
-        self.ops: dict[str, int] = {o.name: 0 for o in Op}
+        # A plain flag (the server flips it when the fencing grace ends): checked on every request.
+        self.ready = ready
+        self._op_counts = [0] * (max(Op) + 1)
         self.errors: dict[str, int] = {}
         self.requests = 0
         self.error_count = 0
         self.latency: dict[str, LatencyHistogram] = {o.name: LatencyHistogram() for o in Op}
+        # The same histograms indexed by opcode, for the hot path.
+        self.latency_by_op: list[LatencyHistogram | None] = [None] * (max(Op) + 1)
+        for o in Op:
+            self.latency_by_op[o] = self.latency[o.name]
         self.pid = os.getpid()
         names = {int(o): o.name for o in Op}
         self._names = names
@@ -76,11 +86,11 @@ class MetadataService:
         fn = self._dispatch.get(op)
         if fn is None:
             return self.error(Code.BAD_OP)
-        self.ops[self._names[op]] += 1
-        if op != Op.HELLO:
+        self._op_counts[op] += 1
+        if op != _HELLO:
             if req_epoch != self.epoch32:
                 return self.error(Code.STALE_EPOCH)
-            if not self._ready():
+            if not self.ready:
                 return self.error(Code.NOT_READY)
         try:
             code, reply = fn(payload, max_reply)
@@ -105,6 +115,12 @@ class MetadataService:
         return 0, p.encode_u32(self.index.open_namespace(p.decode_name(data)))
 
     def _lookup(self, data, _max: int) -> tuple[int, bytes]:
+        # The hot request: a one-key lookup skips the general decoder's list building.
+        if len(data) >= 8:
+            ns, count, klen = _LOOKUP_HDR.unpack_from(data, 0)
+            if count == 1 and 0 < klen <= p.MAX_KEY and len(data) >= 8 + klen:
+                count, lease = self.index.lookup_prefix(ns, (bytes(data[8 : 8 + klen]),))
+                return 0, p.encode_lookup_reply(count, lease)
         ns, keys = p.decode_lookup(data)
         count, lease = self.index.lookup_prefix(ns, keys)
         return 0, p.encode_lookup_reply(count, lease)
@@ -150,6 +166,10 @@ class MetadataService:
 
     def _ping(self, data, _max: int) -> tuple[int, bytes]:
         return 0, bytes(data)
+
+    @property
+    def ops(self) -> dict[str, int]:
+        return {o.name: self._op_counts[o] for o in Op}
 
     def stats_counters(self) -> dict[str, int]:
         s = self.index.stats()

@@ -194,6 +194,8 @@ def lookup_capacity(max_payload: int, key_len: int) -> int:
 
 def encode_lookup(ns: int, keys: Sequence[bytes]) -> bytes:
     klen = len(keys[0])
+    if len(keys) == 1:
+        return _LOOKUP_REQ.pack(ns, 1, klen) + keys[0]
     if any(len(k) != klen for k in keys):
         raise ValueError("all keys of one prefix lookup must have the same length")
     return _LOOKUP_REQ.pack(ns, len(keys), klen) + b"".join(keys)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from belugactl.dataplane import native
 from belugactl.dataplane.rpc import slots
-from belugactl.dataplane.rpc.protocol import FREE, HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD
+from belugactl.dataplane.rpc.protocol import FREE, HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD
 
 if TYPE_CHECKING:
     from belugactl.dataplane.pool import PoolMapping
@@ -67,8 +67,9 @@ class CxlTransport:
             raise TransportError("every slot of the ring is in flight")
         seq = self._seq
         off = self._offsets[seq % self.slots_per_ring]
-        if native.load64(self.buf, off) != FREE:
+        if native.load64(self.buf, off) == REQ_READY:
             # A slot still busy from a request we gave up on: the ring is out of step with the server.
+            # (RESP_READY there is a late reply to an abandoned request: ours to overwrite.)
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + 1
@@ -92,8 +93,31 @@ class CxlTransport:
         return r
 
     def call(self, op: int, epoch: int, payload: bytes, timeout_ns: int) -> Reply:
-        self.submit(op, epoch, payload)
-        return self.collect(timeout_ns)
+        """One round trip (the QD1 path, kept short: it is most of a lookup's client-side cost)."""
+        if self._inflight:
+            self.submit(op, epoch, payload)
+            while len(self._inflight) > 1:
+                self.collect(timeout_ns)
+            return self.collect(timeout_ns)
+        if len(payload) > self.max_payload:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds the slot's {self.max_payload}")
+        seq = self._seq
+        off = self._offsets[seq % self.slots_per_ring]
+        buf = self.buf
+        if native.load64(buf, off) == REQ_READY:
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        self._seq = seq + 1
+        slots.post(buf, off, seq, epoch, op, payload, self.flush)
+        try:
+            r = slots.wait_reply(buf, off, seq, self.max_payload, timeout_ns, self.flush)
+        except ValueError as exc:
+            self.broken = True
+            raise TransportError(str(exc)) from None
+        if r is None:
+            self.broken = True
+            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+        return r
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])
