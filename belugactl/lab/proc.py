@@ -56,7 +56,23 @@ def reap(pid: int) -> None:
 
 def alive(pid: int) -> bool:
     reap(pid)
-    return cmdline(pid) is not None and not is_zombie(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, but belongs to another user
+    return not is_zombie(pid)
+
+
+def settled_cmdline(pid: int, *, wait_s: float = 1.0) -> list[str] | None:
+    """The argv of a live process, waiting out the moment during exec() when /proc shows it empty."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        args = cmdline(pid)
+        if args is not None or not alive(pid) or time.monotonic() >= deadline:
+            return args
+        time.sleep(0.01)
 
 
 def terminate(pid: int, *, grace_s: float = 5.0) -> bool:

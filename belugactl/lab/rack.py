@@ -380,7 +380,7 @@ def _read_pid(g: GuestPaths) -> int | None:
 
 
 def _is_ours(pid: int, g: GuestPaths) -> bool:
-    return proc.alive(pid) and qemu.is_guest_process(proc.cmdline(pid), g.dir)
+    return proc.alive(pid) and qemu.is_guest_process(proc.settled_cmdline(pid), g.dir)
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -417,7 +417,7 @@ def _guest_status(g: GuestPaths, boot_s: float | None) -> GuestStatus:
     elif not proc.alive(pid):
         state, detail = "crashed", f"QEMU pid {pid} is gone"
         tail = _tail(g.console, 8) + [f"qemu: {line}" for line in _tail(g.qemu_log, 3)]
-    elif not qemu.is_guest_process(proc.cmdline(pid), g.dir):
+    elif not qemu.is_guest_process(proc.settled_cmdline(pid), g.dir):
         state, detail = "crashed", f"pid {pid} now belongs to another program; this guest's QEMU is gone"
     elif channel.ready_info() is None:
         state, detail = "booting", f"QEMU pid {pid} runs; the agent has not announced itself yet"
@@ -442,7 +442,7 @@ def down(name: str = DEFAULT_NAME, *, progress: Progress = _quiet) -> DownReport
             pid = _read_pid(g)
             if pid is None or not proc.alive(pid):
                 report.already_gone.append(g.name)
-            elif not qemu.is_guest_process(proc.cmdline(pid), g.dir):
+            elif not qemu.is_guest_process(proc.settled_cmdline(pid), g.dir):
                 report.refused.append(f"{g.name}: pid {pid} is not this guest's QEMU any more")
             elif proc.terminate(pid):
                 report.stopped.append(g.name)
