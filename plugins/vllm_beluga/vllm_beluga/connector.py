@@ -1,0 +1,409 @@
+"""BelugaConnector: vLLM KV blocks in a shared CXL pool, indexed by belugactl's metadata server.
+
+Scheduler side (one per engine): for a new request, ask the server how many leading full blocks of
+its block-hash chain are in the pool and offer that many tokens (never the prompt's last token, which
+vLLM must compute to sample). It reserves nothing: after vLLM allocated blocks it records which
+block ids to fill from which keys, and which freshly computed prompt blocks to save.
+
+Worker side (one per tensor-parallel rank): before the forward pass, look each key up (a read
+lease), copy its extents into the paged KV tensors and release the lease; blocks that cannot be
+loaded are reported through `get_block_ids_with_load_errors` (vLLM recomputes them with
+`kv_load_failure_policy: recompute`). After the forward pass, reserve extents for each new full
+block, copy all its layers' pieces there in one batch, and commit: a block is visible to other
+instances only after its bytes are in the pool.
+
+Keys are vLLM's own block hashes (reproducible fleet-wide with a pinned PYTHONHASHSEED and
+`--prefix-caching-hash-algo sha256_cbor`, both checked at start), in a namespace of model, layout
+and tensor-parallel rank.
+
+Per-request switch (OpenAI `kv_transfer_params`): `{"beluga": {"load": false, "save": false}}`
+turns the connector off for that request, e.g. to compare against a recompute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for
+from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.stats import ConnectorStats
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+# A child of vLLM's logger, so our lines land in vLLM's log with its format and level.
+log = logging.getLogger("vllm.beluga")
+
+
+@dataclass
+class BlockTransfer:
+    req_id: str
+    block_ids: list[int]
+    keys: list[bytes]
+
+
+@dataclass
+class BelugaConnectorMetadata(KVConnectorMetadata):
+    loads: list[BlockTransfer] = field(default_factory=list)
+    saves: list[BlockTransfer] = field(default_factory=list)
+
+
+@dataclass
+class _RequestState:
+    request: Any
+    block_ids: list[int] = field(default_factory=list)
+    saved_upto: int | None = None  # blocks below this index are in the pool or not ours to save
+    save: bool = True
+
+
+def _request_switches(request: Any) -> dict[str, Any]:
+    params = getattr(request, "kv_transfer_params", None) or {}
+    beluga = params.get("beluga") if isinstance(params, dict) else None
+    return beluga if isinstance(beluga, dict) else {}
+
+
+def layout_facts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None, cfg: BelugaConfig) -> dict[str, Any]:
+    """Everything that decides a block's bytes, computed identically by the scheduler and the workers."""
+    from vllm.platforms import current_platform
+
+    model_config = vllm_config.model_config
+    load_config = vllm_config.load_config
+    load_format = str(getattr(load_config, "load_format", ""))
+    groups: list[Any] = []
+    if kv_cache_config is not None:
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            groups.append(
+                [
+                    type(spec).__name__,
+                    getattr(spec, "block_size", None),
+                    getattr(spec, "page_size_bytes", None),
+                    len(group.layer_names),
+                ]
+            )
+    facts: dict[str, Any] = {
+        "model": cfg.model_id or model_config.model,
+        "dtype": str(model_config.dtype),
+        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        "block_size": vllm_config.cache_config.block_size,
+        "platform": current_platform.device_type,
+        "tp": vllm_config.parallel_config.tensor_parallel_size,
+        "groups": groups,
+        "load_format": load_format,
+    }
+    if "dummy" in load_format:
+        # Random weights are only the same on two instances with the same seed.
+        facts["seed"] = model_config.seed
+    return facts
+
+
+class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.cfg = BelugaConfig.from_extra(extra)
+        check_hash_pins(self.cfg, algo_in_use=str(vllm_config.cache_config.prefix_caching_hash_algo))
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            log.warning(
+                "Beluga: kv_load_failure_policy is %r; with 'recompute' a block that fails to load is recomputed "
+                "instead of failing the request",
+                self._kv_transfer_config.kv_load_failure_policy,
+            )
+        self.block_size = vllm_config.cache_config.block_size
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.layout_id = layout_id(layout_facts(vllm_config, kv_cache_config, self.cfg))
+        role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            try:
+                self.tp_rank = get_tensor_model_parallel_rank()
+            except Exception:  # noqa: BLE001 - not initialised in some single-process setups
+                self.tp_rank = 0
+            role_name = f"worker{self.tp_rank}"
+        else:
+            self.tp_rank = 0  # the scheduler asks about rank 0's blocks; other ranks report misses as load errors
+        self.namespace = namespace_for(self.cfg.namespace, self.layout_id, self.tp_rank, self.tp_size)
+        self.stats = ConnectorStats(self.cfg.stats_path, role=role_name)
+        self.stats.set("namespace", self.namespace)
+        self.index = BestEffortIndex(
+            self.cfg.address_for("scheduler" if role == KVConnectorRole.SCHEDULER else "worker"),
+            stats=self.stats,
+            timeout_s=self.cfg.timeout_s,
+            retry_s=self.cfg.retry_s,
+        )
+        log.info("Beluga connector (%s): namespace %s, server %s", role_name, self.namespace, self.index.address)
+        # scheduler state
+        self._requests: dict[str, _RequestState] = {}
+        self._pending_hits: dict[str, tuple[int, list[bytes]]] = {}
+        self._loads: list[BlockTransfer] = []
+        self._hash_ratio: int | None = None
+        # worker state
+        self._engine: Any = None
+        self._pool: Any = None
+        self._load_errors: set[int] = set()
+
+    # ------------------------------------------------------------------ scheduler side
+    def _block_keys(self, request: Any) -> list[bytes]:
+        """One key per full block: vLLM's chained hash of the block (the last sub-block hash when vLLM
+        hashes at a finer granularity than the block size)."""
+        hashes = list(request.block_hashes)
+        if self._hash_ratio is None:
+            full_blocks = request.num_tokens // self.block_size
+            self._hash_ratio = max(1, len(hashes) // full_blocks) if full_blocks else None
+        ratio = self._hash_ratio or 1
+        return [bytes(h) for h in hashes[ratio - 1 :: ratio]]
+
+    def on_new_request(self, request: Request) -> None:
+        self._requests.setdefault(request.request_id, _RequestState(request=request))
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        state = self._requests.setdefault(request.request_id, _RequestState(request=request))
+        switches = _request_switches(request)
+        state.save = switches.get("save", True) is not False
+        self._pending_hits.pop(request.request_id, None)
+        if switches.get("load", True) is False:
+            return 0, False
+        # The last token is never offered: vLLM must compute at least one token to sample from.
+        loadable = (request.num_tokens - 1) // self.block_size
+        keys = self._block_keys(request)[:loadable]
+        start = num_computed_tokens // self.block_size
+        if len(keys) <= start:
+            return 0, False
+        started = time.perf_counter()
+        present = self.index.lookup_prefix(self.namespace, keys)
+        self.stats.add("lookups")
+        self.stats.add("lookup_us", int((time.perf_counter() - started) * 1e6))
+        self.stats.add("lookup_blocks", len(keys))
+        if present <= start:
+            return 0, False
+        self.stats.add("hit_blocks", present - start)
+        self.stats.add("hit_requests")
+        self._pending_hits[request.request_id] = (start, keys[start:present])
+        log.info(
+            "Beluga: request %s: %d of %d full blocks in the pool, %d to load",
+            request.request_id,
+            present,
+            len(keys),
+            present - start,
+        )
+        return present * self.block_size - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        pending = self._pending_hits.pop(request.request_id, None)
+        if num_external_tokens <= 0 or pending is None:
+            return
+        start, keys = pending
+        count = num_external_tokens // self.block_size
+        block_ids = list(blocks.get_block_ids()[0])
+        if start + count > len(block_ids) or count > len(keys):
+            log.warning("Beluga: request %s: allocation does not cover the hit; loading nothing", request.request_id)
+            return
+        self._loads.append(BlockTransfer(request.request_id, block_ids[start : start + count], keys[:count]))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = BelugaConnectorMetadata(loads=self._loads)
+        self._loads = []
+        for new_req in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new_req.req_id)
+            if state is None:
+                continue
+            state.block_ids = list(new_req.block_ids[0])
+            if state.saved_upto is None:
+                # Blocks computed before this step (vLLM's prefix cache) or loaded from the pool are not saved.
+                state.saved_upto = new_req.num_computed_tokens // self.block_size
+            self._plan_save(meta, new_req.req_id, state, new_req.num_computed_tokens, scheduler_output)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                state.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                state.block_ids.extend(new_ids[0])
+            if state.saved_upto is None:
+                state.saved_upto = cached.num_computed_tokens[i] // self.block_size
+            self._plan_save(meta, req_id, state, cached.num_computed_tokens[i], scheduler_output)
+        return meta
+
+    def _plan_save(
+        self, meta: BelugaConnectorMetadata, req_id: str, state: _RequestState, computed: int, out: SchedulerOutput
+    ) -> None:
+        request = state.request
+        scheduled = out.num_scheduled_tokens.get(req_id, 0)
+        # Only prompt blocks: they are what another request can share.
+        done = min(computed + scheduled, request.num_prompt_tokens) // self.block_size
+        start = state.saved_upto or 0
+        if done <= start:
+            return
+        state.saved_upto = done
+        if not state.save:
+            return
+        keys = self._block_keys(request)
+        end = min(done, len(keys), len(state.block_ids))
+        if end > start:
+            meta.saves.append(BlockTransfer(req_id, state.block_ids[start:end], keys[start:end]))
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        # Saves finish inside the step that computed the blocks (wait_for_save), so vLLM may free now.
+        self._requests.pop(request.request_id, None)
+        self._pending_hits.pop(request.request_id, None)
+        return False, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from belugactl.dataplane.kvcopy import KVBlockLayout
+
+        layout = KVBlockLayout.from_tensors(kv_caches)
+        self.stats.set("block_nbytes", layout.block_nbytes)
+        self.stats.set("pieces_per_block", layout.pieces_per_block)
+        if self.cfg.pool_path is None:
+            log.warning("Beluga: no pool_path in kv_connector_extra_config; saving and loading nothing")
+            return
+        try:
+            from belugactl.dataplane.pool import PoolMapping
+
+            self._pool = PoolMapping.open(self.cfg.pool_path)
+        except Exception as exc:  # noqa: BLE001 - no pool means no cache, not no service
+            log.warning("Beluga: cannot map the pool %s (%s); saving and loading nothing", self.cfg.pool_path, exc)
+            self.stats.set("pool_error", str(exc))
+            return
+        if layout.device == "cpu":
+            from belugactl.dataplane.kvcopy import KVCopyEngine
+
+            self._engine = KVCopyEngine(layout, self._pool.buf, coherence=self.cfg.coherence)  # type: ignore[arg-type]
+        else:
+            from belugactl.dataplane.kvcopy_cuda import CudaKVCopyEngine
+
+            self._engine = CudaKVCopyEngine(layout, self._pool.buf, coherence=self.cfg.coherence)
+        log.info(
+            "Beluga: %d-byte blocks in %d pieces, pool %s (%d bytes)",
+            layout.block_nbytes,
+            layout.pieces_per_block,
+            self.cfg.pool_path,
+            self._pool.size,
+        )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, BelugaConnectorMetadata) or not meta.loads:
+            return
+        for transfer in meta.loads:
+            self._load(transfer)
+
+    def _load(self, transfer: BlockTransfer) -> None:
+        if self._engine is None:
+            self._fail_load(transfer.block_ids, "no pool mapping")
+            return
+        started = time.perf_counter()
+        batch: list[tuple[int, list[tuple[int, int]]]] = []
+        leases: list[int] = []
+        failed: list[int] = []
+        for block_id, key in zip(transfer.block_ids, transfer.keys, strict=True):
+            location = self.index.get(self.namespace, key)
+            if location is None:
+                failed.append(block_id)
+                continue
+            leases.append(location.lease_id)
+            batch.append((block_id, [(int(o), int(n)) for o, n in location.extents]))
+        try:
+            if batch:
+                nbytes = self._engine.load(batch)
+                self.stats.add("loaded_blocks", len(batch))
+                self.stats.add("loaded_bytes", nbytes)
+        except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
+            log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
+            failed.extend(b for b, _ in batch)
+        finally:
+            self.index.release(leases)
+        self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
+        if failed:
+            self._fail_load(failed, "not in the pool any more, or the copy failed")
+
+    def _fail_load(self, block_ids: list[int], why: str) -> None:
+        log.warning("Beluga: %d blocks not loaded (%s); vLLM recomputes them", len(block_ids), why)
+        self._load_errors.update(block_ids)
+        self.stats.add("load_errors", len(block_ids))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads complete in start_load_kv, before the first layer runs
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        return  # a block is saved whole (all layers) in wait_for_save, after the forward pass
+
+    def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, BelugaConnectorMetadata) or not meta.saves or self._engine is None:
+            return
+        if self._engine is not None and hasattr(self._engine, "synchronize"):
+            self._engine.synchronize()
+        started = time.perf_counter()
+        nbytes = self._engine.layout.block_nbytes
+        for transfer in meta.saves:
+            reserved: list[tuple[Any, int, list[tuple[int, int]]]] = []
+            for block_id, key in zip(transfer.block_ids, transfer.keys, strict=True):
+                reservation = self.index.reserve(self.namespace, key, nbytes)
+                if reservation is None:
+                    continue
+                reserved.append((reservation.token, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+            if not reserved:
+                continue
+            try:
+                self._engine.save([(block_id, extents) for _, block_id, extents in reserved])
+            except Exception as exc:  # noqa: BLE001
+                log.warning("Beluga: saving %d blocks failed: %s", len(reserved), exc)
+                for token, _, _ in reserved:
+                    self.index.abort(token)
+                self.stats.add("save_errors", len(reserved))
+                continue
+            committed = sum(1 for token, _, _ in reserved if self.index.commit(token))
+            self.stats.add("saved_blocks", committed)
+            self.stats.add("saved_bytes", committed * nbytes)
+        self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        self.stats.flush(force=True)
+        self.index.close()
+        if self._pool is not None:
+            self._engine = None
+            with contextlib.suppress(Exception):  # views into the mapping may still be alive
+                self._pool.close()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped save is a later miss, not a lost answer
+
+

@@ -1,0 +1,134 @@
+"""The connector's door to the metadata server: best effort, never an exception into vLLM.
+
+A KV pool is a cache. When the server is unreachable, slow, restarted (stale epoch) or full, the
+right answer is "no blocks" (vLLM recomputes) and "save skipped", plus a warning and a counter, and
+a new connection attempt after `retry_s`, not a failed request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from vllm_beluga.stats import ConnectorStats
+
+# A child of vLLM's logger, so our lines land in vLLM's log with its format and level.
+log = logging.getLogger("vllm.beluga")
+T = TypeVar("T")
+
+
+class BestEffortIndex:
+    def __init__(
+        self,
+        address: str,
+        *,
+        stats: ConnectorStats,
+        timeout_s: float = 1.0,
+        retry_s: float = 5.0,
+        connect: Callable[..., Any] | None = None,
+    ) -> None:
+        self.address = address
+        self.stats = stats
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._connect = connect
+        self._client: Any = None
+        self._retry_at = 0.0
+        self._warned_down = False
+
+    @property
+    def healthy(self) -> bool:
+        return self._client is not None
+
+    def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        if time.monotonic() < self._retry_at:
+            return None
+        try:
+            connect = self._connect
+            if connect is None:
+                from belugactl.dataplane.client import connect
+            self._client = connect(self.address, timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect means "no pool for now"
+            self._down(f"cannot connect to the metadata server at {self.address}: {exc}")
+            return None
+        if self._warned_down:
+            log.warning("Beluga: metadata server at %s is reachable again", self.address)
+        self._warned_down = False
+        self.stats.set("healthy", True)
+        self.stats.add("connects")
+        return self._client
+
+    def _down(self, why: str) -> None:
+        self._retry_at = time.monotonic() + self.retry_s
+        if self._client is not None:
+            with contextlib.suppress(Exception):  # closing a broken client may fail too
+                self._client.close()
+        self._client = None
+        self.stats.set("healthy", False)
+        self.stats.add("server_unavailable")
+        if not self._warned_down:
+            log.warning("Beluga: %s; serving without the pool (misses, saves skipped) until it answers", why)
+            self._warned_down = True
+
+    def _call(self, what: str, default: T, fn: Callable[[Any], T]) -> T:
+        client = self._get_client()
+        if client is None:
+            return default
+        try:
+            return fn(client)
+        except Exception as exc:  # noqa: BLE001
+            name = type(exc).__name__
+            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected"):
+                raise
+            if name == "StaleEpoch":
+                # The server restarted: our leases and reservations are void; start over.
+                self.stats.add("stale_epoch")
+            self._down(f"{what} failed ({name}: {exc})")
+            return default
+
+    # -- the calls the connector makes -------------------------------------------------------
+    def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
+        if not keys:
+            return 0
+        return int(self._call("lookup", 0, lambda c: c.lookup_prefix(namespace, keys)))
+
+    def get(self, namespace: str, key: bytes) -> Any:
+        return self._call("get", None, lambda c: c.get(namespace, key))
+
+    def reserve(self, namespace: str, key: bytes, nbytes: int) -> Any:
+        """A Reservation, or None when the key is present already, the pool is full, or the server is down."""
+        try:
+            return self._call("reserve", None, lambda c: c.reserve(namespace, key, nbytes))
+        except Exception as exc:  # noqa: BLE001
+            name = type(exc).__name__
+            self.stats.add("save_skipped_exists" if name == "AlreadyPresent" else "save_skipped_" + name.lower())
+            return None
+
+    def commit(self, token: Any) -> bool:
+        try:
+            return bool(self._call("commit", False, lambda c: (c.commit(token), True)[1]))
+        except Exception:  # noqa: BLE001 - an expired reservation only loses this block
+            self.stats.add("commit_failed")
+            return False
+
+    def abort(self, token: Any) -> None:
+        with contextlib.suppress(Exception):  # the server reclaims it after its timeout anyway
+            self._call("abort", None, lambda c: c.abort(token))
+
+    def release(self, lease_ids: Sequence[int]) -> None:
+        if not lease_ids:
+            return
+        with contextlib.suppress(Exception):  # leases expire on their own
+            self._call("release", None, lambda c: c.release(list(lease_ids)))
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            finally:
+                self._client = None
