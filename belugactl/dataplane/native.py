@@ -169,6 +169,10 @@ if _native is not None:
     wait64 = _native.wait64
     wait_any = _native.wait_any
     _gather = _native.gather
+    fi_new = getattr(_native, "fi_new", None)
+    fi_put = getattr(_native, "fi_put", None)
+    fi_del = getattr(_native, "fi_del", None)
+    fast_serve = getattr(_native, "fast_serve", None)
 else:
     flush = _py_flush
     fence = _py_fence
@@ -180,6 +184,9 @@ else:
     wait64 = _py_wait64
     wait_any = _py_wait_any
     _gather = _py_gather
+    # The metadata server's native lookup fast path has no Python twin: the server's own Python
+    # loop is the fallback.
+    fi_new = fi_put = fi_del = fast_serve = None
 
 
 def gather(dst: Any, src: Any, pieces: Any, *, nontemporal: bool = False) -> int:

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from belugactl.dataplane.mds.allocator import Allocation, Allocator
 
@@ -39,6 +40,7 @@ class Entry:
     alloc: Allocation
     leases: int = 0
     dead: bool = False  # deleted/evicted while leased: free when leases reach zero
+    id: int = 0  # names the entry in the native lookup mirror's lease log
 
 
 @dataclass(slots=True)
@@ -101,7 +103,12 @@ class KVIndex:
         self._lease_q: deque[tuple[float, int]] = deque()
         self._pending_q: deque[tuple[float, int]] = deque()
         self._tokens = itertools.count(1)
-        self._lease_ids = itertools.count(1)
+        self.next_lease = 1  # shared with the native fast path, which grants leases too
+        self._entry_ids = itertools.count(1)
+        self.by_id: dict[int, Entry] = {}
+        # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
+        self.mirror: Any = None
+        self.mirror_misses = 0  # keys too long to mirror (lookups of them take the Python path)
         self.counters = Counters()
 
     # --- namespaces ---------------------------------------------------------------------------
@@ -149,11 +156,34 @@ class KVIndex:
         for e in found:
             e.leases += 1
             lru.move_to_end(e.key)
-        lease = next(self._lease_ids)
+        lease = self.next_lease
+        self.next_lease = lease + 1
         deadline = self.clock() + self.config.lease_ttl_s
         self.leases[lease] = Lease(found, deadline)
         self._lease_q.append((deadline, lease))
         return lease
+
+    def attach_mirror(self, mirror: Any, put: Callable[..., bool], delete: Callable[..., bool]) -> None:
+        """Keep a native mirror of the visible keys in step (see native fast_serve)."""
+        self.mirror, self._mirror_put, self._mirror_del = mirror, put, delete
+        for e in self.entries.values():
+            put(mirror, e.key[0], e.key[1], e.id)
+
+    def apply_lease_log(self, log: bytes) -> None:
+        """Record leases the native fast path granted: (lease id, n, n entry ids) int64 records."""
+        words = memoryview(log).cast("q")
+        deadline = self.clock() + self.config.lease_ttl_s
+        lru = self.lru
+        i = 0
+        while i < len(words):
+            lease, n = words[i], words[i + 1]
+            found = [self.by_id[x] for x in words[i + 2 : i + 2 + n]]
+            i += 2 + n
+            for e in found:
+                e.leases += 1
+                lru.move_to_end(e.key)
+            self.leases[lease] = Lease(found, deadline)
+            self._lease_q.append((deadline, lease))
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
@@ -202,9 +232,12 @@ class KVIndex:
         if p is None:
             raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
         del self.pending_keys[p.key]
-        e = Entry(p.key, p.alloc)
+        e = Entry(p.key, p.alloc, id=next(self._entry_ids))
         self.entries[p.key] = e
         self.lru[p.key] = e
+        self.by_id[e.id] = e
+        if self.mirror is not None and not self._mirror_put(self.mirror, p.key[0], p.key[1], e.id):
+            self.mirror_misses += 1
         self.counters.commits += 1
         if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
             self.evict()
@@ -235,6 +268,9 @@ class KVIndex:
     def _remove(self, e: Entry) -> None:
         del self.entries[e.key]
         self.lru.pop(e.key, None)
+        self.by_id.pop(e.id, None)
+        if self.mirror is not None:
+            self._mirror_del(self.mirror, e.key[0], e.key[1])
         if e.leases:
             e.dead = True
         else:

@@ -42,7 +42,7 @@ from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 from belugactl.dataplane.mds.service import MetadataService
 from belugactl.dataplane.pool import PoolMapping
 from belugactl.dataplane.rpc import slots
-from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD, Code
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD, Code, Op
 from belugactl.errors import EnvironmentProblem
 
 _FRAME = struct.Struct("<I")
@@ -61,6 +61,7 @@ class ServerConfig:
     idle_after_s: float = 0.05
     idle_poll_s: float = 0.0005
     housekeeping_s: float = 0.1
+    fast_path: bool = True  # answer LOOKUP_PREFIX/PING in the native helper when it is built
 
 
 class _TcpConn:
@@ -98,10 +99,15 @@ class MetadataServer:
         self.tcp_requests = 0
         self.bad_slots = 0
         R = g.ring_count
-        self._cursor = [0] * R
+        self._cursor = array("q", [0] * R)
         # The native wait watches 2R words: each ring's cursor slot, then each ring's slot 0
         # (where a (re)connecting client starts).
         self._offs = array("q", [g.slot_offset(r, 0) for r in range(R)] * 2)
+        self._fast = None
+        if self.config.fast_path and native.fast_serve is not None:
+            self._fast = native.fi_new()
+            self.index.attach_mirror(self._fast, native.fi_put, native.fi_del)
+        self.fast_requests = 0
 
     # --- start-up -----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -176,6 +182,7 @@ class MetadataServer:
         flush = self.flush
         take = slots.take
         serve = self._serve
+        fast = self._fast_burst if self._fast is not None else None
         start = 0
         served_since_tcp = 0
         last_request = time.monotonic()
@@ -184,7 +191,20 @@ class MetadataServer:
             idle = time.monotonic() - last_request > cfg.idle_after_s
             # With TCP clients connected, spin in shorter stretches so their requests wait less.
             spin = 0 if idle else (cfg.spin_ns if not self._conns else min(cfg.spin_ns, 20_000))
-            t = take(buf, offs, start, maxp, spin, flush)
+            t = None
+            if fast is not None and self.service.ready:
+                served, stop = fast(start, spin)
+                if served:
+                    served_since_tcp += served
+                    last_request = time.monotonic()
+                if stop >= 0:
+                    t = take(buf, offs, stop, maxp, 0, flush)
+                elif not served:
+                    t = None
+                else:
+                    t = False  # served a burst natively; fall through to the periodic work
+            else:
+                t = take(buf, offs, start, maxp, spin, flush)
             if t is None:
                 now = time.monotonic()
                 self._poll_tcp(cfg.idle_poll_s if idle else 0)
@@ -192,8 +212,10 @@ class MetadataServer:
                     self.housekeeping()
                     next_housekeeping = now + cfg.housekeeping_s
                 continue
-            start = serve(t)
-            served_since_tcp += 1
+            if t is not False:
+                start = serve(t)
+                served_since_tcp += 1
+                last_request = time.monotonic()
             if served_since_tcp >= 32:
                 served_since_tcp = 0
                 start = start + 1 if start + 1 < R else 0  # fairness between rings
@@ -202,8 +224,33 @@ class MetadataServer:
                 if now >= next_housekeeping:
                     self.housekeeping()
                     next_housekeeping = now + cfg.housekeeping_s
-            last_request = time.monotonic()
         self.close()
+
+    def _fast_burst(self, start: int, spin_ns: int) -> tuple[int, int]:
+        """Let the native helper answer lookups/pings until something else shows up; (served, stop)."""
+        index = self.index
+        service = self.service
+        hist = service.latency_by_op[Op.LOOKUP_PREFIX]
+        assert hist is not None
+        served, stop, lease_next, log, lookups, hits, sum_ns = native.fast_serve(
+            self._fast, self.pool.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
+            self.geometry.slot_size, service.epoch32, len(index.namespaces), self.flush, spin_ns,
+            start, index.next_lease, 256, hist.bounds_ns, hist.counts,
+        )  # fmt: skip
+        if served:
+            index.next_lease = lease_next
+            if log:
+                index.apply_lease_log(log)  # before anything else can evict or delete
+            index.counters.hits += hits
+            index.counters.misses += lookups - hits
+            service.requests += served
+            service._op_counts[Op.LOOKUP_PREFIX] += lookups
+            service._op_counts[Op.PING] += served - lookups
+            hist.total += sum_ns / 1e9
+            hist.n += lookups
+            self.cxl_requests += served
+            self.fast_requests += served
+        return served, stop
 
     def poll_once(self, timeout_ns: int = 0) -> bool:
         """Serve at most one ring request (tests drive the server with this, without a loop)."""
@@ -270,6 +317,7 @@ class MetadataServer:
                 "devdax": self.pool.is_devdax,
                 "needs_flush": self.flush,
                 "native_helper": native.AVAILABLE,
+                "native_fast_path": self._fast is not None,
                 "rings": self.geometry.ring_count,
                 "slots_per_ring": self.geometry.slots_per_ring,
                 "slot_size": self.geometry.slot_size,
@@ -278,6 +326,7 @@ class MetadataServer:
             "requests": {
                 "total": self.service.requests,
                 "cxl": self.cxl_requests,
+                "cxl_native_fast_path": self.fast_requests,
                 "tcp": self.tcp_requests,
                 "errors": self.service.error_count,
                 "bad_slots": self.bad_slots,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 
@@ -27,7 +28,9 @@ class LatencyHistogram:
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
+        # int64 arrays so the native fast path can count into the same buckets.
+        self.bounds_ns = array("q", [round(b * 1e9) for b in bounds])
+        self.counts = array("q", [0] * (len(bounds) + 1))
         self.total = 0.0
         self.n = 0
 

@@ -1,0 +1,111 @@
+"""The native lookup fast path answers exactly what the Python index would, and its leases count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from belugactl.dataplane import native
+from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
+from belugactl.dataplane.pool import PoolMapping
+from belugactl.dataplane.rpc import protocol as p
+from belugactl.dataplane.rpc.protocol import Code, Op
+from belugactl.dataplane.rpc.transport import CxlTransport
+
+pytestmark = pytest.mark.skipif(native.fast_serve is None, reason="native helper not built")
+NS = 5_000_000_000
+
+
+def setup(pool_path: Path):
+    pool = PoolMapping.open(pool_path)
+    server = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0))
+    server.start()
+    t = CxlTransport(pool, 1)
+    ns = server.index.open_namespace("m/tp0")
+    return pool, server, t, ns
+
+
+def put(server: MetadataServer, ns: int, key: bytes, n: int = 4096) -> None:
+    token, _ = server.index.reserve(ns, key, n)
+    server.index.commit(token)
+
+
+def fast_call(server: MetadataServer, t: CxlTransport, op: int, payload: bytes):
+    t.submit(op, server.epoch, payload)
+    served, stop = server._fast_burst(0, NS)
+    if stop >= 0:  # handed back to Python
+        assert server.poll_once(0)
+    return served, t.collect(NS)
+
+
+def test_fast_lookups_match_the_index_and_grant_leases(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    keys = [bytes([i]) * 32 for i in range(6)]
+    for k in keys[:4]:
+        put(server, ns, k)
+    for chain, expected in ((keys, 4), (keys[1:], 3), (keys[4:], 0), (keys[:1], 1)):
+        served, (code, _e, rep) = fast_call(server, t, Op.LOOKUP_PREFIX, p.encode_lookup(ns, chain))
+        assert served == 1 and code == 0
+        count, lease = p.decode_lookup_reply(rep)
+        assert count == expected == server.index.lookup_prefix(ns, chain)[0]
+        assert (lease != 0) == (expected > 0)
+        if lease:
+            assert [e.key[1] for e in server.index.leases[lease].entries] == chain[:expected]
+    assert server.index.entries[(ns, keys[0])].leases == 4  # 2 fast leases + 2 from the index calls above
+    assert server.fast_requests == 4 and server.service.ops["LOOKUP_PREFIX"] == 4
+    pool.close()
+
+
+def test_fast_leases_protect_blocks_from_eviction(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    server.index.config.high_watermark = 1.0
+    server.index.config.low_watermark = 0.0
+    hot = b"h" * 32
+    put(server, ns, hot, 1 << 20)
+    put(server, ns, b"c" * 32, 1 << 20)
+    fast_call(server, t, Op.LOOKUP_PREFIX, p.encode_lookup(ns, [hot]))
+    server.index.evict(target_free=server.allocator.capacity)
+    assert (ns, hot) in server.index.entries and (ns, b"c" * 32) not in server.index.entries
+    pool.close()
+
+
+def test_deleted_and_unknown_and_long_keys(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    put(server, ns, b"d" * 32)
+    server.index.delete(ns, b"d" * 32)
+    _served, (code, _e, rep) = fast_call(server, t, Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"d" * 32]))
+    assert code == 0 and p.decode_lookup_reply(rep)[0] == 0
+    # An unknown namespace goes to Python, which answers UNKNOWN_NS.
+    served, (code, _e, _r) = fast_call(server, t, Op.LOOKUP_PREFIX, p.encode_lookup(99, [b"d" * 32]))
+    assert served == 0 and code == Code.UNKNOWN_NS
+    # Keys longer than the mirror holds are answered by Python, correctly.
+    long_key = b"L" * 100
+    put(server, ns, long_key)
+    assert server.index.mirror_misses == 1
+    t2 = CxlTransport(pool, 0)
+    t2.submit(Op.LOOKUP_PREFIX, server.epoch, p.encode_lookup(ns, [long_key]))
+    served, stop = server._fast_burst(0, NS)
+    assert served == 0 and stop >= 0
+    assert server.poll_once(0)
+    assert p.decode_lookup_reply(t2.collect(NS)[2])[0] == 1
+    # Other opcodes, a stale epoch and pings.
+    _s, (code, _e, rep) = fast_call(server, t, Op.PING, b"hi")
+    assert code == 0 and rep == b"hi"
+    t.submit(Op.LOOKUP_PREFIX, server.epoch + 1, p.encode_lookup(ns, [b"d" * 32]))
+    served, stop = server._fast_burst(0, NS)
+    assert served == 0 and stop >= 0 and server.poll_once(0)
+    assert t.collect(NS)[0] == Code.STALE_EPOCH
+    pool.close()
+
+
+def test_fast_serve_refuses_inconsistent_arrays(pool_path: Path) -> None:
+    pool, server, _t, _ns = setup(pool_path)
+    h = server.service.latency_by_op[Op.LOOKUP_PREFIX]
+    from array import array
+
+    bad_offs = array("q", [pool.size] * len(server._offs))
+    with pytest.raises(ValueError):
+        native.fast_serve(server._fast, pool.buf, bad_offs, server._cursor, 8, 256, 1, 1, False, 0, 0, 1, 1,
+                          h.bounds_ns, h.counts)  # fmt: skip
+    pool.close()
