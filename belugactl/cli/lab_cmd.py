@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         memory: str = typer.Option("1GiB", "--memory", help="RAM per guest."),
         accel: str = typer.Option("auto", "--accel", help="auto (= tcg, KVM only reported), tcg or kvm."),
         boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for every guest."),
+        install: bool = typer.Option(False, "--install", help="apt-get install missing packages first (root)."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Boot N guests in parallel, each with a CXL host bridge, two root ports and one type-3 device
@@ -62,6 +63,8 @@ def register(app: typer.Typer) -> None:
             mem = parse_size(memory)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
+        if install:
+            rack.prepare(install=True, progress=_progress)
         report = rack.up(
             name=name,
             hosts=hosts,
