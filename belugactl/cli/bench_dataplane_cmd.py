@@ -51,6 +51,11 @@ def rpc(
     for qd in QDS:
         c, t = cxl["ops_per_s"][str(qd)], tcp["ops_per_s"][str(qd)]
         table.add_row(f"QD{qd} (kops/s)", f"{c / 1e3:.1f}", f"{t / 1e3:.1f}", f"{c / t:.1f}x (CXL/TCP)")
+    native_thr = cxl.get("ops_per_s_native_client")
+    if native_thr:
+        for qd in QDS:
+            c, t = native_thr[str(qd)], tcp["ops_per_s"][str(qd)]
+            table.add_row(f"QD{qd} C client (kops/s)", f"{c / 1e3:.1f}", "-", f"{c / t:.1f}x (vs TCP row)")
     console.print(table)
     targets = Table("target", "goal", "measured", "met")
     for name, t in result["targets"].items():

@@ -630,6 +630,7 @@ static int log_push(struct logbuf *l, int64_t x) {
 }
 
 #define OP_LOOKUP 3
+#define FAST_LINGER_NS 50000ull
 #define OP_PING 12
 
 /* fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
@@ -673,7 +674,7 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
     int64_t ids[256];
     uint64_t sum_ns = 0;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
+    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns, last_served = t0;
     unsigned spins = 0;
     for (;;) {
         Py_ssize_t found = -1;
@@ -684,11 +685,12 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
             if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { found = i; break; }
         }
         if (found < 0) {
-            if (served > 0) break; /* return what we did; Python looks at TCP and timers */
             if ((++spins & 15) == 0) {
                 uint64_t t = now_ns();
-                if (t >= deadline) break;
-                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+                /* After serving, linger a little for the next request (a QD1 client is about to
+                 * send it) before going back to Python for its bookkeeping, TCP and timers. */
+                if (t >= deadline || (served > 0 && t - last_served > FAST_LINGER_NS)) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS && (served == 0 || t - last_served > SPIN_BEFORE_YIELD_NS)) sched_yield();
             }
             cpu_relax();
             continue;
@@ -753,7 +755,8 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         }
         served++;
         start = found;
-        if (served >= max_n) break;
+        last_served = now_ns();
+        if (served >= max_n || last_served >= deadline) break;
     }
     Py_END_ALLOW_THREADS
     {
@@ -766,6 +769,126 @@ done:
     free(log.v);
     PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&cv); PyBuffer_Release(&bv); PyBuffer_Release(&hv);
     return result;
+}
+
+/* rpc_call(buf, off, seq, epoch32, op, payload, max_payload, timeout_ns, flush, epoch_off, expected_epoch)
+ *   -> (code, epoch, payload) | None on timeout
+ * The client's whole QD1 round trip in one call. With epoch_off >= 0, first compare the pool
+ * header's epoch word with expected_epoch and return code -1 without sending if it moved (the
+ * server restarted: fenced). Code -2: the slot is still REQ_READY from an abandoned request. */
+static PyObject *py_rpc_call(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off, maxp, epoch_off; unsigned long long seq, timeout_ns, expected;
+    unsigned int epoch32, op; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIy*nKpnK", &v, &off, &seq, &epoch32, &op, &pl, &maxp, &timeout_ns, &flush,
+                          &epoch_off, &expected))
+        return NULL;
+    PyObject *r = NULL;
+    if (maxp < 0 || pl.len > maxp) { PyErr_SetString(PyExc_ValueError, "payload larger than the slot"); goto done; }
+    if (get_slot(&v, off, HDR + maxp, &slot) < 0) goto done;
+    if (epoch_off >= 0) {
+        uint64_t *ew;
+        if (get_word(&v, epoch_off, &ew) < 0) goto done;
+        if (flush) { flush_range((char *)ew, 8, 1); full_fence(); }
+        if (__atomic_load_n(ew, __ATOMIC_ACQUIRE) != expected) { r = Py_BuildValue("(iIy#)", -1, 0u, "", (Py_ssize_t)0); goto done; }
+    }
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_REQ) { r = Py_BuildValue("(iIy#)", -2, 0u, "", (Py_ssize_t)0); goto done; }
+    publish(slot, seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+    uint64_t st;
+    unsigned spins = 0;
+    for (;;) {
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+        if (st == ST_RESP || ++spins > 2000) break;
+        cpu_relax();
+    }
+    if (st != ST_RESP) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
+        for (;;) {
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+            if (st == ST_RESP) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t >= deadline) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
+                     (unsigned long long)h->seq, seq, h->length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        goto done;
+    }
+    r = Py_BuildValue("(iIy#)", (int)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
+    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* rpc_burst(buf, slot_offsets_int64[S], seq_start, epoch32, op, payload, qd, total, timeout_ns, flush)
+ *   -> (completed, elapsed_ns)
+ * A load generator in C: keeps `qd` requests in flight on one ring until `total` completed, to
+ * measure what the server sustains without a Python client in the way (bench rpc). */
+static PyObject *py_rpc_burst(PyObject *self, PyObject *args) {
+    Py_buffer v, ov, pl; unsigned long long seq0, timeout_ns; unsigned int epoch32, op; Py_ssize_t qd, total; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIy*nnKp", &v, &ov, &seq0, &epoch32, &op, &pl, &qd, &total, &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL;
+    Py_ssize_t S = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    if (S == 0 || qd < 1 || qd > S || total < 0) { PyErr_SetString(PyExc_ValueError, "bad ring or queue depth"); goto done; }
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - HDR - pl.len || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_SetString(PyExc_ValueError, "slot offset outside the buffer"); goto done;
+        }
+    }
+    Py_ssize_t done_n = 0, posted = 0, failed = 0;
+    uint64_t t_start, t_end;
+    Py_BEGIN_ALLOW_THREADS
+    t_start = now_ns();
+    uint64_t last_progress = t_start;
+    while (done_n < total && !failed) {
+        while (posted < total && posted - done_n < qd) {
+            uint64_t seq = seq0 + (uint64_t)posted;
+            publish((char *)v.buf + offs[seq % (uint64_t)S], seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+            posted++;
+        }
+        uint64_t seq = seq0 + (uint64_t)done_n;
+        struct slot_hdr *h = (struct slot_hdr *)((char *)v.buf + offs[seq % (uint64_t)S]);
+        unsigned spins = 0;
+        for (;;) {
+            if (flush) { flush_range((char *)h, 8, 1); full_fence(); }
+            if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_RESP) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t - last_progress > timeout_ns) { failed = 1; break; }
+                if (t - last_progress > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+        }
+        if (failed) break;
+        if (h->seq != seq || h->code != 0) failed = 2;
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        done_n++;
+        last_progress = now_ns();
+    }
+    t_end = now_ns();
+    Py_END_ALLOW_THREADS
+    if (failed == 1) { PyErr_SetString(PyExc_TimeoutError, "no reply within the timeout"); goto done; }
+    if (failed == 2) { PyErr_SetString(PyExc_RuntimeError, "a reply carried an error code or the wrong sequence"); goto done; }
+    r = Py_BuildValue("(nK)", done_n, (unsigned long long)(t_end - t_start));
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&pl);
+    return r;
 }
 
 static PyMethodDef methods[] = {
@@ -784,6 +907,8 @@ static PyMethodDef methods[] = {
     {"rpc_wait_reply", py_rpc_wait_reply, METH_VARARGS, "rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush=False) -> (code, epoch, payload) | None."},
     {"rpc_take", py_rpc_take, METH_VARARGS, "rpc_take(buf, offsets, start, max_payload, timeout_ns, flush=False) -> (i, seq, magic, epoch, op, length, payload|None) | None."},
     {"rpc_reply", py_rpc_reply, METH_VARARGS, "rpc_reply(buf, off, seq, epoch, op, code, payload, flush=False): write a reply, publish RESP_READY."},
+    {"rpc_call", py_rpc_call, METH_VARARGS, "rpc_call(...): a client's whole QD1 round trip; see the source."},
+    {"rpc_burst", py_rpc_burst, METH_VARARGS, "rpc_burst(...): C load generator for bench rpc; see the source."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},

@@ -28,14 +28,13 @@ Semantics (the server's; see docs/dataplane.md):
 
 from __future__ import annotations
 
-import functools
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from belugactl.dataplane import native
 from belugactl.dataplane.errors import (
     AlreadyPresent,
     MetadataUnavailable,
@@ -46,13 +45,16 @@ from belugactl.dataplane.errors import (
 )
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op
-from belugactl.dataplane.rpc.transport import CxlTransport, TcpTransport, TransportError
+from belugactl.dataplane.rpc.transport import FENCED, CxlTransport, TcpTransport, TransportError
 from belugactl.errors import UsageError
 
 if TYPE_CHECKING:
     from belugactl.dataplane.pool import PoolMapping
 
 Extent = tuple[int, int]  # (pool offset, length in bytes)
+_LOOKUP = int(Op.LOOKUP_PREFIX)
+_LOOKUP_HDR = struct.Struct("<IHH")
+_U32 = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -157,13 +159,6 @@ class KVIndexClient:
         self._stale = False
         self._pool = transport.pool if isinstance(transport, CxlTransport) else None
         self._lookup_cap: dict[int, int] = {}
-        if self._pool is not None and not self._pool.needs_flush:
-            from belugactl.model.header import EPOCH_OFFSET
-
-            # One 8-byte load per call; no flush is needed on a coherent pool.
-            self._pool_epoch = functools.partial(native.load64, self._pool.buf, EPOCH_OFFSET)
-        elif self._pool is not None:
-            self._pool_epoch = self._pool.epoch
 
     # --- connection ---------------------------------------------------------------------------
     def reconnect(self) -> int:
@@ -171,15 +166,20 @@ class KVIndexClient:
 
         Call after StaleEpoch (having dropped every lease id and token) or MetadataUnavailable.
         """
+        cxl = isinstance(self.transport, CxlTransport)
         try:
             if self.transport.broken or self._stale or self.epoch:
                 self.transport.reset()
+            if cxl:
+                self.transport.fence_epoch = None  # HELLO is how we learn the new epoch
             code, _e, payload = self.transport.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         if code != Code.OK:
             raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
         epoch, _pid, _maxp = p.decode_hello_reply(payload)
+        if cxl:
+            self.transport.fence_epoch = epoch
         self.epoch = epoch
         self._epoch32 = epoch & 0xFFFFFFFF
         self._ns.clear()
@@ -196,11 +196,6 @@ class KVIndexClient:
     def _call(self, op: Op, payload: bytes) -> bytes:
         if self._stale:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
-        if self._pool is not None and self._pool_epoch() != self.epoch:
-            # The header's epoch word moved: the server restarted. One 8-byte load fences us
-            # without a round trip.
-            self._stale = True
-            raise self._error(Code.STALE_EPOCH, op)
         if self.transport.broken:
             old = self.epoch
             self.reconnect()  # raises MetadataUnavailable, or adopts the server's epoch
@@ -214,8 +209,12 @@ class KVIndexClient:
             code, _epoch, reply = self.transport.call(op, self._epoch32, payload, self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
-        if code == Code.OK:
+        if code == 0:
             return reply
+        if code == FENCED:
+            # The header's epoch word moved: the server restarted. The CXL transport checks it
+            # (one 8-byte load) before sending, so we are fenced without a round trip.
+            code = Code.STALE_EPOCH
         raise self._error(code, op)
 
     def _error(self, code: int, op: Op) -> Exception:
@@ -252,7 +251,11 @@ class KVIndexClient:
         """How many leading keys of this chain are committed. Grants read leases on them (TTL)."""
         if len(keys) == 1:  # the common scheduler probe: skip the chunking machinery
             ns = self._ns.get(namespace) or self._ns_id(namespace)
-            return p.decode_lookup_reply(self._call(Op.LOOKUP_PREFIX, p.encode_lookup(ns, keys)))[0]
+            key = keys[0]
+            reply = self._call(_LOOKUP, _LOOKUP_HDR.pack(ns, 1, len(key)) + key)
+            if len(reply) < 4:
+                raise RequestRejected("short LOOKUP_PREFIX reply")
+            return _U32.unpack_from(reply, 0)[0]
         return self.lookup_prefix_leased(namespace, keys)[0]
 
     def lookup_prefix_leased(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, list[int]]:

@@ -51,7 +51,7 @@ def test_fast_lookups_match_the_index_and_grant_leases(pool_path: Path) -> None:
         assert count == expected == server.index.lookup_prefix(ns, chain)[0]
         assert (lease != 0) == (expected > 0)
         if lease:
-            assert [e.key[1] for e in server.index.leases[lease].entries] == chain[:expected]
+            assert [e.key[1] for e in server.index.leases[lease]] == chain[:expected]
     assert server.index.entries[(ns, keys[0])].leases == 4  # 2 fast leases + 2 from the index calls above
     assert server.fast_requests == 4 and server.service.ops["LOOKUP_PREFIX"] == 4
     pool.close()

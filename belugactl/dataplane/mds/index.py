@@ -50,12 +50,6 @@ class Pending:
     deadline: float
 
 
-@dataclass(slots=True)
-class Lease:
-    entries: list[Entry]
-    deadline: float
-
-
 @dataclass
 class IndexConfig:
     lease_ttl_s: float = 10.0
@@ -97,7 +91,8 @@ class KVIndex:
         self.lru: OrderedDict[Key, Entry] = OrderedDict()  # committed, live entries; cold end first
         self.pending: dict[int, Pending] = {}
         self.pending_keys: dict[Key, int] = {}
-        self.leases: dict[int, Lease] = {}
+        # lease id -> the entries it holds; deadlines live in _lease_q (one TTL, so in order).
+        self.leases: dict[int, list[Entry]] = {}
         # Deadlines only grow (one TTL each), so expiry pops from the left of these queues
         # instead of scanning every live lease.
         self._lease_q: deque[tuple[float, int]] = deque()
@@ -159,7 +154,7 @@ class KVIndex:
         lease = self.next_lease
         self.next_lease = lease + 1
         deadline = self.clock() + self.config.lease_ttl_s
-        self.leases[lease] = Lease(found, deadline)
+        self.leases[lease] = found
         self._lease_q.append((deadline, lease))
         return lease
 
@@ -171,19 +166,30 @@ class KVIndex:
 
     def apply_lease_log(self, log: bytes) -> None:
         """Record leases the native fast path granted: (lease id, n, n entry ids) int64 records."""
-        words = memoryview(log).cast("q")
+        words = memoryview(log).cast("q").tolist()
         deadline = self.clock() + self.config.lease_ttl_s
-        lru = self.lru
+        move_to_end = self.lru.move_to_end
+        by_id = self.by_id
+        leases = self.leases
+        queue = self._lease_q.append
         i = 0
-        while i < len(words):
-            lease, n = words[i], words[i + 1]
-            found = [self.by_id[x] for x in words[i + 2 : i + 2 + n]]
-            i += 2 + n
-            for e in found:
+        end = len(words)
+        while i < end:
+            lease = words[i]
+            n = words[i + 1]
+            if n == 1:  # the common single-block probe
+                e = by_id[words[i + 2]]
                 e.leases += 1
-                lru.move_to_end(e.key)
-            self.leases[lease] = Lease(found, deadline)
-            self._lease_q.append((deadline, lease))
+                move_to_end(e.key)
+                found = [e]
+            else:
+                found = [by_id[x] for x in words[i + 2 : i + 2 + n]]
+                for e in found:
+                    e.leases += 1
+                    move_to_end(e.key)
+            i += 2 + n
+            leases[lease] = found
+            queue((deadline, lease))
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
@@ -194,8 +200,8 @@ class KVIndex:
                 released += 1
         return released
 
-    def _drop_lease(self, lease: Lease) -> None:
-        for e in lease.entries:
+    def _drop_lease(self, lease: list[Entry]) -> None:
+        for e in lease:
             e.leases -= 1
             if e.dead and e.leases == 0:
                 self._free(e.alloc)

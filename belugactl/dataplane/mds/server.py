@@ -24,6 +24,7 @@ native helper (GIL released), drains TCP with a zero-timeout select every few re
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -174,6 +175,10 @@ class MetadataServer:
         self._stop.set()
 
     def serve_forever(self) -> None:
+        # Every lookup makes a few small objects (a lease, its list); with the default thresholds
+        # the cyclic GC would walk the whole index hundreds of times a second under load.
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 50)
         cfg = self.config
         buf = self.pool.buf
         offs = self._offs

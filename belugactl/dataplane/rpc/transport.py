@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from belugactl.dataplane.pool import PoolMapping
 
 Reply = tuple[int, int, bytes]  # (code, server epoch low 32 bits, payload)
+FENCED = -1  # call() code: the pool header's epoch moved since the client joined; nothing was sent
+_rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
 _FRAME = struct.Struct("<I")
 
 
@@ -47,6 +49,11 @@ class CxlTransport:
         self._offsets = [g.slot_offset(ring, s) for s in range(g.slots_per_ring)]
         self._inflight: deque[int] = deque()
         self.broken = False
+        # The epoch the client adopted: a call first checks the header's epoch word against it.
+        self.fence_epoch: int | None = None
+        from belugactl.model.header import EPOCH_OFFSET
+
+        self._epoch_off = EPOCH_OFFSET
         self.reset()
 
     def reset(self) -> None:
@@ -104,6 +111,29 @@ class CxlTransport:
         seq = self._seq
         off = self._offsets[seq % self.slots_per_ring]
         buf = self.buf
+        fence = self.fence_epoch
+        if _rpc_call is not None:
+            # The whole round trip in one native call, the header epoch check included.
+            try:
+                r = _rpc_call(buf, off, seq, epoch, op, payload, self.max_payload, timeout_ns, self.flush,
+                              self._epoch_off if fence is not None else -1, fence or 0)  # fmt: skip
+            except ValueError as exc:
+                self.broken = True
+                raise TransportError(str(exc)) from None
+            if r is None:
+                self._seq = seq + 1
+                self.broken = True
+                raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+            code = r[0]
+            if code >= 0:
+                self._seq = seq + 1
+                return r
+            if code == FENCED:
+                return r
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        if fence is not None and native.load64(buf, self._epoch_off) != fence:
+            return FENCED, 0, b""
         if native.load64(buf, off) == REQ_READY:
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
