@@ -191,3 +191,27 @@ def test_clean_exit_codes(manifest_path: Path, pool_path: Path, tmp_path: Path, 
     assert "Traceback" not in err and "does not exist" in err and "field(s) differ" in err and "in use" in err
     with PoolMapping.open(pool_path) as pool:
         assert pool.epoch() == 0  # refused before bumping the epoch
+
+
+def test_works_without_the_native_helper(manifest_path: Path, pool_path: Path) -> None:
+    """BELUGACTL_NATIVE=0: the Python stand-ins serve one host correctly (server and client)."""
+    env = {**os.environ, "BELUGACTL_NATIVE": "0"}
+    argv = [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest_path), "--pool", str(pool_path),
+            "--rpc-port", "0", "--admin-port", "0", "--fence-grace", "0", "--json"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # noqa: S603
+    try:
+        record = json.loads(proc.stdout.readline() if proc.stdout else "{}")
+        assert record["native_helper"] is False
+        out = subprocess.run(  # noqa: S603
+            [sys.executable, "-c", CLIENT + "\nfrom belugactl.dataplane import native\nprint(native.AVAILABLE)",
+             f"cxl://{pool_path}#1", str(pool_path), "py"],
+            env=env, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["20", "False"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        for f in (proc.stdout, proc.stderr):
+            if f:
+                f.close()
