@@ -13,6 +13,7 @@ through the native helper, and warn loudly when it is missing).
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import socket
@@ -159,7 +160,14 @@ class PoolMapping:
                         f"pool file {path} is {format_size(size)}, smaller than the 2 MiB header region",
                         fix="create it with create_file_pool(path, manifest) or `belugactl pool create-file`",
                     )
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+            try:
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+            except OSError as exc:
+                if not devdax or exc.errno != errno.EINVAL:
+                    raise
+                # A devdax device with a 1 GiB alignment refuses a 2 MiB mapping.
+                size = 1 << 30
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
             try:
                 header = PoolHeader.unpack(mm[:MAX_HEADER_SIZE])
             except InputError as exc:
@@ -176,6 +184,12 @@ class PoolMapping:
                     f"pool {path} is {format_size(size)} but its header says {format_size(header.pool_size)}",
                     fix="recreate the pool file; it was truncated",
                 )
+        except OSError as exc:
+            raise PoolMissing(
+                f"cannot map pool {path}: {exc.strerror or exc}",
+                why="mmap of the pool failed (size, alignment or permissions)",
+                fix="check the device with `belugactl discover` and the manifest's pool.size / pool.align",
+            ) from None
         finally:
             os.close(fd)
 
