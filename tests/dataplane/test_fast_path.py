@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from belugactl.dataplane import native
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
@@ -108,4 +111,39 @@ def test_fast_serve_refuses_inconsistent_arrays(pool_path: Path) -> None:
     with pytest.raises(ValueError):
         native.fast_serve(server._fast, pool.buf, bad_offs, server._cursor, 8, 256, 1, 1, False, 0, 0, 1, 1,
                           h.bounds_ns, h.counts)  # fmt: skip
+    pool.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    op=st.sampled_from([3, 12, 3, 4, 999]),
+    length=st.integers(0, 240),
+    payload=st.binary(min_size=0, max_size=224),
+    good_epoch=st.booleans(),
+)
+def test_native_path_survives_hostile_slots(pool_path: Path, op: int, length: int, payload: bytes, good_epoch: bool):
+    pool, server, t, ns = setup(pool_path)
+    put(server, ns, b"x" * 8)
+    g = pool.geometry
+    ring = 2
+    off = g.slot_offset(ring, 0)
+    seq = 5 * g.slots_per_ring  # a plausible sequence number for slot 0
+    epoch = server.epoch if good_epoch else server.epoch + 7
+    pool.buf[off + 32 : off + 32 + len(payload)] = payload
+    struct.pack_into("<QQIIHHI", pool.buf, off, 0, seq, p.MAGIC, epoch, op, 0, length)
+    native.store64(pool.buf, off, p.REQ_READY)
+    served, stop = server._fast_burst(0, 0)
+    if stop >= 0:
+        assert server.poll_once(0)
+    assert native.load64(pool.buf, off) == p.RESP_READY
+    code = struct.unpack_from("<H", pool.buf, off + 26)[0]
+    if not good_epoch and op != 999 and length <= g.slot_size - 32:
+        assert code == Code.STALE_EPOCH
+    if op == 999 and length <= g.slot_size - 32:
+        assert code == Code.BAD_OP
+    if length > g.slot_size - 32:
+        assert code == Code.BAD_LENGTH
+    # The server still answers an honest client.
+    _s, (code, _e, rep) = fast_call(server, CxlTransport(pool, 0), Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"x" * 8]))
+    assert code == 0 and p.decode_lookup_reply(rep)[0] == 1
     pool.close()

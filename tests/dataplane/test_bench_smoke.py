@@ -1,0 +1,29 @@
+"""The benchmark commands run and report their figures (the figures themselves are not asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from belugactl.cli.app import run
+
+
+def test_bench_mds_json(capsys) -> None:
+    assert run(["bench", "mds", "--ops", "3000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["benchmark"] == "mds"
+    assert sum(doc["index"]["mix"].values()) == 3000 and doc["index"]["ops_per_s"] > 0
+    assert 0 < doc["allocator_churn"]["live_bytes_over_area_peak"] <= 1
+
+
+@pytest.mark.timeout(120)
+def test_bench_rpc_json(capsys) -> None:
+    assert run(["bench", "rpc", "--samples", "200", "--seconds", "0.02", "--no-pin", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for transport in ("cxl", "tcp"):
+        assert doc[transport]["request_bytes"] == 64
+        assert doc[transport]["qd1"]["p50_us"] > 0
+        assert set(doc[transport]["ops_per_s"]) == {"1", "8", "32", "128"}
+    assert set(doc["targets"]) == {"cxl_qd1_p50_us", "tcp_over_cxl_p50", "cxl_qd128_mops"}
+    assert doc["ratios"]["tcp_over_cxl_p50"] > 0
