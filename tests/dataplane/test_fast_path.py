@@ -57,6 +57,7 @@ def test_fast_lookups_match_the_index_and_grant_leases(pool_path: Path) -> None:
             assert [e.key[1] for e in server.index.leases[lease]] == chain[:expected]
     assert server.index.entries[(ns, keys[0])].leases == 4  # 2 fast leases + 2 from the index calls above
     assert server.fast_requests == 4 and server.service.ops["LOOKUP_PREFIX"] == 4
+    server.close()
     pool.close()
 
 
@@ -70,6 +71,7 @@ def test_fast_leases_protect_blocks_from_eviction(pool_path: Path) -> None:
     fast_call(server, t, Op.LOOKUP_PREFIX, p.encode_lookup(ns, [hot]))
     server.index.evict(target_free=server.allocator.capacity)
     assert (ns, hot) in server.index.entries and (ns, b"c" * 32) not in server.index.entries
+    server.close()
     pool.close()
 
 
@@ -99,6 +101,7 @@ def test_deleted_and_unknown_and_long_keys(pool_path: Path) -> None:
     served, stop = server._fast_burst(0, NS)
     assert served == 0 and stop >= 0 and server.poll_once(0)
     assert t.collect(NS)[0] == Code.STALE_EPOCH
+    server.close()
     pool.close()
 
 
@@ -111,6 +114,7 @@ def test_fast_serve_refuses_inconsistent_arrays(pool_path: Path) -> None:
     with pytest.raises(ValueError):
         native.fast_serve(server._fast, pool.buf, bad_offs, server._cursor, 8, 256, 1, 1, False, 0, 0, 1, 1,
                           h.bounds_ns, h.counts)  # fmt: skip
+    server.close()
     pool.close()
 
 
@@ -146,4 +150,5 @@ def test_native_path_survives_hostile_slots(pool_path: Path, op: int, length: in
     # The server still answers an honest client.
     _s, (code, _e, rep) = fast_call(server, CxlTransport(pool, 0), Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"x" * 8]))
     assert code == 0 and p.decode_lookup_reply(rep)[0] == 1
+    server.close()
     pool.close()

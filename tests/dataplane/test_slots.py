@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def test_requests_round_trip_across_ring_wrap(pool_path: Path) -> None:
     assert call(t, server, Op.COMMIT, p.encode_u64(token))[0] == 0
     code, _e, rep = call(t, server, Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"k" * 32, b"j" * 32]))
     assert p.decode_lookup_reply(rep)[0] == 1
+    server.close()
     pool.close()
 
 
@@ -59,6 +61,7 @@ def test_pipelined_requests_are_served_in_order(pool_path: Path) -> None:
     assert [t.collect(NS)[2] for _ in range(pool.geometry.slots_per_ring)] == [
         bytes([i]) for i in range(pool.geometry.slots_per_ring)
     ]
+    server.close()
     pool.close()
 
 
@@ -70,6 +73,7 @@ def test_reconnecting_client_is_found_at_slot_zero(pool_path: Path) -> None:
     t.reset()  # a new process takes the ring over: starts again at slot 0
     assert call(t, server, Op.PING, b"b")[2] == b"b"
     assert call(t, server, Op.PING, b"c")[2] == b"c"
+    server.close()
     pool.close()
 
 
@@ -78,6 +82,7 @@ def test_wrong_epoch_is_fenced(pool_path: Path) -> None:
     t = CxlTransport(pool, 1)
     assert call(t, server, Op.PING, b"x", epoch=server.epoch + 1)[0] == Code.STALE_EPOCH
     assert call(t, server, Op.HELLO, p.encode_hello(1), epoch=12345)[0] == 0  # HELLO is how a client learns it
+    server.close()
     pool.close()
 
 
@@ -85,9 +90,12 @@ def test_requests_left_by_a_dead_server_are_answered_stale_by_the_next(pool_path
     pool, server = make_server(pool_path)
     t = CxlTransport(pool, 3)
     t.submit(Op.PING, server.epoch, b"orphan")  # the server dies before serving it
-    _pool2, server2 = make_server(pool_path)
+    server.close()  # as a killed process would, it lets go of the pool lock
+    pool2, server2 = make_server(pool_path)
     assert server2.epoch == server.epoch + 1 and server2.stale_fenced == 1
     assert t.collect(NS)[0] == Code.STALE_EPOCH
+    server2.close()
+    pool2.close()
     pool.close()
 
 
@@ -115,4 +123,16 @@ def test_corrupted_slot_bytes_get_an_error_reply_and_the_server_keeps_serving(
     # Another client is unaffected.
     t = CxlTransport(pool, 0)
     assert call(t, server, Op.PING, b"still here")[2] == b"still here"
+    server.close()
+    pool.close()
+
+
+def test_a_second_server_on_the_same_pool_is_refused(pool_path: Path) -> None:
+    from belugactl.errors import EnvironmentProblem
+
+    pool, server = make_server(pool_path)
+    with pytest.raises(EnvironmentProblem, match="another metadata server"):
+        make_server(pool_path)
+    assert pool.epoch() == server.epoch  # the refused one did not bump it
+    server.close()
     pool.close()

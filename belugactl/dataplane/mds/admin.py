@@ -8,6 +8,7 @@ housekeeping tick, ~100 ms) plus plain integer counters, so it never races the i
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -132,7 +133,10 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
             else:
                 self._send(404, b'{"error": "not found"}')
 
-    httpd = ThreadingHTTPServer((bind, port), Handler)
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+
+    httpd = Server((bind, port), Handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)
     thread.start()

@@ -24,6 +24,7 @@ native helper (GIL released), drains TCP with a zero-timeout select every few re
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import os
@@ -93,6 +94,7 @@ class MetadataServer:
         self.admin = None
         self.admin_port: int | None = None
         self._sel = selectors.DefaultSelector()
+        self._lock_fd: int | None = None
         self._conns: dict[int, _TcpConn] = {}
         self.snapshot: dict[str, Any] = {}
         self.stale_fenced = 0
@@ -111,8 +113,23 @@ class MetadataServer:
         self.fast_requests = 0
 
     # --- start-up -----------------------------------------------------------------------------
+    def _lock_pool(self) -> None:
+        """One metadata server per pool (per host): a second one would bump the epoch under the first."""
+        fd = os.open(self.pool.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise EnvironmentProblem(
+                f"another metadata server is serving {self.pool.path}",
+                why="it holds the pool's lock; two servers would fence each other's clients",
+                fix="stop the other one (`belugactl stop`, or SIGTERM it) before starting this one",
+            ) from None
+        self._lock_fd = fd
+
     def bind(self) -> None:
         c = self.config
+        self._lock_pool()
         if c.rpc_port is not None:
             self.tcp_listener = _listen(c.rpc_bind, c.rpc_port, "RPC (TCP)")
             self.tcp_listener.setblocking(False)
@@ -423,6 +440,9 @@ class MetadataServer:
 
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         for conn in list(self._conns.values()):
             self._drop(conn)
         if self.tcp_listener is not None:
