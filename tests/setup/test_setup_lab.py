@@ -1,0 +1,141 @@
+"""setup / teardown on the emulated rack: real kernel 6.1, real cxl/ndctl/daxctl 76.1, two guests, one pool.
+
+Slow (each command in a TCG guest takes tens of seconds); marked `lab`. Uses its own lab name so it
+never touches another test's guests. Run: .venv/bin/pytest -m lab tests/setup/test_setup_lab.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+BELUGACTL = str(Path(sys.executable).with_name("belugactl"))
+LAB_NAME = "setup-tests"
+MANIFEST = "examples/lab.yaml"
+
+
+def _lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - argv list
+        [BELUGACTL, "lab", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+class Lab:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def sh(self, host: str, *argv: str, timeout: float = 500) -> subprocess.CompletedProcess[str]:
+        return _lab("exec", "--name", LAB_NAME, "--timeout", str(timeout), host, "--", *argv, timeout=timeout + 60)
+
+    def share(self, host: str) -> Path:
+        """A directory this process and the guest both see (the guest sees it at /run/belugactl-lab/share)."""
+        return self.state_dir / "guests" / host / "spool" / "share"
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (belugactl lab prepare)")
+    _lab("down", "--name", LAB_NAME, timeout=120)
+    up = _lab("up", "--name", LAB_NAME, "--hosts", "2", "--json", timeout=600)
+    if up.returncode != 0:
+        pytest.fail(f"lab up failed: {up.stderr[-2000:]}")
+    yield Lab(Path(json.loads(up.stdout)["lab"]["dir"]))
+    _lab("down", "--name", LAB_NAME, timeout=120)
+
+
+def setup(lab: Lab, host: str, *extra: str, manifest: str = MANIFEST) -> subprocess.CompletedProcess[str]:
+    return lab.sh(host, "belugactl", "setup", "-f", manifest, "--host", host, "--json", *extra)
+
+
+PATTERN = """
+import mmap, os, sys
+from belugactl.model.layout import resolve_layout
+from belugactl.model.manifest import load_manifest
+layout = resolve_layout(load_manifest("examples/lab.yaml"))
+part = layout.partition_for("lab-1")
+fd = os.open("/dev/dax0.0", os.O_RDWR)
+m = mmap.mmap(fd, part.offset + (2 << 20), mmap.MAP_SHARED)
+if sys.argv[1] == "write":
+    m[part.offset:part.offset + 16] = b"lab-1 was here!!"
+print(bytes(m[part.offset:part.offset + 16]).decode(errors="replace"))
+"""
+
+
+def test_two_hosts_setup_share_verify_and_teardown(lab: Lab) -> None:
+    # lab-1 first: it creates region + namespace and writes the header.
+    t0 = time.monotonic()
+    first = setup(lab, "lab-1")
+    fresh_s = time.monotonic() - t0
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    applied = [a["step"]["id"] for a in report["applied"]]
+    assert applied[:4] == ["region.create", "devdax.create", "permissions.dax", "header.write"], applied
+    assert "wrote the header" in report["applied"][3]["detail"]
+
+    # lab-2 verifies the header lab-1 wrote (no header step applied).
+    second = setup(lab, "lab-2")
+    assert second.returncode == 0, second.stderr
+    ids = [a["step"]["id"] for a in json.loads(second.stdout)["applied"]]
+    assert "region.create" in ids and "header.write" not in ids
+
+    # A second run on each host: zero steps.
+    for host in ("lab-1", "lab-2"):
+        t0 = time.monotonic()
+        again = setup(lab, host)
+        assert again.returncode == 0, again.stderr
+        doc = json.loads(again.stdout)
+        assert doc["applied"] == [] and doc["plan"]["converged"], doc
+        print(f"{host}: no-op rerun {time.monotonic() - t0:.1f} s wall through lab exec, "
+              f"{doc['duration_s']:.2f} s inside setup; fresh setup of lab-1 {fresh_s:.1f} s wall")
+
+    # doctor passes on both. dax.namespace-uuid is ignored: it compares ndctl's "uuid" (a devdax
+    # namespace's info-block uuid, random) with the pinned label uuid; reported to its owner.
+    for host in ("lab-1", "lab-2"):
+        doctor = lab.sh(host, "belugactl", "doctor", "-f", MANIFEST, "--host", host, "--ignore", "dax.namespace-uuid")
+        assert doctor.returncode == 0, doctor.stdout[-3000:]
+
+    # A pattern lab-1 writes at its partition offset is read by lab-2.
+    wrote = lab.sh("lab-1", sys.executable, "-c", PATTERN, "write")
+    assert wrote.returncode == 0 and "lab-1 was here!!" in wrote.stdout, wrote.stderr
+    read = lab.sh("lab-2", sys.executable, "-c", PATTERN, "read")
+    assert read.returncode == 0 and "lab-1 was here!!" in read.stdout, read.stderr
+
+    # lab-2 with a manifest whose layout differs: refused with the diff, the data intact.
+    changed = lab.share("lab-2") / "changed.yaml"
+    changed.write_text((REPO / MANIFEST).read_text().replace("slots_per_ring: 64", "slots_per_ring: 128"))
+    refused = setup(lab, "lab-2", manifest="/run/belugactl-lab/share/changed.yaml")
+    assert refused.returncode == 1
+    assert "rpc_slots_per_ring: manifest 128, pool 64" in refused.stderr
+    assert "lab-1 was here!!" in lab.sh("lab-2", sys.executable, "-c", PATTERN, "read").stdout
+
+    # MTRR entries added for an uncachable pool, and removed by teardown.
+    unc = lab.share("lab-1") / "uncachable.yaml"
+    unc.write_text((REPO / MANIFEST).read_text().replace("pool_memory_type: write-back",
+                                                         "pool_memory_type: uncachable"))
+    before = lab.sh("lab-1", "cat", "/proc/mtrr").stdout
+    added = setup(lab, "lab-1", "--only", "mtrr", manifest="/run/belugactl-lab/share/uncachable.yaml")
+    assert added.returncode == 0, added.stderr
+    during = lab.sh("lab-1", "cat", "/proc/mtrr").stdout
+    assert during.count("uncachable") > before.count("uncachable")
+
+    # Teardown: refused without --force, then leaves lab-1 as before setup.
+    no_force = lab.sh("lab-1", "belugactl", "teardown", "-f", "/run/belugactl-lab/share/uncachable.yaml",
+                      "--host", "lab-1")
+    assert no_force.returncode == 1 and "--force" in no_force.stderr
+    down = lab.sh("lab-1", "belugactl", "teardown", "-f", "/run/belugactl-lab/share/uncachable.yaml",
+                  "--host", "lab-1", "--force", "--yes")
+    assert down.returncode == 0, down.stderr
+    assert lab.sh("lab-1", "cat", "/proc/mtrr").stdout == before
+    listing = lab.sh("lab-1", "sh", "-c", "cxl list -R; ndctl list -N; ls /etc/udev/rules.d 2>/dev/null").stdout
+    assert "region" not in listing and "namespace" not in listing and "belugactl" not in listing
