@@ -193,7 +193,7 @@ class KVIndexClient:
             fix="check `belugactl status` / the server's /readyz; the caller should treat this as a cache miss",
         )
 
-    def _call(self, op: Op, payload: bytes) -> bytes:
+    def _call(self, op: int, payload: bytes) -> bytes:
         if self._stale:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
         if self.transport.broken:
@@ -217,9 +217,10 @@ class KVIndexClient:
             code = Code.STALE_EPOCH
         raise self._error(code, op)
 
-    def _error(self, code: int, op: Op) -> Exception:
+    def _error(self, code: int, op: int) -> Exception:
         name = Code(code).name if code in Code._value2member_map_ else str(code)
-        what = f"{op.name} failed: {name}"
+        op_name = Op(op).name if op in Op._value2member_map_ else str(op)
+        what = f"{op_name} failed: {name}"
         if code == Code.STALE_EPOCH:
             self._stale = True
             return StaleEpoch(

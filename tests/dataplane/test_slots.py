@@ -136,3 +136,67 @@ def test_a_second_server_on_the_same_pool_is_refused(pool_path: Path) -> None:
     assert pool.epoch() == server.epoch  # the refused one did not bump it
     server.close()
     pool.close()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_flush_mode_round_trips(pool_path: Path, fast: bool) -> None:
+    """The code paths a shared write-back devdax pool takes (flush before publish, evict before read)."""
+    pool = PoolMapping.open(pool_path)
+    pool.needs_flush = True
+    server = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, fast_path=fast))
+    server.start()
+    assert server.flush
+    t = CxlTransport(pool, 1)
+    assert t.flush
+    ns = server.index.open_namespace("m")
+    token, _ = server.index.reserve(ns, b"k" * 32, 5000)
+    server.index.commit(token)
+    for _ in range(2 * pool.geometry.slots_per_ring):
+        t.submit(Op.LOOKUP_PREFIX, server.epoch, p.encode_lookup(ns, [b"k" * 32]))
+        if fast and server._fast is not None:
+            served, stop = server._fast_burst(0, NS)
+            assert served == 1 and stop == -1
+        else:
+            assert server.poll_once(NS)
+        code, _e, rep = t.collect(NS)
+        assert code == 0 and p.decode_lookup_reply(rep)[0] == 1
+    pool.write(pool.geometry.shared_kv_offset, b"published")
+    assert pool.read(pool.geometry.shared_kv_offset, 9) == b"published"
+    server.close()
+    pool.close()
+
+
+def test_client_call_path_in_flush_mode_with_a_server_thread(pool_path: Path) -> None:
+    import threading
+
+    pool = PoolMapping.open(pool_path)
+    pool.needs_flush = True
+    server = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, fast_path=False))
+    server.start()
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            server.poll_once(1_000_000)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        from belugactl.dataplane.client import KVIndexClient
+
+        client = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=5.0)
+        assert client.reconnect() == server.epoch
+        r = client.reserve("m", b"a" * 32, 4096)
+        client.commit(r.token)
+        assert client.lookup_prefix("m", [b"a" * 32]) == 1
+        assert client.lookup_prefix("m", [b"a" * 32, b"b" * 32]) == 1
+        pool.bump_epoch()  # as a restarted server would: the client is fenced before sending
+        from belugactl.dataplane.errors import StaleEpoch
+
+        with pytest.raises(StaleEpoch):
+            client.lookup_prefix("m", [b"a" * 32])
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+        pool.close()
