@@ -1,0 +1,66 @@
+"""The planner on the discovery engineer's fixture trees (recorded tool output, hand-written sysfs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from setup_fakehost import lab_target
+
+from belugactl.errors import EnvironmentProblem
+from belugactl.host.host import Host
+from belugactl.model.layout import resolve_layout
+from belugactl.model.manifest import load_manifest
+from belugactl.workflows.setup.applier import run_setup
+from belugactl.workflows.setup.target import target_from_manifest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def tree(name: str) -> Host:
+    root = FIXTURES / name
+    if not root.is_dir():
+        pytest.skip(f"fixture tree {name} not present")
+    return Host.from_tree(root)
+
+
+def beluga(host: str = "beluga-00"):
+    manifest = load_manifest(EXAMPLES / "beluga-rack.yaml")
+    return target_from_manifest(manifest, host, layout=resolve_layout(manifest))
+
+
+def test_beluga_intel_firmware_pool_online_as_ram_needs_force():
+    plan = run_setup(tree("beluga-intel"), beluga(), dry_run=True).initial
+    first = plan.steps[0]
+    assert first.id == "devdax.reconfigure" and first.destroys_data
+    assert first.actions[0].argv == ("daxctl", "reconfigure-device", "--mode=devdax", "--force", "dax0.0")
+    assert "memory blocks online" in first.before
+    assert {s.id for s in plan.steps} >= {"hugepages.node0", "hugepages.node1", "thp.enabled", "mtrr.add"}
+    ddio = next(s for s in plan.skipped if s.topic == "ddio")
+    assert "Sapphire Rapids" in ddio.reason and "BIOS" in ddio.reason
+
+
+def test_beluga_intel_mtrr_pieces_cover_the_dax_range():
+    plan = run_setup(tree("beluga-intel"), beluga(), dry_run=True).initial
+    step = next(s for s in plan.steps if s.id == "mtrr.add")
+    pieces = [(a.base, a.size) for a in step.actions]
+    assert all(base % size == 0 and size & (size - 1) == 0 for base, size in pieces)
+    for (b1, s1), (b2, _) in zip(pieces, pieces[1:], strict=False):
+        assert b1 + s1 == b2
+
+
+def test_lab_guest_namespace_with_another_name_is_a_destructive_replace():
+    plan = run_setup(tree("lab-guest"), lab_target(), dry_run=True).initial
+    step = plan.steps[0]
+    assert step.id == "devdax.reconfigure" and step.destroys_data
+    argv = step.actions[0].argv
+    assert argv[:5] == ("ndctl", "create-namespace", "-f", "-e", "namespace0.0")
+    assert "-u" in argv and argv[argv.index("-u") + 1] == "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
+
+
+@pytest.mark.parametrize("name", ["nocxl", "amd-host"])
+def test_hosts_without_pool_capacity_are_refused_clearly(name):
+    with pytest.raises(EnvironmentProblem) as err:
+        run_setup(tree(name), lab_target(), dry_run=True)
+    assert "no CXL memory device" in err.value.what and "cxl list -M" in err.value.fix
