@@ -20,6 +20,9 @@ def metadata_server(
     bind: str | None = typer.Option(
         None, "--bind", help="Address for the RPC TCP listener and admin HTTP (default: manifest, else 127.0.0.1)."
     ),
+    rpc_bind: str | None = typer.Option(
+        None, "--rpc-bind", help="Address for the RPC TCP listener only (e.g. the rack address); default --bind."
+    ),
     admin_port: int | None = typer.Option(None, "--admin-port", help="Admin HTTP port (default: manifest, 9470)."),
     rpc_port: int | None = typer.Option(None, "--rpc-port", help="TCP RPC port (default: manifest, 9471)."),
     no_tcp: bool = typer.Option(False, "--no-tcp", help="Serve CXL-RPC only."),
@@ -64,7 +67,7 @@ def metadata_server(
         )
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
     config = ServerConfig(
-        rpc_bind=bind or default_bind,
+        rpc_bind=rpc_bind or bind or getattr(ms, "rpc_bind", None) or default_bind,
         rpc_port=None if no_tcp else (rpc_port if rpc_port is not None else (ms.rpc_port if ms else 9471)),
         admin_bind=bind or default_bind,
         admin_port=admin_port if admin_port is not None else (ms.admin_port if ms else 9470),
