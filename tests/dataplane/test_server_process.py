@@ -215,3 +215,26 @@ def test_works_without_the_native_helper(manifest_path: Path, pool_path: Path) -
         for f in (proc.stdout, proc.stderr):
             if f:
                 f.close()
+
+
+def test_tcp_garbage_is_answered_or_dropped_and_the_server_keeps_serving(manifest_path: Path, pool_path: Path) -> None:
+    import struct
+
+    from belugactl.dataplane.rpc import protocol as p
+
+    with server(manifest_path, pool_path) as srv:
+        host, port = srv["rpc"].removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            body = struct.pack("<QQIIHHI", 0, 7, 0xDEADBEEF, 0, p.Op.PING, 0, 0)
+            s.sendall(struct.pack("<I", len(body)) + body)
+            reply = s.recv(4096)
+            assert struct.unpack_from("<QQIIHHI", reply, 4)[5] == p.Code.BAD_MAGIC
+            lying = struct.pack("<QQIIHHI", 0, 8, p.MAGIC, 0, p.Op.PING, 0, 999)
+            s.sendall(struct.pack("<I", len(lying)) + lying)
+            assert struct.unpack_from("<QQIIHHI", s.recv(4096), 4)[5] == p.Code.BAD_LENGTH
+            s.sendall(struct.pack("<I", 0xFFFFFFFF) + b"x" * 64)  # framing lost: the server hangs up
+            s.settimeout(5)
+            assert s.recv(4096) == b""
+        c = connect(srv["rpc"], timeout_s=5.0)
+        assert c.ping(b"ok") == b"ok"
+        c.close()

@@ -67,11 +67,16 @@ class ServerConfig:
 
 
 class _TcpConn:
-    __slots__ = ("sock", "rx")
+    __slots__ = ("sock", "rx", "tx")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.rx = bytearray()
+        self.tx = bytearray()  # replies the client has not taken yet
+
+
+# A client that stops reading its replies is dropped once this much is queued for it.
+TCP_MAX_BACKLOG = 4 << 20
 
 
 class MetadataServer:
@@ -369,10 +374,13 @@ class MetadataServer:
             if timeout:
                 time.sleep(timeout)
             return
-        for key, _ev in self._sel.select(timeout):
+        for key, events in self._sel.select(timeout):
             if key.data is None:
                 self._accept()
-            else:
+                continue
+            if events & selectors.EVENT_WRITE:
+                self._flush_tx(key.data)
+            if events & selectors.EVENT_READ and key.data.sock.fileno() >= 0:
                 self._read(key.data)
 
     def _accept(self) -> None:
@@ -382,7 +390,7 @@ class MetadataServer:
         except OSError:
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(1.0)  # a client that stops reading cannot stall the loop for long
+        sock.setblocking(False)  # never let one slow client stall the loop (and the CXL rings)
         conn = _TcpConn(sock)
         self._conns[sock.fileno()] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -393,9 +401,24 @@ class MetadataServer:
         self._conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
 
+    def _flush_tx(self, conn: _TcpConn) -> None:
+        try:
+            sent = conn.sock.send(conn.tx)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return
+        del conn.tx[:sent]
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.tx else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.modify(conn.sock, want, conn)
+
     def _read(self, conn: _TcpConn) -> None:
         try:
             data = conn.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
@@ -433,10 +456,11 @@ class MetadataServer:
                 h.observe(perf() - t0)
             self.tcp_requests += 1
         if out:
-            try:
-                conn.sock.sendall(out)
-            except OSError:
+            conn.tx += out
+            if len(conn.tx) > TCP_MAX_BACKLOG:
                 self._drop(conn)
+                return
+            self._flush_tx(conn)
 
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
