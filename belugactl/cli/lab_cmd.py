@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         if result["installed_packages"]:
             print(f"installed: {' '.join(result['installed_packages'])}")  # type: ignore[arg-type]
         print(f"kernel     {kernel['version']}  {kernel['vmlinuz']}")
+        print(f"boots      {result['boot_image']}")
         print(f"initramfs  {result['initramfs']}  ({int(result['initramfs_size']) // 1024} KiB)")  # type: ignore[call-overload]
         print(f"cache      {result['cache']}  (ready in {result['seconds']} s)")
 

@@ -6,7 +6,10 @@ unpacks it into the cache, `depmod -b` indexes its modules there.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import lzma
 import os
 import re
 import shutil
@@ -33,6 +36,11 @@ class GuestKernel:
     @property
     def vmlinuz(self) -> Path:
         return self.root / "boot" / f"vmlinuz-{self.version}"
+
+    @property
+    def vmlinux(self) -> Path:
+        """The uncompressed ELF kernel, extracted from vmlinuz (see `boot_image`)."""
+        return self.root / "boot" / f"vmlinux-{self.version}"
 
     @property
     def config(self) -> Path:
@@ -206,3 +214,44 @@ def _module_name(path: str) -> str:
             base = base[: -len(suffix)]
             break
     return base.replace("-", "_")
+
+
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+
+
+def extract_vmlinux(bzimage: bytes) -> bytes | None:
+    """The ELF kernel inside a bzImage (xz or gzip payload), or None when none is found."""
+    for magic, open_stream in ((_XZ_MAGIC, "xz"), (_GZIP_MAGIC, "gzip")):
+        start = bzimage.find(magic)
+        while start != -1:
+            try:
+                if open_stream == "xz":
+                    data = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(bzimage[start:])
+                else:
+                    data = gzip.GzipFile(fileobj=io.BytesIO(bzimage[start:])).read()
+            except (lzma.LZMAError, OSError, EOFError):
+                data = b""
+            if data.startswith(b"\x7fELF"):
+                return data
+            start = bzimage.find(magic, start + 1)
+    return None
+
+
+def boot_image(kernel: GuestKernel) -> Path:
+    """What QEMU's -kernel gets: the uncompressed ELF when the kernel supports PVH entry, else vmlinuz.
+
+    Booting the ELF through its PVH entry point skips the firmware's real-mode setup and the
+    kernel's self-decompression, which under TCG took 10 to 20 s of a 30 s boot on 2 cores.
+    """
+    if config_value(kernel, "CONFIG_PVH") != "y":
+        return kernel.vmlinuz
+    if kernel.vmlinux.is_file():
+        return kernel.vmlinux
+    data = extract_vmlinux(kernel.vmlinuz.read_bytes())
+    if data is None:
+        return kernel.vmlinuz
+    tmp = kernel.vmlinux.with_name(f".{kernel.vmlinux.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, kernel.vmlinux)
+    return kernel.vmlinux

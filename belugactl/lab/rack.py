@@ -41,7 +41,7 @@ POOL_MAX = 4 * 1024 * 1024 * 1024
 DEFAULT_BOOT_TIMEOUT_S = 240.0
 # Loaded in every guest at boot (no udev there to load them on demand).
 GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "nd_pmem", "dax_pmem", "device_dax", "kmem")
-HEARTBEAT_STALE_S = 20.0
+HEARTBEAT_STALE_S = 30.0
 
 Progress = Callable[[str], None]
 
@@ -198,7 +198,9 @@ def prepare(*, install: bool = False, refresh: bool = False, progress: Progress 
         progress(f"downloading the guest kernel into {cache}")
         kernel = kernel_mod.prepare(cache, refresh=refresh)
     image = initramfs_mod.build(kernel, cache)
+    boot = kernel_mod.boot_image(kernel)
     return {
+        "boot_image": str(boot),
         "installed_packages": installed,
         "cache": str(cache),
         "kernel": kernel.to_dict(),
@@ -285,6 +287,7 @@ def up(
         kernel = kernel_mod.find(cache)
         assert kernel is not None  # prepare() made it
         image = Path(str(prep["initramfs"]))
+        boot_image = Path(str(prep["boot_image"]))
         chosen = accel_mod.choose(accel)
         venv = Path(sys.prefix)
         repo = Path(belugactl.__file__).resolve().parent.parent
@@ -311,7 +314,7 @@ def up(
             _make_sparse(g.lsa, qemu.LSA_SIZE)
             (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache))
             specs.append(
-                (g, qemu.GuestSpec(gname, i, kernel.vmlinuz, image, paths.pool, pool_size, g.lsa, g.spool,
+                (g, qemu.GuestSpec(gname, i, boot_image, image, paths.pool, pool_size, g.lsa, g.spool,
                                    g.console, memory_mib, chosen.chosen, repo=repo))
             )
             record.guests.append(GuestRecord(gname, i))

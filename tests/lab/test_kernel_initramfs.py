@@ -99,3 +99,26 @@ def test_initramfs_is_rebuilt_only_when_an_input_changes(tmp_path):
     changed = initramfs.build(k, tmp_path / "cache", busybox)
     assert changed.path != first.path
     assert not first.path.exists()  # the stale image is gone
+
+
+def _bzimage(payload: bytes) -> bytes:
+    import lzma
+
+    return b"MZ real-mode setup and decompressor stub \xfd7zXZ\x00 (not a stream)" + lzma.compress(
+        payload, format=lzma.FORMAT_XZ
+    ) + b"\0" * 64
+
+
+def test_extract_vmlinux_finds_the_elf_inside_a_bzimage():
+    elf = b"\x7fELF" + bytes(range(256)) * 40
+    assert kernel.extract_vmlinux(_bzimage(elf)) == elf
+    assert kernel.extract_vmlinux(b"no payload here") is None
+
+
+def test_boot_image_is_the_extracted_elf_only_for_pvh_kernels(tmp_path):
+    k = _fake_kernel(tmp_path / "k")
+    elf = b"\x7fELF" + b"kernel" * 100
+    k.vmlinuz.write_bytes(_bzimage(elf))
+    assert kernel.boot_image(k) == k.vmlinuz  # the fake config has no CONFIG_PVH
+    k.config.write_text(k.config.read_text() + "CONFIG_PVH=y\n")
+    assert kernel.boot_image(k) == k.vmlinux and k.vmlinux.read_bytes() == elf
