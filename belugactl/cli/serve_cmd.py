@@ -27,6 +27,9 @@ def serve(
     ),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run doctor before starting."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of a crashed process before giving up."),
+    create_pool: bool = typer.Option(
+        False, "--create-pool", help="Create the --pool FILE (sparse, with a header) if missing (development)."
+    ),
 ) -> None:
     """Start the metadata server (where assigned) and one vLLM per GPU group, supervised."""
     import os
@@ -47,6 +50,7 @@ def serve(
         check=not dry_run,
         ignore_checks=ignore_check,
         skip_doctor=skip_doctor,
+        create_pool=create_pool,
     )
     plan = prepared.plan
     if dry_run:
@@ -144,9 +148,14 @@ def status(
             print(line)
         pool = doc.get("pool")
         if isinstance(pool, dict):
-            keys = ("entries", "bytes_used", "bytes_capacity", "evictions")
-            print("  pool: " + ", ".join(f"{k} {pool[k]}" for k in keys if k in pool))
-    return 0 if doc.get("running") or doc["state"] == "not started" else 1
+            from belugactl.units import format_size
+
+            print(
+                f"  pool (epoch {pool['epoch']}): {pool['entries']} blocks, {format_size(pool['bytes_used'] or 0)} of "
+                f"{format_size(pool['bytes_capacity'] or 0)} used, {pool['evictions']} evictions"
+            )
+    # 1 only when something should be serving and is not: a supervisor that died without stopping.
+    return 1 if doc["state"] == "supervisor gone" else 0
 
 
 def stop(

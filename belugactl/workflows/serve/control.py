@@ -55,15 +55,20 @@ def prepare(
     check: bool = True,
     ignore_checks: Iterable[str] = (),
     skip_doctor: bool = False,
+    create_pool: bool = False,
 ) -> Prepared:
     """Load the manifest, pick this host, build the plan and, with `check`, run every preflight check."""
     from belugactl.model.layout import resolve_layout
     from belugactl.model.manifest import load_manifest
 
     manifest = load_manifest(manifest_path)
+    # Children run with other working directories; hand them absolute paths.
+    manifest_path = str(Path(manifest_path).resolve())
     host = _pick_host(manifest, host_name, manifest_path)
     layout = resolve_layout(manifest)
     pool = pool_path or default_pool_path(manifest)
+    if not pool.startswith("/dev/"):
+        pool = str(Path(pool).resolve())
     snapshot = None
     is_file_pool = not pool.startswith("/dev/")
     if host.platform == "gpu" or (check and not skip_doctor and not is_file_pool):
@@ -94,6 +99,13 @@ def prepare(
     preflight.check_ports((p.name, p.port) for p in plan.processes if p.port is not None)
     if any(p.kind == "metadata" for p in plan.processes) and manifest.serve is not None:
         preflight.check_ports([("metadata-server rpc", manifest.serve.metadata.rpc_port)])
+    if create_pool and not is_file_pool:
+        raise UsageError("--create-pool makes file pools only", fix="provision a device pool with belugactl setup")
+    if create_pool and not Path(pool).exists():
+        from belugactl.dataplane.pool import create_file_pool
+
+        create_file_pool(pool, manifest_path)
+        plan.notes.append(f"created the file pool {pool}")
     preflight.check_pool(pool, manifest_path)
     if is_file_pool:
         plan.notes.append("file-backed pool (development): doctor's CXL checks do not apply and were not run")
@@ -148,18 +160,41 @@ def status(run_dir: str | Path | None = None) -> dict[str, Any]:
         procs.append(entry)
     pool = None
     if state.get("metadata_admin_url") and supervisor_alive:
-        pool = http_json(f"{state['metadata_admin_url']}/stats", timeout=1.0)
+        pool = pool_summary(http_json(f"{state['metadata_admin_url']}/stats", timeout=1.0))
     running = supervisor_alive and state.get("state") in ("starting", "ready")
+    recorded = state.get("state")
+    if not supervisor_alive and recorded not in ("stopped", "failed"):
+        recorded = "supervisor gone"  # killed without a chance to stop its processes: `stop` cleans up
     return {
         "run_dir": str(run),
         "running": running,
-        "state": state.get("state") if supervisor_alive else "supervisor gone",
+        "state": recorded,
         "supervisor_pid": state.get("supervisor_pid"),
         "rack": state.get("rack"),
         "host": state.get("host"),
         "pool_path": state.get("pool_path"),
         "processes": procs,
         "pool": pool,
+    }
+
+
+def pool_summary(stats: Any) -> dict[str, Any] | None:
+    """The pool's usage from the metadata server's /stats document."""
+    if not isinstance(stats, dict):
+        return None
+    index = stats.get("index") if isinstance(stats.get("index"), dict) else stats
+    capacity = index.get("bytes_capacity") or 0
+    used = index.get("bytes_used") or 0
+    return {
+        "epoch": stats.get("epoch"),
+        "ready": stats.get("ready"),
+        "entries": index.get("entries"),
+        "bytes_used": used,
+        "bytes_capacity": capacity,
+        "used_fraction": round(used / capacity, 4) if capacity else None,
+        "evictions": index.get("evictions"),
+        "hits": index.get("hits"),
+        "misses": index.get("misses"),
     }
 
 

@@ -115,6 +115,13 @@ def resolve_model(model: str, manifest_path: str) -> str:
     return model
 
 
+def _ring_for(layout: PoolLayout, host: str, instance: int) -> int | None:
+    try:
+        return layout.ring_for(host, instance)
+    except KeyError:
+        return None
+
+
 def metadata_host(manifest: Manifest) -> Host | None:
     assert manifest.serve is not None
     wanted = manifest.serve.metadata.host
@@ -165,6 +172,8 @@ def build_serve_plan(
             pool_path,
             "--admin-port",
             str(meta.admin_port),
+            "--rpc-port",
+            str(meta.rpc_port),
             "--bind",
             meta.admin_bind,
         )
@@ -217,6 +226,11 @@ def build_serve_plan(
         }
         if partition is not None:
             extra["partition"] = {"offset": partition.offset, "size": partition.size}
+        ring = _ring_for(layout, host.name, i)
+        if ring is not None and mds_host is not None:
+            # Lookups sit on the scheduling path: the scheduler asks over its own CXL-RPC ring in the pool.
+            # Workers (one or more per instance, other processes) use TCP: a ring has exactly one client.
+            extra["scheduler_address"] = f"cxl://{pool_path}#{ring}"
         kv_config = {
             "kv_connector": CONNECTOR_NAME,
             "kv_role": "kv_both",

@@ -98,8 +98,8 @@ def check_pool(pool_path: str, manifest_path: str) -> None:
         raise EnvironmentProblem(
             f"pool {pool_path} is not provisioned",
             why="the metadata server and the vLLM connectors map the pool from this path",
-            fix=f"belugactl setup -f {manifest_path} (devdax), or for development a file pool: "
-            f"belugactl pool create-file -f {manifest_path} {pool_path}",
+            fix=f"belugactl setup -f {manifest_path} (devdax); for development, a file pool: "
+            f"belugactl serve -f {manifest_path} --pool {pool_path} --create-pool",
         )
     with PoolMapping.open(pool_path, manifest_path, writable=False):
         pass  # raises PoolMismatch (exit 2) when the header disagrees with the manifest

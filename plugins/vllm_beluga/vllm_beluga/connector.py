@@ -153,6 +153,8 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             retry_s=self.cfg.retry_s,
         )
         log.info("Beluga connector (%s): namespace %s, server %s", role_name, self.namespace, self.index.address)
+        if role == KVConnectorRole.SCHEDULER:
+            self.index.warm_up()
         # scheduler state
         self._requests: dict[str, _RequestState] = {}
         self._pending_hits: dict[str, tuple[int, list[bytes]]] = {}
@@ -284,6 +286,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         layout = KVBlockLayout.from_tensors(kv_caches)
         self.stats.set("block_nbytes", layout.block_nbytes)
         self.stats.set("pieces_per_block", layout.pieces_per_block)
+        self.index.warm_up()
         if self.cfg.pool_path is None:
             log.warning("Beluga: no pool_path in kv_connector_extra_config; saving and loading nothing")
             return

@@ -91,6 +91,10 @@ class BestEffortIndex:
             self._down(f"{what} failed ({name}: {exc})")
             return default
 
+    def warm_up(self) -> bool:
+        """Connect now, so the first request does not pay for it; a failure is retried lazily."""
+        return self._get_client() is not None
+
     # -- the calls the connector makes -------------------------------------------------------
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
         if not keys:
