@@ -618,6 +618,7 @@ static PyObject *py_fi_len(PyObject *self, PyObject *cap) {
 }
 
 struct logbuf { int64_t *v; size_t n, cap; };
+
 static int log_push(struct logbuf *l, int64_t x) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 256;
@@ -629,13 +630,42 @@ static int log_push(struct logbuf *l, int64_t x) {
     return 0;
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* From a lease log ((lease, n, ids...) records), the distinct entry ids with how many leases each
+ * got: (id, count) pairs. The Python index then touches each entry once per burst. */
+static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
+    size_t total = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1]) total += (size_t)log->v[i + 1];
+    if (total == 0) return 0;
+    int64_t *ids = malloc(total * sizeof(int64_t));
+    if (!ids) return -1;
+    size_t k = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1])
+        for (int64_t q = 0; q < log->v[i + 1]; q++) ids[k++] = log->v[i + 2 + q];
+    qsort(ids, total, sizeof(int64_t), cmp_i64);
+    int bad = 0;
+    for (size_t i = 0; i < total && !bad;) {
+        size_t j = i;
+        while (j < total && ids[j] == ids[i]) j++;
+        bad = log_push(out, ids[i]) || log_push(out, (int64_t)(j - i));
+        i = j;
+    }
+    free(ids);
+    return bad ? -1 : 0;
+}
+
 #define OP_LOOKUP 3
 #define FAST_LINGER_NS 50000ull
 #define OP_PING 12
 
 /* fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
  *            start, lease_next, max_n, bounds_ns, hist)
- *   -> (served, stop_index, lease_next, lease_log bytes, lookups, hits, lookup service ns)
+ *   -> (served, stop_index, lease_next, lease_log bytes, lookups, hits, lookup service ns,
+ *       per-entry lease counts: (entry id, count) int64 pairs)
  * offs: int64[2R] (cursor slot of each ring, then slot 0 of each ring), updated as cursors move;
  * cursors: int64[R]; bounds_ns/hist: service-time histogram (hist has len(bounds)+1 counters).
  * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out. */
@@ -648,7 +678,8 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     FastIndex *fi = fi_get(cap);
-    struct logbuf log = {0};
+    struct logbuf log = {0}, agg = {0};
+    int agg_failed = 0;
     if (!fi) goto done;
     Py_ssize_t R = cv.len / 8;
     Py_ssize_t nb = bv.len / 8;
@@ -758,15 +789,20 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         last_served = now_ns();
         if (served >= max_n || last_served >= deadline) break;
     }
+    agg_failed = aggregate_log(&log, &agg);
     Py_END_ALLOW_THREADS
+    if (agg_failed) { PyErr_NoMemory(); goto done; }
     {
         PyObject *logb = PyBytes_FromStringAndSize((const char *)log.v, (Py_ssize_t)(log.n * sizeof(int64_t)));
-        if (logb)
-            result = Py_BuildValue("(nnKNnnK)", served, stop, lease_next, logb, lookups, hits,
-                                   (unsigned long long)sum_ns);
+        PyObject *aggb = PyBytes_FromStringAndSize((const char *)agg.v, (Py_ssize_t)(agg.n * sizeof(int64_t)));
+        if (logb && aggb)
+            result = Py_BuildValue("(nnKNnnKN)", served, stop, lease_next, logb, lookups, hits,
+                                   (unsigned long long)sum_ns, aggb);
+        else { Py_XDECREF(logb); Py_XDECREF(aggb); }
     }
 done:
     free(log.v);
+    free(agg.v);
     PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&cv); PyBuffer_Release(&bv); PyBuffer_Release(&hv);
     return result;
 }

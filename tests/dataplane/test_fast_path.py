@@ -54,7 +54,7 @@ def test_fast_lookups_match_the_index_and_grant_leases(pool_path: Path) -> None:
         assert count == expected == server.index.lookup_prefix(ns, chain)[0]
         assert (lease != 0) == (expected > 0)
         if lease:
-            assert [e.key[1] for e in server.index.leases[lease]] == chain[:expected]
+            assert [e.key[1] for e in server.index.lease_entries(lease)] == chain[:expected]
     assert server.index.entries[(ns, keys[0])].leases == 4  # 2 fast leases + 2 from the index calls above
     assert server.fast_requests == 4 and server.service.ops["LOOKUP_PREFIX"] == 4
     server.close()
@@ -150,5 +150,30 @@ def test_native_path_survives_hostile_slots(pool_path: Path, op: int, length: in
     # The server still answers an honest client.
     _s, (code, _e, rep) = fast_call(server, CxlTransport(pool, 0), Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"x" * 8]))
     assert code == 0 and p.decode_lookup_reply(rep)[0] == 1
+    server.close()
+    pool.close()
+
+
+def test_fast_lease_bursts_release_and_expire(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    index = server.index
+    key = b"a" * 32
+    put(server, ns, key, 8192)
+    for _ in range(3):  # three lookups in flight: one native burst answers them all
+        t.submit(Op.LOOKUP_PREFIX, server.epoch, p.encode_lookup(ns, [key]))
+    served, stop = server._fast_burst(0, NS)
+    assert (served, stop) == (3, -1)
+    leases = [p.decode_lookup_reply(t.collect(NS)[2])[1] for _ in range(3)]
+    entry = index.entries[(ns, key)]
+    assert entry.leases == 3 and index.stats()["leases"] == 3 and len(set(leases)) == 3
+    assert index.release([leases[1]]) == 1 and index.release([leases[1]]) == 0
+    assert entry.leases == 2 and index.lease_entries(leases[0]) == [entry]
+    assert index.delete(ns, key) and index.get(ns, key) is None
+    assert index.alloc.used > 0  # still leased: the bytes stay valid for the readers
+    now = index.clock()
+    index.clock = lambda: now + index.config.lease_ttl_s + 1
+    index.expire()
+    assert entry.leases == 0 and index.alloc.used == 0 and entry.id not in index.by_id
+    assert index.stats()["leases"] == 0 and index.counters.leases_expired == 2
     server.close()
     pool.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,27 @@ class Pending:
     key: Key
     alloc: Allocation
     deadline: float
+
+
+class _LeaseBurst:
+    __slots__ = ("first", "last", "deadline", "log", "per_entry", "live", "table")
+
+    def __init__(self, first: int, last: int, deadline: float, log: bytes, per_entry: bytes, live: int) -> None:
+        self.first, self.last, self.deadline = first, last, deadline
+        self.log, self.per_entry, self.live = log, per_entry, live
+        self.table: dict[int, list[int]] | None = None  # lease id -> entry ids, built on first release
+
+    def detail(self) -> dict[int, list[int]]:
+        if self.table is None:
+            words = memoryview(self.log).cast("q").tolist()
+            table: dict[int, list[int]] = {}
+            i = 0
+            while i < len(words):
+                n = words[i + 1]
+                table[words[i]] = words[i + 2 : i + 2 + n]
+                i += 2 + n
+            self.table = table
+        return self.table
 
 
 @dataclass
@@ -99,6 +121,11 @@ class KVIndex:
         self._pending_q: deque[tuple[float, int]] = deque()
         self._tokens = itertools.count(1)
         self.next_lease = 1  # shared with the native fast path, which grants leases too
+        # Leases granted by the native fast path, one record per burst, in id (and deadline) order.
+        self._bursts: list[_LeaseBurst] = []
+        self._burst_first: list[int] = []
+        self._burst_head = 0
+        self.burst_leases = 0
         self._entry_ids = itertools.count(1)
         self.by_id: dict[int, Entry] = {}
         # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
@@ -164,32 +191,42 @@ class KVIndex:
         for e in self.entries.values():
             put(mirror, e.key[0], e.key[1], e.id)
 
-    def apply_lease_log(self, log: bytes) -> None:
-        """Record leases the native fast path granted: (lease id, n, n entry ids) int64 records."""
-        words = memoryview(log).cast("q").tolist()
-        deadline = self.clock() + self.config.lease_ttl_s
+    def apply_lease_burst(self, first: int, last: int, count: int, log: bytes, per_entry: bytes) -> None:
+        """Record the leases the native fast path granted in one burst (ids first..last, `count` of them).
+
+        `per_entry` holds (entry id, leases) int64 pairs, so each entry is touched once per burst
+        however many lookups hit it; the per-lease detail (`log`: (lease id, n, n entry ids)
+        records) is only parsed if one of these leases is released before it expires.
+        """
+        if not count:
+            return
+        words = memoryview(per_entry).cast("q").tolist()
         move_to_end = self.lru.move_to_end
         by_id = self.by_id
-        leases = self.leases
-        queue = self._lease_q.append
-        i = 0
-        end = len(words)
-        while i < end:
-            lease = words[i]
-            n = words[i + 1]
-            if n == 1:  # the common single-block probe
-                e = by_id[words[i + 2]]
-                e.leases += 1
-                move_to_end(e.key)
-                found = [e]
-            else:
-                found = [by_id[x] for x in words[i + 2 : i + 2 + n]]
-                for e in found:
-                    e.leases += 1
-                    move_to_end(e.key)
-            i += 2 + n
-            leases[lease] = found
-            queue((deadline, lease))
+        for i in range(0, len(words), 2):
+            e = by_id[words[i]]
+            e.leases += words[i + 1]
+            move_to_end(e.key)
+        self._bursts.append(_LeaseBurst(first, last, self.clock() + self.config.lease_ttl_s, log, per_entry, count))
+        self._burst_first.append(first)
+        self.burst_leases += count
+
+    def _find_burst(self, lid: int) -> _LeaseBurst | None:
+        i = bisect_right(self._burst_first, lid, self._burst_head) - 1
+        if i >= self._burst_head:
+            burst = self._bursts[i]
+            if burst.first <= lid <= burst.last:
+                return burst
+        return None
+
+    def lease_entries(self, lid: int) -> list[Entry]:
+        """The entries a live lease holds (empty if it ended)."""
+        if lid in self.leases:
+            return list(self.leases[lid])
+        burst = self._find_burst(lid)
+        if burst is None:
+            return []
+        return [self.by_id[x] for x in burst.detail().get(lid, ())]
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
@@ -198,13 +235,27 @@ class KVIndex:
             if lease is not None:
                 self._drop_lease(lease)
                 released += 1
+                continue
+            burst = self._find_burst(lid)
+            if burst is not None:
+                ids = burst.detail().pop(lid, None)
+                if ids is not None:
+                    for x in ids:
+                        self._unlease(self.by_id[x], 1)
+                    burst.live -= 1
+                    self.burst_leases -= 1
+                    released += 1
         return released
 
     def _drop_lease(self, lease: list[Entry]) -> None:
         for e in lease:
-            e.leases -= 1
-            if e.dead and e.leases == 0:
-                self._free(e.alloc)
+            self._unlease(e, 1)
+
+    def _unlease(self, e: Entry, n: int) -> None:
+        e.leases -= n
+        if e.dead and e.leases == 0:
+            self.by_id.pop(e.id, None)
+            self._free(e.alloc)
 
     # --- writes -------------------------------------------------------------------------------
     def reserve(self, ns: int, key: bytes, nbytes: int) -> tuple[int, Allocation]:
@@ -274,12 +325,12 @@ class KVIndex:
     def _remove(self, e: Entry) -> None:
         del self.entries[e.key]
         self.lru.pop(e.key, None)
-        self.by_id.pop(e.id, None)
         if self.mirror is not None:
             self._mirror_del(self.mirror, e.key[0], e.key[1])
         if e.leases:
-            e.dead = True
+            e.dead = True  # stays in by_id: lease bursts name it by id until they end
         else:
+            self.by_id.pop(e.id, None)
             self._free(e.alloc)
 
     def _free(self, a: Allocation) -> None:
@@ -323,6 +374,24 @@ class KVIndex:
             if lease is not None:
                 self._drop_lease(lease)
                 self.counters.leases_expired += 1
+        bursts = self._bursts
+        while self._burst_head < len(bursts) and bursts[self._burst_head].deadline <= now:
+            burst = bursts[self._burst_head]
+            if burst.table is None:
+                words = memoryview(burst.per_entry).cast("q").tolist()
+                for i in range(0, len(words), 2):
+                    self._unlease(self.by_id[words[i]], words[i + 1])
+            else:
+                for ids in burst.table.values():
+                    for x in ids:
+                        self._unlease(self.by_id[x], 1)
+            self.burst_leases -= burst.live
+            self.counters.leases_expired += burst.live
+            self._burst_head += 1
+        if self._burst_head > 1024 and 2 * self._burst_head > len(bursts):
+            del bursts[: self._burst_head]
+            del self._burst_first[: self._burst_head]
+            self._burst_head = 0
 
     def _reclaim(self, token: int) -> None:
         p = self.pending.pop(token)
@@ -341,7 +410,7 @@ class KVIndex:
             "bytes_free": a["free"],
             "bytes_reserved": reserved,
             "reservations": len(self.pending),
-            "leases": len(self.leases),
+            "leases": len(self.leases) + self.burst_leases,
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }

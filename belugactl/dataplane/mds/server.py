@@ -259,15 +259,16 @@ class MetadataServer:
         service = self.service
         hist = service.latency_by_op[Op.LOOKUP_PREFIX]
         assert hist is not None
-        served, stop, lease_next, log, lookups, hits, sum_ns = native.fast_serve(
+        first_lease = index.next_lease
+        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry = native.fast_serve(
             self._fast, self.pool.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
             self.geometry.slot_size, service.epoch32, len(index.namespaces), self.flush, spin_ns,
             start, index.next_lease, 256, hist.bounds_ns, hist.counts,
         )  # fmt: skip
         if served:
             index.next_lease = lease_next
-            if log:
-                index.apply_lease_log(log)  # before anything else can evict or delete
+            if hits:  # before anything else can evict or delete
+                index.apply_lease_burst(first_lease, lease_next - 1, hits, log, per_entry)
             index.counters.hits += hits
             index.counters.misses += lookups - hits
             service.requests += served
