@@ -140,7 +140,7 @@ def build(kernel: GuestKernel, cache: Path, busybox: Path | None = None) -> Init
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{kernel.version}-{digest}.cpio"
     if not path.is_file() or path.stat().st_size != len(data):
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         tmp.rename(path)
         # Older images of this kernel are stale now; keep the cache from growing run after run.

@@ -149,9 +149,15 @@ def prepare(cache: Path, *, refresh: bool = False) -> GuestKernel:
         if not indexed.ok:
             raise EnvironmentProblem(f"depmod failed for {version}", why=indexed.describe(), fix="install kmod")
         (tree / _STAMP).write_text(json.dumps({"version": version, "package": package}) + "\n")
-        if target.exists():
+        if target.exists() and (refresh or not (target / _STAMP).is_file()):
             shutil.rmtree(target)
-        tree.rename(target)
+        try:
+            tree.rename(target)
+        except OSError:
+            # Another `prepare` finished the same kernel first (labs may be brought up side by side);
+            # keep its copy, which a running lab may already use.
+            if not (target / _STAMP).is_file():
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = GuestKernel(version, package, target)
@@ -251,7 +257,7 @@ def boot_image(kernel: GuestKernel) -> Path:
     data = extract_vmlinux(kernel.vmlinuz.read_bytes())
     if data is None:
         return kernel.vmlinuz
-    tmp = kernel.vmlinux.with_name(f".{kernel.vmlinux.name}.tmp")
+    tmp = kernel.vmlinux.with_name(f".{kernel.vmlinux.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, kernel.vmlinux)
     return kernel.vmlinux

@@ -327,6 +327,12 @@ def up(
         _save(paths, record)
         try:
             _wait_ready(paths, record, boot_start, boot_timeout_s, progress)
+        except KeyboardInterrupt:
+            # Interrupted mid-boot: stop what was started; the files stay until `lab down`.
+            for grec in record.guests:
+                if grec.pid is not None and _is_ours(grec.pid, paths.guest(grec.name)):
+                    proc.terminate(grec.pid)
+            raise
         finally:
             _save(paths, record)
         boot_wall = time.monotonic() - boot_start
