@@ -366,9 +366,15 @@ def _fail_boot(paths: LabPaths, record: LabRecord, gname: str, why: str) -> None
     for grec in record.guests:
         if grec.pid is not None and _is_ours(grec.pid, paths.guest(grec.name)):
             proc.terminate(grec.pid)
+    if tail:
+        detail = "last console lines:\n" + "\n".join(tail)
+    else:
+        detail = f"{g.console} is empty: the guest never reached the kernel"
+        if record.accel == "kvm":
+            detail += " (KVM with QEMU 7.2 was seen hanging in firmware on this machine kind; drop --accel kvm)"
     raise StepFailed(
         f"lab guest {gname} failed to boot: {why}",
-        why="last console lines:\n" + "\n".join(tail) if tail else f"see {g.console}",
+        why=detail,
         fix=f"read {g.console} and {g.qemu_log}; then belugactl lab down --name {paths.name}",
     )
 
