@@ -506,6 +506,8 @@ typedef struct {
     uint16_t klen;
     uint8_t state; /* 0 empty, 1 used, 2 deleted */
     uint8_t key[FI_KEY];
+    uint8_t *get_reply; /* the GET reply payload (lease id at bytes 0..8 patched per request), or NULL */
+    uint32_t get_len;
 } fi_slot;
 
 typedef struct {
@@ -551,7 +553,11 @@ static int fi_grow(FastIndex *fi, size_t cap) {
 
 static void fi_free(PyObject *cap) {
     FastIndex *fi = PyCapsule_GetPointer(cap, "belugactl.fastindex");
-    if (fi) { free(fi->slots); free(fi); }
+    if (fi) {
+        for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
+        free(fi->slots);
+        free(fi);
+    }
 }
 
 static FastIndex *fi_get(PyObject *cap) {
@@ -567,14 +573,22 @@ static PyObject *py_fi_new(PyObject *self, PyObject *noargs) {
     return PyCapsule_New(fi, "belugactl.fastindex", fi_free);
 }
 
-/* fi_put(fi, ns, key, id) -> True, or False for a key too long to mirror */
+/* fi_put(fi, ns, key, id, get_reply=b"") -> True, or False for a key too long to mirror.
+ * get_reply: the GET reply payload for this entry (its first 8 bytes, the lease id, are patched
+ * per request); empty means GETs of it go to Python. */
 static PyObject *py_fi_put(PyObject *self, PyObject *args) {
-    PyObject *cap; unsigned int ns; Py_buffer k; long long id;
-    if (!PyArg_ParseTuple(args, "OIy*L", &cap, &ns, &k, &id)) return NULL;
+    PyObject *cap; unsigned int ns; Py_buffer k; long long id; Py_buffer g = {0};
+    if (!PyArg_ParseTuple(args, "OIy*L|y*", &cap, &ns, &k, &id, &g)) return NULL;
     FastIndex *fi = fi_get(cap);
     PyObject *r = NULL;
+    uint8_t *blob = NULL;
     if (!fi) goto done;
     if (k.len <= 0 || k.len > FI_KEY) { r = Py_False; Py_INCREF(r); goto done; }
+    if (g.buf && g.len >= 8) {
+        blob = malloc((size_t)g.len);
+        if (!blob) { PyErr_NoMemory(); goto done; }
+        memcpy(blob, g.buf, (size_t)g.len);
+    }
     if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
         size_t want = fi->cap;
         while ((fi->used + 1) * 2 > want / 2) want *= 2; /* keep the load under a quarter after growth */
@@ -589,11 +603,16 @@ static PyObject *py_fi_put(PyObject *self, PyObject *args) {
         if (s->state == 2) fi->tombs--;
         fi->used++;
     }
+    if (s->state == 1) free(s->get_reply); /* a re-put replaces the old entry */
     s->state = 1; s->hash = h; s->ns = ns; s->klen = (uint16_t)k.len; s->id = id;
     memcpy(s->key, k.buf, (size_t)k.len);
+    s->get_reply = blob; s->get_len = blob ? (uint32_t)g.len : 0;
+    blob = NULL;
     r = Py_True; Py_INCREF(r);
 done:
+    free(blob);
     PyBuffer_Release(&k);
+    if (g.buf) PyBuffer_Release(&g);
     return r;
 }
 
@@ -604,7 +623,7 @@ static PyObject *py_fi_del(PyObject *self, PyObject *args) {
     PyObject *r = NULL;
     if (fi) {
         fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
-        if (s) { s->state = 2; fi->used--; fi->tombs++; }
+        if (s) { s->state = 2; free(s->get_reply); s->get_reply = NULL; s->get_len = 0; fi->used--; fi->tombs++; }
         r = PyBool_FromLong(s != NULL);
     }
     PyBuffer_Release(&k);
@@ -627,6 +646,16 @@ static int log_push(struct logbuf *l, int64_t x) {
         l->v = v; l->cap = cap;
     }
     l->v[l->n++] = x;
+    return 0;
+}
+
+static int log_reserve(struct logbuf *l, size_t extra) {
+    if (l->n + extra <= l->cap) return 0;
+    size_t cap = l->cap ? l->cap : 256;
+    while (cap < l->n + extra) cap *= 2;
+    int64_t *v = realloc(l->v, cap * sizeof(int64_t));
+    if (!v) return -1;
+    l->v = v; l->cap = cap;
     return 0;
 }
 
@@ -661,11 +690,13 @@ static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
 #define OP_LOOKUP 3
 #define FAST_LINGER_NS 50000ull
 #define OP_PING 12
+#define OP_GET 4
 
-/* fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
+/* Answers LOOKUP_PREFIX, GET (hits) and PING.
+ * fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
  *            start, lease_next, max_n, bounds_ns, hist)
  *   -> (served, stop_index, lease_next, lease_log bytes, lookups, hits, lookup service ns,
- *       per-entry lease counts: (entry id, count) int64 pairs)
+ *       per-entry lease counts: (entry id, count) int64 pairs, GETs served)
  * offs: int64[2R] (cursor slot of each ring, then slot 0 of each ring), updated as cursors move;
  * cursors: int64[R]; bounds_ns/hist: service-time histogram (hist has len(bounds)+1 counters).
  * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out. */
@@ -700,7 +731,7 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         }
     }
     if (start < 0 || start >= R) start = 0;
-    Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0;
+    Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0, gets = 0;
     size_t maxp = (size_t)(slot_size - HDR);
     int64_t ids[256];
     uint64_t sum_ns = 0;
@@ -733,11 +764,29 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         struct slot_hdr h;
         memcpy(&h, slot, sizeof h);
         if (h.magic != RPC_MAGIC || (int64_t)(h.seq % (uint64_t)S) != cursors[found] || h.epoch != epoch32 ||
-            h.length > maxp || (h.op != OP_LOOKUP && h.op != OP_PING)) { stop = found; break; }
+            h.length > maxp || (h.op != OP_LOOKUP && h.op != OP_PING && h.op != OP_GET)) { stop = found; break; }
         uint8_t reply[16];
         size_t rlen;
         char *pl = slot + HDR;
-        if (h.op == OP_PING) {
+        if (h.op == OP_GET) {
+            /* Hits only: a miss, or an entry without a stored reply, is Python's (it counts NOT_FOUND). */
+            if (h.length < 6) { stop = found; break; }
+            uint32_t ns; uint16_t klen;
+            memcpy(&ns, pl, 4); memcpy(&klen, pl + 4, 2);
+            if (ns == 0 || ns > ns_count || klen == 0 || klen > FI_KEY || 6 + (size_t)klen > h.length) { stop = found; break; }
+            uint8_t key[FI_KEY];
+            memcpy(key, pl + 6, klen);
+            fi_slot *e = fi_find(fi, ns, key, klen, fi_hash(ns, key, klen));
+            if (!e || !e->get_reply || e->get_len > maxp || e->get_len > 4096) { stop = found; break; }
+            if (log_reserve(&log, 3) < 0) { stop = found; break; }
+            uint64_t lease = lease_next++;
+            log_push(&log, (int64_t)lease); log_push(&log, 1); log_push(&log, e->id);
+            uint8_t tmp[4096];
+            memcpy(tmp, e->get_reply, e->get_len);
+            memcpy(tmp, &lease, 8);
+            publish(slot, h.seq, epoch32, OP_GET, 0, (const char *)tmp, e->get_len, ST_RESP, flush);
+            gets++;
+        } else if (h.op == OP_PING) {
             uint8_t tmp[4096];
             if (h.length > sizeof tmp) { stop = found; break; }
             memcpy(tmp, pl, h.length);
@@ -760,13 +809,13 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
                 ids[n] = e->id;
             }
             uint64_t lease = 0;
+            if (n && log_reserve(&log, 2 + (size_t)n) < 0) { stop = found; break; } /* out of memory: Python's */
             lookups++;
             if (n) {
                 lease = lease_next++;
                 hits++;
-                int bad = log_push(&log, (int64_t)lease) || log_push(&log, (int64_t)n);
-                for (uint32_t q = 0; q < n && !bad; q++) bad = log_push(&log, ids[q]);
-                if (bad) { stop = found; break; } /* out of memory: let Python serve it */
+                log_push(&log, (int64_t)lease); log_push(&log, (int64_t)n);
+                for (uint32_t q = 0; q < n; q++) log_push(&log, ids[q]);
             }
             uint32_t zero = 0;
             memcpy(reply, &n, 4); memcpy(reply + 4, &zero, 4); memcpy(reply + 8, &lease, 8);
@@ -796,8 +845,8 @@ static PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         PyObject *logb = PyBytes_FromStringAndSize((const char *)log.v, (Py_ssize_t)(log.n * sizeof(int64_t)));
         PyObject *aggb = PyBytes_FromStringAndSize((const char *)agg.v, (Py_ssize_t)(agg.n * sizeof(int64_t)));
         if (logb && aggb)
-            result = Py_BuildValue("(nnKNnnKN)", served, stop, lease_next, logb, lookups, hits,
-                                   (unsigned long long)sum_ns, aggb);
+            result = Py_BuildValue("(nnKNnnKNn)", served, stop, lease_next, logb, lookups, hits,
+                                   (unsigned long long)sum_ns, aggb, gets);
         else { Py_XDECREF(logb); Py_XDECREF(aggb); }
     }
 done:

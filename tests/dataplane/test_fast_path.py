@@ -177,3 +177,25 @@ def test_fast_lease_bursts_release_and_expire(pool_path: Path) -> None:
     assert index.stats()["leases"] == 0 and index.counters.leases_expired == 2
     server.close()
     pool.close()
+
+
+def test_fast_get_returns_the_extents_with_a_lease(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    index = server.index
+    key = b"g" * 32
+    put(server, ns, key, 3 * (1 << 20) + 5)  # whole chunks plus a tail: several extents
+    entry = index.entries[(ns, key)]
+    served, (code, _e, rep) = fast_call(server, t, Op.GET, p.encode_key(ns, key))
+    assert served == 1 and code == 0
+    lease, nbytes, extents = p.decode_get_reply(rep)
+    assert nbytes == entry.alloc.nbytes and extents == entry.alloc.extents and lease
+    assert entry.leases == 1 and index.lease_entries(lease) == [entry]
+    assert server.service.ops["GET"] == 1
+    index.delete(ns, key)
+    used = index.alloc.used
+    assert used > 0 and index.release([lease]) == 1 and index.alloc.used == 0
+    # A miss is answered by Python (NOT_FOUND, counted as an error reply).
+    served, (code, _e, _r) = fast_call(server, t, Op.GET, p.encode_key(ns, key))
+    assert served == 0 and code == Code.NOT_FOUND and server.service.errors["NOT_FOUND"] == 1
+    server.close()
+    pool.close()

@@ -185,11 +185,21 @@ class KVIndex:
         self._lease_q.append((deadline, lease))
         return lease
 
-    def attach_mirror(self, mirror: Any, put: Callable[..., bool], delete: Callable[..., bool]) -> None:
-        """Keep a native mirror of the visible keys in step (see native fast_serve)."""
+    def attach_mirror(
+        self,
+        mirror: Any,
+        put: Callable[..., bool],
+        delete: Callable[..., bool],
+        get_reply: Callable[[Entry], bytes] | None = None,
+    ) -> None:
+        """Keep a native mirror of the visible keys in step (see native fast_serve).
+
+        `get_reply(entry)` gives the bytes the mirror answers a GET of that entry with.
+        """
         self.mirror, self._mirror_put, self._mirror_del = mirror, put, delete
+        self._mirror_reply = get_reply or (lambda e: b"")
         for e in self.entries.values():
-            put(mirror, e.key[0], e.key[1], e.id)
+            put(mirror, e.key[0], e.key[1], e.id, self._mirror_reply(e))
 
     def apply_lease_burst(self, first: int, last: int, count: int, log: bytes, per_entry: bytes) -> None:
         """Record the leases the native fast path granted in one burst (ids first..last, `count` of them).
@@ -293,7 +303,9 @@ class KVIndex:
         self.entries[p.key] = e
         self.lru[p.key] = e
         self.by_id[e.id] = e
-        if self.mirror is not None and not self._mirror_put(self.mirror, p.key[0], p.key[1], e.id):
+        if self.mirror is not None and not self._mirror_put(
+            self.mirror, p.key[0], p.key[1], e.id, self._mirror_reply(e)
+        ):
             self.mirror_misses += 1
         self.counters.commits += 1
         if self.alloc.used > self.config.high_watermark * self.alloc.capacity:

@@ -44,7 +44,16 @@ from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 from belugactl.dataplane.mds.service import MetadataService
 from belugactl.dataplane.pool import PoolMapping
 from belugactl.dataplane.rpc import slots
-from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD, Code, Op
+from belugactl.dataplane.rpc.protocol import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    REQ_READY,
+    TCP_MAX_PAYLOAD,
+    Code,
+    Op,
+    encode_get_reply,
+)
 from belugactl.errors import EnvironmentProblem
 
 _FRAME = struct.Struct("<I")
@@ -114,7 +123,12 @@ class MetadataServer:
         self._fast = None
         if self.config.fast_path and native.fast_serve is not None:
             self._fast = native.fi_new()
-            self.index.attach_mirror(self._fast, native.fi_put, native.fi_del)
+            self.index.attach_mirror(
+                self._fast,
+                native.fi_put,
+                native.fi_del,
+                lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents),
+            )
         self.fast_requests = 0
 
     # --- start-up -----------------------------------------------------------------------------
@@ -260,20 +274,22 @@ class MetadataServer:
         hist = service.latency_by_op[Op.LOOKUP_PREFIX]
         assert hist is not None
         first_lease = index.next_lease
-        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry = native.fast_serve(
+        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets = native.fast_serve(
             self._fast, self.pool.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
             self.geometry.slot_size, service.epoch32, len(index.namespaces), self.flush, spin_ns,
             start, index.next_lease, 256, hist.bounds_ns, hist.counts,
         )  # fmt: skip
         if served:
             index.next_lease = lease_next
-            if hits:  # before anything else can evict or delete
-                index.apply_lease_burst(first_lease, lease_next - 1, hits, log, per_entry)
-            index.counters.hits += hits
+            granted = lease_next - first_lease
+            if granted:  # before anything else can evict or delete
+                index.apply_lease_burst(first_lease, lease_next - 1, granted, log, per_entry)
+            index.counters.hits += hits + gets
             index.counters.misses += lookups - hits
             service.requests += served
             service._op_counts[Op.LOOKUP_PREFIX] += lookups
-            service._op_counts[Op.PING] += served - lookups
+            service._op_counts[Op.GET] += gets
+            service._op_counts[Op.PING] += served - lookups - gets
             hist.total += sum_ns / 1e9
             hist.n += lookups
             self.cxl_requests += served
