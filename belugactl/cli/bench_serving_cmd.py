@@ -1,0 +1,116 @@
+"""`belugactl bench kv` and `bench serve`: the KV copy engine and the serving stack, each against its baseline."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(bench: typer.Typer) -> None:
+    bench.command("kv")(kv)
+    bench.command("serve")(serve)
+
+
+def kv(
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda (needs torch with CUDA and a GPU)."),
+    blocks: int = typer.Option(64, "--blocks", help="Blocks per batch (4 MiB each, Qwen-32B shaped)."),
+    repeat: int = typer.Option(5, "--repeat", help="Timed repetitions (median)."),
+    coherence: str = typer.Option(
+        "none", "--coherence", help="none, or flush: non-temporal saves and flush-before-load (shared write-back pool)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
+) -> None:
+    """Save/load Qwen-32B-shaped KV blocks (128 x 32 KiB pieces) vs one contiguous copy and a per-piece loop."""
+    from belugactl.cli.render import print_json
+    from belugactl.errors import UsageError
+    from belugactl.workflows.serve import bench_kv
+
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: expected cpu or cuda")
+    if coherence not in ("none", "flush"):
+        raise UsageError(f"--coherence {coherence}: expected none or flush")
+    if blocks < 1:
+        raise UsageError("--blocks must be at least 1")
+    if device == "cpu":
+        doc = bench_kv.run_cpu(blocks, repeat=repeat, coherence=coherence)
+    else:
+        doc = bench_kv.run_cuda(blocks, repeat=repeat)
+    if as_json:
+        print_json(doc)
+        return
+    shape = doc["shape"]
+    print(
+        f"bench kv ({doc['device']}): {doc['blocks']} blocks x {shape['block_bytes'] >> 20} MiB "
+        f"({shape['pieces_per_block']} pieces of {shape['piece_bytes'] >> 10} KiB), "
+        f"coherence {doc.get('coherence', '-')}"
+    )
+    for name, r in doc["results"].items():
+        print(f"  {name:<12} {r['gb_per_s']:7.2f} GB/s  {r['vs_contiguous']:5.2f}x of contiguous")
+    print(f"  round trip ok: {doc['round_trip_ok']}; target: save and load >= 0.8x of contiguous")
+
+
+def serve(
+    manifest: str = typer.Option(..., "-f", "--file", help="Rack manifest (YAML) with two instances on this host."),
+    pool: str = typer.Option(None, "--pool", help="Pool device or file (as for serve)."),
+    create_pool: bool = typer.Option(False, "--create-pool", help="Create the --pool FILE if missing."),
+    lengths: str = typer.Option("1024,2048,4000", "--lengths", help="Prompt lengths in tokens, comma separated."),
+    rounds: int = typer.Option(3, "--rounds", help="Prompts per length (median)."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Use the serve running there, else start one there."),
+    vllm: str = typer.Option(None, "--vllm", help="The vllm program (as for serve)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
+) -> None:
+    """TTFT on instance B with the pool hit vs recompute, side by side (paper: 89.6 % lower; target >= 5x)."""
+    import sys
+
+    from belugactl.cli.render import print_json
+    from belugactl.errors import UsageError
+    from belugactl.workflows.serve import bench_serve
+    from belugactl.workflows.serve.control import prepare, status
+    from belugactl.workflows.serve.supervisor import Supervisor
+
+    try:
+        sizes = [int(x) for x in lengths.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--lengths {lengths}: expected integers separated by commas") from None
+    if not sizes or min(sizes) < 64:
+        raise UsageError("--lengths: each prompt needs at least 64 tokens")
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    current = status(run_dir)
+    supervisor = None
+    if current["running"]:
+        ports = [p["port"] for p in current["processes"] if p["kind"] == "vllm"]
+        say(f"bench serve: using the serve running in {current['run_dir']}")
+    else:
+        prepared = prepare(manifest, pool_path=pool, run_dir=run_dir, vllm=vllm, create_pool=create_pool)
+        plan = prepared.plan
+        ports = [p.port for p in plan.processes if p.kind == "vllm" and p.port is not None]
+        supervisor = Supervisor(plan, say=say)
+        say("bench serve: starting the metadata server and vLLM (engine start takes a while on CPU)")
+        supervisor.install_signal_handlers()
+        supervisor.start()
+    try:
+        if not ports:
+            raise UsageError(f"{manifest} runs no vLLM instance on this host")
+        port_a, port_b = ports[0], ports[1] if len(ports) > 1 else ports[0]
+        if port_a == port_b:
+            say("bench serve: one instance only: A and B are the same instance (the hit still comes from the pool)")
+        from belugactl.model.manifest import load_manifest
+
+        loaded = load_manifest(manifest)
+        block = loaded.block_size_on(loaded.hosts[0]) if len(loaded.hosts) == 1 else 16
+        doc = bench_serve.run(port_a, port_b, lengths=sizes, rounds=rounds, block_size=block, say=say)
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+    if as_json:
+        print_json(doc)
+        return
+    print(f"{'prompt':>8} {'recompute':>11} {'pool hit':>10} {'speedup':>8} {'reduction':>10}  same tokens")
+    for row in doc["rows"]:
+        print(
+            f"{row['prompt_tokens']:>8} {row['ttft_recompute_s']:>10.3f}s {row['ttft_pool_hit_s']:>9.3f}s "
+            f"{row['speedup']:>7.1f}x {row['ttft_reduction_pct']:>9.1f}%  {row['same_tokens']}"
+        )
+    print("paper (Beluga, GPU, CXL): 89.6 % lower TTFT; target here: >= 5x")
