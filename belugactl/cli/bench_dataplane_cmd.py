@@ -32,7 +32,8 @@ def rpc(
     console = stdout_console()
     console.print(
         f"[bold]bench rpc[/]: {result['request']}; pool {result['pool']}; "
-        f"native helper {'yes' if result['native_helper'] else 'NO'}; pinned {result['pinned_cpus']}"
+        f"native helper {'yes' if result['native_helper'] else 'NO'}; pinned {result['pinned_cpus']}; "
+        f"{result['cpus']} CPUs, load average {result['load_average_1m']}"
     )
     table = Table("", "CXL-RPC", "TCP loopback", "TCP / CXL")
     cxl, tcp = result["cxl"], result["tcp"]

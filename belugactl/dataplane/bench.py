@@ -221,6 +221,9 @@ def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, f
         "one ring/connection; ops_per_s_native_client: a C load generator on one ring (the server's capacity)",
         "pool": "file-backed, " + ("flushes on (as on a shared write-back devdax pool)" if flush else "no flushes"),
         "native_helper": native.AVAILABLE,
+        # Spin-polling needs both sides on a CPU at once: read the figures next to the machine's load.
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "cpus": len(cpus) or os.cpu_count(),
         "pinned_cpus": [cpus[0], cpus[1]] if pinned else None,
         "cxl": cxl,
         "tcp": tcp,

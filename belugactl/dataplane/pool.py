@@ -158,7 +158,8 @@ class PoolMapping:
                 if size < DEVDAX_ALIGN:
                     raise PoolMismatch(
                         f"pool file {path} is {format_size(size)}, smaller than the 2 MiB header region",
-                        fix="create it with create_file_pool(path, manifest) or `belugactl pool create-file`",
+                        fix="create it with `belugactl serve -f rack.yaml --pool FILE --create-pool` "
+                        "or belugactl.dataplane.pool.create_file_pool(path, manifest)",
                     )
             try:
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
