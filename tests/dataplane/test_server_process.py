@@ -19,7 +19,7 @@ import pytest
 
 from belugactl.cli.app import run
 from belugactl.dataplane.client import connect
-from belugactl.dataplane.errors import MetadataUnavailable, ReservationExpired, StaleEpoch
+from belugactl.dataplane.errors import AlreadyPresent, MetadataUnavailable, PoolFull, ReservationExpired, StaleEpoch
 from belugactl.dataplane.pool import PoolMapping
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,6 +109,15 @@ def test_two_phase_put_is_invisible_to_other_clients_until_commit(manifest_path:
         assert reader.lookup_prefix("m/tp0", [key]) == 0 and reader.get("m/tp0", key) is None
         writer.commit(r.token)
         assert reader.lookup_prefix("m/tp0", [key]) == 1
+        with pytest.raises(AlreadyPresent):
+            reader.reserve("m/tp0", key, 10)
+        with pytest.raises(PoolFull):
+            writer.reserve("m/tp0", b"\x02" * 32, 1 << 40)
+        other = writer.reserve("m/tp0", b"\x03" * 32, 4096)
+        writer.abort(other.token)
+        with pytest.raises(ReservationExpired):
+            writer.commit(other.token)
+        assert reader.lookup_prefix("m/tp0", [b"\x03" * 32]) == 0
         assert reader.delete("m/tp0", key) and writer.get("m/tp0", key) is None
         assert reader.clear_namespace("m/tp0") == 0
         writer.close()
