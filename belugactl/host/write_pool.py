@@ -5,9 +5,12 @@ its alignment, so everything goes through one shared mapping of the header area.
 maps a plain file (development, tests, the fixture trees).
 
 Compare-and-swap of the claim word: two processes on one machine are serialised with flock on the
-pool file, which makes the CAS atomic there. Hosts on a CXL 2.0 switch share no cache coherence and
-no lock; for them the claim protocol in `workflows/setup/header.py` adds a settle delay and a
-re-read, which turns the race into a detectable conflict rather than two silent writers.
+pool file, which makes the CAS atomic there. Given `atomics` (the data plane's native helper: a
+locked cmpxchg, cache-line flush and fence), the swap itself is a hardware CAS and every write is
+flushed out of this host's caches and every read refetched, so another host can see it. Hosts on
+a CXL 2.0 switch still share no coherence and no lock; the claim protocol in
+`workflows/setup/steps_header.py` adds a settle delay and a re-read, which turns a race into a
+detectable conflict rather than two silent writers.
 """
 
 from __future__ import annotations
@@ -18,20 +21,24 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 from belugactl.errors import EnvironmentProblem, StepFailed
 from belugactl.host.host import Host
 
 
 class PoolWindow:
-    def __init__(self, fd: int, mapping: mmap.mmap, length: int, device: str) -> None:
+    def __init__(self, fd: int, mapping: mmap.mmap, length: int, device: str, atomics: Any = None) -> None:
         self._fd = fd
         self._map = mapping
         self.length = length
         self.device = device
+        self._atomics = atomics  # cas64/load64/flush/fence over a buffer, or None
 
     @classmethod
-    def open(cls, host: Host, device: str, length: int, *, writable: bool = True) -> PoolWindow:
+    def open(
+        cls, host: Host, device: str, length: int, *, writable: bool = True, atomics: Any = None
+    ) -> PoolWindow:
         path = host.path(device)
         flags = os.O_RDWR if writable else os.O_RDONLY
         try:
@@ -52,7 +59,7 @@ class PoolWindow:
                 why=str(exc),
                 fix="the device must be at least this large and its align must divide the length",
             ) from exc
-        return cls(fd, mapping, length, device)
+        return cls(fd, mapping, length, device, atomics if writable else None)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -71,19 +78,27 @@ class PoolWindow:
 
     def read(self, offset: int, size: int) -> bytes:
         self._check(offset, size)
+        if self._atomics is not None:
+            self._atomics.flush(self._map, offset, size, True)  # drop stale lines: another host may have written
         return bytes(self._map[offset : offset + size])
 
     def write(self, offset: int, data: bytes) -> None:
         self._check(offset, len(data))
         self._map[offset : offset + len(data)] = data
-        self.flush()
+        self.flush(offset, len(data))
 
-    def flush(self) -> None:
+    def flush(self, offset: int = 0, size: int = 0) -> None:
+        if self._atomics is not None and size:
+            self._atomics.flush(self._map, offset, size)
+            self._atomics.fence()
         # msync: reaches the file for file-backed pools; device-dax mappings are the media itself.
         with contextlib.suppress(OSError):
             self._map.flush()
 
     def load_u64(self, offset: int) -> int:
+        if self._atomics is not None:
+            self._atomics.flush(self._map, offset, 8, True)
+            return int(self._atomics.load64(self._map, offset))
         return struct.unpack_from("<Q", self._map, offset)[0]
 
     @contextlib.contextmanager
@@ -100,8 +115,12 @@ class PoolWindow:
             raise ValueError("the claim word must be 8-byte aligned")
         self._check(offset, 8)
         with self._exclusive():
-            found = self.load_u64(offset)
-            if found == expected:
-                struct.pack_into("<Q", self._map, offset, new)
-                self.flush()
+            if self._atomics is not None:
+                self._atomics.flush(self._map, offset, 8, True)
+                found = int(self._atomics.cas64(self._map, offset, expected, new))
+            else:
+                found = self.load_u64(offset)
+                if found == expected:
+                    struct.pack_into("<Q", self._map, offset, new)
+            self.flush(offset, 8)
             return found

@@ -165,7 +165,7 @@ def write_or_verify_header(
 ) -> HeaderOutcome:
     """Claim, write (magic last) and re-read; or, having lost the claim, wait for and verify the winner's."""
     nonce = nonce if nonce is not None else (int.from_bytes(os.urandom(8), "little") or 1)
-    with PoolWindow.open(host, device, spec.map_size) as window:
+    with PoolWindow.open(host, device, spec.map_size, atomics=_atomics()) as window:
         if rewrite:
             # --force: take the claim whatever it holds, then write as the first host would.
             window.write(hdr.CLAIM_OFFSET, nonce.to_bytes(8, "little"))
@@ -191,6 +191,15 @@ def write_or_verify_header(
                 fix="stop setup on the other hosts, then rerun `belugactl setup --force` on one host only",
             )
         return HeaderOutcome(wrote=True, claim=nonce)
+
+
+def _atomics() -> Any:
+    """The data plane's native helper (hardware CAS, flush, fence), when it was built."""
+    try:
+        from belugactl.dataplane import native
+    except ImportError:
+        return None
+    return native if native.features().get("native") else None
 
 
 def _with_claim(header: hdr.PoolHeader, nonce: int) -> hdr.PoolHeader:
