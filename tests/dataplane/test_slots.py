@@ -200,3 +200,19 @@ def test_client_call_path_in_flush_mode_with_a_server_thread(pool_path: Path) ->
         thread.join()
         server.close()
         pool.close()
+
+
+def test_a_ring_out_of_step_is_resynced_by_housekeeping(pool_path: Path) -> None:
+    pool, server = make_server(pool_path)
+    t = CxlTransport(pool, 1)
+    for _ in range(3):
+        assert call(t, server, Op.PING, b"a")[0] == 0  # server cursor now at slot 3
+    t.reset()
+    t._seq += 5  # a client that starts mid-ring without a HELLO at slot 0
+    t.submit(Op.PING, server.epoch, b"lost")
+    assert not server.poll_once(0)  # nobody watches slot 5
+    server.housekeeping()
+    assert server.rings_resynced == 1
+    assert server.poll_once(NS) and t.collect(NS)[2] == b"lost"
+    server.close()
+    pool.close()

@@ -130,6 +130,7 @@ class MetadataServer:
                 lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents),
             )
         self.fast_requests = 0
+        self.rings_resynced = 0
 
     # --- start-up -----------------------------------------------------------------------------
     def _lock_pool(self) -> None:
@@ -343,7 +344,29 @@ class MetadataServer:
     def housekeeping(self) -> None:
         self.service.ready = self.is_ready()
         self.index.expire()
+        self._resync_rings()
         self.publish_snapshot()
+
+    def _resync_rings(self) -> int:
+        """Safety net: a ring whose cursor slot is idle while other slots wait gets its cursor moved
+        to the oldest waiting request (a client that pipelined after a reset without HELLO, or one
+        that scribbled). Clients post in order, so this never reorders a well-behaved ring."""
+        g = self.geometry
+        buf = self.pool.buf
+        moved = 0
+        for r in range(g.ring_count):
+            if native.load64(buf, self._offs[r]) == REQ_READY:
+                continue
+            waiting = []
+            for slot in range(g.slots_per_ring):
+                off = g.slot_offset(r, slot)
+                if native.load64(buf, off) == REQ_READY:
+                    waiting.append((HEADER.unpack_from(buf, off)[1], slot))
+            if waiting:
+                self._set_cursor(r, min(waiting)[1])
+                moved += 1
+        self.rings_resynced += moved
+        return moved
 
     def publish_snapshot(self) -> None:
         """A consistent copy of the numbers for the admin thread (which never touches the index)."""
@@ -374,6 +397,7 @@ class MetadataServer:
                 "tcp": self.tcp_requests,
                 "errors": self.service.error_count,
                 "bad_slots": self.bad_slots,
+                "rings_resynced": self.rings_resynced,
                 "stale_fenced_at_start": self.stale_fenced,
                 "by_op": dict(self.service.ops),
                 "errors_by_code": dict(self.service.errors),
