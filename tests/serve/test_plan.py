@@ -1,0 +1,126 @@
+"""The serve plan: exact argv and environment from the manifest (and discovery for NUMA placement)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from belugactl.errors import InputError
+from belugactl.host.host import Host
+from belugactl.model.layout import resolve_layout
+from belugactl.model.manifest import load_manifest, load_manifest_text
+from belugactl.workflows.discover import discover
+from belugactl.workflows.serve.plan import Tools, build_serve_plan
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = Tools(vllm="/opt/vllm/bin/vllm", belugactl=("/opt/bin/belugactl",), numactl="/usr/bin/numactl")
+
+
+def _plan(manifest_file: Path, host: str, *, snapshot=None, tools: Tools = TOOLS, pool: str = "/dev/dax0.0"):
+    manifest = load_manifest(manifest_file)
+    return build_serve_plan(
+        manifest,
+        resolve_layout(manifest),
+        manifest_path=str(manifest_file),
+        host_name=host,
+        pool_path=pool,
+        run_dir="/run/beluga",
+        tools=tools,
+        snapshot=snapshot,
+    )
+
+
+def _kv_config(argv: tuple[str, ...]) -> dict:
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_cpu_demo_runs_the_server_then_two_pinned_instances() -> None:
+    plan = _plan(REPO / "examples" / "cpu-demo.yaml", "cpu-demo", pool="/tmp/demo.pool")
+    names = [p.name for p in plan.processes]
+    assert names == ["metadata-server", "vllm-0", "vllm-1"]
+    server = plan.processes[0]
+    assert server.argv[:2] == ("/opt/bin/belugactl", "metadata-server")
+    assert server.argv[server.argv.index("--pool") + 1] == "/tmp/demo.pool"
+    assert server.health_url == "http://127.0.0.1:9470/readyz"
+
+    for i, proc in enumerate(plan.processes[1:]):
+        argv = proc.argv
+        assert argv[:2] == ("/opt/vllm/bin/vllm", "serve")
+        assert argv[2] == str(REPO / "examples" / "models" / "llama-cpu-demo")  # relative to the manifest
+        assert argv[argv.index("--port") + 1] == str(8100 + i)
+        assert argv[argv.index("--block-size") + 1] == "32"  # CPU platform: a multiple of 32
+        assert argv[argv.index("--prefix-caching-hash-algo") + 1] == "sha256_cbor"
+        assert "--load-format=dummy" in argv and "--no-enable-prefix-caching" in argv
+        assert proc.env["PYTHONHASHSEED"] == "0"
+        assert proc.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert "CUDA_VISIBLE_DEVICES" not in proc.env
+        assert proc.health_url == f"http://127.0.0.1:{8100 + i}/health"
+        kv = _kv_config(argv)
+        assert kv["kv_connector"] == "BelugaConnector"
+        assert kv["kv_role"] == "kv_both" and kv["kv_load_failure_policy"] == "recompute"
+        extra = kv["kv_connector_extra_config"]
+        assert extra["pool_path"] == "/tmp/demo.pool"
+        assert extra["metadata_address"] == "tcp://127.0.0.1:9471"
+        assert extra["scheduler_address"] == f"cxl:///tmp/demo.pool#{i}"  # the instance's own ring
+        assert extra["namespace"] == "cpu-demo" and extra["hash_seed"] == "0"
+        assert extra["stats_path"] == f"/run/beluga/stats/vllm-{i}"
+        assert extra["coherence"] == "none"  # one host: no cross-host flushes needed
+
+
+def test_gpu_host_gets_its_gpus_and_the_nearest_numa_node() -> None:
+    snapshot = discover(Host.from_tree(REPO / "tests" / "fixtures" / "beluga-intel"))
+    plan = _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-01", snapshot=snapshot)
+    vllm = [p for p in plan.processes if p.kind == "vllm"]
+    assert [p.name for p in plan.processes] == [f"vllm-{i}" for i in range(8)]  # no server on this host
+    for i, proc in enumerate(vllm):
+        node = 0 if i < 4 else 1  # GPUs 0-3 sit under socket 0 in the fixture, 4-7 under socket 1
+        assert proc.env["CUDA_VISIBLE_DEVICES"] == str(i)
+        assert proc.argv[:3] == ("/usr/bin/numactl", f"--cpunodebind={node}", f"--membind={node}")
+        assert proc.argv[proc.argv.index("--block-size") + 1] == "16"
+        assert proc.argv[-2:] == ("--gpu-memory-utilization", "0.92")
+        extra = _kv_config(proc.argv)["kv_connector_extra_config"]
+        assert extra["metadata_address"] == "tcp://10.10.0.11:9471"  # the metadata host's address
+        assert extra["coherence"] == "none"  # the rack maps its pool uncachable (MTRR): plain copies are coherent
+    assert plan.metadata_admin_url is None
+
+
+def test_without_discovery_or_numactl_the_plan_says_so() -> None:
+    tools = Tools(vllm="vllm", belugactl=("belugactl",), numactl=None)
+    snapshot = discover(Host.from_tree(REPO / "tests" / "fixtures" / "beluga-intel"))
+    plan = _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-01", snapshot=snapshot, tools=tools)
+    assert plan.processes[0].argv[0] == "vllm"
+    assert any("numactl is not installed" in n for n in plan.notes)
+    plan = _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-01", snapshot=None)
+    assert any("NUMA nodes unknown" in n for n in plan.notes)
+
+
+def test_a_write_back_pool_shared_by_hosts_needs_flushing_copies() -> None:
+    text = (REPO / "examples" / "beluga-rack.yaml").read_text().replace("uncachable", "write-back")
+    manifest = load_manifest_text(text, file="rack.yaml")
+    plan = build_serve_plan(
+        manifest,
+        resolve_layout(manifest),
+        manifest_path="rack.yaml",
+        host_name="beluga-02",
+        pool_path="/dev/dax0.0",
+        run_dir="/run/beluga",
+        tools=TOOLS,
+    )
+    assert {_kv_config(p.argv)["kv_connector_extra_config"]["coherence"] for p in plan.processes} == {"flush"}
+
+
+def test_a_manifest_without_serve_section_is_refused(tmp_path: Path) -> None:
+    text = (REPO / "examples" / "single-host.yaml").read_text().split("\nserve:")[0]
+    manifest = load_manifest_text(text, file="rack.yaml")
+    with pytest.raises(InputError, match="no serve section"):
+        build_serve_plan(
+            manifest,
+            resolve_layout(manifest),
+            manifest_path="rack.yaml",
+            host_name="gpu-0",
+            pool_path="/dev/dax0.0",
+            run_dir=tmp_path,
+            tools=TOOLS,
+        )
