@@ -39,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for
 from vllm_beluga.index import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
+from vllm_beluga.transfer import PoolTransfer
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -164,6 +165,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine: Any = None
         self._pool: Any = None
         self._load_errors: set[int] = set()
+        self._transfer = PoolTransfer(self.index, None, self.namespace, self.stats)
 
     # ------------------------------------------------------------------ scheduler side
     def _block_keys(self, request: Any) -> list[bytes]:
@@ -306,6 +308,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             from belugactl.dataplane.kvcopy_cuda import CudaKVCopyEngine
 
             self._engine = CudaKVCopyEngine(layout, self._pool.buf, coherence=self.cfg.coherence)
+        self._transfer.engine = self._engine
         log.info(
             "Beluga: %d-byte blocks in %d pieces, pool %s (%d bytes)",
             layout.block_nbytes,
@@ -319,41 +322,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.loads:
             return
         for transfer in meta.loads:
-            self._load(transfer)
-
-    def _load(self, transfer: BlockTransfer) -> None:
-        if self._engine is None:
-            self._fail_load(transfer.block_ids, "no pool mapping")
-            return
-        started = time.perf_counter()
-        batch: list[tuple[int, list[tuple[int, int]]]] = []
-        leases: list[int] = []
-        failed: list[int] = []
-        for block_id, key in zip(transfer.block_ids, transfer.keys, strict=True):
-            location = self.index.get(self.namespace, key)
-            if location is None:
-                failed.append(block_id)
-                continue
-            leases.append(location.lease_id)
-            batch.append((block_id, [(int(o), int(n)) for o, n in location.extents]))
-        try:
-            if batch:
-                nbytes = self._engine.load(batch)
-                self.stats.add("loaded_blocks", len(batch))
-                self.stats.add("loaded_bytes", nbytes)
-        except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
-            log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
-            failed.extend(b for b, _ in batch)
-        finally:
-            self.index.release(leases)
-        self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
-        if failed:
-            self._fail_load(failed, "not in the pool any more, or the copy failed")
-
-    def _fail_load(self, block_ids: list[int], why: str) -> None:
-        log.warning("Beluga: %d blocks not loaded (%s); vLLM recomputes them", len(block_ids), why)
-        self._load_errors.update(block_ids)
-        self.stats.add("load_errors", len(block_ids))
+            self._load_errors.update(self._transfer.load(transfer.block_ids, transfer.keys))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the first layer runs
@@ -367,31 +336,10 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.saves or self._engine is None:
             return
-        if self._engine is not None and hasattr(self._engine, "synchronize"):
-            self._engine.synchronize()
-        started = time.perf_counter()
-        nbytes = self._engine.layout.block_nbytes
+        if hasattr(self._engine, "synchronize"):
+            self._engine.synchronize()  # the GPU must have finished writing this step's KV
         for transfer in meta.saves:
-            reserved: list[tuple[Any, int, list[tuple[int, int]]]] = []
-            for block_id, key in zip(transfer.block_ids, transfer.keys, strict=True):
-                reservation = self.index.reserve(self.namespace, key, nbytes)
-                if reservation is None:
-                    continue
-                reserved.append((reservation.token, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
-            if not reserved:
-                continue
-            try:
-                self._engine.save([(block_id, extents) for _, block_id, extents in reserved])
-            except Exception as exc:  # noqa: BLE001
-                log.warning("Beluga: saving %d blocks failed: %s", len(reserved), exc)
-                for token, _, _ in reserved:
-                    self.index.abort(token)
-                self.stats.add("save_errors", len(reserved))
-                continue
-            committed = sum(1 for token, _, _ in reserved if self.index.commit(token))
-            self.stats.add("saved_blocks", committed)
-            self.stats.add("saved_bytes", committed * nbytes)
-        self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
+            self._transfer.save(transfer.block_ids, transfer.keys)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

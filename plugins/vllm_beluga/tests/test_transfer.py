@@ -1,0 +1,149 @@
+"""Worker-side block moves against a real metadata server and a real file pool (no vLLM needed):
+saves become visible only after commit, loads put the same bytes back, failures become recomputes."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.stats import ConnectorStats
+from vllm_beluga.transfer import PoolTransfer
+
+from belugactl.dataplane.kvcopy import KVBlockLayout, KVCopyEngine, TensorView, buffer_address
+from belugactl.dataplane.pool import PoolMapping, create_file_pool
+
+REPO = Path(__file__).resolve().parents[3]
+NS = "test@layout@tp0of1"
+BLOCKS = 8
+PIECE = 4096
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict]:
+    pool = tmp_path / "pool"
+    manifest = REPO / "examples" / "cpu-demo.yaml"
+    create_file_pool(pool, manifest)
+    admin, rpc = _port(), _port()
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
+         "--admin-port", str(admin), "--rpc-port", str(rpc), "--fence-grace", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1) as r:  # noqa: S310
+                if json.loads(r.read()).get("ready"):
+                    break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail(f"metadata server did not start: {proc.stderr.read().decode()[-2000:]}")
+    try:
+        yield {"pool": pool, "address": f"tcp://127.0.0.1:{rpc}", "proc": proc}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture
+def tensors() -> Iterator[tuple[list[mmap.mmap], KVBlockLayout]]:
+    """Three 'layers', each [BLOCKS, PIECE] bytes (a CPU-backend-like layout), random contents."""
+    bufs = [mmap.mmap(-1, BLOCKS * PIECE) for _ in range(3)]
+    for b in bufs:
+        b[:] = os.urandom(len(b))
+    views = [
+        TensorView(f"l{i}", buffer_address(b), (BLOCKS, PIECE), (PIECE, 1), 1, "uint8") for i, b in enumerate(bufs)
+    ]
+    yield bufs, KVBlockLayout.from_views(views)
+    for b in bufs:
+        b.close()
+
+
+def _block(bufs: list[mmap.mmap], block: int) -> bytes:
+    return b"".join(b[block * PIECE : (block + 1) * PIECE] for b in bufs)
+
+
+def _transfer(address: str, pool: PoolMapping, layout: KVBlockLayout, stats: ConnectorStats) -> PoolTransfer:
+    index = BestEffortIndex(address, stats=stats, timeout_s=1.0, retry_s=0.2)
+    return PoolTransfer(index, KVCopyEngine(layout, pool.buf), NS, stats)
+
+
+def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, tmp_path) -> None:
+    bufs, layout = tensors
+    pool = PoolMapping.open(server["pool"])
+    stats = ConnectorStats(str(tmp_path / "stats"), role="worker0")
+    writer = _transfer(server["address"], pool, layout, stats)
+    keys = [f"key{i}".encode() for i in range(3)]
+    assert writer.index.lookup_prefix(NS, keys) == 0
+    assert writer.save([1, 2, 3], keys) == 3
+    assert writer.index.lookup_prefix(NS, keys) == 3
+    assert writer.save([1], keys[:1]) == 0  # present already: skipped, counted
+    assert stats.get("save_skipped_exists") == 1
+    want = [_block(bufs, b) for b in (1, 2, 3)]
+
+    reader = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker1"))
+    assert reader.load([5, 6, 7], keys) == []
+    assert [_block(bufs, b) for b in (5, 6, 7)] == want
+    assert reader.stats.get("loaded_blocks") == 3
+    stats.flush(force=True)
+    doc = json.loads((tmp_path / "stats.worker0.json").read_text())
+    assert doc["counters"]["saved_blocks"] == 3
+    writer.index.close()
+    reader.index.close()
+
+
+def test_a_block_gone_from_the_pool_is_reported_failed_not_loaded(server, tensors) -> None:
+    bufs, layout = tensors
+    pool = PoolMapping.open(server["pool"])
+    t = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker0"))
+    assert t.save([0, 1], [b"a", b"b"]) == 2
+    assert t.index.warm_up()
+    t.index._client.delete(NS, b"b")  # evicted between the scheduler's lookup and the load
+    before = _block(bufs, 7)
+    assert t.load([6, 7], [b"a", b"b"]) == [7]
+    assert _block(bufs, 7) == before  # untouched: vLLM recomputes it
+    assert _block(bufs, 6) == _block(bufs, 0)
+    assert t.stats.get("load_errors") == 1
+    t.index.close()
+
+
+def test_server_down_means_misses_and_skipped_saves(server, tensors, tmp_path) -> None:
+    _, layout = tensors
+    pool = PoolMapping.open(server["pool"])
+    stats = ConnectorStats(str(tmp_path / "s"), role="scheduler")
+    t = _transfer(server["address"], pool, layout, stats)
+    assert t.save([0], [b"k0"]) == 1
+    server["proc"].terminate()
+    server["proc"].wait(timeout=20)
+    assert t.index.lookup_prefix(NS, [b"k0"]) == 0  # unreachable: a miss, not an exception
+    assert t.save([1], [b"k1"]) == 0
+    assert t.load([2], [b"k0"]) == [2]
+    assert stats.get("server_unavailable") >= 1
+    assert t.index.healthy is False
+    stats.flush(force=True)
+    assert json.loads((tmp_path / "s.scheduler.json").read_text())["healthy"] is False
+
+
+def test_nothing_is_copied_without_a_pool(tensors) -> None:
+    stats = ConnectorStats(None, role="worker0")
+    t = PoolTransfer(BestEffortIndex("tcp://127.0.0.1:1", stats=stats), None, NS, stats)
+    assert t.load([1, 2], [b"x", b"y"]) == [1, 2]
+    assert t.save([1], [b"x"]) == 0

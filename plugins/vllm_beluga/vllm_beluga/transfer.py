@@ -1,0 +1,96 @@
+"""Moving blocks between the paged KV tensors and the pool, with the metadata server's bookkeeping.
+
+Free of vLLM on purpose: the worker side of the connector delegates here, and tests drive it with
+real tensors-in-memory, a real pool and a real metadata server.
+
+load: look each key up (the lookup grants a read lease, so the block cannot be evicted or
+overwritten while we copy), copy all found blocks in one batch, release the leases. A block that is
+gone, or a copy that fails, is returned as failed: vLLM recomputes it, it is never served wrong.
+save: reserve extents for each block, copy the batch, commit each; a block already present (another
+instance saved it first), a full pool or an unreachable server skip the save and count it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.stats import ConnectorStats
+
+log = logging.getLogger("vllm.beluga")
+
+
+class PoolTransfer:
+    def __init__(self, index: BestEffortIndex, engine: Any, namespace: str, stats: ConnectorStats) -> None:
+        self.index = index
+        self.engine = engine  # KVCopyEngine (CPU) or CudaKVCopyEngine; None: no pool mapped
+        self.namespace = namespace
+        self.stats = stats
+
+    def load(self, block_ids: Sequence[int], keys: Sequence[bytes]) -> list[int]:
+        """Fill `block_ids` from the pool blocks under `keys`; returns the block ids NOT loaded."""
+        if self.engine is None:
+            self.stats.add("load_errors", len(block_ids))
+            return list(block_ids)
+        started = time.perf_counter()
+        batch: list[tuple[int, list[tuple[int, int]]]] = []
+        leases: list[int] = []
+        failed: list[int] = []
+        need = self.engine.layout.block_nbytes
+        for block_id, key in zip(block_ids, keys, strict=True):
+            location = self.index.get(self.namespace, key)
+            if location is None:
+                failed.append(block_id)
+                continue
+            leases.append(location.lease_id)
+            if int(location.nbytes) != need:
+                # Same key, other layout: never copy bytes that do not fit this instance's tensors.
+                failed.append(block_id)
+                continue
+            batch.append((block_id, [(int(o), int(n)) for o, n in location.extents]))
+        try:
+            if batch:
+                nbytes = self.engine.load(batch)
+                self.stats.add("loaded_blocks", len(batch))
+                self.stats.add("loaded_bytes", nbytes)
+        except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
+            log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
+            failed.extend(b for b, _ in batch)
+        finally:
+            self.index.release(leases)
+        self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
+        if failed:
+            log.warning("Beluga: %d blocks not loaded (gone from the pool, or a failed copy): recomputed", len(failed))
+            self.stats.add("load_errors", len(failed))
+        return failed
+
+    def save(self, block_ids: Sequence[int], keys: Sequence[bytes]) -> int:
+        """Store the blocks under their keys; returns how many were committed."""
+        if self.engine is None:
+            return 0
+        started = time.perf_counter()
+        nbytes = self.engine.layout.block_nbytes
+        reserved: list[tuple[Any, int, list[tuple[int, int]]]] = []
+        for block_id, key in zip(block_ids, keys, strict=True):
+            reservation = self.index.reserve(self.namespace, key, nbytes)
+            if reservation is None:
+                continue
+            reserved.append((reservation.token, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+        committed = 0
+        if reserved:
+            try:
+                self.engine.save([(block_id, extents) for _, block_id, extents in reserved])
+            except Exception as exc:  # noqa: BLE001
+                log.warning("Beluga: saving %d blocks failed: %s", len(reserved), exc)
+                for token, _, _ in reserved:
+                    self.index.abort(token)
+                self.stats.add("save_errors", len(reserved))
+            else:
+                committed = sum(1 for token, _, _ in reserved if self.index.commit(token))
+                self.stats.add("saved_blocks", committed)
+                self.stats.add("saved_bytes", committed * nbytes)
+        self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
+        return committed
