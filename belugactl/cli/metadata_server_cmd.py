@@ -34,12 +34,19 @@ def metadata_server(
     high_watermark: float = typer.Option(0.90, "--high-watermark", help="Evict above this fraction of the KV area."),
     low_watermark: float = typer.Option(0.80, "--low-watermark", help="...down to this fraction."),
     zero_on_free: bool = typer.Option(False, "--zero-on-free", help="Zero freed blocks (multi-tenant pools)."),
+    restart_policy: str = typer.Option(
+        "start-empty",
+        "--restart-policy",
+        help="start-empty (default) or journal: rebuild the index from the pool's journal area at start.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the start-up record as JSON on stdout."),
 ) -> None:
     """Serve the KV index over CXL-RPC (pool slot rings) and TCP, with /healthz /readyz /metrics /stats.
 
-    Restart policy: start empty. Every start bumps the pool epoch, which fences clients, leases and
-    reservations of the previous incarnation; the index is rebuilt by clients writing again.
+    Every start bumps the pool epoch, which fences clients, leases and reservations of the previous
+    incarnation. Restart policy start-empty (default): the index starts empty and clients repopulate
+    it. journal: commits and removals are journaled in the pool's metadata area and the index is
+    rebuilt from it at start (committed blocks only; nothing half-written is ever restored).
     Stop with SIGTERM or Ctrl-C (graceful).
     """
     import json
@@ -65,6 +72,8 @@ def metadata_server(
         raise UsageError(
             "watermarks must satisfy 0 < low < high <= 1", fix="e.g. --high-watermark 0.9 --low-watermark 0.8"
         )
+    if restart_policy not in ("start-empty", "journal"):
+        raise UsageError(f"unknown restart policy {restart_policy!r}", fix="use start-empty or journal")
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
     config = ServerConfig(
         rpc_bind=rpc_bind or bind or getattr(ms, "rpc_bind", None) or default_bind,
@@ -72,6 +81,7 @@ def metadata_server(
         admin_bind=bind or default_bind,
         admin_port=admin_port if admin_port is not None else (ms.admin_port if ms else 9470),
         fence_grace_s=fence_grace,
+        restart_policy=restart_policy,
         index=IndexConfig(
             lease_ttl_s=lease_ttl,
             reservation_ttl_s=reservation_ttl,
@@ -100,7 +110,8 @@ def metadata_server(
         "rpc": f"tcp://{config.rpc_bind}:{server.tcp_port}" if server.tcp_port else None,
         "cxl": f"cxl://{server.pool.path}#<ring>",
         "admin": f"http://{config.admin_bind}:{server.admin_port}" if server.admin_port else None,
-        "restart_policy": "start-empty",
+        "restart_policy": restart_policy,
+        "restored_entries": server.restored_entries,
         "native_helper": server.snapshot["pool"]["native_helper"],
         "fence_grace_s": fence_grace,
     }

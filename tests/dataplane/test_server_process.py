@@ -247,3 +247,31 @@ def test_tcp_garbage_is_answered_or_dropped_and_the_server_keeps_serving(manifes
         c = connect(srv["rpc"], timeout_s=5.0)
         assert c.ping(b"ok") == b"ok"
         c.close()
+
+
+def test_sigkill_mid_put_with_journal_restores_committed_blocks_only(manifest_path: Path, pool_path: Path) -> None:
+    keys = [bytes([i]) * 32 for i in range(6)]
+    pool = PoolMapping.open(pool_path)
+    with server(manifest_path, pool_path, "--restart-policy", "journal") as srv:
+        old = connect(f"cxl://{pool_path}#2", pool=pool, timeout_s=2.0)
+        for k in keys[:5]:
+            r = old.reserve("m/tp0", k, 30_000)
+            pool.write(r.extents[0][0], k * 100)
+            old.commit(r.token)
+        half = old.reserve("m/tp0", keys[5], 30_000)
+        pool.write(half.extents[0][0], b"partial")  # written, never committed
+        os.kill(srv["proc"].pid, signal.SIGKILL)
+        srv["proc"].wait(timeout=10)
+    with server(manifest_path, pool_path, "--restart-policy", "journal") as srv2:
+        assert srv2["restored_entries"] == 5 and srv2["restart_policy"] == "journal"
+        with pytest.raises(StaleEpoch):
+            old.lookup_prefix("m/tp0", keys)
+        old.reconnect()
+        assert old.lookup_prefix("m/tp0", keys) == 5  # the uncommitted sixth block is not there
+        for k in keys[:5]:
+            loc = old.get("m/tp0", k)
+            assert loc is not None and read_block(pool, loc.extents)[: len(k) * 100] == k * 100
+        ready = json.load(urllib.request.urlopen(srv2["admin"] + "/readyz"))
+        assert ready["restart_policy"] == "journal" and "journal" in ready["index"]
+        old.close()
+    pool.close()

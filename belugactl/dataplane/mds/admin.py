@@ -122,7 +122,12 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
                     "reason": reason,
                     "epoch": server.epoch,
                     "restart_policy": snap.get("restart_policy"),
-                    "index": "empty after every restart; the epoch fences older clients",
+                    "index": (
+                        "rebuilt from the journal at start; the epoch fences older clients"
+                        if snap.get("restart_policy") == "journal"
+                        else "empty after every restart; the epoch fences older clients"
+                    ),
+                    "journal": snap.get("journal"),
                     "native_helper": snap.get("pool", {}).get("native_helper"),
                 }
                 self._send(200 if ready else 503, json.dumps(body).encode())

@@ -125,6 +125,47 @@ class Allocator:
             else:
                 self._free[size].append(off)
 
+    def restore(self, allocations: list[tuple[int, list[tuple[int, int]]]]) -> list[Allocation]:
+        """Rebuild a fresh allocator's state from the live blocks of a journal: (nbytes, blocks) each.
+
+        Raises ValueError (nothing changed) when the blocks are inconsistent: outside the area,
+        misaligned, overlapping, or two classes in one chunk.
+        """
+        if self.used:
+            raise ValueError("restore needs an empty allocator")
+        chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
+        taken: set[int] = set()
+        end = self.base + self.capacity
+        classes = set(SIZE_CLASSES)
+        for _nbytes, blocks in allocations:
+            for size, off in blocks:
+                chunk = off - (off - self.base) % CHUNK
+                if not self.base <= off < end or (size != CHUNK and size not in classes) or off in taken:
+                    raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
+                if (off - chunk) % size or off - chunk + size > CHUNK:
+                    raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
+                if chunk_class.setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
+                    raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
+                taken.add(off)
+        self._free_chunks = [
+            self.base + i * CHUNK for i in range(self.chunks - 1, -1, -1) if self.base + i * CHUNK not in chunk_class
+        ]
+        for chunk, size in chunk_class.items():
+            if size == CHUNK:
+                continue
+            self._carved[size] += 1
+            count = CHUNK // size
+            self._free[size].extend(
+                o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o not in taken
+            )
+        restored = []
+        for nbytes, blocks in allocations:
+            a = Allocation(_coalesce(list(blocks), nbytes), list(blocks), nbytes)
+            self.used += a.footprint
+            self.requested += nbytes
+            restored.append(a)
+        return restored
+
     def stats(self) -> dict[str, object]:
         carved_idle = sum(len(v) * c for c, v in self._free.items())
         return {

@@ -131,6 +131,8 @@ class KVIndex:
         # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
         self.mirror: Any = None
         self.mirror_misses = 0  # keys too long to mirror (lookups of them take the Python path)
+        # Optional journal (restart policy "journal"): told of every commit and removal.
+        self.journal: Any = None
         self.counters = Counters()
 
     # --- namespaces ---------------------------------------------------------------------------
@@ -184,6 +186,19 @@ class KVIndex:
         self.leases[lease] = found
         self._lease_q.append((deadline, lease))
         return lease
+
+    def restore(self, items: list[tuple[str, bytes, Allocation]]) -> None:
+        """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
+        for name, key, alloc in items:
+            k = (self.open_namespace(name), key)
+            if k in self.entries:
+                continue
+            e = Entry(k, alloc, id=next(self._entry_ids))
+            self.entries[k] = e
+            self.lru[k] = e
+            self.by_id[e.id] = e
+            if self.mirror is not None:
+                self._mirror_put(self.mirror, k[0], k[1], e.id, self._mirror_reply(e))
 
     def attach_mirror(
         self,
@@ -300,6 +315,8 @@ class KVIndex:
             raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
         del self.pending_keys[p.key]
         e = Entry(p.key, p.alloc, id=next(self._entry_ids))
+        if self.journal is not None:
+            self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
         self.lru[p.key] = e
         self.by_id[e.id] = e
@@ -335,6 +352,8 @@ class KVIndex:
         return len(doomed)
 
     def _remove(self, e: Entry) -> None:
+        if self.journal is not None:
+            self.journal.removed(e)
         del self.entries[e.key]
         self.lru.pop(e.key, None)
         if self.mirror is not None:

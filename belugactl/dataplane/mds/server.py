@@ -57,7 +57,7 @@ from belugactl.dataplane.rpc.protocol import (
 from belugactl.errors import EnvironmentProblem
 
 _FRAME = struct.Struct("<I")
-RESTART_POLICY = "start-empty"
+RESTART_POLICIES = ("start-empty", "journal")
 
 
 @dataclass
@@ -72,7 +72,35 @@ class ServerConfig:
     idle_after_s: float = 0.05
     idle_poll_s: float = 0.0005
     housekeeping_s: float = 0.1
-    fast_path: bool = True  # answer LOOKUP_PREFIX/PING in the native helper when it is built
+    fast_path: bool = True  # answer LOOKUP_PREFIX/GET/PING in the native helper when it is built
+    restart_policy: str = "start-empty"  # or "journal": rebuild the index from the pool's journal area
+
+
+class _JournalHooks:
+    """What the index calls on every commit and removal when the restart policy is "journal"."""
+
+    def __init__(self, server: MetadataServer, journal: Any) -> None:
+        self.server = server
+        self.journal = journal
+
+    def committed(self, e: Any) -> None:
+        from belugactl.dataplane.mds.journal import encode_commit
+
+        self._append(encode_commit(self.server.index.ns_names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks))
+
+    def removed(self, e: Any) -> None:
+        from belugactl.dataplane.mds.journal import encode_remove
+
+        self._append(encode_remove(self.server.index.ns_names[e.key[0]], e.key[1]))
+
+    def _append(self, body: bytes) -> None:
+        from belugactl.dataplane.mds.journal import JournalFull
+
+        index = self.server.index
+        try:
+            self.journal.append(body, lambda: list(index.entries.values()), index.ns_names)
+        except JournalFull as exc:
+            self.server._journal_off(f"{exc}; journaling disabled, the next start will be empty")
 
 
 class _TcpConn:
@@ -131,6 +159,9 @@ class MetadataServer:
             )
         self.fast_requests = 0
         self.rings_resynced = 0
+        self.journal: Any = None
+        self.journal_note = ""
+        self.restored_entries = 0
 
     # --- start-up -----------------------------------------------------------------------------
     def _lock_pool(self) -> None:
@@ -172,9 +203,48 @@ class MetadataServer:
         self.service.epoch = self.epoch
         self.service.epoch32 = self.epoch & 0xFFFFFFFF
         self._fence_leftovers()
+        if self.config.restart_policy == "journal":
+            self._rebuild_from_journal()
         self._ready_at = time.monotonic() + self.config.fence_grace_s
         self.service.ready = self.is_ready()
         self.publish_snapshot()
+
+    def _rebuild_from_journal(self) -> None:
+        """Replay the journal into the (empty) index, compact it, and journal from now on."""
+        from belugactl.dataplane.mds.journal import COMMIT, Journal, JournalFull
+
+        g = self.geometry
+        journal = Journal(self.pool, g.journal_offset, g.journal_size)
+        live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
+        for rec in journal.read():
+            if rec.kind == COMMIT:
+                live[(rec.ns, rec.key)] = (rec.nbytes, [(int(s), int(o)) for s, o in rec.blocks or []])
+            else:
+                live.pop((rec.ns, rec.key), None)
+        try:
+            allocs = self.allocator.restore(list(live.values()))
+        except ValueError as exc:
+            self.journal_note = f"journal inconsistent ({exc}); started empty"
+            allocs, live = [], {}
+        self.index.restore([(ns, key, a) for (ns, key), a in zip(live, allocs, strict=True)])
+        self.restored_entries = len(live)
+        try:
+            journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
+        except JournalFull as exc:
+            self._journal_off(f"{exc}; journaling disabled")
+            return
+        self.journal = journal
+        self.index.journal = _JournalHooks(self, journal)
+
+    def _journal_off(self, why: str) -> None:
+        """Stop journaling and invalidate the journal on media: a stale one could restore blocks
+        whose space was handed out again after it stopped."""
+        from belugactl.dataplane.mds.journal import MAGIC
+
+        self.pool.write(self.geometry.journal_offset, bytes(len(MAGIC)))
+        self.index.journal = None
+        self.journal = None
+        self.journal_note = why
 
     def _fence_leftovers(self) -> None:
         g = self.geometry
@@ -377,7 +447,14 @@ class MetadataServer:
             "epoch": self.epoch,
             "ready": ready,
             "reason": reason,
-            "restart_policy": RESTART_POLICY,
+            "restart_policy": self.config.restart_policy,
+            "journal": {
+                "active": self.journal is not None,
+                "restored_entries": self.restored_entries,
+                "records_written": self.journal.records_written if self.journal else 0,
+                "compactions": self.journal.compactions if self.journal else 0,
+                "note": self.journal_note,
+            },
             "uptime_s": round(time.monotonic() - self._started, 3),
             "pool": {
                 "path": str(self.pool.path),

@@ -1,0 +1,179 @@
+"""The index journal in the pool's metadata area: optional restart policy `journal` (default: start empty).
+
+With it, every commit and every removal is appended to the journal before the server answers, and
+a restarted server rebuilds the index from it, so the cache survives a metadata-server restart.
+Only committed blocks are ever journaled: a block reserved but not committed when the server died
+was never visible and is not after the restart. The epoch still moves on every start, so leases,
+reservations and requests of the previous incarnation stay fenced.
+
+Layout of the journal area (`layout.journal`):
+
+    0     8  magic b"BLGJRNL1"
+    8     8  state word: generation << 1 | active half   (one 8-byte store switches halves)
+    4096  .. half 0, then half 1 (each (size - 4096) // 2 bytes)
+
+A half is a sequence of records: u32 body length, u32 crc32(generation, body), body. Replay stops
+at the first record whose crc does not match (the end, a torn write, or an older generation's
+leftovers). Bodies:
+    1 COMMIT: u16 ns length, ns, u16 key length, key, u64 nbytes, u16 block count, (u64 size, u64 offset)*
+    2 REMOVE: u16 ns length, ns, u16 key length, key
+When the active half is full, the live index is written into the other half under the next
+generation and the state word flips to it; a start-up rebuild does the same, so a replayed
+journal is always compacted.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from belugactl.dataplane import native
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.mds.index import Entry
+    from belugactl.dataplane.pool import PoolMapping
+
+MAGIC = b"BLGJRNL1"
+HEADER = 4096
+COMMIT = 1
+REMOVE = 2
+_REC = struct.Struct("<II")
+_U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
+_BLOCK = struct.Struct("<QQ")
+
+
+class JournalFull(Exception):
+    """The live index does not fit one half of the journal area."""
+
+
+@dataclass
+class Record:
+    kind: int
+    ns: str
+    key: bytes
+    nbytes: int = 0
+    blocks: list[tuple[int, int]] | None = None
+
+
+def _crc(generation: int, body: bytes) -> int:
+    return zlib.crc32(body, zlib.crc32(_U64.pack(generation)))
+
+
+def encode_commit(ns: str, key: bytes, nbytes: int, blocks: list[tuple[int, int]]) -> bytes:
+    raw = ns.encode()
+    head = bytes([COMMIT]) + _U16.pack(len(raw)) + raw + _U16.pack(len(key)) + key
+    return head + _U64.pack(nbytes) + _U16.pack(len(blocks)) + b"".join(_BLOCK.pack(s, o) for s, o in blocks)
+
+
+def encode_remove(ns: str, key: bytes) -> bytes:
+    raw = ns.encode()
+    return bytes([REMOVE]) + _U16.pack(len(raw)) + raw + _U16.pack(len(key)) + key
+
+
+def decode(body: bytes) -> Record:
+    """Parse a record body whose crc matched; ValueError if it still does not make sense."""
+    try:
+        kind = body[0]
+        n = _U16.unpack_from(body, 1)[0]
+        ns = body[3 : 3 + n].decode()
+        pos = 3 + n
+        k = _U16.unpack_from(body, pos)[0]
+        key = body[pos + 2 : pos + 2 + k]
+        pos += 2 + k
+        if len(key) != k or kind not in (COMMIT, REMOVE):
+            raise ValueError("truncated record")
+        if kind == REMOVE:
+            return Record(kind, ns, key)
+        nbytes = _U64.unpack_from(body, pos)[0]
+        count = _U16.unpack_from(body, pos + 8)[0]
+        blocks = [_BLOCK.unpack_from(body, pos + 10 + i * 16) for i in range(count)]
+        return Record(kind, ns, key, nbytes, blocks)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"bad journal record: {exc}") from None
+
+
+class Journal:
+    def __init__(self, pool: PoolMapping, offset: int, size: int) -> None:
+        self.pool = pool
+        self.offset = offset
+        self.half_size = (size - HEADER) // 2
+        if self.half_size < 4096:
+            raise ValueError(f"journal area of {size} bytes is too small")
+        self.generation = 0
+        self.half = 0
+        self.pos = 0
+        self.records_written = 0
+        self.compactions = 0
+
+    def _half_base(self, half: int) -> int:
+        return self.offset + HEADER + half * self.half_size
+
+    # --- reading ------------------------------------------------------------------------------
+    def read(self) -> Iterator[Record]:
+        """Records of the active half, in order; nothing if the area holds no journal."""
+        pool = self.pool
+        if pool.read(self.offset, 8) != MAGIC:
+            return
+        state = native.load64(pool.buf, self.offset + 8)
+        self.generation, self.half = state >> 1, state & 1
+        base = self._half_base(self.half)
+        pos = 0
+        while pos + _REC.size <= self.half_size:
+            length, crc = _REC.unpack(pool.read(base + pos, _REC.size))
+            if length == 0 or pos + _REC.size + length > self.half_size:
+                break
+            body = pool.read(base + pos + _REC.size, length)
+            if _crc(self.generation, body) != crc:
+                break
+            try:
+                yield decode(body)
+            except ValueError:
+                break
+            pos += _REC.size + length
+        self.pos = pos
+
+    # --- writing ------------------------------------------------------------------------------
+    def append(
+        self,
+        body: bytes,
+        live: Callable[[], Iterable[Entry]] | None = None,
+        names: dict[int, str] | None = None,
+    ) -> None:
+        """Append one record; when the half is full, compact the live index (`live()`) into the other half first."""
+        if self.pos + _REC.size + len(body) > self.half_size:
+            if live is None or names is None:
+                raise JournalFull("the journal half is full")
+            self.rewrite(live(), names)
+            if self.pos + _REC.size + len(body) > self.half_size:
+                raise JournalFull("the live index fills the journal")
+        self._write(self.half, body)
+
+    def _write(self, half: int, body: bytes) -> None:
+        base = self._half_base(half)
+        rec = _REC.pack(len(body), _crc(self.generation, body)) + body
+        self.pool.write(base + self.pos, rec)
+        self.pos += len(rec)
+        self.records_written += 1
+
+    def rewrite(self, live: Iterable[Entry], names: dict[int, str]) -> None:
+        """Write every live entry into the other half under a new generation, then switch to it."""
+        half = 1 - self.half
+        self.generation += 1
+        self.pos = 0
+        for e in live:
+            body = encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks)
+            if self.pos + _REC.size + len(body) > self.half_size:
+                raise JournalFull("the live index does not fit one half of the journal area")
+            self._write(half, body)
+        # A zero length after the last record, so a reader stops here even before the crc check.
+        if self.pos + _REC.size <= self.half_size:
+            self.pool.write(self._half_base(half) + self.pos, bytes(_REC.size))
+        if self.pool.read(self.offset, 8) != MAGIC:
+            self.pool.write(self.offset, MAGIC)
+        native.store64(self.pool.buf, self.offset + 8, self.generation << 1 | half, self.pool.needs_flush)
+        self.half = half
+        self.compactions += 1
