@@ -2,18 +2,18 @@
 
 Start-up order (each step fails cleanly before the next changes anything shared):
   1. map and verify the pool (PoolMissing exit 3 / PoolMismatch exit 2)
-  2. bind the TCP and admin ports (a port in use is EnvironmentProblem, exit 3)
+  2. take the pool lock and bind the TCP and admin ports (another server, or a port in use, is
+     EnvironmentProblem, exit 3)
   3. bump the epoch in the pool header: every lease, reservation and request of an earlier
      incarnation is now fenced (its epoch no longer matches)
   4. answer requests left in the rings from before the restart with STALE_EPOCH
-  5. fencing grace: for `fence_grace_s` every request but HELLO gets NOT_READY, so a writer of
+  5. restart policy: start empty (default), or rebuild the index from the journal (mds/journal.py)
+  6. fencing grace: for `fence_grace_s` every request but HELLO gets NOT_READY, so a writer of
      the previous incarnation that has not noticed the restart yet finishes (or fails its commit)
      before this server hands the same extents to someone else
-  6. ready: /readyz says 200
+  7. ready: /readyz says 200
 
-Restart policy: START EMPTY. The index lives in this process only; after a restart it is empty
-and the epoch fence guarantees no entry of the previous incarnation is ever served. (The journal
-area of the layout is reserved for a later rebuild-from-journal mode; it is not written.)
+Either way no entry of the previous incarnation is served unless it was committed and journaled.
 
 The loop is single-threaded (the index needs no locks). It spins on the ring cursors through the
 native helper (GIL released), drains TCP with a zero-timeout select every few requests, and after
