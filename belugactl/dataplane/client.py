@@ -238,7 +238,9 @@ class KVIndexClient:
             return ReservationExpired(what, why="the reservation timed out and was reclaimed, or was never issued")
         if code == Code.TOO_BIG:
             return PoolFull(what, why="the extents do not fit one reply slot (pool too fragmented or block too large)")
-        return RequestRejected(what)
+        exc = RequestRejected(what)
+        exc.code = code  # type: ignore[attr-defined]
+        return exc
 
     def _ns_id(self, namespace: str) -> int:
         ns = self._ns.get(namespace)
@@ -286,7 +288,7 @@ class KVIndexClient:
         try:
             reply = self._call(Op.GET, p.encode_key(ns, key))
         except RequestRejected as exc:
-            if exc.what.endswith("NOT_FOUND"):
+            if getattr(exc, "code", None) == Code.NOT_FOUND:
                 return None
             raise
         lease, nbytes, extents = p.decode_get_reply(reply)
@@ -315,7 +317,7 @@ class KVIndexClient:
         try:
             self._call(Op.DELETE, p.encode_key(ns, key))
         except RequestRejected as exc:
-            if exc.what.endswith("NOT_FOUND"):
+            if getattr(exc, "code", None) == Code.NOT_FOUND:
                 return False
             raise
         return True
