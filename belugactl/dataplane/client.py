@@ -294,6 +294,27 @@ class KVIndexClient:
         lease, nbytes, extents = p.decode_get_reply(reply)
         return BlockLocation(extents, lease, nbytes)
 
+    def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[BlockLocation | None]:
+        """`get` for several keys (same length) in as few round trips as the transport allows.
+
+        One entry per key, in order: a BlockLocation (with its own lease) or None when absent.
+        """
+        if not keys:
+            return []
+        ns = self._ns_id(namespace)
+        per_call = max(1, p.lookup_capacity(self.transport.max_payload, len(keys[0])))
+        out: list[BlockLocation | None] = []
+        pos = 0
+        while pos < len(keys):
+            chunk = keys[pos : pos + per_call]
+            items = p.decode_get_many_reply(self._call(Op.GET_MANY, p.encode_lookup(ns, chunk)))
+            if not items:
+                raise RequestRejected("GET_MANY answered no keys")
+            for lease, nbytes, extents in items:
+                out.append(BlockLocation(extents, lease, nbytes) if lease else None)
+            pos += len(items)
+        return out
+
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Reservation:
         ns = self._ns_id(namespace)
         token, extents = p.decode_reserve_reply(self._call(Op.RESERVE, p.encode_reserve(ns, key, nbytes)))

@@ -88,3 +88,22 @@ def test_lookup_with_lying_lengths_is_rejected(ns: int, count: int, klen: int, t
     code, _ = s.handle(Op.LOOKUP_PREFIX, 7, payload, 224)
     valid = 0 < klen <= p.MAX_KEY and count > 0 and len(tail) >= count * klen and ns == 1
     assert (code == 0) == valid
+
+
+def test_get_many_answers_in_order_and_stops_where_the_reply_is_full() -> None:
+    s = service()
+    ns = s.index.open_namespace("ns")
+    keys = [bytes([i]) * 32 for i in range(8)]
+    for k in keys[:6]:
+        token, _ = s.index.reserve(ns, k, 5000)
+        s.index.commit(token)
+    code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4096)
+    items = p.decode_get_many_reply(rep)
+    assert code == 0 and len(items) == 8
+    assert [bool(lease) for lease, _n, _e in items] == [True] * 6 + [False] * 2
+    assert all(n == 5000 and len(e) == 1 for lease, n, e in items[:6])
+    # A small reply budget: only the first keys are answered, the rest stay unleased.
+    leases_before = len(s.index.leases)
+    code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4 + 2 * (18 + 16))
+    assert code == 0 and len(p.decode_get_many_reply(rep)) == 2
+    assert len(s.index.leases) == leases_before + 2

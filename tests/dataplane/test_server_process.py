@@ -118,6 +118,10 @@ def test_two_phase_put_is_invisible_to_other_clients_until_commit(manifest_path:
         with pytest.raises(ReservationExpired):
             writer.commit(other.token)
         assert reader.lookup_prefix("m/tp0", [b"\x03" * 32]) == 0
+        for client in (reader, writer):  # TCP and CXL
+            locs = client.get_many("m/tp0", [key, b"\x09" * 32, key])
+            assert locs[1] is None and locs[0] is not None and locs[0].extents == locs[2].extents
+            client.release([loc.lease_id for loc in locs if loc])
         assert reader.delete("m/tp0", key) and writer.get("m/tp0", key) is None
         assert reader.clear_namespace("m/tp0") == 0
         writer.close()

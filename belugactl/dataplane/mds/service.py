@@ -76,6 +76,7 @@ class MetadataService:
             Op.CLEAR_NS: self._clear,
             Op.STATS: self._stats,
             Op.PING: self._ping,
+            Op.GET_MANY: self._get_many,
         }
 
     def error(self, code: Code) -> tuple[int, bytes]:
@@ -135,6 +136,31 @@ class MetadataService:
             return int(Code.NOT_FOUND), b""
         entry, lease = found
         return 0, p.encode_get_reply(lease, entry.alloc.nbytes, entry.alloc.extents)
+
+    def _get_many(self, data, max_reply: int) -> tuple[int, bytes]:
+        """Locations of several keys (same LOOKUP_PREFIX request layout), as many as fit the reply;
+        the client asks again for the rest. An absent key answers lease 0 and no extents."""
+        ns, keys = p.decode_lookup(data)
+        index = self.index
+        items: list[bytes] = []
+        size = 4
+        for key in keys:
+            found = index.get(ns, key)
+            if found is None:
+                item = p.encode_get_many_item(0, 0, ())
+            else:
+                entry, lease = found
+                item = p.encode_get_many_item(lease, entry.alloc.nbytes, entry.alloc.extents)
+                if size + len(item) > max_reply:
+                    index.release([lease])  # not answered: do not keep it leased
+                    break
+            if size + len(item) > max_reply:
+                break
+            items.append(item)
+            size += len(item)
+        if not items:
+            return int(Code.TOO_BIG), b""
+        return 0, struct.pack("<HH", len(items), 0) + b"".join(items)
 
     def _reserve(self, data, max_reply: int) -> tuple[int, bytes]:
         ns, key, nbytes = p.decode_reserve(data)

@@ -55,6 +55,7 @@ class Op(IntEnum):
     CLEAR_NS = 10
     STATS = 11
     PING = 12
+    GET_MANY = 13
 
 
 class Code(IntEnum):
@@ -262,6 +263,29 @@ def _unpack_extents(data, start: int, count: int, what: str) -> list[Extent]:
 def extents_capacity(max_payload: int) -> int:
     """How many extents fit in a GET or RESERVE reply of `max_payload` bytes."""
     return (max_payload - max(_GET_REP.size, _RESERVE_REP.size)) // _EXTENT.size
+
+
+_MANY_REP = struct.Struct("<HH")  # blocks answered, pad
+_MANY_ITEM = struct.Struct("<QQH")  # lease id (0: absent), nbytes, extent count
+
+
+def encode_get_many_item(lease: int, nbytes: int, extents: Sequence[Extent]) -> bytes:
+    return _MANY_ITEM.pack(lease, nbytes, len(extents)) + _pack_extents(extents)
+
+
+def decode_get_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
+    """(lease id, nbytes, extents) per key answered, in order; lease 0 means absent."""
+    _need(data, _MANY_REP.size, "GET_MANY reply")
+    count = _MANY_REP.unpack_from(data, 0)[0]
+    out = []
+    pos = _MANY_REP.size
+    for _ in range(count):
+        _need(data, pos + _MANY_ITEM.size, "GET_MANY reply")
+        lease, nbytes, n = _MANY_ITEM.unpack_from(data, pos)
+        pos += _MANY_ITEM.size
+        out.append((lease, nbytes, _unpack_extents(data, pos, n, "GET_MANY reply")))
+        pos += n * _EXTENT.size
+    return out
 
 
 def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent]) -> bytes:
