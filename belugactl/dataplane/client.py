@@ -5,6 +5,7 @@
     c = connect("tcp://127.0.0.1:9471")            # same messages over TCP
     n = c.lookup_prefix("qwen32b/tp0", hashes)     # how many leading blocks are in the pool
     loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes) or None
+    locs = c.get_many("qwen32b/tp0", hashes[:n])   # the same for many keys, few round trips
     ... read loc.extents from the pool ...
     c.release([loc.lease_id])
     r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes)
