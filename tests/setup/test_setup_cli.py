@@ -69,3 +69,22 @@ def test_export_systemd(tmp_path, capsys):
     assert exec_line == (
         f"ExecStart=/usr/bin/belugactl setup -f {LAB} --host lab-2 --only permissions,hugepages,thp,ddio,mtrr --yes"
     )
+
+
+def test_host_defaults_to_the_manifest_entry_matching_the_hostname(monkeypatch):
+    import socket
+
+    from belugactl.errors import UsageError
+    from belugactl.model.manifest import load_manifest
+    from belugactl.workflows.setup.target import default_host_name
+
+    manifest = load_manifest(LAB)
+    monkeypatch.setattr(socket, "gethostname", lambda: "lab-2.example.net")
+    assert default_host_name(manifest) == "lab-2"
+    monkeypatch.setattr(socket, "gethostname", lambda: "elsewhere")
+    try:
+        default_host_name(manifest)
+    except UsageError as exc:
+        assert "lab-1, lab-2" in exc.why and exc.fix == "pass --host NAME"
+    else:
+        raise AssertionError("an unknown hostname must be refused")
