@@ -64,3 +64,35 @@ def test_hosts_without_pool_capacity_are_refused_clearly(name):
     with pytest.raises(EnvironmentProblem) as err:
         run_setup(tree(name), lab_target(), dry_run=True)
     assert "no CXL memory device" in err.value.what and "cxl list -M" in err.value.fix
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    import shutil
+
+    src = FIXTURES / name
+    if not src.is_dir():
+        pytest.skip(f"fixture tree {name} not present")
+    dst = tmp_path / name
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_destructive_plan_without_force_changes_nothing(tmp_path, capsys):
+    from belugactl.cli.app import run
+
+    root = _copy("lab-guest", tmp_path)
+    lab = str(EXAMPLES / "lab.yaml")
+    before = _files(root)
+    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "would destroy data; nothing was changed" in err and "devdax.reconfigure" in err
+    # --force from a script without --yes: refused before anything runs.
+    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root), "--force"]) == 2
+    assert "rerun with --yes" in capsys.readouterr().err
+    after = _files(root)
+    after.pop("run/belugactl/setup.lock", None)
+    assert after == before
