@@ -70,7 +70,21 @@ class Stack:
     port_a: int
     port_b: int
 
-    def counters(self, instance: str) -> dict[str, int]:
+    def counters(self, instance: str, *, settle_s: float = 1.0) -> dict[str, int]:
+        """The instance's connector counters (scheduler + workers); the files are rewritten at most
+        every 0.2 s, so wait until two reads agree."""
+        import time
+
+        previous = None
+        deadline = time.monotonic() + settle_s
+        while True:
+            current = self._read(instance)
+            if current == previous or time.monotonic() > deadline:
+                return current
+            previous = current
+            time.sleep(0.3)
+
+    def _read(self, instance: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for path in (self.run_dir / "stats").glob(f"{instance}.*.json"):
             for k, v in json.loads(path.read_text())["counters"].items():
@@ -157,3 +171,46 @@ def test_status_reports_processes_and_pool_usage(stack: Stack) -> None:
     assert all(p["healthy"] for p in names.values())
     assert doc["pool"]["entries"] >= FULL_BLOCKS
     assert doc["pool"]["bytes_used"] > 0
+
+
+def test_metadata_server_crash_costs_hits_never_answers(stack: Stack) -> None:
+    """SIGKILL the metadata server: requests still get the right tokens (misses, recompute); the
+    supervisor restarts it (new epoch, empty index), the connectors reconnect, and hits come back."""
+    import signal
+    import time
+
+    from belugactl.workflows.serve.supervisor import http_ok
+
+    state = read_state(stack.run_dir)
+    server = next(p for p in state["processes"] if p["name"] == "metadata-server")
+    os.kill(server["pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    prompt = token_prompt(PROMPT_TOKENS, seed=7)
+    reference = complete(stack.port_b, prompt, max_tokens=4, use_pool=False)
+    during = complete(stack.port_b, prompt, max_tokens=4)
+    assert during.tokens == reference.tokens
+
+    deadline = time.monotonic() + 120
+    url = server["health_url"]
+    while time.monotonic() < deadline:
+        state = read_state(stack.run_dir)
+        current = next(p for p in state["processes"] if p["name"] == "metadata-server")
+        if current["pid"] != server["pid"] and current["restarts"] >= 1 and http_ok(url):
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the supervisor did not restart the metadata server")
+
+    # Connectors retry after their back-off; keep asking with fresh prompts until B hits again.
+    hits_before = stack.counters("vllm-1").get("hit_blocks", 0)
+    for attempt in range(20):
+        fresh = token_prompt(PROMPT_TOKENS, seed=100 + attempt)
+        first = complete(stack.port_a, fresh, max_tokens=4)
+        second = complete(stack.port_b, fresh, max_tokens=4)
+        assert first.tokens == second.tokens
+        if stack.counters("vllm-1").get("hit_blocks", 0) > hits_before:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("no pool hits after the metadata server came back")
+    assert stack.counters("vllm-1").get("server_unavailable", 0) + stack.counters("vllm-1").get("stale_epoch", 0) >= 1
