@@ -121,3 +121,18 @@ def test_rmw_refuses_when_the_byte_changed_since_planning(tmp_path):
         rmw_config_byte(host, GPU_RP, 0x180, clear_bits=0x88, set_bits=0, expect=0x91)
     assert "changed since planning" in err.value.what
     assert host.read_bytes(f"/sys/bus/pci/devices/{GPU_RP}/config", 1, 0x180) == b"\x95"
+
+
+def test_teardown_restores_exactly_the_saved_bits():
+    from belugactl.workflows.setup.planner import plan_teardown
+
+    state = {"version": 1, "created": {}, "mtrr": [], "boot_id": None,
+             "previous": {"ddio": {GPU_RP: {"0x180": 0x91, "0x185": 0x00}}}}
+    facts = SetupFacts(snapshot(pcs0=0x15, pcs1=0x01), state=state)  # bit 2 changed by someone else since
+    plan = plan_teardown(target(), facts)
+    step = next(s for s in plan.steps if s.id == f"ddio.{GPU_RP}")
+    assert step.actions == (
+        PciConfigRmw(GPU_RP, 0x180, 0x08, 0x80, 0x15),
+        PciConfigRmw(GPU_RP, 0x185, 0x01, 0x00, 0x01),
+    )
+    assert [a.new_value for a in step.actions] == [0x95, 0x00]  # managed bits restored, bit 2 left alone
