@@ -156,6 +156,10 @@ class GuestChannel:
                 time.sleep(0.02 if now - start < 2 else 0.05)
         except BaseException:
             self._cancel(req_id)
+            # Give the agent a moment to kill the command and report, so its folder can go too.
+            settle = time.monotonic() + 3.0
+            while not status_file.exists() and time.monotonic() < settle:
+                time.sleep(0.05)
             raise
         finally:
             self._cleanup(req_id, work)

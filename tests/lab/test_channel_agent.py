@@ -108,3 +108,19 @@ def test_a_dead_guest_is_reported_not_waited_for(tmp_path):
 def test_a_guest_that_never_booted_is_refused(tmp_path):
     with pytest.raises(GuestUnavailable, match="not ready"):
         GuestChannel(Path(tmp_path), name="lab-1").run(["true"])
+
+
+def test_interrupting_the_host_side_kills_the_command_and_cleans_the_spool(channel, tmp_path):
+    marker = tmp_path / "still-running"
+
+    class Interrupting(io.BytesIO):
+        def write(self, data):  # the first output stands in for the operator's Ctrl-C
+            raise KeyboardInterrupt
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        channel.run(["sh", "-c", f"echo started; sleep 5; touch {marker}"], timeout=60, stdout=Interrupting())
+    assert time.monotonic() - start < 5
+    time.sleep(5.5)
+    assert not marker.exists()  # the whole process group was killed
+    assert os.listdir(channel.spool / "out") == [] and os.listdir(channel.spool / "cancel") == []
