@@ -81,3 +81,27 @@ def test_churn_never_hands_out_overlapping_live_extents() -> None:
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
         assert all(s >= BASE and e <= BASE + 32 * CHUNK for s, e in spans)
     assert a.requested == sum(g.nbytes for g in live)
+
+
+def test_a_rack_sized_area_needs_no_per_chunk_setup() -> None:
+    a = Allocator(BASE, 8 << 40)  # 8 TiB: 4 Mi chunks, handed out lazily
+    assert a.stats()["free_chunks"] == (8 << 40) // CHUNK
+    first = a.alloc(3 * CHUNK)
+    assert first is not None and first.extents == [(BASE, 3 * CHUNK)]
+    a.free(first)
+    again = a.alloc(CHUNK)
+    assert again is not None and again.extents[0][0] in {BASE, BASE + CHUNK, BASE + 2 * CHUNK}
+    assert a.stats()["free_chunks"] == (8 << 40) // CHUNK - 1
+
+
+def test_restore_rebuilds_free_lists_around_live_blocks() -> None:
+    a = Allocator(BASE, 8 * CHUNK)
+    live = [(100, [(4096, BASE + CHUNK)]), (CHUNK, [(CHUNK, BASE + 4 * CHUNK)])]
+    restored = a.restore(live)
+    assert [r.extents for r in restored] == [[(BASE + CHUNK, 100)], [(BASE + 4 * CHUNK, CHUNK)]]
+    offsets = set()
+    while (got := a.alloc(4096)) is not None:
+        offsets.add(got.extents[0][0])
+    assert BASE + CHUNK not in offsets and all(not BASE + 4 * CHUNK <= o < BASE + 5 * CHUNK for o in offsets)
+    with pytest.raises(ValueError):
+        Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE + 100)])])  # misaligned

@@ -58,8 +58,12 @@ class Allocator:
         self.base = base
         self.chunks = size // CHUNK
         self.capacity = self.chunks * CHUNK
-        # Lowest offsets at the end so pop() hands out chunks in address order (coalescing works).
-        self._free_chunks: list[int] = [base + i * CHUNK for i in range(self.chunks - 1, -1, -1)]
+        # Chunks given back (a stack), and a bump pointer over chunks never handed out: an 8 TiB
+        # area has 4 million chunks, too many to list up front. Fresh chunks come in address
+        # order, so a mostly-empty area coalesces large blocks into one extent.
+        self._free_chunks: list[int] = []
+        self._fresh = base
+        self._end = base + self.chunks * CHUNK
         self._free: dict[int, list[int]] = {c: [] for c in SIZE_CLASSES}
         self._carved: dict[int, int] = dict.fromkeys(SIZE_CLASSES, 0)  # chunks per class
         self.used = 0  # bytes in blocks handed out (footprint)
@@ -74,15 +78,28 @@ class Allocator:
         raise ValueError(f"{nbytes} bytes is above the largest size class")
 
     @property
+    def free_chunk_count(self) -> int:
+        return len(self._free_chunks) + (self._end - self._fresh) // CHUNK
+
+    def _pop_chunk(self) -> int | None:
+        if self._free_chunks:
+            return self._free_chunks.pop()
+        if self._fresh < self._end:
+            chunk = self._fresh
+            self._fresh += CHUNK
+            return chunk
+        return None
+
+    @property
     def free_bytes(self) -> int:
         return self.capacity - self.used
 
     def _take_block(self, cls: int) -> int | None:
         free = self._free[cls]
         if not free:
-            if not self._free_chunks:
+            chunk = self._pop_chunk()
+            if chunk is None:
                 return None
-            chunk = self._free_chunks.pop()
             self._carved[cls] += 1
             count = CHUNK // cls
             # Highest first so pop() yields ascending offsets.
@@ -98,9 +115,9 @@ class Allocator:
             whole, tail = whole + 1, 0
         blocks: list[tuple[int, int]] = []
         if whole:
-            if whole > len(self._free_chunks):
+            if whole > self.free_chunk_count:
                 return None
-            blocks.extend((CHUNK, self._free_chunks.pop()) for _ in range(whole))
+            blocks.extend((CHUNK, self._pop_chunk()) for _ in range(whole))  # type: ignore[misc]
         if tail:
             cls = self.class_for(tail)
             off = self._take_block(cls)
@@ -147,9 +164,9 @@ class Allocator:
                 if chunk_class.setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
                     raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
                 taken.add(off)
-        self._free_chunks = [
-            self.base + i * CHUNK for i in range(self.chunks - 1, -1, -1) if self.base + i * CHUNK not in chunk_class
-        ]
+        top = max(chunk_class, default=self.base - CHUNK) + CHUNK  # chunks above the highest used stay fresh
+        self._fresh = top
+        self._free_chunks = [c for c in range(top - CHUNK, self.base - 1, -CHUNK) if c not in chunk_class]
         for chunk, size in chunk_class.items():
             if size == CHUNK:
                 continue
@@ -176,7 +193,7 @@ class Allocator:
             "utilization": round(self.used / self.capacity, 6) if self.capacity else 0.0,
             # How much of the handed-out space callers asked for (internal fragmentation).
             "fill": round(self.requested / self.used, 6) if self.used else 1.0,
-            "free_chunks": len(self._free_chunks),
+            "free_chunks": self.free_chunk_count,
             "carved_idle_bytes": carved_idle,
             "classes": {str(c): {"chunks": n, "free_blocks": len(self._free[c])} for c, n in self._carved.items() if n},
         }
