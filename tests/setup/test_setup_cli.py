@@ -88,3 +88,14 @@ def test_host_defaults_to_the_manifest_entry_matching_the_hostname(monkeypatch):
         assert "lab-1, lab-2" in exc.why and exc.fix == "pass --host NAME"
     else:
         raise AssertionError("an unknown hostname must be refused")
+
+
+def test_host_tuning_overrides_the_rack_field_by_field():
+    from setup_fakehost import lab_target
+
+    # lab-2 (the last host) gets its own THP; the rack's hugepages still apply to it.
+    anchor = "    gpus: {count: 0}\n\ntuning:"
+    edit = {anchor: "    gpus: {count: 0}\n    tuning: {thp: never}\n\ntuning:"}
+    lab2 = lab_target("lab-2", edit=edit)
+    assert lab2.thp == "never" and lab2.hugepages == {0: 64}
+    assert lab_target("lab-1", edit=edit).thp == "madvise"

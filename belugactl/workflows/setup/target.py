@@ -100,8 +100,10 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
         )
     else:
         pool_target = PoolTarget(source="dax-device", size=pool.size, align=pool.align, dax_device=src.device)
-    tuning = host.tuning or manifest.tuning
-    hp = tuning.hugepages
+    # A host's own tuning overrides the rack's field by field: a host that only sets THP keeps the rack's hugepages.
+    own = host.tuning
+    hp = own.hugepages if own is not None and own.hugepages is not None else manifest.tuning.hugepages
+    thp = own.thp if own is not None and own.thp is not None else manifest.tuning.thp
     perms = getattr(pool, "permissions", None)  # not in the schema yet: defaults until it is
     permissions = (
         DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
@@ -119,7 +121,7 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
         permissions=permissions,
         hugepage_size=hp.page_size if hp else 2 * MiB,
         hugepages=dict(hp.per_node) if hp else {},
-        thp=tuning.thp,
+        thp=thp,
         ddio=manifest.caching.ddio,
         uncachable=manifest.caching.pool_memory_type == "uncachable",
         header=header,
