@@ -99,6 +99,11 @@ def resolve_package() -> str:
         return override
     result = proc.run(["apt-cache", "depends", META_PREFIX], timeout=120)
     match = _PKG_RE.search(result.stdout) if result.ok else None
+    if not match and os.geteuid() == 0:
+        # A fresh image often has no package lists yet; as root, fetch them once and ask again.
+        proc.run(["apt-get", "update", "-q"], timeout=600)
+        result = proc.run(["apt-cache", "depends", META_PREFIX], timeout=120)
+        match = _PKG_RE.search(result.stdout) if result.ok else None
     if not match:
         raise EnvironmentProblem(
             f"cannot tell which kernel package {META_PREFIX} depends on",
