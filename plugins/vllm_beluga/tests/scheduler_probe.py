@@ -1,0 +1,85 @@
+"""Run inside the vLLM venv by test_scheduler.py: the connector's scheduler side with vLLM's real
+config, Request and block hasher, against a real metadata server. Prints one JSON document."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+from vllm_beluga.config import ConnectorConfigError
+from vllm_beluga.connector import BelugaConnector
+
+from belugactl.dataplane.client import connect
+
+model, address = sys.argv[1], sys.argv[2]
+BS = 32
+
+
+def config(algo: str = "sha256_cbor", address: str = address):
+    kv = KVTransferConfig(
+        kv_connector="BelugaConnector",
+        kv_connector_module_path="vllm_beluga.connector",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"metadata_address": address, "hash_seed": "0", "namespace": "probe"},
+    )
+    args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BS,
+                      prefix_caching_hash_algo=algo, enable_prefix_caching=False, kv_transfer_config=kv)
+    return args.create_engine_config()
+
+
+out: dict[str, object] = {}
+cfg = config()
+os.environ.pop("PYTHONHASHSEED", None)
+try:
+    BelugaConnector(cfg, KVConnectorRole.SCHEDULER, None)
+    out["unset_seed"] = "started"
+except ConnectorConfigError as exc:
+    out["unset_seed"] = str(exc)
+os.environ["PYTHONHASHSEED"] = "0"
+try:
+    BelugaConnector(config("sha256"), KVConnectorRole.SCHEDULER, None)
+    out["pickle_algo"] = "started"
+except ConnectorConfigError as exc:
+    out["pickle_algo"] = str(exc)
+
+conn = BelugaConnector(cfg, KVConnectorRole.SCHEDULER, None)
+hash_fn = get_hash_fn_by_name("sha256_cbor")
+init_none_hash(hash_fn)
+hasher = get_request_block_hasher(BS, hash_fn)
+
+
+def request(rid: str, tokens: list[int], params: dict | None = None) -> Request:
+    sp = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params} if params else None)
+    return Request(rid, tokens, sp, None, block_hasher=hasher)
+
+
+tokens = list(range(10, 10 + 8 * BS))  # exactly 8 full blocks
+r = request("r1", tokens)
+keys = [bytes(h) for h in r.block_hashes]
+out["hashes"] = len(keys)
+client = connect(address)
+out["empty"] = list(conn.get_num_new_matched_tokens(r, 0))
+for key in keys[:5]:
+    res = client.reserve(conn.namespace, key, 64)
+    client.commit(res.token)
+out["five_present"] = list(conn.get_num_new_matched_tokens(request("r2", tokens), 0))
+out["five_present_two_local"] = list(conn.get_num_new_matched_tokens(request("r3", tokens), 2 * BS))
+for key in keys[5:]:
+    client.commit(client.reserve(conn.namespace, key, 64).token)
+out["all_present"] = list(conn.get_num_new_matched_tokens(request("r4", tokens), 0))
+out["switched_off"] = list(conn.get_num_new_matched_tokens(request("r5", tokens, {"beluga": {"load": False}}), 0))
+out["counters"] = conn.stats.counters
+
+down = BelugaConnector(config(address="tcp://127.0.0.1:1"), KVConnectorRole.SCHEDULER, None)
+out["server_down"] = list(down.get_num_new_matched_tokens(request("r6", tokens), 0))
+out["server_down_healthy"] = down.stats.state["healthy"]
+print("RESULT " + json.dumps(out))
