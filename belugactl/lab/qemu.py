@@ -36,6 +36,11 @@ class GuestSpec:
     repo: Path | None = None  # exported again, uncached, over the cached host root
 
 
+def _opt(path: Path | str) -> str:
+    """A path inside a QEMU option string, where a comma separates options unless doubled."""
+    return str(path).replace(",", ",,")
+
+
 def kernel_cmdline(spec: GuestSpec) -> str:
     # panic=-1 with -no-reboot: a guest that panics makes QEMU exit, which `lab status` reports.
     return "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off"
@@ -47,7 +52,7 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
     mem = f"{spec.memory_mib}M"
     accel = ["-accel", "tcg,thread=multi", "-cpu", "max"] if spec.accel == "tcg" else ["-accel", "kvm", "-cpu", "host"]
     repo = [] if spec.repo is None else [
-        "-fsdev", f"local,id=repo,path={spec.repo},security_model=none,readonly=on,multidevs=remap",
+        "-fsdev", f"local,id=repo,path={_opt(spec.repo)},security_model=none,readonly=on,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=repo,mount_tag={REPO_TAG}",
     ]  # fmt: skip
     return [
@@ -62,18 +67,18 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-object", f"memory-backend-ram,id=ram0,size={mem}",
         "-numa", "node,nodeid=0,cpus=0,memdev=ram0",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-        "-chardev", f"file,id=console,path={spec.console}",
+        "-chardev", f"file,id=console,path={_opt(spec.console)}",
         "-serial", "chardev:console",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initramfs),
         "-append", kernel_cmdline(spec),
-        "-fsdev", f"local,id=hostroot,path={spec.host_root},security_model=none,readonly=on,multidevs=remap",
+        "-fsdev", f"local,id=hostroot,path={_opt(spec.host_root)},security_model=none,readonly=on,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=hostroot,mount_tag={HOSTROOT_TAG}",
-        "-fsdev", f"local,id=spool,path={spec.spool},security_model=none,multidevs=remap",
+        "-fsdev", f"local,id=spool,path={_opt(spec.spool)},security_model=none,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
         *repo,
-        "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={spec.pool},size={spec.pool_size}",
-        "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={spec.lsa},size={LSA_SIZE}",
+        "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={_opt(spec.pool)},size={spec.pool_size}",
+        "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={_opt(spec.lsa)},size={LSA_SIZE}",
         "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",
         "-device", "cxl-rp,port=0,bus=cxl.1,id=rp0,chassis=0,slot=2",
         "-device", "cxl-rp,port=1,bus=cxl.1,id=rp1,chassis=0,slot=3",
@@ -90,5 +95,5 @@ def is_guest_process(cmdline: list[str] | None, guest_dir: Path) -> bool:
     """
     if not cmdline or not os.path.basename(cmdline[0]).startswith("qemu-system"):
         return False
-    marker = f"path={guest_dir}{os.sep}"
+    marker = f"path={_opt(guest_dir)}{os.sep}"
     return any(marker in arg for arg in cmdline)

@@ -72,3 +72,9 @@ def test_is_guest_process_needs_qemu_and_this_guests_directory(tmp_path):
     # A sibling whose name merely starts the same (lab-1 vs lab-10) is not this guest.
     other = qemu.argv(_spec(tmp_path, "lab-10", 10))
     assert not qemu.is_guest_process(other, gdir)
+
+
+def test_commas_in_paths_are_escaped_for_qemu(tmp_path):
+    spec = _spec(tmp_path / "a,b")
+    pool = [o for o in _values(qemu.argv(spec), "-object") if "id=cxl-mem1" in o][0]
+    assert f"mem-path={tmp_path}/a,,b/pool.raw," in pool
