@@ -3,10 +3,15 @@
 With several object types ndctl nests them (buses hold `regions`, regions hold `namespaces`);
 with one type it prints a flat array; with `-u` and one element, a bare object (reference
 cxl-tooling.md 1.2). Objects are recognised by their fields, so every shape parses.
+
+A namespace's label uuid (the one `create-namespace -u` pins) is not what ndctl prints as "uuid"
+for devdax/fsdax: that is the info block's. It comes from "raw_uuid" when ndctl printed it (-v)
+and from sysfs (/sys/bus/nd/devices/<dev>/uuid), which wins when both are there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +20,7 @@ from belugactl.host.read_tools import as_hex, as_int, as_size, as_str, run_json
 from belugactl.host.snapshot import NdNamespace, NdRegion, NdState
 
 NDCTL_LIST = ("ndctl", "list", "-B", "-R", "-N")
+ND_DEVICES = "/sys/bus/nd/devices"
 
 
 def read_nd(host: Host, problems: list[str]) -> NdState:
@@ -22,7 +28,16 @@ def read_nd(host: Host, problems: list[str]) -> NdState:
     if data is None:
         return NdState()
     regions, namespaces = parse_ndctl_list(data)
+    namespaces = [_with_sysfs_label(host, ns) for ns in namespaces]
     return NdState(regions=regions, namespaces=namespaces, source="ndctl list")
+
+
+def _with_sysfs_label(host: Host, ns: NdNamespace) -> NdNamespace:
+    label = (host.read_str(f"{ND_DEVICES}/{ns.dev}/uuid") or "").strip().lower()
+    # A label-less namespace prints nothing (or all zeros) there: keep what ndctl said.
+    if not label or label.strip("0-") == "":
+        return ns
+    return dataclasses.replace(ns, label_uuid=label)
 
 
 def parse_ndctl_list(data: Iterable[Any]) -> tuple[list[NdRegion], list[NdNamespace]]:
@@ -101,4 +116,9 @@ def _namespace(obj: dict[str, Any], region: str | None) -> NdNamespace:
         region=region,
         state="disabled" if obj.get("state") == "disabled" else "enabled",
         blockdev=as_str(obj.get("blockdev")),
+        label_uuid=_lower(as_str(obj.get("raw_uuid"))),
     )
+
+
+def _lower(value: str | None) -> str | None:
+    return value.lower() if value else None

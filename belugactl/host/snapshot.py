@@ -140,6 +140,10 @@ class NdNamespace:
     region: str | None = None  # nd region dev, "region0"
     state: str | None = None  # "disabled" when ndctl says so, else "enabled"
     blockdev: str | None = None  # "pmem0" for fsdax
+    # The uuid in the namespace label, the one `ndctl create-namespace -u` pins. For fsdax/devdax
+    # namespaces `uuid` above is the info block's (random per creation); ndctl prints the label's as
+    # "raw_uuid" (with -v) and sysfs has it at /sys/bus/nd/devices/<dev>/uuid. None: not readable.
+    label_uuid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ REGION_BASE = 0x2080000000
 POOL_SIZE = 510 * MiB
 CXL_NODE = 5  # deliberately not the "usual" 2: checks must report what they discover
 
-UUID = "5e1f0c2a-8a1b-4c3d-9e2f-0123456789ab"
+UUID = "5e1f0c2a-8a1b-4c3d-9e2f-0123456789ab"  # the label uuid `create-namespace -u` pinned
+INFO_BLOCK_UUID = "c3d1a9e0-2b7f-4e65-8f10-9a8b7c6d5e4f"  # what ndctl prints as a devdax namespace's "uuid"
 
 
 def tools(version: str = "76.1", major: int = 76) -> dict[str, ToolInfo]:
@@ -95,8 +96,9 @@ def beluga_like() -> HostSnapshot:
                     mode="devdax",
                     map="mem",
                     size=POOL_SIZE,
-                    uuid=UUID,
+                    uuid=INFO_BLOCK_UUID,
                     name="beluga-pool",
+                    label_uuid=UUID,
                     align=2 * MiB,
                     chardev="dax0.0",
                     region="region0",

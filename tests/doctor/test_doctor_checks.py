@@ -201,6 +201,37 @@ def test_namespace_identity_is_compared_with_the_pinned_values():
     assert run("dax.namespace-uuid", beluga_like()).status is Status.SKIP
 
 
+def _with_namespace(snap, **changes):
+    ns = replace(snap.nd.namespaces[0], **changes)
+    return replace(snap, nd=replace(snap.nd, namespaces=[ns]))
+
+
+def test_namespace_uuid_compares_the_label_uuid_not_the_info_block_uuid():
+    snap = beluga_like()
+    ns = snap.nd.namespaces[0]
+    assert ns.uuid != ns.label_uuid  # devdax: ndctl's uuid is the info block's
+    ok = run("dax.namespace-uuid", snap, expectations(namespace_uuid=ns.label_uuid.upper()))
+    assert ok.status is Status.OK and "label uuid" in ok.reason
+    # the info-block uuid matching the pin means nothing once the label uuid is known
+    wrong = run("dax.namespace-uuid", snap, expectations(namespace_uuid=ns.uuid))
+    assert wrong.status is Status.FAIL and ns.label_uuid in wrong.reason
+
+
+def test_namespace_uuid_without_a_label_uuid_falls_back_and_says_so():
+    unknown = _with_namespace(beluga_like(), label_uuid=None)
+    ns = unknown.nd.namespaces[0]
+    # devdax: a differing ndctl uuid proves nothing, so it warns and names where to look
+    warn = run("dax.namespace-uuid", unknown, expectations())
+    assert warn.status is Status.WARN and "label uuid unknown" in warn.reason
+    assert f"/sys/bus/nd/devices/{ns.dev}/uuid" in warn.fix
+    same = run("dax.namespace-uuid", unknown, expectations(namespace_uuid=ns.uuid))
+    assert same.status is Status.OK and "label uuid unknown" in same.reason
+    # a raw namespace has no info block: its ndctl uuid is the label's, so a difference fails
+    raw = _with_namespace(unknown, mode="raw")
+    failed = run("dax.namespace-uuid", raw, expectations())
+    assert failed.status is Status.FAIL and "label uuid unknown" in failed.reason
+
+
 def test_dax_size_against_the_manifest():
     assert run("dax.size-matches-manifest", beluga_like(), expectations()).status is Status.OK
     small = run("dax.size-matches-manifest", beluga_like(), expectations(pool_size=POOL_SIZE + 2 * MiB))

@@ -11,7 +11,7 @@ from belugactl.errors import ExitCode, ToolOutputError
 from belugactl.host.host import Host
 from belugactl.host.read_cxl import parse_cxl_list
 from belugactl.host.read_dax import parse_daxctl_list
-from belugactl.host.read_nd import parse_ndctl_list
+from belugactl.host.read_nd import NDCTL_LIST, parse_ndctl_list, read_nd
 from belugactl.host.read_tools import as_hex, as_size, parse_list_output, parse_version
 from belugactl.host.runner import CommandResult, RecordedRunner
 from belugactl.workflows.discover import discover
@@ -175,6 +175,40 @@ def test_ndctl_regions_without_bus() -> None:
     regions, namespaces = parse_ndctl_list(data)
     assert [(r.dev, r.provider) for r in regions] == [("region1", None)]
     assert [(n.dev, n.region, n.blockdev) for n in namespaces] == [("namespace1.0", "region1", "pmem1")]
+
+
+# `ndctl list -v` on a devdax namespace: "uuid" is the info block's, "raw_uuid" the label's (pinned with -u).
+VERBOSE_DEVDAX = {"dev": "namespace0.0", "mode": "devdax", "map": "mem", "size": 510 * MiB,
+                  "uuid": "a1b2c3d4-0000-4000-8000-00000000beef", "raw_uuid": "5B0C6E2A-7D41-4F38-9A1E-2C7F3D9B8E01",
+                  "chardev": "dax0.0", "align": 2 * MiB, "name": "beluga-lab"}
+
+
+def test_ndctl_raw_uuid_is_the_label_uuid() -> None:
+    _, [ns] = parse_ndctl_list([VERBOSE_DEVDAX])
+    assert ns.uuid == "a1b2c3d4-0000-4000-8000-00000000beef"
+    assert ns.label_uuid == "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
+    _, [plain] = parse_ndctl_list([{k: v for k, v in VERBOSE_DEVDAX.items() if k != "raw_uuid"}])
+    assert plain.label_uuid is None  # never guessed from the info-block uuid
+
+
+@pytest.mark.parametrize(
+    ("sysfs", "want"),
+    [
+        ("0a0b0c0d-1111-4222-8333-444455556666\n", "0a0b0c0d-1111-4222-8333-444455556666"),  # sysfs wins
+        ("00000000-0000-0000-0000-000000000000\n", "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"),  # label-less: raw_uuid
+        (None, "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"),  # not readable: raw_uuid
+    ],
+)
+def test_label_uuid_from_sysfs(tmp_path, sysfs: str | None, want: str) -> None:
+    if sysfs is not None:
+        attr = tmp_path / "sys/bus/nd/devices/namespace0.0/uuid"
+        attr.parent.mkdir(parents=True)
+        attr.write_text(sysfs)
+    runner = RecordedRunner()
+    runner.add(CommandResult(NDCTL_LIST, 0, json.dumps([VERBOSE_DEVDAX]), ""))
+    problems: list[str] = []
+    [ns] = read_nd(Host(tmp_path, runner), problems).namespaces
+    assert (ns.label_uuid, problems) == (want, [])
 
 
 def test_daxctl_flat_devices() -> None:

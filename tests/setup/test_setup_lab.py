@@ -99,11 +99,12 @@ def test_two_hosts_setup_share_verify_and_teardown(lab: Lab) -> None:
         print(f"{host}: no-op rerun {time.monotonic() - t0:.1f} s wall through lab exec, "
               f"{doc['duration_s']:.2f} s inside setup; fresh setup of lab-1 {fresh_s:.1f} s wall")
 
-    # doctor passes on both. dax.namespace-uuid is ignored: it compares ndctl's "uuid" (a devdax
-    # namespace's info-block uuid, random) with the pinned label uuid; reported to its owner.
+    # doctor passes on both, the namespace's label uuid (sysfs) being the pinned one.
     for host in ("lab-1", "lab-2"):
-        doctor = lab.sh(host, "belugactl", "doctor", "-f", MANIFEST, "--host", host, "--ignore", "dax.namespace-uuid")
+        doctor = lab.sh(host, "belugactl", "doctor", "--json", "-f", MANIFEST, "--host", host)
         assert doctor.returncode == 0, doctor.stdout[-3000:]
+        statuses = {c["id"]: c["status"] for c in json.loads(doctor.stdout)["checks"]}
+        assert statuses["dax.namespace-uuid"] == "ok", statuses
 
     # A pattern lab-1 writes at its partition offset is read by lab-2.
     wrote = lab.sh("lab-1", sys.executable, "-c", PATTERN, "write")

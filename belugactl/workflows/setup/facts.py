@@ -30,9 +30,6 @@ class SetupFacts:
     header_bytes: bytes | None = None  # the first bytes of the pool device; None: not readable (yet)
     header_error: str | None = None
     udev_rule: str | None = None  # the text of setup's udev rule file, when present
-    # Label uuid per namespace from sysfs. `ndctl list` prints a devdax namespace's info-block uuid as
-    # "uuid" (random) and the label uuid we pinned only as "raw_uuid" with -v; sysfs has the latter.
-    namespace_uuids: dict[str, str] = field(default_factory=dict)
 
 
 def default_discover(host: Host) -> HostSnapshot:
@@ -60,10 +57,6 @@ def observe(host: Host, target: Any, state: dict[str, Any], *, discover: Discove
         mtrr_count=variable_mtrr_count(host),
         udev_rule=host.read_text(RULE_FILE),
     )
-    for ns in snapshot.nd.namespaces:
-        label = host.read_str(f"/sys/bus/nd/devices/{ns.dev}/uuid")
-        if label:
-            facts.namespace_uuids[ns.dev] = label.lower()
     if target.header is not None:
         from belugactl.workflows.setup.steps_pool import pool_dax_device
 

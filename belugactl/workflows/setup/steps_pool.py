@@ -84,13 +84,14 @@ def find_pool_namespace(target: SetupTarget, facts: SetupFacts) -> NdNamespace |
     if not uuid:
         return None
     spaces = facts.snapshot.nd.namespaces
-    by_label = [n for n in spaces if facts.namespace_uuids.get(n.dev) == uuid or (n.uuid or "").lower() == uuid]
+    # The label uuid is the one `create-namespace -u` pinned (discovery reads it from sysfs); ndctl's
+    # "uuid" for a devdax namespace is the info block's, so it matches only raw namespaces.
+    by_label = [n for n in spaces if n.label_uuid == uuid or (n.uuid or "").lower() == uuid]
     if by_label:
         return by_label[0]
-    # Without the label uuid (no sysfs access), the pinned name identifies it: ndctl's "uuid" for a
-    # devdax namespace is the info block's, not the one we pinned.
+    # Without the label uuid (no sysfs access), the pinned name identifies it.
     return next(
-        (n for n in spaces if n.dev not in facts.namespace_uuids and n.name and n.name == target.pool.namespace_name),
+        (n for n in spaces if n.label_uuid is None and n.name and n.name == target.pool.namespace_name),
         None,
     )
 
@@ -295,7 +296,7 @@ def _plan_namespace(target: SetupTarget, facts: SetupFacts, force: bool) -> list
                 actions=(RunCommand(_namespace_argv(target, nd_region, reconfig=other.dev)),),
                 destroys_data=True,
                 before=f"{other.dev}: {other.mode}, name {other.name}, "
-                f"uuid {facts.namespace_uuids.get(other.dev, '?')}",
+                f"uuid {other.label_uuid or '?'}",
                 after=f"devdax, uuid {pool.namespace_uuid}",
                 note="the manifest pins another uuid; the existing namespace's contents are discarded",
             )

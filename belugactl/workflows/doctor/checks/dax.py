@@ -213,9 +213,50 @@ def _identity(ctx: DoctorContext, field: str) -> CheckResult:
     return CheckResult.ok(f"{ns.dev} {field} {have}")
 
 
-@REGISTRY.check("dax.namespace-uuid", "the namespace uuid is the manifest's pinned one")
+# Modes whose namespace starts with an info block: ndctl's "uuid" is then the block's, not the label's.
+_INFO_BLOCK_MODES = ("devdax", "fsdax", "sector")
+
+
+@REGISTRY.check("dax.namespace-uuid", "the namespace label uuid is the manifest's pinned one")
 def namespace_uuid(ctx: DoctorContext) -> CheckResult:
-    return _identity(ctx, "uuid")
+    exp = ctx.expect
+    want = exp.namespace_uuid if exp is not None else None
+    if exp is None or want is None:
+        return CheckResult.skip("no namespace uuid pinned in a manifest")
+    if exp.source == "dax":
+        return CheckResult.skip("the pool is an existing dax device: no namespace to compare")
+    dev = _pool_or_skip(ctx)
+    if isinstance(dev, CheckResult):
+        return dev
+    ns = _namespace_of(ctx, dev)
+    if ns is None:
+        return CheckResult.fail(f"{dev.name} is not on a libnvdimm namespace; the manifest pins one", setup_fix(ctx))
+    fix = (
+        _reconfig_cmd(ctx, ns) + " (rewrites the namespace info block at the start of the shared region: "
+        "only while no host serves from the pool)"
+    )
+    if ns.label_uuid is not None:
+        if ns.label_uuid.lower() != want.lower():
+            return CheckResult.fail(
+                f"{ns.dev} label uuid is {ns.label_uuid!r}, the manifest pins {want!r}: "
+                "this host did not create the rack's namespace",
+                fix,
+            )
+        return CheckResult.ok(f"{ns.dev} label uuid {ns.label_uuid}")
+    # No label uuid known (sysfs unreadable, ndctl without raw_uuid): ndctl's "uuid" is all there is.
+    if (ns.uuid or "").lower() == want.lower():
+        return CheckResult.ok(f"{ns.dev} uuid {ns.uuid} (label uuid unknown; ndctl's uuid matches)")
+    if ns.mode in _INFO_BLOCK_MODES:
+        return CheckResult.warn(
+            f"{ns.dev} label uuid unknown (sysfs {ns.dev}/uuid not readable); ndctl's uuid {ns.uuid!r} is the "
+            f"{ns.mode} info block's, so it cannot be compared with the pinned {want!r}",
+            f"check by hand: cat /sys/bus/nd/devices/{ns.dev}/uuid (or `ndctl list -v -n {ns.dev}`, raw_uuid)",
+        )
+    return CheckResult.fail(
+        f"{ns.dev} uuid is {ns.uuid!r} (label uuid unknown, compared ndctl's uuid), the manifest pins {want!r}: "
+        "this host did not create the rack's namespace",
+        fix,
+    )
 
 
 @REGISTRY.check("dax.namespace-name", "the namespace name is the manifest's pinned one")
