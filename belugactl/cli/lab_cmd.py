@@ -48,6 +48,9 @@ def register(app: typer.Typer) -> None:
         accel: str = typer.Option("auto", "--accel", help="auto (= tcg, KVM only reported), tcg or kvm."),
         boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for every guest."),
         install: bool = typer.Option(False, "--install", help="apt-get install missing packages first (root)."),
+        root_ports: int = typer.Option(
+            2, "--root-ports", hidden=True, help="1 reproduces QEMU 7.2 dropping writes (selftest must fail)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Boot N guests in parallel, each with a CXL host bridge, two root ports and one type-3 device
@@ -73,6 +76,7 @@ def register(app: typer.Typer) -> None:
             memory_mib=mem // (1024 * 1024),
             accel=accel,
             boot_timeout_s=boot_timeout,
+            root_ports=root_ports,
             progress=_progress,
         )
         if as_json:

@@ -69,6 +69,7 @@ class LabRecord:
     repo: str
     venv: str
     guests: list[GuestRecord] = field(default_factory=list)
+    root_ports: int = 2
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -244,7 +245,7 @@ def _spawn(argv: list[str], guest: GuestPaths) -> int:
     return child.pid
 
 
-def validate(hosts: int, pool_size: int, memory_mib: int) -> None:
+def validate(hosts: int, pool_size: int, memory_mib: int, root_ports: int = 2) -> None:
     if not 1 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be between 1 and {MAX_HOSTS}, not {hosts}")
     if pool_size % POOL_UNIT or not POOL_UNIT <= pool_size <= POOL_MAX:
@@ -255,6 +256,8 @@ def validate(hosts: int, pool_size: int, memory_mib: int) -> None:
         )
     if memory_mib < 256:
         raise UsageError("--memory must be at least 256 MiB")
+    if root_ports not in (1, 2):
+        raise UsageError("--root-ports must be 1 or 2")
 
 
 def up(
@@ -266,9 +269,10 @@ def up(
     accel: str = "auto",
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S,
     root_cache: str = "loose",
+    root_ports: int = 2,
     progress: Progress = _quiet,
 ) -> UpReport:
-    validate(hosts, pool_size, memory_mib)
+    validate(hosts, pool_size, memory_mib, root_ports)
     paths = lab_paths(name)
     prereqs.require()
     with _locked(paths):
@@ -302,6 +306,7 @@ def up(
             created_at=time.time(),
             repo=str(repo),
             venv=str(venv),
+            root_ports=root_ports,
         )
         paths.dir.mkdir(parents=True)
         _make_sparse(paths.pool, pool_size)
@@ -315,7 +320,8 @@ def up(
             (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache))
             specs.append(
                 (g, qemu.GuestSpec(gname, i, boot_image, image, paths.pool, pool_size, g.lsa, g.spool,
-                                   g.console, memory_mib, chosen.chosen, repo=repo))
+                                   g.console, memory_mib, chosen.chosen, repo=repo,
+                                   root_ports=root_ports))
             )
             record.guests.append(GuestRecord(gname, i))
         _save(paths, record)

@@ -7,12 +7,11 @@ the prerequisites these tests fail in CI (CI=true) and are skipped elsewhere, sa
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from lab_support import REPO, our_qemus, run_cli, unavailable
 
 import belugactl
 from belugactl.lab import kernel, prereqs
@@ -21,60 +20,32 @@ from belugactl.lab.paths import STATE_ENV, cache_root
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 LAB = "pytest"
-BELUGACTL = [sys.executable, "-m", "belugactl"]
-REPO = Path(belugactl.__file__).resolve().parent.parent
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail(f"lab prerequisites missing in CI: {reason}")
-    pytest.skip(f"lab prerequisites missing: {reason}")
-
-
-def _cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(  # noqa: S603
-        [*BELUGACTL, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
-    )
-
-
-def _our_qemus(state: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if args and b"qemu-system" in args[0] and any(str(state).encode() in a for a in args):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
     missing = prereqs.check()
     if missing:
-        _unavailable("; ".join(f"{m.reason} (Debian package {m.requirement.package})" for m in missing))
+        unavailable("; ".join(f"{m.reason} (Debian package {m.requirement.package})" for m in missing))
     state = tmp_path_factory.mktemp("labstate")
     env = dict(os.environ, **{STATE_ENV: str(state)})
     if kernel.find(cache_root()) is None:
-        prep = _cli(env, "lab", "prepare", timeout=900)
+        prep = run_cli(env, "lab", "prepare", timeout=900)
         if prep.returncode != 0:
-            _unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
+            unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
     up = None
     try:
-        up = _cli(env, "lab", "up", "--name", LAB, "--hosts", "2", "--json", timeout=600)
+        up = run_cli(env, "lab", "up", "--name", LAB, "--hosts", "2", "--json", timeout=600)
         assert up.returncode == 0, f"lab up failed:\n{up.stderr}"
         yield {"env": env, "state": state, "up": json.loads(up.stdout), "up_stderr": up.stderr}
     finally:
-        _cli(env, "lab", "down", "--name", LAB, timeout=120)
-        for pid in _our_qemus(state):  # last resort, still only our own QEMU processes
+        run_cli(env, "lab", "down", "--name", LAB, timeout=120)
+        for pid in our_qemus(state):  # last resort, still only our own QEMU processes
             os.kill(pid, signal.SIGKILL)
 
 
 def _exec(rack, host: str, *argv: str, timeout: float = 300, opts: tuple[str, ...] = ()):
-    return _cli(rack["env"], "lab", "exec", "--name", LAB, *opts, host, "--", *argv, timeout=timeout + 60)
+    return run_cli(rack["env"], "lab", "exec", "--name", LAB, *opts, host, "--", *argv, timeout=timeout + 60)
 
 
 def test_up_boots_every_guest_and_says_where_things_live(rack):
@@ -91,7 +62,7 @@ def test_up_boots_every_guest_and_says_where_things_live(rack):
 
 
 def test_status_json_lists_running_guests_and_the_kernel(rack):
-    st = _cli(rack["env"], "lab", "status", "--name", LAB, "--json")
+    st = run_cli(rack["env"], "lab", "status", "--name", LAB, "--json")
     assert st.returncode == 0, st.stderr
     doc = json.loads(st.stdout)
     assert doc["state"] == "up" and {g["state"] for g in doc["guests"]} == {"running"}
@@ -135,7 +106,7 @@ def test_guest_writes_never_reach_the_host(rack, tmp_path):
 
 
 def test_selftest_shares_the_pool_through_the_real_tools_and_cleans_up(rack):
-    r = _cli(rack["env"], "lab", "selftest", "--name", LAB, "--json", timeout=600)
+    r = run_cli(rack["env"], "lab", "selftest", "--name", LAB, "--json", timeout=600)
     doc = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr
     assert doc["ok"] and doc["cleaned_up"]
@@ -155,12 +126,12 @@ def test_discover_runs_in_a_guest(rack):
 
 def test_a_killed_guest_is_reported_crashed_and_down_leaves_nothing(rack):
     env, state = rack["env"], rack["state"]
-    doc = json.loads(_cli(env, "lab", "status", "--name", LAB, "--json").stdout)
+    doc = json.loads(run_cli(env, "lab", "status", "--name", LAB, "--json").stdout)
     victim = next(g for g in doc["guests"] if g["name"] == "lab-2")
     os.kill(victim["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 30
     while True:
-        st = _cli(env, "lab", "status", "--name", LAB, "--json")
+        st = run_cli(env, "lab", "status", "--name", LAB, "--json")
         states = {g["name"]: g["state"] for g in json.loads(st.stdout)["guests"]}
         if states["lab-2"] == "crashed" or time.monotonic() > deadline:
             break
@@ -168,7 +139,7 @@ def test_a_killed_guest_is_reported_crashed_and_down_leaves_nothing(rack):
     assert st.returncode == 1 and states == {"lab-1": "running", "lab-2": "crashed"}
     refused = _exec(rack, "lab-2", "true")
     assert refused.returncode == 3 and "crashed" in refused.stderr
-    down = _cli(env, "lab", "down", "--name", LAB)
+    down = run_cli(env, "lab", "down", "--name", LAB)
     assert down.returncode == 0, down.stderr
-    assert _our_qemus(state) == []
+    assert our_qemus(state) == []
     assert list(state.iterdir()) == []

@@ -78,3 +78,8 @@ def test_commas_in_paths_are_escaped_for_qemu(tmp_path):
     spec = _spec(tmp_path / "a,b")
     pool = [o for o in _values(qemu.argv(spec), "-object") if "id=cxl-mem1" in o][0]
     assert f"mem-path={tmp_path}/a,,b/pool.raw," in pool
+
+
+def test_one_root_port_only_when_asked_for(tmp_path):
+    devices = _values(qemu.argv(_spec(tmp_path, root_ports=1)), "-device")
+    assert len([d for d in devices if d.startswith("cxl-rp,")]) == 1
