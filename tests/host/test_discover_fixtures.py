@@ -43,7 +43,7 @@ def test_cxl_lab_guest() -> None:
     assert cxl.bus_present
     assert cxl.source == "cxl list+sysfs"
     [mem] = cxl.memdevs
-    assert (mem.name, mem.pmem_size, mem.ram_size, mem.serial) == ("mem0", 512 * MiB, 0, 0)
+    assert (mem.name, mem.pmem_size, mem.ram_size, mem.serial) == ("mem0", 512 * MiB, 0, 1)
     assert mem.host_bdf == "0000:0d:00.0"
     assert mem.root_port == "0000:0c:00.0"
     assert mem.numa_node is None  # the tool omits it and sysfs says -1
@@ -53,18 +53,19 @@ def test_cxl_lab_guest() -> None:
     [root] = cxl.root_decoders
     assert root.name == "decoder0.0"
     assert root.pmem_capable is True and root.volatile_capable is True
-    assert root.size == 4 * GiB and root.resource == 0xA90000000
+    assert root.size == 4 * GiB and root.resource == 0x3D0000000
     assert root.max_available_extent == 4 * GiB - 512 * MiB
     assert root.region == "region0"
-    assert root.target_list == ["pci0000:0c"]
+    assert root.target_list == ["12"]  # `cxl list` without -T prints no targets: sysfs dport ids (as recorded)
     [ep] = cxl.endpoint_decoders
+    # dpa_size as kernel 6.1 prints it, zero-padded to 16 hex digits
     assert (ep.name, ep.mode, ep.dpa_size, ep.region) == ("decoder2.0", "pmem", 512 * MiB, "region0")
     assert [d.name for d in cxl.switch_decoders] == ["decoder1.0"]  # sysfs only: never listed by the tool
     [region] = cxl.regions
     assert region.name == "region0"
     # ndctl 76 prints no type and kernel 6.1 has no region/mode: taken from the endpoint decoder.
     assert region.type == "pmem"
-    assert (region.size, region.resource, region.interleave_ways) == (512 * MiB, 0xA90000000, 1)
+    assert (region.size, region.resource, region.interleave_ways) == (512 * MiB, 0x3D0000000, 1)
     assert region.decode_state == "commit"
     assert region.memdevs == ["mem0"]
     assert region.endpoint_decoders == ["decoder2.0"]
@@ -121,8 +122,10 @@ def test_nd_lab_guest_devdax_namespace_map_mem() -> None:
     assert region.iset_id == (1 << 64) - 6382611090938810793  # printed as a negative int64
     [ns] = nd.namespaces
     assert (ns.dev, ns.mode, ns.map, ns.size, ns.align) == ("namespace0.0", "devdax", "mem", 510 * MiB, 2 * MiB)
-    assert (ns.chardev, ns.region, ns.name) == ("dax0.0", "region0", "beluga-pool")
-    assert ns.uuid == "6f1e2c3a-9d8b-4c7e-a1f0-5b2d3e4f6a7b"
+    assert (ns.chardev, ns.region, ns.name) == ("dax0.0", "region0", "beluga-lab")
+    # ndctl's "uuid" is the devdax info block's; the label uuid setup pinned comes from sysfs.
+    assert ns.uuid == "9e3b7f1c-4a62-4d0e-b8f5-2c1d6a7e9b30"
+    assert ns.label_uuid == "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
 
 
 @pytest.mark.parametrize("name", ["beluga-intel", "amd-host", "nocxl"])
@@ -135,9 +138,9 @@ def test_dax_lab_guest() -> None:
     [dax] = snapshot("lab-guest").dax
     assert (dax.name, dax.mode, dax.size, dax.align) == ("dax0.0", "devdax", 510 * MiB, 2 * MiB)
     assert (dax.target_node, dax.numa_node, dax.region_id, dax.driver) == (1, 0, 0, "device_dax")
-    assert dax.resource == 0xA90000000 + 2 * MiB  # map=mem: data begins 2 MiB into the region
+    assert dax.resource == 0x3D0000000 + 2 * MiB  # map=mem: data begins 2 MiB into the region
     assert (dax.dev_path, dax.dev_exists, dax.dev_mode, dax.dev_owner, dax.dev_group) == (
-        "/dev/dax0.0", True, 0o600, "root", "root",
+        "/dev/dax0.0", True, 0o660, "root", "root",
     )
 
 
@@ -174,6 +177,15 @@ def test_numa_beluga_intel_cpuless_cxl_node() -> None:
     assert nodes[0].hugepages[GiB].total == 0
     assert nodes[0].distance == [10, 21, 14]
     assert snapshot("beluga-intel").hugepages[2 * MiB].total == 8192
+
+
+def test_lab_guest_has_the_lab_manifests_hugepages() -> None:
+    snap = snapshot("lab-guest")
+    [node] = snap.numa
+    assert (node.hugepages[2 * MiB].total, node.hugepages[2 * MiB].free) == (64, 64)
+    assert snap.hugepages[2 * MiB].total == 64 and snap.hugepages[GiB].total == 0
+    # granularity as recorded from the lab guest (placeholder 1024 before)
+    assert snap.cxl.regions[0].interleave_granularity == 256
 
 
 def test_numa_single_node_trees() -> None:
@@ -267,7 +279,7 @@ def test_cpu(name: str, vendor: str, family: int, model: int, sockets: int, cpus
 
 @pytest.mark.parametrize(
     ("name", "release", "udev"),
-    [("lab-guest", "6.1.0-27-amd64", False), ("beluga-intel", "6.8.0-49-generic", True),
+    [("lab-guest", "6.1.0-57-amd64", False), ("beluga-intel", "6.8.0-49-generic", True),
      ("amd-host", "6.8.0-49-generic", True), ("nocxl", "6.1.0-27-amd64", True)],
 )
 def test_kernel_and_udev(name: str, release: str, udev: bool) -> None:

@@ -50,10 +50,24 @@ def test_beluga_intel_mtrr_pieces_cover_the_dax_range():
         assert b1 + s1 == b2
 
 
-def test_lab_guest_namespace_with_another_name_is_a_destructive_replace():
+def test_lab_guest_is_converged_but_for_the_header():
+    # The tree is lab-1 after setup: found by its label uuid (ndctl's "uuid" is the info block's).
     plan = run_setup(tree("lab-guest"), lab_target(), dry_run=True).initial
+    assert [s.id for s in plan.steps] == ["header.write-or-verify"]  # a tree has no /dev/dax0.0 to read
+
+
+def _other_namespace(tmp_path: Path) -> Path:
+    """A copy of lab-guest whose namespace carries someone else's label uuid."""
+    root = _copy("lab-guest", tmp_path)
+    (root / "sys/bus/nd/devices/namespace0.0/uuid").write_text("0f0e0d0c-0b0a-4908-8706-050403020100\n")
+    return root
+
+
+def test_lab_guest_namespace_with_another_uuid_is_a_destructive_replace(tmp_path):
+    plan = run_setup(Host.from_tree(_other_namespace(tmp_path)), lab_target(), dry_run=True).initial
     step = plan.steps[0]
     assert step.id == "devdax.reconfigure" and step.destroys_data
+    assert "0f0e0d0c-0b0a-4908-8706-050403020100" in step.before
     argv = step.actions[0].argv
     assert argv[:5] == ("ndctl", "create-namespace", "-f", "-e", "namespace0.0")
     assert "-u" in argv and argv[argv.index("-u") + 1] == "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
@@ -84,7 +98,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_destructive_plan_without_force_changes_nothing(tmp_path, capsys):
     from belugactl.cli.app import run
 
-    root = _copy("lab-guest", tmp_path)
+    root = _other_namespace(tmp_path)
     lab = str(EXAMPLES / "lab.yaml")
     before = _files(root)
     assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root)]) == 1
