@@ -45,7 +45,8 @@ def _target(
             user=ssh_user,
             identity_file=identity,
             connect_timeout_s=connect_timeout,
-            addresses={h.name: h.address for h in loaded.hosts},
+            # With an ssh config file the host names are its Host aliases; otherwise dial the manifest's addresses.
+            addresses={} if ssh_config else {h.name: h.address for h in loaded.hosts},
         )
         remote = shlex.split(remote_belugactl) if remote_belugactl else ["belugactl"]
     elif transport == "lab":
