@@ -147,3 +147,24 @@ def test_nothing_is_copied_without_a_pool(tensors) -> None:
     t = PoolTransfer(BestEffortIndex("tcp://127.0.0.1:1", stats=stats), None, NS, stats)
     assert t.load([1, 2], [b"x", b"y"]) == [1, 2]
     assert t.save([1], [b"x"]) == 0
+
+
+def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(server, tensors) -> None:
+    from vllm_beluga.transfer import locate
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server["pool"])
+    worker = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save([0, 1], [b"p", b"q"]) == 2
+    scheduler = BestEffortIndex(server["address"], stats=ConnectorStats(None, role="scheduler"))
+    locations = [locate(scheduler, NS, k) for k in (b"p", b"zz", b"q")]
+    assert locations[1] is None and locations[0] is not None
+    assert scheduler.warm_up()
+    leases_held = scheduler._client.stats()["leases"]
+    assert leases_held >= 2
+    # the third block id has no location at all (a short list): it fails too
+    assert set(worker.load([4, 5, 6, 7], [b"p", b"zz", b"q", b"r"], locations)) == {5, 7}
+    assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 6) == _block(bufs, 1)
+    assert scheduler._client.stats()["leases"] == leases_held - 2
+    scheduler.close()
+    worker.index.close()

@@ -39,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for
 from vllm_beluga.index import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
-from vllm_beluga.transfer import PoolTransfer
+from vllm_beluga.transfer import Location, PoolTransfer, locate
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -59,6 +59,10 @@ class BlockTransfer:
     req_id: str
     block_ids: list[int]
     keys: list[bytes]
+    # Loads: where each key's bytes are (extents, lease id, nbytes), looked up by the scheduler over its
+    # CXL-RPC ring right after allocation, the lease holding the block until the worker copied it;
+    # None for a key that vanished (reported as a load error). None for the whole list: worker looks up.
+    locations: list[Location | None] | None = None
 
 
 @dataclass
@@ -219,11 +223,11 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             return
         start, keys = pending
         count = num_external_tokens // self.block_size
-        block_ids = list(blocks.get_block_ids()[0])
-        if start + count > len(block_ids) or count > len(keys):
-            log.warning("Beluga: request %s: allocation does not cover the hit; loading nothing", request.request_id)
-            return
-        self._loads.append(BlockTransfer(request.request_id, block_ids[start : start + count], keys[:count]))
+        block_ids = list(blocks.get_block_ids()[0])[start : start + count]
+        keys = keys[: len(block_ids)]
+        locations = [locate(self.index, self.namespace, key) for key in keys]
+        # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
+        self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = BelugaConnectorMetadata(loads=self._loads)
@@ -322,7 +326,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.loads:
             return
         for transfer in meta.loads:
-            self._load_errors.update(self._transfer.load(transfer.block_ids, transfer.keys))
+            self._load_errors.update(self._transfer.load(transfer.block_ids, transfer.keys, transfer.locations))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the first layer runs

@@ -23,6 +23,17 @@ from vllm_beluga.stats import ConnectorStats
 log = logging.getLogger("vllm.beluga")
 
 
+Location = tuple[list[tuple[int, int]], int, int]  # extents, lease id, nbytes
+
+
+def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | None:
+    """Where a committed block is, with a read lease on it; None if absent or the server is away."""
+    loc = index.get(namespace, key)
+    if loc is None:
+        return None
+    return [(int(o), int(n)) for o, n in loc.extents], int(loc.lease_id), int(loc.nbytes)
+
+
 class PoolTransfer:
     def __init__(self, index: BestEffortIndex, engine: Any, namespace: str, stats: ConnectorStats) -> None:
         self.index = index
@@ -30,27 +41,34 @@ class PoolTransfer:
         self.namespace = namespace
         self.stats = stats
 
-    def load(self, block_ids: Sequence[int], keys: Sequence[bytes]) -> list[int]:
-        """Fill `block_ids` from the pool blocks under `keys`; returns the block ids NOT loaded."""
+    def load(
+        self,
+        block_ids: Sequence[int],
+        keys: Sequence[bytes],
+        locations: Sequence[Location | None] | None = None,
+    ) -> list[int]:
+        """Fill `block_ids` from the pool blocks under `keys`; returns the block ids NOT loaded.
+
+        `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
+        (holding their leases); else each key is looked up here. Block ids without a key are failed.
+        """
+        if locations is None:
+            locations = [locate(self.index, self.namespace, key) for key in keys]
+        leases = [loc[1] for loc in locations if loc is not None]
         if self.engine is None:
+            self.index.release(leases)
             self.stats.add("load_errors", len(block_ids))
             return list(block_ids)
         started = time.perf_counter()
         batch: list[tuple[int, list[tuple[int, int]]]] = []
-        leases: list[int] = []
-        failed: list[int] = []
+        failed: list[int] = list(block_ids[len(locations) :])
         need = self.engine.layout.block_nbytes
-        for block_id, key in zip(block_ids, keys, strict=True):
-            location = self.index.get(self.namespace, key)
-            if location is None:
+        for block_id, location in zip(block_ids, locations, strict=False):
+            if location is None or int(location[2]) != need:
+                # Gone, or the same key in another layout: never copy bytes that do not fit these tensors.
                 failed.append(block_id)
                 continue
-            leases.append(location.lease_id)
-            if int(location.nbytes) != need:
-                # Same key, other layout: never copy bytes that do not fit this instance's tensors.
-                failed.append(block_id)
-                continue
-            batch.append((block_id, [(int(o), int(n)) for o, n in location.extents]))
+            batch.append((block_id, location[0]))
         try:
             if batch:
                 nbytes = self.engine.load(batch)
