@@ -178,12 +178,62 @@ class Namespace(Strict):
         return value
 
 
+_ACCOUNT_RE = re.compile(r"^([a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$")  # a user/group name, or a numeric id
+
+
+class Permissions(Strict):
+    """Owner, group and mode of the pool's /dev/daxX.Y node (setup's udev rule; doctor compares).
+
+    `mode` is an octal string ("0660") or an integer: YAML reads an unquoted 0660 as octal (432).
+    It is kept as a four-digit octal string.
+    """
+
+    owner: str = "root"
+    group: str = "root"
+    mode: str = "0660"
+
+    @field_validator("owner", "group", mode="before")
+    @classmethod
+    def _account(cls, value: Any) -> str:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not _ACCOUNT_RE.fullmatch(text):
+            raise ValueError(f"expected a user/group name such as beluga, or a numeric id, got {value!r}")
+        return text
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> str:
+        if isinstance(value, bool):
+            raise ValueError(f"expected an octal mode such as \"0660\", got {value!r}")
+        if isinstance(value, int):
+            if not 0 <= value <= 0o777:
+                # `mode: 660` (no leading 0) is decimal 660 to YAML, not octal 660.
+                raise ValueError(f"mode {value} is not a permission value; write it quoted, as octal: \"0660\"")
+            bits = value
+        elif isinstance(value, str) and re.fullmatch(r"(0o)?[0-7]{3,4}", value.strip()):
+            bits = int(value.strip().removeprefix("0o"), 8)
+            if bits > 0o777:
+                raise ValueError(f"mode {value!r}: setuid/setgid/sticky bits mean nothing on a device node")
+        else:
+            raise ValueError(f"expected an octal mode such as \"0660\", got {value!r}")
+        if bits & 0o002:
+            raise ValueError(
+                f"mode {bits:04o} is world-writable: any local user could overwrite every host's KV blocks"
+            )
+        return f"{bits:04o}"
+
+    @property
+    def mode_bits(self) -> int:
+        return int(self.mode, 8)
+
+
 class Pool(Strict):
     source: RegionSource | DaxSource = Field(discriminator="kind")
     size: Size  # usable bytes: the dax device size, which the layout is built on
     align: Size = 2 * MiB
     interleave: Interleave = Interleave()
     namespace: Namespace | None = None
+    permissions: Permissions = Permissions()  # of the pool's /dev node on every host
 
     @field_validator("align")
     @classmethod

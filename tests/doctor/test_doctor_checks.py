@@ -258,6 +258,24 @@ def test_dax_permissions(mode, status):
         assert "chmod 0660 /dev/dax0.0" in result.fix and "udev" in result.fix
 
 
+def test_dax_permissions_against_the_manifests_pool_permissions():
+    # beluga_like's node is root:beluga (uid 0, gid 990) 0660
+    want = {"dev_owner": "root", "dev_group": "beluga", "dev_mode": 0o660}
+    ok = run("dax.permissions", beluga_like(), expectations(**want))
+    assert ok.status is Status.OK and "as pool.permissions says" in ok.reason
+    numeric = run("dax.permissions", beluga_like(), expectations(dev_owner="0", dev_group="990", dev_mode=0o660))
+    assert numeric.status is Status.OK
+    group = run("dax.permissions", beluga_like(), expectations(**{**want, "dev_group": "root"}))
+    assert group.status is Status.FAIL and "group beluga, not root" in group.reason
+    assert "belugactl setup" in group.fix and "chown root:root /dev/dax0.0" in group.fix
+    tighter = run("dax.permissions", with_dax(beluga_like(), dev_mode=0o20000 | 0o600), expectations(**want))
+    assert tighter.status is Status.FAIL and "mode 0600, not 0660" in tighter.reason
+    assert "chmod 0660 /dev/dax0.0" in tighter.fix
+    # world-writable fails whatever the manifest says
+    open_node = run("dax.permissions", with_dax(beluga_like(), dev_mode=0o20000 | 0o666), expectations(**want))
+    assert open_node.status is Status.FAIL and "world-writable" in open_node.reason
+
+
 def test_hugepages_per_node_shortfall_names_the_sysfs_file():
     want = (HugepageWant(0, 2 * MiB, 1024), HugepageWant(1, 2 * MiB, 512))
     result = run("hugepages.per-node", beluga_like(), expectations(hugepages=want))

@@ -29,6 +29,7 @@ def test_expectations_come_from_the_manifest_and_the_host_entry():
     assert exp.pool_size == 510 * MiB and exp.region_size == 512 * MiB and exp.align == 2 * MiB
     assert exp.source == "region" and exp.region_type == "pmem"
     assert exp.namespace_uuid == manifest.pool.namespace.uuid
+    assert (exp.dev_owner, exp.dev_group, exp.dev_mode) == ("root", "root", 0o660)  # pool.permissions defaults
     assert exp.hosts_sharing == len(manifest.hosts) == 2
     assert exp.ddio == "unmanaged" and exp.pool_memory == "write-back"
     assert [(w.node, w.count) for w in exp.hugepages] == [(0, 64)]

@@ -147,3 +147,58 @@ def test_explicit_partitions_with_rest_for_shared_kv():
 def test_large_pool_sizes():
     m = load_manifest_text(MINIMAL.replace("size: 510MiB", "size: 2TiB"))
     assert m.pool.size == 2048 * GiB
+
+
+# --- pool.permissions ---------------------------------------------------------------------------
+
+PERMISSIONS_AT = "  namespace:\n"
+
+
+def _with_permissions(block: str) -> str:
+    return MINIMAL.replace(PERMISSIONS_AT, f"  permissions: {block}\n{PERMISSIONS_AT}")
+
+
+def test_pool_permissions_default_to_root_root_0660():
+    perms = load_manifest_text(MINIMAL).pool.permissions
+    assert (perms.owner, perms.group, perms.mode, perms.mode_bits) == ("root", "root", "0660", 0o660)
+
+
+@pytest.mark.parametrize(
+    ("written", "mode"),
+    [
+        ('"0640"', "0640"),
+        ('"640"', "0640"),
+        ('"0o600"', "0600"),
+        ("0660", "0660"),  # unquoted: YAML 1.1 reads a leading 0 as octal (432)
+        ("416", "0640"),  # a plain integer is the permission value itself (416 == 0o640)
+    ],
+)
+def test_pool_permissions_mode_forms(written: str, mode: str):
+    perms = load_manifest_text(_with_permissions(f"{{owner: root, group: beluga, mode: {written}}}")).pool.permissions
+    assert (perms.owner, perms.group, perms.mode) == ("root", "beluga", mode)
+
+
+def test_pool_permissions_numeric_ids():
+    perms = load_manifest_text(_with_permissions("{owner: 0, group: 990}")).pool.permissions
+    assert (perms.owner, perms.group, perms.mode) == ("0", "990", "0660")
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ('{mode: "0666"}', "world-writable"),
+        ("{mode: 0666}", "world-writable"),
+        ("{mode: 660}", 'write it quoted, as octal: "0660"'),  # decimal 660 is not octal 660
+        ('{mode: "rw-rw----"}', "expected an octal mode"),
+        ('{mode: "4660"}', "setuid/setgid/sticky"),
+        ("{mode: true}", "expected an octal mode"),
+        ('{owner: "Bad Name"}', "user/group name"),
+        ("{group: [a]}", "user/group name"),
+        ("{user: root}", "user"),  # unknown key
+    ],
+)
+def test_pool_permissions_are_validated(block: str, message: str):
+    with pytest.raises(ManifestError) as info:
+        load_manifest_text(_with_permissions(block))
+    [problem] = info.value.problems
+    assert problem.path.startswith("pool.permissions") and message in str(problem)

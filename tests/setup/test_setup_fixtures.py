@@ -110,3 +110,14 @@ def test_destructive_plan_without_force_changes_nothing(tmp_path, capsys):
     after = _files(root)
     after.pop("run/belugactl/setup.lock", None)
     assert after == before
+
+
+def test_pool_permissions_from_the_manifest_reach_the_plan():
+    edit = {"  namespace:  ": '  permissions: {owner: root, group: "990", mode: "0640"}\n  namespace:  '}
+    target = lab_target(edit=edit)
+    assert (target.permissions.owner, target.permissions.group, target.permissions.mode) == ("root", "990", 0o640)
+    assert lab_target().permissions.mode == 0o660  # the default when the manifest says nothing
+    # lab-guest's node is root:root 0660 (setup's default): the manifest's permissions are a change to make.
+    plan = run_setup(tree("lab-guest"), target, dry_run=True).initial
+    step = next(s for s in plan.steps if s.id == "permissions.dax")
+    assert step.after == "root:990 0640" and "root:root" in step.before

@@ -47,6 +47,9 @@ class Expectations:
     cxl_node_cpuless: bool = True
     cxl_nodes: int | None = None  # CXL memory nodes `numactl --hardware` should show (online, CPU-less)
     gpus: int | None = None  # GPUs this host should have
+    dev_owner: str | None = None  # pool.permissions of the /dev node: user name or numeric id
+    dev_group: str | None = None
+    dev_mode: int | None = None  # permission bits, e.g. 0o660
     layout: Any = None  # belugactl.model.layout.PoolLayout when the model provides one
     manifest: Any = None  # the validated belugactl.model.manifest_schema.Manifest
     entry: Any = None  # that manifest's Host entry for this machine

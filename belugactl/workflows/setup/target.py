@@ -104,12 +104,8 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
     own = host.tuning
     hp = own.hugepages if own is not None and own.hugepages is not None else manifest.tuning.hugepages
     thp = own.thp if own is not None and own.thp is not None else manifest.tuning.thp
-    perms = getattr(pool, "permissions", None)  # not in the schema yet: defaults until it is
-    permissions = (
-        DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
-        if perms is not None
-        else DevicePermissions()
-    )
+    perms = pool.permissions  # pool.permissions: defaults root/root/0660 when the manifest has none
+    permissions = DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
     header = None
     if layout is not None:
         from belugactl.workflows.setup.steps_header import header_spec_for

@@ -264,7 +264,9 @@ def namespace_name(ctx: DoctorContext) -> CheckResult:
     return _identity(ctx, "name")
 
 
-@REGISTRY.check("dax.permissions", "the pool's /dev node is not open to every local user")
+@REGISTRY.check(
+    "dax.permissions", "the pool's /dev node is not open to every local user (and is as pool.permissions says)"
+)
 def permissions(ctx: DoctorContext) -> CheckResult:
     dev = _pool_or_skip(ctx)
     if isinstance(dev, CheckResult):
@@ -276,12 +278,42 @@ def permissions(ctx: DoctorContext) -> CheckResult:
     group = dev.dev_group or str(dev.dev_gid)
     mode = stat.S_IMODE(dev.dev_mode)
     summary = f"{path} {owner}:{group} {mode:04o}"
-    fix = f"chgrp beluga {path} && chmod 0660 {path}; persist it with a udev rule, {UDEV_RULE.format(name=dev.name)}"
+    exp = ctx.expect
+    if exp is not None and exp.dev_mode is not None:
+        want = f"{exp.dev_owner}:{exp.dev_group} {exp.dev_mode:04o}"
+        fix = f"{setup_fix(ctx)} (writes a udev rule and sets {want}; by hand: chown {exp.dev_owner}:{exp.dev_group} "
+        fix += f"{path} && chmod {exp.dev_mode:04o} {path})"
+    else:
+        rule = UDEV_RULE.format(name=dev.name)
+        fix = f"chgrp beluga {path} && chmod 0660 {path}; persist it with a udev rule, {rule}"
     if mode & stat.S_IWOTH:
         return CheckResult.fail(
             f"{summary}: world-writable, so any local user can overwrite every host's KV blocks and the RPC rings",
             fix,
         )
+    if exp is not None and exp.dev_mode is not None:
+        differs = []
+        if not _same_account(exp.dev_owner, dev.dev_owner, dev.dev_uid):
+            differs.append(f"owner {owner}, not {exp.dev_owner}")
+        if not _same_account(exp.dev_group, dev.dev_group, dev.dev_gid):
+            differs.append(f"group {group}, not {exp.dev_group}")
+        if mode != exp.dev_mode:
+            differs.append(f"mode {mode:04o}, not {exp.dev_mode:04o}")
+        if differs:
+            return CheckResult.fail(
+                f"{summary}: {'; '.join(differs)} (the manifest's pool.permissions): the serving processes may "
+                "be refused the pool, or others let in",
+                fix,
+            )
     if mode & stat.S_IROTH:
         return CheckResult.warn(f"{summary}: world-readable, so any local user can read every tenant's KV cache", fix)
+    if exp is not None and exp.dev_mode is not None:
+        return CheckResult.ok(f"{summary}, as pool.permissions says")
     return CheckResult.ok(summary)
+
+
+def _same_account(want: str | None, name: str | None, number: int | None) -> bool:
+    """A manifest owner/group (name or numeric id) against the node's (name when it resolves, and id)."""
+    if want is None:
+        return True
+    return want == name or (want.isdigit() and number is not None and int(want) == number)
