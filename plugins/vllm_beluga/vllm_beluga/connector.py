@@ -225,7 +225,11 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         count = num_external_tokens // self.block_size
         block_ids = list(blocks.get_block_ids()[0])[start : start + count]
         keys = keys[: len(block_ids)]
-        locations = [locate(self.index, self.namespace, key) for key in keys]
+        locations = None
+        if self.tp_size == 1:
+            # With one rank the scheduler's namespace is the worker's: resolve here, over the ring.
+            # With several, each rank holds its own shard under its own namespace and looks it up itself.
+            locations = [locate(self.index, self.namespace, key) for key in keys]
         # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
         self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations))
 
