@@ -5,7 +5,9 @@ copies exactly the paths it touched (files read, directories listed, links follo
 tree: sysfs symlinks become relative links inside the tree so `Host.resolve` gives the same answers, tool outputs go to
 `.belugactl/commands.json`, and `/dev/dax*` nodes are recorded as metadata in
 `.belugactl/devnodes.json`, never as device files. Nothing outside those paths is read, so no
-unrelated file (keys, configs, logs) can end up in a bundle.
+unrelated file (keys, configs, logs) can end up in a bundle. Of what is read, the kernel command
+line can carry secrets (a LUKS key, an installer password, a token for a provisioning URL): the
+bundle keeps every parameter but replaces such values with "<redacted>" (`redact_cmdline`).
 
 `open_root()` is the way back: a directory or a `.tar.gz` becomes a Host over that tree.
 """
@@ -16,6 +18,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import shutil
 import tarfile
 import tempfile
@@ -36,6 +39,39 @@ from belugactl.host.snapshot import HostSnapshot
 MAX_FILE_BYTES = 1 << 20
 _MAX_LINK_DEPTH = 40
 _TARBALL_SUFFIXES = (".tar.gz", ".tgz")
+
+# Files whose values may be secrets, and the redaction applied to each in a bundle.
+CMDLINE = "/proc/cmdline"
+REDACTED = "<redacted>"
+# A parameter is secret when a part of its name (split at . _ -) ends with one of _SECRET_ENDINGS
+# (rd.luks.key, rootpassword, api_token, cryptkey; "hotkey" too, harmlessly) or is one of
+# _SECRET_PARTS (short words that end ordinary names: spec_store_bypass_disable, usbcore.authorized_default).
+_SECRET_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "key", "credential", "credentials")
+_SECRET_PARTS = ("pass", "pwd", "pw", "auth", "psk")
+_TOKEN_RE = re.compile(r'(?:[^\s"]+|"[^"]*")+')  # a parameter; double quotes may hold spaces
+_URL_USERINFO_RE = re.compile(r"(://[^/\s:@\"]+):[^/\s@\"]+@")  # scheme://user:password@host
+
+
+def _secret_name(name: str) -> bool:
+    parts = [p for p in re.split(r"[._-]", name.lower()) if p]
+    return any(part in _SECRET_PARTS or part.endswith(_SECRET_ENDINGS) for part in parts)
+
+
+def redact_cmdline(text: str) -> str:
+    """The command line with secret-looking values replaced; names, order and spacing kept.
+
+    `key=value` whose key looks secret becomes `key=<redacted>`; a password inside a URL
+    (`://user:pw@`) becomes `://user:<redacted>@`. Flags and ordinary parameters stay as they are.
+    """
+
+    def one(match: re.Match[str]) -> str:
+        token = match.group(0)
+        name, sep, value = token.partition("=")
+        if sep and value and _secret_name(name.strip('"')):
+            return f"{name}={REDACTED}"
+        return _URL_USERINFO_RE.sub(rf"\1:{REDACTED}@", token)
+
+    return _TOKEN_RE.sub(one, text)
 
 
 class TracingHost(Host):
@@ -142,6 +178,8 @@ class _Tree:
         if len(data) > MAX_FILE_BYTES:
             self.skipped.append(p)
             return
+        if real == CMDLINE:
+            data = redact_cmdline(data.decode(errors="replace")).encode()
         self.files[real] = data
 
     def add_listing(self, p: str) -> None:

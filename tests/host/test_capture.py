@@ -11,7 +11,7 @@ import pytest
 from host_fixtures import ALL_TREES, host, snapshot, tree, without_root
 
 from belugactl.errors import InputError, UsageError
-from belugactl.host.capture import open_root
+from belugactl.host.capture import open_root, redact_cmdline
 from belugactl.host.host import Host
 from belugactl.workflows.discover import capture, discover
 
@@ -140,3 +140,39 @@ def test_open_root_cleans_up(tmp_path: Path) -> None:
 def test_fixture_tree_is_a_valid_root() -> None:
     with open_root(tree("lab-guest")) as back:
         assert back.root == tree("lab-guest")
+
+
+# --- secrets on the kernel command line ----------------------------------------------------------
+
+SECRET_CMDLINE = (
+    'BOOT_IMAGE=/vmlinuz-6.1 root=UUID=0a1b ro quiet rd.luks.key=/keys/pool.bin:UUID=77 rootpassword=hunter2 '
+    'api_token=abc123 password="two words" inst.ks=http://admin:s3cret@10.0.0.1/ks.cfg pw=x '
+    "console=ttyS0,115200 spec_store_bypass_disable=on usbcore.authorized_default=0 mitigations=off\n"
+)
+REDACTED_CMDLINE = (
+    "BOOT_IMAGE=/vmlinuz-6.1 root=UUID=0a1b ro quiet rd.luks.key=<redacted> rootpassword=<redacted> "
+    "api_token=<redacted> password=<redacted> inst.ks=http://admin:<redacted>@10.0.0.1/ks.cfg pw=<redacted> "
+    "console=ttyS0,115200 spec_store_bypass_disable=on usbcore.authorized_default=0 mitigations=off\n"
+)
+
+
+def test_redact_cmdline_keeps_keys_and_ordinary_parameters() -> None:
+    assert redact_cmdline(SECRET_CMDLINE) == REDACTED_CMDLINE
+    plain = "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off\n"
+    assert redact_cmdline(plain) == plain
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ""])
+def test_capture_redacts_secrets_from_the_kernel_command_line(tmp_path: Path, suffix: str) -> None:
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(tree("lab-guest"), source, symlinks=True)
+    (source / "proc/cmdline").write_text(SECRET_CMDLINE)
+    bundle = tmp_path / f"bundle{suffix}"
+    capture(Host.from_tree(source), bundle)
+    with open_root(bundle) as back:
+        assert back.read_text("/proc/cmdline") == REDACTED_CMDLINE
+        assert discover(back).kernel.cmdline == REDACTED_CMDLINE.strip()
+        for secret in ("hunter2", "abc123", "s3cret", "pool.bin", "two words"):
+            assert all(secret not in p.read_text(errors="replace") for p in Path(back.root).rglob("*") if p.is_file())
