@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
         root_ports: int = typer.Option(
             2, "--root-ports", hidden=True, help="1 reproduces QEMU 7.2 dropping writes (selftest must fail)."
         ),
+        ssh: bool = typer.Option(
+            False, "--ssh", help="Give each guest sshd behind a forward from 127.0.0.1 (see `lab ssh-config`)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Boot N guests in parallel, each with a CXL host bridge, two root ports and one type-3 device
@@ -77,6 +80,7 @@ def register(app: typer.Typer) -> None:
             accel=accel,
             boot_timeout_s=boot_timeout,
             root_ports=root_ports,
+            ssh=ssh,
             progress=_progress,
         )
         if as_json:
@@ -176,6 +180,19 @@ def register(app: typer.Typer) -> None:
                 fix="see the lines above; a topology with one root port per host bridge drops writes on QEMU 7.2",
             )
 
+    @lab.command("ssh-config")
+    def ssh_config_cmd(
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+    ) -> None:
+        """Print the OpenSSH client config of a lab brought up with --ssh (also in STATE/NAME/ssh_config):
+        Host lab-1 ... on 127.0.0.1, with the lab's own key and known_hosts. Example:
+        ssh -F "$(belugactl lab status --json | jq -r .ssh_config)" lab-1 -- belugactl --version"""
+        from belugactl.lab import rack
+
+        path, text = rack.ssh_config(name)
+        print(f"# {path}")
+        sys.stdout.write(text)
+
     @lab.command("down")
     def down_cmd(
         name: str = typer.Option("default", "--name", help=NAME_HELP),
@@ -210,10 +227,14 @@ def _print_lab(st) -> None:  # st: belugactl.lab.rack.LabStatus
     if st.pool:
         size = f"{st.pool_size // (1024 * 1024)} MiB, " if st.pool_size else ""
         print(f"  pool    {st.pool}  ({size}one backing file for every guest's CXL device)")
+    if st.ssh_config:
+        print(f"  ssh     ssh -F {st.ssh_config} HOST  (each guest's sshd behind 127.0.0.1:PORT)")
     for g in st.guests:
         boot = f"  booted in {g.boot_s:.1f} s" if g.boot_s is not None else ""
         print(f"  {g.name:<7} {g.state:<12} {g.detail}{boot}")
         print(f"          console {g.console}")
+        if g.ssh_port is not None:
+            print(f"          ssh     127.0.0.1:{g.ssh_port} -> {g.name}:22")
         print(f"          share   {g.share}  (in the guest: /run/belugactl-lab/share)")
         for line in g.console_tail:
             print(f"          | {line}")

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from belugactl.lab import cpio
+from belugactl.lab import cpio, ssh
 from belugactl.lab.kernel import GuestKernel, module_paths
 from belugactl.lab.prereqs import find_program
 
@@ -78,6 +78,28 @@ mount -t tmpfs -o mode=0755 tmpfs $R/run
 mkdir -p $R@GUEST_SPOOL@
 mount --bind /spool $R@GUEST_SPOOL@
 chroot $R /sbin/modprobe --ignore-install -a $LAB_MODULES || say "modprobe -a $LAB_MODULES failed"
+if [ -n "$LAB_SSH" ]; then
+  # `lab up --ssh`: slirp's fixed addresses on eth0, then the host's own sshd in the chroot, configured
+  # from the spool. QEMU forwards 127.0.0.1:PORT on the host to port 22 here; nothing else gets in.
+  ip link set lo up
+  if ip link set eth0 up && ip addr add @GUEST_ADDRESS@ dev eth0 && ip route add default via @GATEWAY@; then
+    mkdir -p $R/run/sshd && chmod 0755 $R/run/sshd
+    # sshd runs `bash -c CMD`, and Debian's bash then sources ~/.bashrc even when not interactive;
+    # the host's root .bashrc may rewrite PATH (and be slow). Skip it for ssh commands, in the guest only.
+    RH=$(awk -F: '$1 == "root" { print $6; exit }' $R/etc/passwd)
+    if [ -n "$RH" ] && [ -f "$R$RH/.bashrc" ]; then
+      { echo 'case $- in *i*) ;; *) [ -n "$SSH_CONNECTION" ] && return ;; esac'; cat "$R$RH/.bashrc"; } > /tmp/bashrc
+      cat /tmp/bashrc > "$R$RH/.bashrc"
+    fi
+    if chroot $R @SSHD@ -f @GUEST_SPOOL@/ssh/sshd_config -E @GUEST_SPOOL@/ssh/sshd.log; then
+      say "sshd listening on port 22"
+    else
+      say "sshd failed to start (see the spool's ssh/sshd.log)"
+    fi
+  else
+    say "eth0 did not come up: no ssh"
+  fi
+fi
 say "user space ready at $(cut -d' ' -f1 /proc/uptime) s; starting the agent"
 while :; do
   chroot $R /usr/bin/env -i PATH="$LAB_PATH" HOME=/root TMPDIR=/tmp LANG=C.UTF-8 \
@@ -101,6 +123,9 @@ def init_script() -> str:
         .replace("@SPOOL_TAG@", SPOOL_TAG)
         .replace("@REPO_TAG@", REPO_TAG)
         .replace("@GUEST_SPOOL@", GUEST_SPOOL)
+        .replace("@GUEST_ADDRESS@", ssh.GUEST_ADDRESS)
+        .replace("@GATEWAY@", ssh.GATEWAY)
+        .replace("@SSHD@", ssh.SSHD)
     )
 
 

@@ -65,6 +65,16 @@ class LabPaths:
     def lock(self) -> Path:
         return self.dir / ".lock"
 
+    @property
+    def ssh_dir(self) -> Path:
+        """Keys and known_hosts of `lab up --ssh` (never ~/.ssh)."""
+        return self.dir / "ssh"
+
+    @property
+    def ssh_config(self) -> Path:
+        """The OpenSSH client config naming every guest: ssh -F THIS lab-1."""
+        return self.dir / "ssh_config"
+
     def guest(self, name: str) -> GuestPaths:
         return GuestPaths(self.dir / "guests" / name, name)
 

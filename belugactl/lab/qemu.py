@@ -36,6 +36,8 @@ class GuestSpec:
     repo: Path | None = None  # exported again, uncached, over the cached host root
     # 2 always, except to prove that `lab selftest` catches QEMU 7.2 dropping writes behind one port.
     root_ports: int = 2
+    # With a port: a user-mode network whose only way in is 127.0.0.1:ssh_port -> the guest's port 22.
+    ssh_port: int | None = None
 
 
 def _opt(path: Path | str) -> str:
@@ -79,6 +81,7 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-fsdev", f"local,id=spool,path={_opt(spec.spool)},security_model=none,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
         *repo,
+        *network(spec),
         "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={_opt(spec.pool)},size={spec.pool_size}",
         "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={_opt(spec.lsa)},size={LSA_SIZE}",
         "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",
@@ -86,6 +89,16 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         *(["-device", "cxl-rp,port=1,bus=cxl.1,id=rp1,chassis=0,slot=3"] if spec.root_ports > 1 else []),
         "-device", f"cxl-type3,bus=rp0,memdev=cxl-mem1,lsa=cxl-lsa1,id=cxl-pmem0,sn={spec.index}",
         "-M", f"cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size={WINDOW_SIZE}",
+    ]  # fmt: skip
+
+
+def network(spec: GuestSpec) -> list[str]:
+    """slirp with restrict=on (the guest reaches nothing outside) and one forward, bound to loopback only."""
+    if spec.ssh_port is None:
+        return []
+    return [
+        "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+        "-device", "virtio-net-pci,netdev=net0",
     ]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from belugactl.lab import accel as accel_mod
 from belugactl.lab import initramfs as initramfs_mod
 from belugactl.lab import kernel as kernel_mod
 from belugactl.lab import prereqs, proc, qemu
+from belugactl.lab import ssh as ssh_mod
 from belugactl.lab.channel import GuestChannel
 from belugactl.lab.paths import GuestPaths, LabPaths, cache_root, guest_name, state_root, valid_lab_name
 from belugactl.units import format_size
@@ -54,6 +55,7 @@ class GuestRecord:
     started_at: float | None = None  # epoch seconds
     boot_s: float | None = None  # QEMU start to agent ready, wall clock
     guest_uptime_at_ready_s: float | None = None
+    ssh_port: int | None = None  # 127.0.0.1:ssh_port reaches this guest's sshd (lab up --ssh)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class LabRecord:
     venv: str
     guests: list[GuestRecord] = field(default_factory=list)
     root_ports: int = 2
+    ssh: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -92,6 +95,7 @@ class GuestStatus:
     share: str
     boot_s: float | None
     console_tail: list[str] = field(default_factory=list)
+    ssh_port: int | None = None
 
 
 @dataclass
@@ -104,6 +108,7 @@ class LabStatus:
     kernel: dict[str, str] | None
     accel: str | None
     guests: list[GuestStatus]
+    ssh_config: str | None = None  # ssh -F THIS lab-1, when the lab was brought up with --ssh
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -212,19 +217,27 @@ def prepare(*, install: bool = False, refresh: bool = False, progress: Progress 
 
 
 # --- up ----------------------------------------------------------------------------------------
-def _guest_env(kernel: kernel_mod.GuestKernel, name: str, venv: Path, repo: Path, root_cache: str) -> str:
+def _guest_path(venv: Path) -> str:
+    return f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _guest_env(
+    kernel: kernel_mod.GuestKernel, name: str, venv: Path, repo: Path, root_cache: str, ssh: bool = False
+) -> str:
     agent = Path(__file__).with_name("agent.py").resolve()
+    modules = GUEST_MODULES + (ssh_mod.NET_MODULES if ssh else ())
     values = {
         "LAB_HOSTNAME": name,
         "LAB_KERNEL_VERSION": kernel.version,
         "LAB_MODULES_DIR": str(kernel.modules_dir.resolve()),
-        "LAB_MODULES": " ".join(GUEST_MODULES),
+        "LAB_MODULES": " ".join(modules),
         "LAB_PYTHON": os.path.realpath(sys.executable),
         "LAB_AGENT": str(agent),
         "LAB_ROOT_CACHE": root_cache,
         "LAB_REPO": str(repo),
         "LAB_VENV": str(venv),
-        "LAB_PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LAB_PATH": _guest_path(venv),
+        "LAB_SSH": "1" if ssh else "",
     }
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
@@ -270,11 +283,13 @@ def up(
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S,
     root_cache: str = "loose",
     root_ports: int = 2,
+    ssh: bool = False,
     progress: Progress = _quiet,
 ) -> UpReport:
     validate(hosts, pool_size, memory_mib, root_ports)
     paths = lab_paths(name)
     prereqs.require()
+    keygen = ssh_mod.require()[1] if ssh else None
     with _locked(paths):
         existing = load(paths)
         if existing is not None or paths.dir.exists():
@@ -307,9 +322,14 @@ def up(
             repo=str(repo),
             venv=str(venv),
             root_ports=root_ports,
+            ssh=ssh,
         )
         paths.dir.mkdir(parents=True)
         _make_sparse(paths.pool, pool_size)
+        ssh_files = ssh_mod.SshFiles(paths.ssh_dir)
+        ports: dict[str, int] = {}
+        if keygen is not None:
+            ssh_mod.make_keys(ssh_files, name, keygen)
         specs = []
         for i in range(1, hosts + 1):
             gname = guest_name(i)
@@ -317,13 +337,19 @@ def up(
             for d in (g.dir, g.spool, g.share, g.spool / "req", g.spool / "out", g.spool / "cancel"):
                 d.mkdir(parents=True, exist_ok=True)
             _make_sparse(g.lsa, qemu.LSA_SIZE)
-            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache))
+            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache, ssh))
+            if keygen is not None:
+                ports[gname] = _unused_port(ports.values())
+                ssh_mod.install_guest(ssh_files, g.spool, f"{initramfs_mod.GUEST_SPOOL}/{ssh_mod.GUEST_SSH_DIR}",
+                                      {"PATH": _guest_path(venv), **guest_env(name, gname)})
             specs.append(
                 (g, qemu.GuestSpec(gname, i, boot_image, image, paths.pool, pool_size, g.lsa, g.spool,
                                    g.console, memory_mib, chosen.chosen, repo=repo,
-                                   root_ports=root_ports))
+                                   root_ports=root_ports, ssh_port=ports.get(gname)))
             )
-            record.guests.append(GuestRecord(gname, i))
+            record.guests.append(GuestRecord(gname, i, ssh_port=ports.get(gname)))
+        if ports:
+            ssh_mod.write_client_files(ssh_files, paths.ssh_config, ports)
         _save(paths, record)
         progress(f"booting {hosts} guest{'s' if hosts > 1 else ''} ({chosen.chosen}) from {paths.dir}")
         boot_start = time.monotonic()
@@ -343,6 +369,13 @@ def up(
             _save(paths, record)
         boot_wall = time.monotonic() - boot_start
     return UpReport(status(name), boot_wall, chosen, prepared_s)
+
+
+def _unused_port(taken) -> int:
+    while True:
+        port = ssh_mod.free_port()
+        if port not in taken:
+            return port
 
 
 def _wait_ready(paths: LabPaths, record: LabRecord, start: float, timeout_s: float, progress: Progress) -> None:
@@ -413,8 +446,11 @@ def status(name: str = DEFAULT_NAME) -> LabStatus:
     guests: list[GuestStatus] = []
     names = [g.name for g in record.guests] if record else sorted(p.name for p in (paths.dir / "guests").glob("*"))
     boot = {g.name: g.boot_s for g in record.guests} if record else {}
+    ports = {g.name: g.ssh_port for g in record.guests} if record else {}
     for gname in names:
-        guests.append(_guest_status(paths.guest(gname), boot.get(gname)))
+        gs = _guest_status(paths.guest(gname), boot.get(gname))
+        gs.ssh_port = ports.get(gname)
+        guests.append(gs)
     states = {g.state for g in guests}
     lab_state = "up" if states == {"running"} else "degraded"
     return LabStatus(
@@ -426,6 +462,7 @@ def status(name: str = DEFAULT_NAME) -> LabStatus:
         record.kernel if record else None,
         record.accel if record else None,
         guests,
+        str(paths.ssh_config) if record and record.ssh and paths.ssh_config.is_file() else None,
     )
 
 
@@ -505,6 +542,20 @@ def channel(name: str, host: str) -> GuestChannel:
         return _is_ours(pid, g)
 
     return GuestChannel(g.spool, name=host, alive=alive)
+
+
+def ssh_config(name: str = DEFAULT_NAME) -> tuple[Path, str]:
+    """The lab's OpenSSH client config (path and text); the lab must have been brought up with --ssh."""
+    paths = lab_paths(name)
+    record = load(paths)
+    if record is None:
+        raise EnvironmentProblem(f"lab {name!r} is not up", fix=f"belugactl lab up --ssh --name {name}")
+    if not record.ssh or not paths.ssh_config.is_file():
+        raise UsageError(
+            f"lab {name!r} was brought up without ssh",
+            fix=f"belugactl lab down --name {name} && belugactl lab up --ssh --name {name}",
+        )
+    return paths.ssh_config, paths.ssh_config.read_text()
 
 
 def guest_env(name: str, host: str) -> dict[str, str]:
