@@ -9,8 +9,10 @@ The helpers here absorb all of that so readers see plain Python values.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,11 +40,54 @@ _VERSION_RE = re.compile(r"(\d+)(?:\.(\d+))?")
 _U64 = 1 << 64
 
 
+# Versions read on this machine in this process, keyed by argv and the binary's identity (path,
+# inode, mtime, size), so an upgrade in between is noticed. Setup discovers again after every step.
+_VERSION_CACHE: dict[tuple[object, ...], ToolInfo] = {}
+_CACHE_LOCK = threading.Lock()
+
+
 def read_tools(host: Host, problems: list[str]) -> dict[str, ToolInfo]:
     return {name: read_tool(host, name, argv, problems) for name, argv in VERSION_ARGV.items()}
 
 
+def _cache_key(host: Host, name: str, argv: Sequence[str]) -> tuple[object, ...] | None:
+    # Only the live machine; never while tracing (a support bundle must record the version runs).
+    if not host.is_live or host.trace:
+        return None
+    path = shutil.which(name)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (tuple(argv), path, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def cached_tool(host: Host, name: str) -> ToolInfo | None:
+    """The version already read for `name` on this host in this process, if the binary is unchanged."""
+    key = _cache_key(host, name, VERSION_ARGV[name])
+    if key is None:
+        return None
+    with _CACHE_LOCK:
+        return _VERSION_CACHE.get(key)
+
+
 def read_tool(host: Host, name: str, argv: Sequence[str], problems: list[str]) -> ToolInfo:
+    key = _cache_key(host, name, argv)
+    if key is not None:
+        with _CACHE_LOCK:
+            cached = _VERSION_CACHE.get(key)
+        if cached is not None:
+            return cached
+    info = _read_tool(host, name, argv, problems)
+    if key is not None and info.error is None and info.installed:
+        with _CACHE_LOCK:
+            _VERSION_CACHE[key] = info
+    return info
+
+
+def _read_tool(host: Host, name: str, argv: Sequence[str], problems: list[str]) -> ToolInfo:
     result = host.run(list(argv), timeout=VERSION_TIMEOUT_S)
     if result.not_found:
         return ToolInfo(name=name)

@@ -310,6 +310,9 @@ class HostSnapshot:
     udev_db: bool = False  # a udev database exists (/run/udev/data); else facts came from sysfs only
     problems: list[str] = field(default_factory=list)  # what could not be read or parsed
     hugepages: dict[int, HugepageCount] = field(default_factory=dict)  # system-wide, by page size in bytes
+    # Topics the caller did not ask discovery for (`discover(host, topics=...)`): their fields hold
+    # empty defaults, which mean "not read", not "absent". Empty for a full discovery.
+    topics_skipped: list[str] = field(default_factory=list)
 
     # --- lookups the checks use -------------------------------------------------------------
     def tool(self, name: str) -> ToolInfo:

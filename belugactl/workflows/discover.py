@@ -3,25 +3,31 @@
 Each topic's reader runs on its own; one that fails (a missing file, output of the wrong shape,
 even a bug) costs that topic only and is listed in `problems`, so `discover` and `doctor` always
 get a snapshot back.
+
+Speed (setup discovers before and after every step): on the live machine the tool invocations the
+chosen topics need are started together up front (`host.prefetch`), tool versions are read once per
+process, and a caller that needs only some facts names its `topics`; the others keep their empty
+defaults and are listed in `HostSnapshot.topics_skipped`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 from belugactl.host.capture import CaptureResult, tracing_host, write_bundle
 from belugactl.host.host import Host
+from belugactl.host.prefetch import prefetched
 from belugactl.host.read_cpu import read_cpu
-from belugactl.host.read_cxl import read_cxl
-from belugactl.host.read_dax import read_dax
+from belugactl.host.read_cxl import CXL_LIST_COMMANDS, read_cxl
+from belugactl.host.read_dax import DAXCTL_LIST, read_dax
 from belugactl.host.read_kernel import read_kernel
 from belugactl.host.read_mtrr import read_mtrr
-from belugactl.host.read_nd import read_nd
+from belugactl.host.read_nd import NDCTL_LIST, read_nd
 from belugactl.host.read_numa import HUGEPAGES_DIR, read_hugepage_dir, read_memory_policy, read_numa, read_thp
 from belugactl.host.read_pci import read_pci
-from belugactl.host.read_tools import read_tools
+from belugactl.host.read_tools import LIST_TIMEOUT_S, VERSION_ARGV, VERSION_TIMEOUT_S, cached_tool, read_tools
 from belugactl.host.read_udev import dax_devnames, has_udev_db
 from belugactl.host.snapshot import (
     CpuInfo,
@@ -44,30 +50,75 @@ def _guarded(topic: str, problems: list[str], default: T, read: Callable[[], T])
         return default
 
 
-def discover(host: Host) -> HostSnapshot:
+# What `discover(host, topics=...)` can be asked for (udev facts come with "dax").
+TOPICS = frozenset(
+    {"tools", "cxl", "nd", "dax", "numa", "thp", "memory", "pci", "cpu", "kernel", "mtrr", "hugepages"}
+)
+
+
+def _tool_jobs(host: Host, wanted: frozenset[str]) -> list[tuple[tuple[str, ...], float]]:
+    """The tool invocations the wanted topics will make, for running them together up front."""
+    jobs: list[tuple[tuple[str, ...], float]] = []
+    if "tools" in wanted:
+        jobs += [(argv, VERSION_TIMEOUT_S) for name, argv in VERSION_ARGV.items() if cached_tool(host, name) is None]
+    if "cxl" in wanted:
+        jobs += [(tuple(argv), LIST_TIMEOUT_S) for argv in CXL_LIST_COMMANDS]
+    if "nd" in wanted:
+        jobs.append((NDCTL_LIST, LIST_TIMEOUT_S))
+    if "dax" in wanted:
+        jobs.append((DAXCTL_LIST, LIST_TIMEOUT_S))
+    return jobs
+
+
+def discover(
+    host: Host, topics: Iterable[str] | None = None, *, concurrent: bool | None = None
+) -> HostSnapshot:
+    """Read `host` into a snapshot: every topic, or only `topics` (the others stay empty and are
+    listed in `topics_skipped`). `concurrent` (default: on the live machine) starts the tool
+    invocations together before the readers run."""
+    wanted = TOPICS if topics is None else frozenset(topics)
+    unknown = wanted - TOPICS
+    if unknown:
+        raise ValueError(f"unknown discovery topic(s): {', '.join(sorted(unknown))}")
+    if concurrent is None:
+        concurrent = host.is_live
+    if not concurrent:
+        return _discover(host, wanted)
+    with prefetched(host, _tool_jobs(host, wanted)):
+        return _discover(host, wanted)
+
+
+def _discover(host: Host, wanted: frozenset[str]) -> HostSnapshot:
     problems: list[str] = []
-    tools = _guarded("tools", problems, {}, lambda: read_tools(host, problems))
-    udev = _guarded("udev", problems, False, lambda: has_udev_db(host))
-    devnames = _guarded("udev", problems, None, lambda: dax_devnames(host, problems))
-    pci, root_ports = _guarded("pci", problems, ([], []), lambda: read_pci(host, problems))
+
+    def topic(name: str, default: T, read: Callable[[], T]) -> T:
+        return _guarded(name, problems, default, read) if name in wanted else default
+
+    tools = topic("tools", {}, lambda: read_tools(host, problems))
+    # udev tells the dax devices' /dev names: read with "dax", reported as "udev".
+    with_dax = "dax" in wanted
+    udev = _guarded("udev", problems, False, lambda: has_udev_db(host)) if with_dax else False
+    devnames = _guarded("udev", problems, None, lambda: dax_devnames(host, problems)) if with_dax else None
+    pci, root_ports = topic("pci", ([], []), lambda: read_pci(host, problems))
     return HostSnapshot(
         hostname=host.read_str("/proc/sys/kernel/hostname") or None,
         root=str(host.root),
         tools=tools,
-        cxl=_guarded("cxl", problems, CxlState(), lambda: read_cxl(host, problems)),
-        nd=_guarded("nd", problems, NdState(), lambda: read_nd(host, problems)),
-        dax=_guarded("dax", problems, [], lambda: read_dax(host, problems, devnames)),
-        numa=_guarded("numa", problems, [], lambda: read_numa(host, problems)),
-        thp=_guarded("thp", problems, Thp(), lambda: read_thp(host, problems)),
-        memory=_guarded("memory", problems, MemoryPolicy(), lambda: read_memory_policy(host, problems)),
+        cxl=topic("cxl", CxlState(), lambda: read_cxl(host, problems)),
+        nd=topic("nd", NdState(), lambda: read_nd(host, problems)),
+        dax=topic("dax", [], lambda: read_dax(host, problems, devnames)),
+        numa=topic("numa", [], lambda: read_numa(host, problems)),
+        thp=topic("thp", Thp(), lambda: read_thp(host, problems)),
+        memory=topic("memory", MemoryPolicy(), lambda: read_memory_policy(host, problems)),
         pci=pci,
         root_ports=root_ports,
-        cpu=_guarded("cpu", problems, CpuInfo(), lambda: read_cpu(host, problems)),
-        kernel=_guarded("kernel", problems, KernelInfo(), lambda: read_kernel(host, problems)),
-        mtrr=_guarded("mtrr", problems, None, lambda: read_mtrr(host, problems)),
+        cpu=topic("cpu", CpuInfo(), lambda: read_cpu(host, problems)),
+        kernel=topic("kernel", KernelInfo(), lambda: read_kernel(host, problems)),
+        mtrr=topic("mtrr", None, lambda: read_mtrr(host, problems)),
         udev_db=udev,
         problems=problems,
-        hugepages=_guarded("hugepages", problems, {}, lambda: read_hugepage_dir(host, HUGEPAGES_DIR)),
+        hugepages=topic("hugepages", {}, lambda: read_hugepage_dir(host, HUGEPAGES_DIR)),
+        topics_skipped=sorted(TOPICS - wanted),
     )
 
 

@@ -22,7 +22,7 @@ def test_json_on_beluga_intel(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert list(doc) == [
         "hostname", "root", "tools", "cxl", "nd", "dax", "numa", "thp", "memory", "pci", "root_ports", "cpu",
-        "kernel", "mtrr", "udev_db", "problems", "hugepages",
+        "kernel", "mtrr", "udev_db", "problems", "hugepages", "topics_skipped",
     ]
     assert doc["dax"][0]["mode"] == "system-ram"
     assert doc["cxl"]["regions"][0]["memdevs"] == ["mem0", "mem1"]
@@ -32,6 +32,7 @@ def test_json_on_beluga_intel(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["cpu"]["flags"] == sorted(doc["cpu"]["flags"])
     assert doc["memory"]["auto_online_blocks"] == "online_movable"
     assert without_root(doc) == without_root(json.loads(json.dumps(snapshot("beluga-intel").to_dict())))
+    assert doc["topics_skipped"] == []  # a full discovery
 
 
 def test_json_on_this_machine_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -121,3 +121,20 @@ def test_pool_permissions_from_the_manifest_reach_the_plan():
     plan = run_setup(tree("lab-guest"), target, dry_run=True).initial
     step = next(s for s in plan.steps if s.id == "permissions.dax")
     assert step.after == "root:990 0640" and "root:root" in step.before
+
+
+def test_setup_discovers_only_what_its_target_needs():
+    from belugactl.workflows.discover import TOPICS
+    from belugactl.workflows.setup.facts import discovery_topics
+
+    lab = lab_target()  # ddio unmanaged, pmem region
+    assert discovery_topics(lab) == TOPICS - {"pci", "tools"}
+    # DDIO bits saved by an earlier setup still need the root ports to be restored.
+    assert "pci" in discovery_topics(lab, {"previous": {"ddio": {"0000:35:00.0": {}}}})
+    rack = beluga()  # ddio disabled: root ports needed
+    assert "pci" in discovery_topics(rack)
+    ram = lab_target(edit={"type: pmem ": "type: ram "})
+    assert "tools" in discovery_topics(ram)  # ndctl >= 77 is checked for ram regions
+    # The plan on the converged lab guest is the same with the narrower discovery.
+    plan = run_setup(tree("lab-guest"), lab, dry_run=True).initial
+    assert [s.id for s in plan.steps] == ["header.write-or-verify"]

@@ -32,10 +32,26 @@ class SetupFacts:
     udev_rule: str | None = None  # the text of setup's udev rule file, when present
 
 
-def default_discover(host: Host) -> HostSnapshot:
+def discovery_topics(target: Any, state: dict[str, Any] | None = None) -> frozenset[str]:
+    """What setup reads of a host for `target`: the PCI walk only when it manages DDIO or has DDIO
+    bits to restore (root ports), tool versions only for a ram region (refused below ndctl 77).
+    The rest is sysfs files and the three listings setup cannot do without."""
+    from belugactl.workflows.discover import TOPICS
+
+    skip = set()
+    saved_ddio = bool((state or {}).get("previous", {}).get("ddio"))
+    if getattr(target, "ddio", "unmanaged") == "unmanaged" and not saved_ddio:
+        skip.add("pci")
+    pool = getattr(target, "pool", None)
+    if pool is None or pool.source != "cxl-region" or pool.region_type != "ram":
+        skip.add("tools")
+    return TOPICS - skip
+
+
+def default_discover(host: Host, target: Any = None, state: dict[str, Any] | None = None) -> HostSnapshot:
     from belugactl.workflows.discover import discover
 
-    return discover(host)
+    return discover(host, discovery_topics(target, state) if target is not None else None)
 
 
 def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None, str | None]:
@@ -49,7 +65,7 @@ def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None,
 
 
 def observe(host: Host, target: Any, state: dict[str, Any], *, discover: Discover | None = None) -> SetupFacts:
-    snapshot = (discover or default_discover)(host)
+    snapshot = discover(host) if discover is not None else default_discover(host, target, state)
     facts = SetupFacts(
         snapshot=snapshot,
         state=state,
