@@ -77,6 +77,7 @@ def test_gpu_host_gets_its_gpus_and_the_nearest_numa_node() -> None:
     for i, proc in enumerate(vllm):
         node = 0 if i < 4 else 1  # GPUs 0-3 sit under socket 0 in the fixture, 4-7 under socket 1
         assert proc.env["CUDA_VISIBLE_DEVICES"] == str(i)
+        assert proc.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # indexes in PCI order, as discovery lists GPUs
         assert proc.argv[:3] == ("/usr/bin/numactl", f"--cpunodebind={node}", f"--membind={node}")
         assert proc.argv[proc.argv.index("--block-size") + 1] == "16"
         assert proc.argv[-2:] == ("--gpu-memory-utilization", "0.92")

@@ -256,6 +256,9 @@ def build_serve_plan(
         env = {"PYTHONHASHSEED": serve.vllm.hash_seed, **serve.vllm.env}
         node: int | None = None
         if host.platform == "gpu" and gpus:
+            # GPU indexes are PCI order (as discovery lists them) only with this; CUDA's default is
+            # fastest-first, which would bind an instance to the wrong socket.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             nodes = {numa[g] for g in gpus if g < len(numa) and numa[g] is not None}
             if len(nodes) == 1:
