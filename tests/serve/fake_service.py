@@ -32,6 +32,13 @@ def main() -> None:
         sys.exit(3)
     if mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+
+        def on_term(signum: int, frame: object) -> None:
+            print(f"stopping at {time.time():.6f}", flush=True)
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
     server = http.server.HTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     if mode == "crash-after":

@@ -126,3 +126,45 @@ def test_stop_command_cleans_up_after_a_supervisor_that_is_gone(tmp_path: Path) 
     assert result["stopped"] == ["vllm-0"]
     assert not pid_alive(pid)
     sup.procs[0].proc.wait(timeout=5)
+
+
+SUPERVISE = """
+import sys
+from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.supervisor import Supervisor
+import json
+specs = [ProcessSpec(**d) for d in json.loads(sys.argv[1])]
+plan = ServePlan("rack", "host", "rack.yaml", sys.argv[2], "/tmp/pool", specs)
+sup = Supervisor(plan, poll_s=0.05)
+sup.install_signal_handlers()
+sup.start()
+print("READY", flush=True)
+sys.exit(sup.run())
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_workers_first_then_the_server(tmp_path: Path, signame: str) -> None:
+    import json
+    import signal
+    import subprocess
+
+    server, worker = _spec(tmp_path, "metadata-server", "metadata", "ok"), _spec(tmp_path, "vllm-0", "vllm", "ok")
+    specs = [dict(s.to_dict(), argv=list(s.argv), gpus=[]) for s in (server, worker)]
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", SUPERVISE, json.dumps(specs), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "READY"
+    pids = [p["pid"] for p in read_state(tmp_path)["processes"]]
+    proc.send_signal(getattr(signal, signame))
+    assert proc.wait(timeout=60) == 0
+    assert not any(pid_alive(pid) for pid in pids)
+
+    def stopped_at(spec: ProcessSpec) -> float:
+        line = next(x for x in Path(spec.log_file).read_text().splitlines() if x.startswith("stopping at"))
+        return float(line.split()[-1])
+
+    assert stopped_at(worker) < stopped_at(server)
+    assert read_state(tmp_path)["state"] == "stopped"
