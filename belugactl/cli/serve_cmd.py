@@ -118,6 +118,8 @@ def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
         print((f"env {env} " if env else "") + shlex.join(p.argv))
     for note in plan.notes:
         print(f"\n# note: {note}")
+    for blocker in plan.blockers:
+        print(f"\n# WILL NOT START: {blocker}")
 
 
 def status(

@@ -409,8 +409,11 @@ class MetadataServe(Strict):
     admin_bind: str = "127.0.0.1"
     admin_port: Int = 9470
     rpc_port: Int = 9471
+    # The RPC TCP listener (clients outside the pool's rings: workers on other hosts). Loopback by
+    # default, so nothing listens on the rack network unless the manifest says so.
+    rpc_bind: str = "127.0.0.1"
 
-    @field_validator("admin_bind")
+    @field_validator("admin_bind", "rpc_bind")
     @classmethod
     def _bind(cls, value: str) -> str:
         try:

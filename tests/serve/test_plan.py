@@ -125,3 +125,15 @@ def test_a_manifest_without_serve_section_is_refused(tmp_path: Path) -> None:
             run_dir=tmp_path,
             tools=TOOLS,
         )
+
+
+def test_remote_workers_need_a_reachable_rpc_listener() -> None:
+    # beluga-rack binds the RPC listener on beluga-00's rack address: other hosts may start
+    assert _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-01").blockers == []
+    server = _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-00")
+    argv = next(p.argv for p in server.processes if p.kind == "metadata")
+    assert argv[argv.index("--rpc-bind") + 1] == "10.10.0.11"
+    # the lab keeps the default loopback bind: lab-2's workers could never reach lab-1's server
+    blocked = _plan(REPO / "examples" / "lab.yaml", "lab-2")
+    assert len(blocked.blockers) == 1 and "rpc_bind" in blocked.blockers[0]
+    assert _plan(REPO / "examples" / "lab.yaml", "lab-1").blockers == []

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from belugactl.errors import EnvironmentProblem, UsageError
+from belugactl.errors import EnvironmentProblem, InputError, UsageError
 from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive, terminate_group
@@ -90,6 +90,12 @@ def prepare(
     prepared = Prepared(plan)
     if not check:
         return prepared
+    if plan.blockers:
+        raise InputError(
+            f"serve on {plan.host}: the manifest cannot work as written",
+            why="\n".join(plan.blockers),
+            fix="change the manifest as said above; `belugactl serve --dry-run` shows the plan",
+        )
     _check_not_running(Path(plan.run_dir))
     preflight.check_vllm(plan)
     if manifest.serve is not None and manifest.instances_on(host):

@@ -6,6 +6,7 @@ touches the machine except through the optional discovery snapshot (GPU NUMA nod
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import sys
@@ -51,6 +52,8 @@ class ServePlan:
     pool_path: str
     processes: list[ProcessSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Problems that make a real start pointless; --dry-run still prints the plan with them.
+    blockers: list[str] = field(default_factory=list)
     metadata_admin_url: str | None = None  # where /readyz and /stats answer, if this rack has a server
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +66,7 @@ class ServePlan:
             "metadata_admin_url": self.metadata_admin_url,
             "processes": [p.to_dict() for p in self.processes],
             "notes": list(self.notes),
+            "blockers": list(self.blockers),
         }
 
 
@@ -162,6 +166,12 @@ def build_serve_plan(
         if mds_host.name == host.name:
             plan.metadata_admin_url = f"http://{admin_host}:{meta.admin_port}"
         rpc_address = f"tcp://{'127.0.0.1' if mds_host.name == host.name else mds_host.address}:{meta.rpc_port}"
+        if mds_host.name != host.name and ipaddress.ip_address(meta.rpc_bind).is_loopback:
+            plan.blockers.append(
+                f"workers on {host.name} reach the metadata server over TCP at {mds_host.address}:{meta.rpc_port}, "
+                f"but serve.metadata.rpc_bind is {meta.rpc_bind} (loopback only on {mds_host.name}); "
+                f"fix: set serve.metadata.rpc_bind to {mds_host.address} (or 0.0.0.0) in the manifest"
+            )
     if mds_host is not None and mds_host.name == host.name:
         argv = (
             *tools.belugactl,
@@ -176,6 +186,8 @@ def build_serve_plan(
             str(meta.rpc_port),
             "--bind",
             meta.admin_bind,
+            "--rpc-bind",
+            meta.rpc_bind,
         )
         plan.processes.append(
             ProcessSpec(
