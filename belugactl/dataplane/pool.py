@@ -196,7 +196,10 @@ class PoolMapping:
 
         layout = None
         uncacheable = False
-        shared = False
+        # Without a manifest the header's host table says whether other hosts map this pool; the
+        # memory type is unknown then, so assume write-back (a needless flush is only slower, a
+        # missing one reads stale lines). A client given just cxl:///dev/daxX.Y#N lands here.
+        shared = len(header.hosts) > 1
         if loaded is not None:
             try:
                 layout = verify_against_manifest(path, header, loaded)
