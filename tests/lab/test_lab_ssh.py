@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from lab_support import unavailable
 
 from belugactl.lab import initramfs, qemu, rack, ssh
 from belugactl.lab.paths import LabPaths
@@ -60,8 +60,9 @@ def test_sshd_config_allows_root_by_key_only_and_sets_the_lab_path():
     assert lines["SetEnv"] == '"PATH=/repo/.venv/bin:/usr/bin" "BELUGACTL_LAB=x"'
 
 
-@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
 def test_keys_configs_and_known_hosts_live_in_the_lab_state(tmp_path):
+    if shutil.which("ssh-keygen") is None or shutil.which("ssh") is None:
+        unavailable("no ssh-keygen / ssh (Debian package openssh-client)")
     paths = LabPaths(tmp_path, "t")
     files = ssh.SshFiles(paths.ssh_dir)
     ssh.make_keys(files, "t", Path(shutil.which("ssh-keygen") or "ssh-keygen"))
