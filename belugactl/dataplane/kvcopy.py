@@ -272,32 +272,69 @@ class KVCopyEngine:
         # One buffer object over the address range of all the tensors, so a batch spanning every
         # layer is a single gather call. Only the planned pieces are ever touched.
         self.tensors = (ctypes.c_char * (hi - lo)).from_address(lo)
+        # Where every piece of a block is, once per layout: (offset of block 0's piece from `lo`,
+        # block stride, length), in pool order. The native helper derives each batch's pieces from
+        # it, so a batch costs no per-piece Python.
+        self.template = array("q")
+        for seg in layout.segments:
+            self.template.extend((seg.base - lo, seg.block_stride, seg.length))
         self.coherence = coherence
         if coherence == "flush":
             native.require_coherence(shared_by_hosts=True)
 
-    def _check_extents(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> None:
-        for _, extents in blocks:
+    def _block_pairs(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> array | None:
+        """Check a batch (extents inside the pool, block ids inside the tensors, extents long enough)
+        and return it as int64 (block id, pool offset) pairs for the native planner, or None when a
+        block is split over several extents (then the batch goes through `plan_copies`)."""
+        need = self.layout.block_nbytes
+        num_blocks = self.layout.num_blocks
+        size = self.pool_size
+        pairs = array("q")
+        whole = True
+        for block_id, extents in blocks:
+            total = 0
             for off, length in extents:
-                if off < 0 or length < 0 or off + length > self.pool_size:
-                    raise ValueError(f"extent ({off}, {length}) outside the pool of {self.pool_size} bytes")
+                if off < 0 or length < 0 or off + length > size:
+                    raise ValueError(f"extent ({off}, {length}) outside the pool of {size} bytes")
+                total += length
+            if not 0 <= block_id < num_blocks:
+                raise ValueError(f"block id {block_id} outside 0..{num_blocks - 1}")
+            if total < need:
+                raise ValueError(f"block {block_id}: extents hold {total} bytes, a block needs {need}")
+            if whole and extents[0][1] >= need:
+                pairs.append(block_id)
+                pairs.append(extents[0][0])
+            else:
+                whole = False
+        return pairs if whole else None
+
+    def _nontemporal(self, blocks: Sequence[object]) -> bool:
+        return len(blocks) * self.layout.block_nbytes >= NONTEMPORAL_FROM
 
     def save(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> int:
         """Gather each block's pieces from the tensors into its extents. Returns bytes written."""
-        self._check_extents(blocks)
-        pieces = plan_copies(self.layout, blocks)
+        pairs = self._block_pairs(blocks)
         # On a shared write-back pool non-temporal stores are what publishes the bytes to other hosts.
-        nontemporal = self.coherence == "flush" or len(blocks) * self.layout.block_nbytes >= NONTEMPORAL_FROM
+        nontemporal = self.coherence == "flush" or self._nontemporal(blocks)
+        if pairs is not None:
+            return self.native.gather_blocks(
+                self.pool, self.tensors, self.template, pairs, save=True, nontemporal=nontemporal
+            )
+        pieces = plan_copies(self.layout, blocks)
         return self.native.gather(self.pool, self.tensors, memoryview(pieces), nontemporal=nontemporal)
 
     def load(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> int:
         """Scatter each block's bytes from its extents into the tensors. Returns bytes read."""
-        self._check_extents(blocks)
+        pairs = self._block_pairs(blocks)
         if self.coherence == "flush":
             # Another host wrote these lines with non-temporal stores; drop any stale copy we cache.
             for _, extents in blocks:
                 for off, length in extents:
                     self.native.flush(self.pool, off, length, True)
+        nontemporal = self._nontemporal(blocks)
+        if pairs is not None:
+            return self.native.gather_blocks(
+                self.pool, self.tensors, self.template, pairs, save=False, nontemporal=nontemporal
+            )
         pieces = _swap_pairs(plan_copies(self.layout, blocks))
-        nontemporal = len(blocks) * self.layout.block_nbytes >= NONTEMPORAL_FROM
         return self.native.gather(self.tensors, self.pool, memoryview(pieces), nontemporal=nontemporal)

@@ -101,6 +101,35 @@ def _py_gather(dst: Any, src: Any, pieces: Any, nontemporal: bool = False) -> in
     return total
 
 
+def _py_gather_blocks(
+    pool: Any, tensors: Any, template: Any, blocks: Any, save: bool, nontemporal: bool = False
+) -> int:
+    tpl = list(memoryview(template).cast("B").cast("q"))
+    blk = list(memoryview(blocks).cast("B").cast("q"))
+    if len(tpl) % 3 or len(blk) % 2:
+        raise ValueError("template must be int64 triples and blocks int64 pairs")
+    segs = [tuple(tpl[i : i + 3]) for i in range(0, len(tpl), 3)]
+    if any(x < 0 for seg in segs for x in seg):
+        raise ValueError("a template piece is negative")
+    pool_n = len(memoryview(pool).cast("B"))
+    ten_n = len(memoryview(tensors).cast("B"))
+    need = sum(n for _, _, n in segs)
+    triples: list[tuple[int, int, int]] = []  # (tensor offset, pool offset, n)
+    for i in range(0, len(blk), 2):
+        block_id, pool_off = blk[i], blk[i + 1]
+        if block_id < 0 or pool_off < 0 or pool_off + need > pool_n:
+            raise ValueError(f"block {block_id} at pool offset {pool_off} ({need} bytes) is outside the pool")
+        for k, (rel, stride, n) in enumerate(segs):
+            t = rel + block_id * stride
+            if t + n > ten_n:
+                raise ValueError(f"block {block_id} piece {k} is outside the tensors ({ten_n} bytes)")
+            triples.append((t, pool_off, n))
+            pool_off += n
+    if save:
+        return _py_gather(pool, tensors, triples, nontemporal)
+    return _py_gather(tensors, pool, [(p, t, n) for t, p, n in triples], nontemporal)
+
+
 def _word(buf: Any, off: int) -> None:
     # struct would accept a negative offset (counted from the end): refuse it like the C helper.
     if off < 0 or off + 8 > memoryview(buf).nbytes:
@@ -169,6 +198,7 @@ if _native is not None:
     wait64 = _native.wait64
     wait_any = _native.wait_any
     _gather = _native.gather
+    _gather_blocks = _native.gather_blocks
     fi_new = getattr(_native, "fi_new", None)
     fi_put = getattr(_native, "fi_put", None)
     fi_del = getattr(_native, "fi_del", None)
@@ -184,6 +214,7 @@ else:
     wait64 = _py_wait64
     wait_any = _py_wait_any
     _gather = _py_gather
+    _gather_blocks = _py_gather_blocks
     # The metadata server's native lookup fast path has no Python twin: the server's own Python
     # loop is the fallback.
     fi_new = fi_put = fi_del = fast_serve = None
@@ -205,3 +236,16 @@ def gather(dst: Any, src: Any, pieces: Any, *, nontemporal: bool = False) -> int
             flat.extend(t)
         pieces = flat
     return _gather(dst, src, pieces, nontemporal)
+
+
+def gather_blocks(pool: Any, tensors: Any, template: Any, blocks: Any, *, save: bool, nontemporal: bool = False) -> int:
+    """Copy whole KV blocks between paged tensors and the pool in one call; returns the bytes copied.
+
+    `template` holds int64 triples, one per piece of a block, in pool order: (offset of block 0's
+    piece in `tensors`, bytes from one block's piece to the next block's, length). `blocks` holds
+    int64 pairs (block id, pool offset); a block's pieces lie back to back in the pool from there.
+    `save` copies tensors -> pool, else pool -> tensors. The helper plans the pieces itself (no
+    per-piece Python), checks every one against both buffers before any byte moves, and copies
+    pieces that continue each other as one; `nontemporal` as for `gather`.
+    """
+    return _gather_blocks(pool, tensors, template, blocks, save, nontemporal)
