@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sched.h>
@@ -33,6 +34,9 @@ static int have_clwb = 0;
 static int have_sse2 = 0;
 static int have_avx2 = 0;
 static int have_clflush = 0;
+/* The non-temporal copy's kernel: AVX2 where cpuid has it, unless BELUGACTL_NATIVE_AVX2=0 (tests
+ * of the SSE2 kernel on an AVX2 machine). */
+static int nt_avx2 = 0;
 
 static void detect_cpu(void) {
 #if BELUGA_X86
@@ -174,7 +178,7 @@ static void nt_memcpy(char *dst, const char *src, size_t n) {
     const char *s = src + head;
     size_t body = (n - head) & ~(size_t)(LINE - 1);
     if (body) {
-        if (have_avx2) nt_body_avx2(d, s, body);
+        if (nt_avx2) nt_body_avx2(d, s, body);
         else nt_body_sse2(d, s, body);
     }
     size_t tail = n - head - body;
@@ -209,14 +213,15 @@ static int get_word(Py_buffer *view, Py_ssize_t off, uint64_t **out) {
 /* ---- functions -------------------------------------------------------------------------- */
 
 static PyObject *py_features(PyObject *self, PyObject *noargs) {
-    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:s}",
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:s,s:s}",
         "x86", BELUGA_X86 ? Py_True : Py_False,
         "clflush", have_clflush ? Py_True : Py_False,
         "clflushopt", have_clflushopt ? Py_True : Py_False,
         "clwb", have_clwb ? Py_True : Py_False,
         "sse2", have_sse2 ? Py_True : Py_False,
         "avx2", have_avx2 ? Py_True : Py_False,
-        "flush", !BELUGA_X86 ? "none" : have_clwb ? "clwb" : have_clflushopt ? "clflushopt" : have_clflush ? "clflush" : "none");
+        "flush", !BELUGA_X86 ? "none" : have_clwb ? "clwb" : have_clflushopt ? "clflushopt" : have_clflush ? "clflush" : "none",
+        "nt_copy", !BELUGA_X86 ? "memcpy" : nt_avx2 ? "avx2" : "sse2");
 }
 
 static PyObject *py_flush(PyObject *self, PyObject *args) {
@@ -1142,5 +1147,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Coherence
 
 PyMODINIT_FUNC PyInit__native(void) {
     detect_cpu();
+    const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
+    nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
     return PyModule_Create(&module);
 }

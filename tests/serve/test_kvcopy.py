@@ -113,3 +113,73 @@ def test_non_contiguous_pieces_are_refused() -> None:
     padded = TensorView("pad", buffer_address(buf), (4, 8), (128, 8), 1, "uint8")  # 8 bytes used of every 8..
     with pytest.raises(ValueError, match="not contiguous"):
         KVBlockLayout.from_views([padded])
+
+
+@pytest.fixture(params=["native", "python"])
+def engine_impl(request, monkeypatch):
+    """The engine over the native helper, and over its pure-Python stand-ins."""
+    from belugactl.dataplane import native
+
+    if request.param == "native" and not native.AVAILABLE:
+        pytest.skip("native helper not built")
+    if request.param == "python":
+        monkeypatch.setattr(native, "_gather", native._py_gather)
+        monkeypatch.setattr(native, "_gather_blocks", native._py_gather_blocks)
+    return request.param
+
+
+def test_whole_extent_batches_round_trip(layers, engine_impl) -> None:
+    """The common case (each block in one extent) is planned by the helper, not plan_copies."""
+    bufs, layout = layers
+    n = layout.block_nbytes
+    pool = mmap.mmap(-1, 1 << 16)
+    engine = KVCopyEngine(layout, pool)
+    saved = {b: _expected_block(bufs, b) for b in range(NUM_BLOCKS)}
+    # blocks 0..2 back to back, block 5 elsewhere, block 3 in a larger-than-needed first extent
+    batch = [(0, [(0, n)]), (1, [(n, n)]), (2, [(2 * n, n)]), (5, [(7000, n)]), (3, [(9000, n + 50), (20000, 10)])]
+    assert engine.save(batch) == len(batch) * n
+    for i, b in enumerate((0, 1, 2)):
+        assert pool[i * n : (i + 1) * n] == saved[b]
+    assert pool[7000 : 7000 + n] == saved[5]
+    assert pool[9000 : 9000 + n] == saved[3]
+    assert pool[9000 + n : 9000 + n + 50] == bytes(50)  # the extent's slack is not written
+
+    for b in bufs:
+        b[:] = bytes(len(b))
+    assert engine.load([(4, [(0, n)]), (1, [(7000, n)])]) == 2 * n
+    assert _expected_block(bufs, 4) == saved[0]
+    assert _expected_block(bufs, 1) == saved[5]
+    for b in (0, 2, 3, 5):
+        assert _expected_block(bufs, b) == bytes(n)
+
+
+def test_large_batches_go_non_temporal_and_stay_exact(engine_impl) -> None:
+    """A batch over NONTEMPORAL_FROM (1 MiB) takes the streaming kernel: pieces of 48 KiB + 7 bytes
+    (not a multiple of a line or of the kernel's 16 KiB step) at odd pool offsets."""
+    from belugactl.dataplane import kvcopy
+
+    piece, blocks = 48 * 1024 + 7, 12
+    bufs = [mmap.mmap(-1, 2 * blocks * piece) for _ in range(2)]
+    for b in bufs:
+        b[:] = os.urandom(len(b))
+    views = [
+        TensorView(f"l{i}", buffer_address(b), (blocks, 2, piece), (piece, blocks * piece, 1), 1, "uint8")
+        for i, b in enumerate(bufs)
+    ]
+    layout = KVBlockLayout.from_views(views)
+    n = layout.block_nbytes
+    assert blocks * n >= kvcopy.NONTEMPORAL_FROM
+    pool = mmap.mmap(-1, blocks * n + 4096)
+    engine = KVCopyEngine(layout, pool)
+    batch = [(b, [(3 + (blocks - 1 - b) * n, n)]) for b in range(blocks)]  # reversed order in the pool
+    assert engine.save(batch) == blocks * n
+    expected = {}
+    for b in range(blocks):
+        expected[b] = b"".join(buf[k * blocks * piece + b * piece :][:piece] for buf in bufs for k in (0, 1))
+        assert pool[3 + (blocks - 1 - b) * n :][:n] == expected[b]
+    for buf in bufs:
+        buf[:] = bytes(len(buf))
+    assert engine.load(batch) == blocks * n
+    for b in range(blocks):
+        got = b"".join(buf[k * blocks * piece + b * piece :][:piece] for buf in bufs for k in (0, 1))
+        assert got == expected[b]
