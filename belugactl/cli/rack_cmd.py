@@ -133,6 +133,8 @@ def _render_doctor(report: Any) -> None:
         console.print(f"[bold]{fold(hs)}[/bold] {escape(what)}: {escape(text)}")
         if fix:
             console.print(f"    fix: {escape(fix)}")
+    if report.timings:
+        console.print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
     failed = report.failed_hosts
     if failed:
         console.print(f"\n✗ {len(failed)} of {len(hosts)} host(s) need attention: {fold(failed)}")

@@ -85,6 +85,9 @@ class SshTransport(Transport):
             f"-oConnectTimeout={self.connect_timeout_s}",
             "-oForwardAgent=no",
             "-oForwardX11=no",
+            # a host that hangs (rather than dies) is noticed in ~15 s, not at the command timeout
+            "-oServerAliveInterval=5",
+            "-oServerAliveCountMax=3",
         ]
         if self.identity_file:
             cmd += ["-i", self.identity_file, "-oIdentitiesOnly=yes"]

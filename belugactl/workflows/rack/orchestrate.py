@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +110,7 @@ class RackDoctorReport:
     probe: dict[str, dict[str, dict[str, Any]]] | None  # reader -> writer -> {status, detail}
     probe_errors: dict[str, str]
     local: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: info, doctor, probe
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -161,6 +163,7 @@ class RackDoctorReport:
             "local": self.local,
             "checks": self.checks,
             "probe": {"matrix": self.probe, "errors": self.probe_errors} if self.probe is not None else None,
+            "timings_s": self.timings,
         }
 
 
@@ -199,14 +202,19 @@ def rack_doctor(
     target: RackTarget, *, ignore: Sequence[str] = (), probe: bool = True, checks: bool = True
 ) -> RackDoctorReport:
     hosts = target.hosts
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
     infos = target.run(hosts, lambda h: target.cmd("rack", "agent", "info", "-f", target.rmanifest, "--host", h))
+    timings["info"] = time.monotonic() - clock
     skew, local = _skew(target, infos)
     host_errors = {h: p for h, r in infos.items() if (p := host_problem(r)) and (r.unreachable or r.timed_out)}
     ignore_args = [a for name in ignore for a in ("--ignore", name)]
     live = [h for h in hosts if h not in host_errors] if checks else []
+    clock = time.monotonic()
     doctors = target.run(
         live, lambda h: target.cmd("doctor", "-f", target.rmanifest, "--host", h, "--json", *ignore_args)
     )
+    timings["doctor"] = time.monotonic() - clock
     cells: dict[str, dict[str, CheckCell]] = {}
     titles: dict[str, str] = {}
     for host, res in doctors.items():
@@ -225,8 +233,12 @@ def rack_doctor(
     matrix = None
     probe_errors: dict[str, str] = {}
     if probe:
+        clock = time.monotonic()
         matrix, probe_errors = run_probe(target, [h for h in hosts if h not in host_errors])
-    return RackDoctorReport(hosts, skew, cells, titles, host_errors, matrix, probe_errors, local)
+        timings["probe"] = time.monotonic() - clock
+    report = RackDoctorReport(hosts, skew, cells, titles, host_errors, matrix, probe_errors, local)
+    report.timings = {k: round(v, 3) for k, v in timings.items()}
+    return report
 
 
 def run_probe(target: RackTarget, hosts: list[str]) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
@@ -283,6 +295,7 @@ class RackRun:
             "per_host": {
                 h: {
                     "returncode": self.results[h].returncode if h in self.results else None,
+                    "duration_s": round(self.results[h].duration_s, 3) if h in self.results else None,
                     "problem": self.problems.get(h),
                     "result": self.documents.get(h),
                     "stderr": self.results[h].stderr if h in self.results else None,
