@@ -203,7 +203,8 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
 def _print_latencies(label: str, doc: dict[str, Any]) -> None:
     parts = [f"{op} {s['median']:.2f} ms (min {s['min']:.2f}, max {s['max']:.2f}, n={s['n']})"
              for op, s in doc["latency_ms"].items()]  # fmt: skip
-    print(f"\n{label} [TCG, not hardware]: connect {doc['connect_ms']:.1f} ms; " + "; ".join(parts))
+    print(f"\n{label} [TCG, not hardware]: connect {doc['connect_ms']:.1f} ms; " + "; ".join(parts)
+          + f" | probe ran {doc['run_s']:.1f} s of a {doc['process_age_s']} s process")  # fmt: skip
 
 
 def test_server_in_lab1_serves_cxl_rpc_over_the_pool(rack: Rack) -> None:
