@@ -14,10 +14,14 @@ What this module does, in order:
 2. `plan_copies(...)` turns a batch of blocks and their pool extents into a flat list of
    (tensor address, pool address, length) pieces, split at extent boundaries and coalesced where
    neighbouring blocks are neighbours in both places, so a batch is few, large copies.
-3. `KVCopyEngine.save/load` executes the list in one call of the data plane's native gather
-   (non-temporal stores on save and a cache-line flush before load when the pool is write-back
-   memory shared by several hosts); without the helper its stand-in copies and the data plane warns
-   that cross-host coherence is not handled. The CUDA path (`kvcopy_cuda`) is imported lazily.
+3. `KVCopyEngine.save/load` runs a batch as ONE native call. When each block sits in one extent
+   (the common case) that is `native.gather_blocks`: the engine hands it the layout's piece template
+   (built once) and (block id, pool offset) pairs, and the helper plans, bounds-checks, coalesces and
+   copies the pieces itself; planning 128 pieces per block in Python had cost about a fifth of the
+   copy time. Blocks split over extents go through `plan_copies` and `native.gather`. Batches of
+   1 MiB or more (and every save with `coherence: flush`) use non-temporal stores; a flush of the
+   extents precedes a load with `flush`. Without the helper its stand-ins copy and the data plane
+   warns that cross-host coherence is not handled. The CUDA path (`kvcopy_cuda`) is imported lazily.
 """
 
 from __future__ import annotations
@@ -255,8 +259,8 @@ class KVCopyEngine:
 
     `pool` is the pool mapping's writable buffer (mmap or memoryview); `coherence` says whether
     writes must bypass the cache and reads must flush first (see `Coherence`). Each batch is ONE
-    call of the data plane's native gather (memcpy per coalesced piece, GIL released); without the
-    helper, the same call runs its pure-Python stand-in.
+    call of the data plane's native helper (`gather_blocks`, or `gather` for blocks split over
+    extents; GIL released); without the helper, the same call runs its pure-Python stand-in.
     """
 
     def __init__(self, layout: KVBlockLayout, pool: Any, *, coherence: Coherence = "none") -> None:

@@ -2,13 +2,21 @@
 
 Shape: Qwen-32B with vLLM's 16-token blocks on GPUs: 64 layers, K and V apart, 8 KV heads x 128 dims,
 bf16: 128 pieces of 32 KiB per block (4 MiB). The paged tensors are one buffer per layer laid out
-[K|V][block][16][8][128] (K/V outside the block, as GPU backends keep them); the pool is a MAP_SHARED
-file mapping. In one run:
-- contiguous: one copy of the same number of bytes (the limit: memory bandwidth);
+[K|V][block][16][8][128] (K/V outside the block, as GPU backends keep them). In one run:
+- contiguous: one copy of the same number of bytes into the same pool bytes (the limit: memory
+  bandwidth); contiguous_read: the same out of the pool;
 - per-piece: one copy call per 32 KiB piece from a Python loop (the naive way);
 - engine save (gather-write) and load (scatter-read): `KVCopyEngine`, one native call per batch.
-The pool here is a shared anonymous mapping with huge pages advised (a devdax pool is 2 MiB-paged);
-the steps take turns over `repeat` rounds and the medians are compared, so machine noise hits all.
+
+Same memory on both sides of the comparison: the KV tensors, the contiguous copy's source and the
+pool are private anonymous mappings with huge pages advised (a devdax pool is 2 MiB-paged), and
+every page of all three is written before timing, so no copy pays first-touch page faults. That is
+the steady state of a serving pool (its pages were touched long before; a devdax mapping faults
+once per 2 MiB at most). Above glibc's non-temporal threshold (114 MiB on the dev VM) the contiguous
+copy streams with non-temporal stores, as the engine does for batches of 1 MiB or more.
+The steps take turns over `repeat` rounds; each result has the ratio of the medians
+(`vs_contiguous`) and the median of the per-round ratios (`vs_contiguous_paired`), so machine noise
+hits all of them alike. The load average at the end of the run is in the result.
 """
 
 from __future__ import annotations
