@@ -153,10 +153,21 @@ def test_whole_extent_batches_round_trip(layers, engine_impl) -> None:
         assert _expected_block(bufs, b) == bytes(n)
 
 
-def test_large_batches_go_non_temporal_and_stay_exact(engine_impl) -> None:
-    """A batch over NONTEMPORAL_FROM (1 MiB) takes the streaming kernel: pieces of 48 KiB + 7 bytes
-    (not a multiple of a line or of the kernel's 16 KiB step) at odd pool offsets."""
-    from belugactl.dataplane import kvcopy
+def test_large_batches_go_non_temporal_and_stay_exact(engine_impl, monkeypatch) -> None:
+    """A batch of NONTEMPORAL_FROM or more takes the streaming kernel, a smaller one does not; both
+    exact with pieces of 48 KiB + 7 bytes (not a multiple of a line or of the kernel's 16 KiB step)
+    at odd pool offsets. The threshold is lowered to 1 MiB to keep the buffers small."""
+    from belugactl.dataplane import kvcopy, native
+
+    monkeypatch.setattr(kvcopy, "NONTEMPORAL_FROM", 1 << 20)
+    seen: list[bool] = []
+    inner = native._gather_blocks
+
+    def spy(pool, tensors, template, pairs, save, nontemporal):
+        seen.append(nontemporal)
+        return inner(pool, tensors, template, pairs, save, nontemporal)
+
+    monkeypatch.setattr(native, "_gather_blocks", spy)
 
     piece, blocks = 48 * 1024 + 7, 12
     bufs = [mmap.mmap(-1, 2 * blocks * piece) for _ in range(2)]
@@ -183,3 +194,6 @@ def test_large_batches_go_non_temporal_and_stay_exact(engine_impl) -> None:
     for b in range(blocks):
         got = b"".join(buf[k * blocks * piece + b * piece :][:piece] for buf in bufs for k in (0, 1))
         assert got == expected[b]
+    assert engine.save(batch[:1]) == n  # one block: under the threshold
+    assert pool[3 + (blocks - 1) * n :][:n] == expected[0]
+    assert seen == [True, True, False]
