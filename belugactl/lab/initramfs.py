@@ -78,10 +78,11 @@ mount -t tmpfs -o mode=0755 tmpfs $R/run
 mkdir -p $R@GUEST_SPOOL@
 mount --bind /spool $R@GUEST_SPOOL@
 chroot $R /sbin/modprobe --ignore-install -a $LAB_MODULES || say "modprobe -a $LAB_MODULES failed"
+# Loopback always: the metadata server's admin HTTP and TCP RPC listen on 127.0.0.1 by default.
+ip link set lo up || say "loopback did not come up"
 if [ -n "$LAB_SSH" ]; then
   # `lab up --ssh`: slirp's fixed addresses on eth0, then the host's own sshd in the chroot, configured
   # from the spool. QEMU forwards 127.0.0.1:PORT on the host to port 22 here; nothing else gets in.
-  ip link set lo up
   if ip link set eth0 up && ip addr add @GUEST_ADDRESS@ dev eth0 && ip route add default via @GATEWAY@; then
     mkdir -p $R/run/sshd && chmod 0755 $R/run/sshd
     # sshd runs `bash -c CMD`, and Debian's bash then sources ~/.bashrc even when not interactive;
