@@ -57,6 +57,41 @@ def register(app: typer.Typer) -> None:
         if svg is not None:
             stderr_console().print(f"wrote {svg}")
 
+    @pool.command("create-file")
+    def create_file(
+        path: Path = typer.Argument(..., help="The pool file to create (sparse, the manifest's pool size)."),
+        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
+        exist_ok: bool = typer.Option(False, "--exist-ok", help="Keep an existing pool file whose header matches."),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+    ) -> None:
+        """Create a file-backed pool with a valid header, for development, CI and benchmarks.
+
+        Example: belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga-cpu-demo.pool
+        """
+        from belugactl.dataplane.pool import PoolMapping, create_file_pool
+        from belugactl.errors import UsageError
+        from belugactl.model.manifest import load_manifest
+
+        manifest = load_manifest(file)
+        if path.exists() and not exist_ok:
+            raise UsageError(
+                f"{path} already exists",
+                why="creating a pool file over an existing one would discard its contents",
+                fix="choose another path, remove it yourself, or pass --exist-ok to keep a matching pool",
+            )
+        # An existing file is only ever verified here, never rewritten: a mismatch is an error (exit 2).
+        created = path if path.exists() else create_file_pool(path, manifest)
+        with PoolMapping.open(created, manifest, writable=False) as mapping:
+            info = {"path": str(created), "size": mapping.size, "layout_hash": mapping.header.layout_hash}
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json(info)
+        else:
+            from belugactl.units import format_size
+
+            print(f"pool file {created}: {format_size(info['size'])}, layout {info['layout_hash'][:12]}")
+
     app.add_typer(pool, name="pool")
 
 
