@@ -193,6 +193,24 @@ def register(app: typer.Typer) -> None:
         print(f"# {path}")
         sys.stdout.write(text)
 
+    @lab.command("restart")
+    def restart_cmd(
+        host: str = typer.Argument(..., help="The crashed guest, e.g. lab-1."),
+        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for the guest."),
+        as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    ) -> None:
+        """Boot a crashed or stopped guest again with the same pool file and label (LSA) file: a power
+        cycle of one host. A guest whose QEMU still runs is refused."""
+        from belugactl.cli.render import print_json
+        from belugactl.lab import rack
+
+        report = rack.restart(name, host, boot_timeout_s=boot_timeout, progress=_progress)
+        if as_json:
+            print_json(report.to_dict())
+        else:
+            print(f"lab {name}: {host} ({report.was}) booted again in {report.boot_s:.1f} s, QEMU pid {report.pid}")
+
     @lab.command("down")
     def down_cmd(
         name: str = typer.Option("default", "--name", help=NAME_HELP),

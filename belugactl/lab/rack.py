@@ -437,6 +437,106 @@ def _is_ours(pid: int, g: GuestPaths) -> bool:
     return proc.alive(pid) and qemu.is_guest_process(proc.settled_cmdline(pid), g.dir)
 
 
+# --- restart -----------------------------------------------------------------------------------
+@dataclass
+class RestartReport:
+    name: str
+    host: str
+    was: str  # the guest's state before: crashed | stopped
+    pid: int
+    boot_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def restart(
+    name: str,
+    host: str,
+    *,
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S,
+    progress: Progress = _quiet,
+) -> RestartReport:
+    """Boot a crashed (or stopped) guest of an existing lab again, with the SAME pool file and LSA file.
+
+    What a power cycle of one host of a rack is: the pool and this host's namespace labels survive,
+    everything in the guest's memory is gone. The guest's QEMU command line is rebuilt from lab.json,
+    so it is the one `up` used. A guest whose QEMU still runs is refused (stop nothing by surprise).
+    """
+    paths = lab_paths(name)
+    with _locked(paths):
+        record = load(paths)
+        if record is None:
+            raise EnvironmentProblem(f"lab {name!r} is not up", fix=f"belugactl lab up --name {name}")
+        grec = next((g for g in record.guests if g.name == host), None)
+        if grec is None:
+            known = ", ".join(g.name for g in record.guests)
+            raise UsageError(f"lab {name!r} has no host {host!r}", fix=f"one of: {known}")
+        g = paths.guest(host)
+        before = _guest_status(g, grec.boot_s)
+        if before.state not in ("crashed", "stopped"):
+            raise UsageError(
+                f"{host} is {before.state}: only a crashed or stopped guest is restarted",
+                why=before.detail,
+                fix=f"belugactl lab status --name {name}",
+            )
+        if not paths.pool.is_file() or not g.lsa.is_file():
+            raise EnvironmentProblem(
+                f"the pool or {host}'s label file is missing under {paths.dir}",
+                fix=f"belugactl lab down --name {name} && belugactl lab up --name {name}",
+            )
+        spec = _restart_spec(record, paths, grec)
+        _reset_spool(g)
+        # Keep the crashed boot's console for a look; the new boot gets a fresh one.
+        for log in (g.console, g.qemu_log):
+            if log.exists():
+                os.replace(log, log.with_name(log.stem + ".prev" + log.suffix))
+        progress(f"booting {host} again ({record.accel}) with pool {paths.pool} and labels {g.lsa}")
+        start = time.monotonic()
+        grec.pid = _spawn(qemu.argv(spec), g)
+        grec.started_at = time.time()
+        grec.boot_s = None
+        _save(paths, record)
+        others = LabRecord.from_dict(record.to_dict())
+        others.guests = [grec]
+        try:
+            _wait_ready(paths, others, start, boot_timeout_s, progress)
+        finally:
+            _save(paths, record)
+        return RestartReport(name, host, before.state, grec.pid, grec.boot_s or 0.0)
+
+
+def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu.GuestSpec:
+    version = record.kernel.get("version")
+    kernel = next((k for k in kernel_mod.cached(cache_root()) if k.version == version), None)
+    initramfs = Path(record.initramfs)
+    if kernel is None or not initramfs.is_file():
+        raise EnvironmentProblem(
+            f"the kernel {version} or the initramfs {initramfs} this lab booted is no longer cached",
+            fix=f"belugactl lab down --name {record.name} && belugactl lab up --name {record.name}",
+        )
+    g = paths.guest(grec.name)
+    return qemu.GuestSpec(grec.name, grec.index, kernel_mod.boot_image(kernel), initramfs, paths.pool,
+                          record.pool_size, g.lsa, g.spool, g.console, record.memory_mib, record.accel,
+                          repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port)
+
+
+def _reset_spool(g: GuestPaths) -> None:
+    """Forget the dead guest's agent: its ready/heartbeat files and any request it never finished
+    (a request still queued would otherwise run again in the new guest)."""
+    for fname in ("ready", "heartbeat"):
+        (g.spool / fname).unlink(missing_ok=True)
+    for sub in ("req", "out", "cancel"):
+        folder = g.spool / sub
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+
+
 # --- status ------------------------------------------------------------------------------------
 def status(name: str = DEFAULT_NAME) -> LabStatus:
     paths = lab_paths(name)

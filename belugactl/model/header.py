@@ -35,6 +35,7 @@ Byte layout (all integers little-endian; docs/pool-format.md has the same table)
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 import uuid as uuid_mod
@@ -320,6 +321,26 @@ def read_claim(buf: Any) -> int:
 
 def write_claim(buf: Any, nonce: int) -> None:
     _U64.pack_into(buf, CLAIM_OFFSET, nonce)
+
+
+def claim_tag(host_name: str) -> int:
+    """The 32-bit tag of a host in the high half of its claim nonces (crc32 of its name, never 0).
+
+    It makes a claim attributable: a host that crashed between its compare-and-swap and the magic
+    finds its own tag on its next setup and takes the stale claim over (see docs/pool-format.md)."""
+    return zlib.crc32(_fit_name(host_name).encode()) or 1
+
+
+def claim_nonce(host_name: str, low: int | None = None) -> int:
+    """A claim nonce: `claim_tag(host_name)` in bits 63..32, a random non-zero 32 bits below."""
+    if low is None:
+        low = int.from_bytes(os.urandom(4), "little") or 1
+    return (claim_tag(host_name) << 32) | (low & 0xFFFFFFFF)
+
+
+def claimed_by(claim: int, host_name: str) -> bool:
+    """True when the claim word carries `host_name`'s tag (a nonce from `claim_nonce`)."""
+    return claim != 0 and claim >> 32 == claim_tag(host_name)
 
 
 def is_blank(buf: Any) -> bool:

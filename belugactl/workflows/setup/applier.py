@@ -330,6 +330,9 @@ def _apply_action(host: Host, target: SetupTarget, action: Action, state: dict[s
             raise StepFailed("no header to write: the layout was not resolved")
         outcome = write_or_verify_header(host, action.device, target.header, rewrite=action.rewrite)
         state["header"] = {"device": action.device, "wrote": outcome.wrote, "claim": f"{outcome.claim:#x}"}
+        if outcome.took_over:
+            state["header"]["took_over"] = f"{outcome.took_over:#x}"
+            return f"wrote the header (took over this host's stale claim {outcome.took_over:#018x})"
         return "wrote the header" if outcome.wrote else "another host wrote the header; verified it"
     raise TypeError(f"unknown action {action!r}")
 

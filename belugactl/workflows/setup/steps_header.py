@@ -9,7 +9,6 @@ overwritten without --force, because rewriting it discards everything the pool h
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +62,15 @@ class HeaderVerdict:
     state: str  # "blank" | "claimed" | "match" | "differs" | "corrupt"
     rows: tuple[tuple[str, Any, Any], ...] = ()
     reason: str | None = None
+    claim: int = 0
 
 
 def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
     if hdr.is_blank(found):
         return HeaderVerdict("blank")
     if found[hdr.MAGIC_OFFSET : hdr.MAGIC_OFFSET + len(hdr.MAGIC)] == bytes(len(hdr.MAGIC)):
-        return HeaderVerdict("claimed", reason=f"claim word {hdr.read_claim(found):#018x} set, no header yet")
+        claim = hdr.read_claim(found)
+        return HeaderVerdict("claimed", reason=f"claim word {claim:#018x} set, no header yet", claim=claim)
     try:
         theirs = hdr.PoolHeader.unpack(found)
     except InputError as exc:
@@ -111,6 +112,35 @@ def plan_header(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[li
     verdict = judge(spec, facts.header_bytes)
     if verdict.state == "match":
         return [], []
+    if verdict.state == "claimed" and hdr.claimed_by(verdict.claim, spec.ours.created_by):
+        # Our own tag: a setup of this host died between its claim and the magic. Setup holds this
+        # host's lock, so no live writer of ours exists: take the claim over (no --force needed).
+        return [
+            Step(
+                id="header.write",
+                topic="header",
+                summary=f"initialize the pool: write its header on {device}, taking over this host's stale claim",
+                actions=(WritePoolHeader(device),),
+                before=f"{verdict.reason}: set by {spec.ours.created_by} in a setup that did not finish",
+                after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
+                note="the claim word carries this host's tag; it is swapped for a new nonce, then written as usual",
+            )
+        ], []
+    if verdict.state == "claimed" and force:
+        # Another host's (or an untagged) claim with no header behind it, and the operator says that
+        # host is not initializing any more: take the claim whatever it holds.
+        return [
+            Step(
+                id="header.write",
+                topic="header",
+                summary=f"TAKE OVER another host's claim and write the pool header on {device}",
+                actions=(WritePoolHeader(device, rewrite=True),),
+                destroys_data=True,
+                before=f"{verdict.reason}: not this host's claim",
+                after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
+                note="only safe when no other host is running setup on this pool",
+            )
+        ], []
     if verdict.state in ("blank", "claimed"):
         return [
             Step(
@@ -151,6 +181,7 @@ def plan_header(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[li
 class HeaderOutcome:
     wrote: bool  # this host wrote the header (else it verified another host's)
     claim: int
+    took_over: int = 0  # the stale claim of this host's that was replaced, if any
 
 
 def write_or_verify_header(
@@ -164,7 +195,10 @@ def write_or_verify_header(
     nonce: int | None = None,
 ) -> HeaderOutcome:
     """Claim, write (magic last) and re-read; or, having lost the claim, wait for and verify the winner's."""
-    nonce = nonce if nonce is not None else (int.from_bytes(os.urandom(8), "little") or 1)
+    # The nonce carries this host's tag (model/header.py claim_nonce), so a claim left by a crashed
+    # setup of this host can be recognised, and taken over, by its next setup.
+    nonce = nonce if nonce is not None else hdr.claim_nonce(spec.ours.created_by)
+    took_over = 0
     with PoolWindow.open(host, device, spec.map_size, atomics=_atomics()) as window:
         if rewrite:
             # --force: take the claim whatever it holds, then write as the first host would.
@@ -172,6 +206,11 @@ def write_or_verify_header(
             window.write(hdr.MAGIC_OFFSET, bytes(len(hdr.MAGIC)))
         else:
             found = window.cas_u64(hdr.CLAIM_OFFSET, 0, nonce)
+            # Ours, from a setup that died before the magic (this process holds the host's setup
+            # lock, so that setup is gone): swap it for our nonce, exactly as a fresh claim.
+            if (found != 0 and _stale_own_claim(window, spec, found)
+                    and window.cas_u64(hdr.CLAIM_OFFSET, found, nonce) == found):
+                found, took_over = 0, found
             if found != 0:
                 return _await_winner(window, spec, device, wait_s, found)
         time.sleep(settle_s)
@@ -190,7 +229,14 @@ def write_or_verify_header(
                 "wrote at the same time",
                 fix="stop setup on the other hosts, then rerun `belugactl setup --force` on one host only",
             )
-        return HeaderOutcome(wrote=True, claim=nonce)
+        return HeaderOutcome(wrote=True, claim=nonce, took_over=took_over)
+
+
+def _stale_own_claim(window: PoolWindow, spec: HeaderSpec, claim: int) -> bool:
+    if not hdr.claimed_by(claim, spec.ours.created_by):
+        return False
+    magic = window.read(hdr.MAGIC_OFFSET, len(hdr.MAGIC))
+    return magic == bytes(len(hdr.MAGIC))
 
 
 def _atomics() -> Any:
