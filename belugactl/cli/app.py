@@ -70,6 +70,9 @@ def build_app() -> typer.Typer:
                 continue
             raise
         module.register(app)
+    from belugactl.cli.examples import attach
+
+    attach(app)
     return app
 
 

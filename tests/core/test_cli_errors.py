@@ -80,3 +80,12 @@ def test_help_starts_fast():
     )
     assert check.returncode == 0, check.stderr
     assert check.stdout.strip() == "", f"heavy modules imported at start: {check.stdout.strip()}"
+
+
+def test_every_command_has_an_example_in_its_help():
+    from belugactl.cli.examples import attach
+
+    app = app_module.build_app()
+    assert attach(app) == []  # build_app attached them all: nothing left without one
+    proc = _belugactl("rack", "doctor", "--help")
+    assert "Example:" in proc.stdout and "belugactl rack doctor -f" in proc.stdout

@@ -1,0 +1,57 @@
+"""One example per command, shown at the end of its `--help` (kept in one table so none is missing)."""
+
+from __future__ import annotations
+
+EXAMPLES: dict[str, list[str]] = {
+    "discover": ["belugactl discover --json", "belugactl discover --capture /tmp/support.tar.gz"],
+    "doctor": ["belugactl doctor -f rack.yaml --host gpu01", "belugactl doctor --root /tmp/support.tar.gz --json"],
+    "plan": ["belugactl plan -f rack.yaml --host gpu01"],
+    "setup": ["belugactl setup -f rack.yaml --dry-run", "belugactl setup -f rack.yaml --yes"],
+    "teardown": ["belugactl teardown -f rack.yaml --dry-run"],
+    "serve": [
+        "belugactl serve -f rack.yaml --dry-run",
+        "belugactl serve -f examples/cpu-demo.yaml --pool /tmp/p --detach",
+    ],
+    "status": ["belugactl status --json"],
+    "stop": ["belugactl stop"],
+    "metadata-server": ["belugactl metadata-server -f rack.yaml --pool /dev/dax0.0"],
+    "manifest check": ["belugactl manifest check -f examples/beluga-rack.yaml"],
+    "manifest schema": ["belugactl manifest schema > rack.schema.json"],
+    "pool show": ["belugactl pool show -f examples/lab.yaml --svg pool.svg"],
+    "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga.pool"],
+    "bench rpc": ["belugactl bench rpc --json"],
+    "bench mds": ["belugactl bench mds"],
+    "bench kv": ["belugactl bench kv --blocks 64 --repeat 11"],
+    "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool /tmp/p --create-pool"],
+    "lab prepare": ["belugactl lab prepare --install"],
+    "lab up": ["belugactl lab up --hosts 2 --ssh"],
+    "lab status": ["belugactl lab status --json"],
+    "lab exec": ["belugactl lab exec lab-1 -- belugactl doctor -f examples/lab.yaml"],
+    "lab selftest": ["belugactl lab selftest"],
+    "lab ssh-config": ["belugactl lab ssh-config > lab.ssh && ssh -F lab.ssh lab-1 -- belugactl --version"],
+    "lab restart": ["belugactl lab restart lab-2"],
+    "lab down": ["belugactl lab down"],
+    "rack doctor": ["belugactl rack doctor -f examples/lab.yaml --transport lab"],
+    "rack setup": ["belugactl rack setup -f rack.yaml --hosts 'gpu[01-16]' --dry-run"],
+    "rack serve": ["belugactl rack serve -f rack.yaml --dry-run"],
+    "rack status": ["belugactl rack status -f rack.yaml --json"],
+    "rack stop": ["belugactl rack stop -f rack.yaml"],
+    "export systemd": ["belugactl export systemd -f rack.yaml --host gpu01"],
+}
+
+
+def attach(app, prefix: str = "") -> list[str]:
+    """Set each registered command's epilog from EXAMPLES; return the commands that have none."""
+    missing: list[str] = []
+    for info in app.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
+        lines = EXAMPLES.get(name)
+        if lines and not info.epilog:
+            # "\b" keeps click from re-wrapping the example lines
+            info.epilog = "\b\nExample" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(f"  {x}" for x in lines)
+        elif not lines and not info.epilog:
+            missing.append(name)
+    for group in app.registered_groups:
+        if group.typer_instance is not None and group.name != "agent":
+            missing += attach(group.typer_instance, prefix + group.name + " ")
+    return missing
