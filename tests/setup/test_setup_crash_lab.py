@@ -7,12 +7,16 @@ state directory, so it never touches another lab. Marked `lab`; run:
 1. `setup` runs in lab-1; the moment it starts the namespace step (the region is committed), lab-1's
    QEMU gets SIGKILL: a power cut between `cxl create-region` and `ndctl create-namespace`.
 2. `lab restart lab-1` boots it again on the same pool file and LSA file; setup must converge.
-3. A power cut inside the header step: the pool is left as a setup killed between its claim
+3. A crash inside `ndctl create-namespace -m devdax`, between its label writes and its info block:
+   made exactly by putting the namespace back in mode raw (same uuid and name) and panicking the
+   guest's kernel (sysrq c; `panic=-1 -no-reboot` ends QEMU). After the reboot setup must finish
+   the namespace without --force, and the pool header written in 2 must still verify.
+4. A power cut inside the header step: the pool is left as a setup killed between its claim
    compare-and-swap and the magic leaves it (zero record, lab-1's claim word; the real window is a
    0.2 s settle, too short to hit with a kill from outside, so the bytes are put there by the test
    while the guest is dead). After the reboot setup must take its own stale claim over, WITHOUT
    --force, instead of waiting for a writer that no longer exists.
-4. A further setup plans zero steps and doctor passes.
+5. A further setup plans zero steps and doctor passes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ pytestmark = pytest.mark.lab
 LAB_NAME = "setup-crash"
 HOST = "lab-1"
 MANIFEST = "examples/lab.yaml"
+NS_UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"  # examples/lab.yaml pool.namespace
+NS_NAME = "beluga-lab"
 # Byte 0 of the devdax device is byte 2 MiB of the pool file (docs/lab.md); checked below on a real header.
 DAX_START_IN_POOL = 2 << 20
 
@@ -61,6 +67,7 @@ class CrashLab:
     def kill_guest(self) -> int:
         """SIGKILL lab-1's QEMU (a power cut), after checking the pid is this lab's QEMU."""
         pid = int((self.state_dir / "guests" / HOST / "qemu.pid").read_text())
+        # A guest that panicked is already gone (QEMU runs with -no-reboot).
         assert pid in our_qemus(self.state_dir), f"pid {pid} is not this lab's QEMU"
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -85,7 +92,8 @@ class CrashLab:
         text = out.stdout
         regions_txt = text.split("#R", 1)[1].split("#N", 1)[0].strip()
         ns_txt = text.split("#N", 1)[1].split("#E", 1)[0].strip()
-        return {"regions": json.loads(regions_txt or "[]"), "namespaces": json.loads(ns_txt or "[]")}
+        found = {"regions": json.loads(regions_txt or "[]"), "namespaces": json.loads(ns_txt or "[]")}
+        return {k: v if isinstance(v, list) else [v] for k, v in found.items()}  # one object: not a list
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +186,23 @@ def test_a_guest_killed_mid_setup_reboots_and_setup_converges(crash_lab: CrashLa
         fh.seek(DAX_START_IN_POOL)
         assert fh.read(len(hdr.MAGIC)) == hdr.MAGIC  # the header is where the test expects it
 
-    # 3. Power cut inside the header step: zero record, lab-1's claim word set, no magic.
+    # 3. Crash inside ndctl create-namespace: labels (uuid, name) written, no devdax info block.
+    raw = lab.sh("sh", "-c", f"ndctl destroy-namespace -f namespace0.0 && ndctl create-namespace -m raw "
+                 f"-u {NS_UUID} -n {NS_NAME} -r region0 >/dev/null && ndctl list -N")
+    assert raw.returncode == 0 and '"mode":"raw"' in raw.stdout, (raw.stdout, raw.stderr)
+    panic = lab.sh("sh", "-c", "echo 1 > /proc/sys/kernel/sysrq; echo c > /proc/sysrq-trigger", timeout=60)
+    assert panic.returncode == 3, panic.stderr  # lab exec: the guest died under the command
+    timings["restart after panic"] = lab.restart()
+    t0 = time.monotonic()
+    applied = _applied(lab.setup())  # no --force
+    timings["setup after the ndctl crash"] = time.monotonic() - t0
+    ids = [a["step"]["id"] for a in applied]
+    print(f"setup after a crash inside ndctl create-namespace applied: {ids}")
+    assert ids[:2] == ["region.create", "devdax.reconfigure"] and "header.write" not in ids, ids
+    namespaces = lab.observe()["namespaces"]
+    assert [n["mode"] for n in namespaces] == ["devdax"], namespaces
+
+    # 4. Power cut inside the header step: zero record, lab-1's claim word set, no magic.
     lab.kill_guest()
     stale = hdr.claim_nonce(HOST)
     with open(lab.pool, "r+b") as fh:
@@ -200,7 +224,7 @@ def test_a_guest_killed_mid_setup_reboots_and_setup_converges(crash_lab: CrashLa
     assert record[: len(hdr.MAGIC)] == hdr.MAGIC and hdr.claimed_by(hdr.read_claim(record), HOST)
     assert hdr.read_claim(record) != stale
 
-    # 4. Converged: zero steps, doctor passes.
+    # 5. Converged: zero steps, doctor passes.
     again = json.loads(lab.setup().stdout)
     assert again["applied"] == [] and again["plan"]["converged"], again
     doctor = lab.sh("belugactl", "doctor", "--json", "-f", MANIFEST, "--host", HOST)

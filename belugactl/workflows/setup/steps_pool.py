@@ -215,6 +215,23 @@ def plan_devdax(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[li
     return _plan_reconfigure(target, facts, force), []
 
 
+def _recreate_actions(target: SetupTarget, ns: NdNamespace) -> tuple[RunCommand, ...]:
+    """Re-create the pool's own namespace (it already bears the pool's uuid): destroy, then create.
+
+    Not `ndctl create-namespace -f -e NS -u UUID`: ndctl makes the new namespace in the region's seed
+    while NS still holds UUID, and the kernel refuses a second namespace with the same uuid
+    ("set_uuid failed: Invalid argument", ndctl 76.1 on kernel 6.1, found in the lab); without -u
+    the label uuid would be random. A crash between the two commands leaves no namespace, which the
+    next setup creates.
+    """
+    if ns.region is None:
+        return (RunCommand(_namespace_argv(target, "", reconfig=ns.dev)),)
+    return (
+        RunCommand(("ndctl", "destroy-namespace", "-f", ns.dev)),
+        RunCommand(_namespace_argv(target, ns.region)),
+    )
+
+
 def _namespace_argv(target: SetupTarget, nd_region: str, *, reconfig: str | None = None) -> tuple[str, ...]:
     pool = target.pool
     argv = ["ndctl", "create-namespace"]
@@ -249,12 +266,29 @@ def _plan_namespace(target: SetupTarget, facts: SetupFacts, force: bool) -> list
             wrong.append(f"name {ns.name} (want {pool.namespace_name})")
         if not wrong:
             return []
+        if ns.mode == "raw" and wrong == ["mode raw (want devdax)"] and ns.name == pool.namespace_name:
+            # Setup never makes a raw namespace. One with the pool's uuid and name is what a host that
+            # died inside `ndctl create-namespace -m devdax` leaves (found in the lab): the labels are
+            # written, the devdax info block is not. No devdax view of it ever existed on this host,
+            # and with map=mem finishing writes only the info block in the first 2 MiB the layout
+            # reserves for it (what devdax.create writes too), so it needs no --force.
+            return [
+                Step(
+                    id="devdax.reconfigure",
+                    topic="devdax",
+                    summary=f"finish creating the pool's devdax namespace on {ns.dev} (left raw by an "
+                    "interrupted create)",
+                    actions=_recreate_actions(target, ns),
+                    before=f"{ns.dev}: raw, uuid and name of the pool's namespace, no devdax info block",
+                    after=f"devdax, map mem, align {format_size(pool.align)}",
+                )
+            ]
         return [
             Step(
                 id="devdax.reconfigure",
                 topic="devdax",
                 summary=f"reconfigure {ns.dev} as a map=mem devdax namespace",
-                actions=(RunCommand(_namespace_argv(target, "", reconfig=ns.dev)),),
+                actions=_recreate_actions(target, ns),
                 destroys_data=True,
                 before=", ".join(wrong),
                 after=f"devdax, map mem, align {format_size(pool.align)}",

@@ -1,4 +1,8 @@
-"""A claim left by a setup that died before the magic: this host takes its own over; another's needs --force."""
+"""What a setup killed mid-way leaves, and its rerun.
+
+A stale claim of this host is taken over; another host's needs --force; a raw namespace left by an
+interrupted `ndctl create-namespace` is finished without --force.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from belugactl.model import header as hdr
 from belugactl.workflows.setup import applier
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.steps_header import judge, write_or_verify_header
+
+UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"  # examples/lab.yaml pool.namespace.uuid
 
 
 def _leave_claim(pool_file, claim: int, *, body: bytes = b"") -> None:
@@ -123,3 +129,36 @@ def test_untagged_claims_from_older_versions_are_nobodys(lab1, pool_file, quick_
     with pytest.raises(SetupFailed):
         run_setup(lab1.host, lab_target())
     assert run_setup(lab1.host, lab_target(), force=True).applied[0].step.id == "header.write"
+
+
+def _raw_like_an_interrupted_create(lab1) -> None:
+    """What the lab showed after a crash inside `ndctl create-namespace -m devdax`: the namespace's
+    labels (uuid, name) are back after the reboot, in mode raw, with no devdax info block."""
+    ns = lab1.state.namespaces[0]
+    ns["mode"] = "raw"
+    for key in ("map", "align"):
+        ns.pop(key, None)
+
+
+def test_a_raw_namespace_left_by_an_interrupted_create_is_finished_without_force(lab1, pool_file):
+    _converged(lab1, pool_file)
+    _raw_like_an_interrupted_create(lab1)
+    plan = run_setup(lab1.host, lab_target(), dry_run=True).initial
+    assert plan.steps[0].id == "devdax.reconfigure" and not plan.destructive
+    # Destroy then create: `create-namespace -e NS -u UUID` is refused by the kernel while NS holds UUID.
+    destroy, create = (a.argv for a in plan.steps[0].actions)
+    assert destroy == ("ndctl", "destroy-namespace", "-f", "namespace0.0")
+    assert create[:2] == ("ndctl", "create-namespace") and "-e" not in create
+    assert create[create.index("-u") + 1] == UUID and create[create.index("-r") + 1] == "region0"
+    report = run_setup(lab1.host, lab_target())  # no force
+    assert report.applied[0].step.id == "devdax.reconfigure"
+    assert lab1.state.namespaces[0]["mode"] == "devdax"
+    assert run_setup(lab1.host, lab_target()).applied == []
+
+
+def test_a_raw_namespace_with_another_name_still_needs_force(lab1, pool_file):
+    _converged(lab1, pool_file)
+    _raw_like_an_interrupted_create(lab1)
+    lab1.state.namespaces[0]["name"] = "someone-elses"
+    plan = run_setup(lab1.host, lab_target(), dry_run=True).initial
+    assert [s.id for s in plan.destructive] == ["devdax.reconfigure"]
