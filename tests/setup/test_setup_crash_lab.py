@@ -155,7 +155,8 @@ def _setup_until(lab: CrashLab, step_started: str, timeout: float = 400) -> tupl
 
 
 def _applied(result: subprocess.CompletedProcess) -> list[dict]:
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    if result.returncode != 0:
+        pytest.fail(f"setup exited {result.returncode}:\n{result.stderr[-3000:]}\n{result.stdout[-1500:]}")
     return json.loads(result.stdout)["applied"]
 
 
