@@ -62,14 +62,7 @@ def build_app() -> typer.Typer:
         """belugactl"""
 
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # Only tolerate a command module that is not written yet, never a broken import inside one.
-            if exc.name == name:
-                continue
-            raise
-        module.register(app)
+        importlib.import_module(name).register(app)
     from belugactl.cli.examples import attach
 
     attach(app)

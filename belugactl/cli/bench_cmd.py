@@ -19,11 +19,5 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     for name in BENCH_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register(bench)
+        importlib.import_module(name).register(bench)
     app.add_typer(bench, name="bench")

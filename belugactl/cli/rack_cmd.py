@@ -329,31 +329,25 @@ def register(app: typer.Typer) -> None:
 
         print_json(host_info(manifest, host))
 
-    @agent.command("probe-write")
-    def probe_write(
-        manifest: str = typer.Option(..., "-f", "--file"),
-        host: str | None = typer.Option(None, "--host"),
-        nonce: int = typer.Option(..., "--nonce"),
-        pool: str | None = typer.Option(None, "--pool"),
-        as_json: bool = typer.Option(True, "--json/--text"),
-    ) -> None:
-        from belugactl.cli.render import print_json
-        from belugactl.workflows.rack.agent import probe_write as write
+    def probe_command(verb: str, doc: str) -> None:
+        def command(
+            manifest: str = typer.Option(..., "-f", "--file"),
+            host: str | None = typer.Option(None, "--host"),
+            nonce: int = typer.Option(..., "--nonce"),
+            pool: str | None = typer.Option(None, "--pool"),
+            as_json: bool = typer.Option(True, "--json/--text"),
+        ) -> None:
+            from belugactl.cli.render import print_json
+            from belugactl.workflows.rack import agent as rack_agent
 
-        print_json(write(manifest, host, nonce, pool))
+            run = rack_agent.probe_write if verb == "probe-write" else rack_agent.probe_read
+            print_json(run(manifest, host, nonce, pool))
 
-    @agent.command("probe-read")
-    def probe_read(
-        manifest: str = typer.Option(..., "-f", "--file"),
-        host: str | None = typer.Option(None, "--host"),
-        nonce: int = typer.Option(..., "--nonce"),
-        pool: str | None = typer.Option(None, "--pool"),
-        as_json: bool = typer.Option(True, "--json/--text"),
-    ) -> None:
-        from belugactl.cli.render import print_json
-        from belugactl.workflows.rack.agent import probe_read as read
+        command.__doc__ = doc
+        agent.command(verb)(command)
 
-        print_json(read(manifest, host, nonce, pool))
+    probe_command("probe-write", "Write this host's probe record into the first line of its partition.")
+    probe_command("probe-read", "Read every host's probe record at the offsets this host's layout gives.")
 
     rack.add_typer(agent, name="agent")
     app.add_typer(rack, name="rack")
