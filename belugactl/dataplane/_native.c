@@ -476,6 +476,37 @@ done:
 
 struct slot_hdr { uint64_t status; uint64_t seq; uint32_t magic; uint32_t epoch; uint16_t op; uint16_t code; uint32_t length; };
 
+/* Wait for a slot's RESP_READY: spin briefly with the GIL held (the common, fast answer), then
+ * release the GIL and poll until the deadline, yielding once the wait grows long. Returns the
+ * last status seen (ST_RESP, or anything else on timeout). Called with the GIL held. */
+static uint64_t wait_for_reply(struct slot_hdr *h, char *slot, int flush, unsigned long long timeout_ns) {
+    uint64_t st;
+    unsigned spins = 0;
+    for (;;) {
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+        if (st == ST_RESP || ++spins > 2000) break;
+        cpu_relax();
+    }
+    if (st != ST_RESP) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
+        for (;;) {
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+            if (st == ST_RESP) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t >= deadline) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    return st;
+}
+
 static void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op, uint16_t code, const char *payload,
                     size_t n, uint64_t status, int flush) {
     struct slot_hdr *h = (struct slot_hdr *)slot;
@@ -516,31 +547,7 @@ static PyObject *py_rpc_wait_reply(PyObject *self, PyObject *args) {
         goto done;
     }
     struct slot_hdr *h = (struct slot_hdr *)slot;
-    uint64_t st;
-    unsigned spins = 0;
-    /* Spin briefly with the GIL held (the common, fast answer), then release it. */
-    for (;;) {
-        if (flush) { flush_range(slot, 8, 1); full_fence(); }
-        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
-        if (st == ST_RESP || ++spins > 2000) break;
-        cpu_relax();
-    }
-    if (st != ST_RESP) {
-        Py_BEGIN_ALLOW_THREADS
-        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
-        for (;;) {
-            if (flush) { flush_range(slot, 8, 1); full_fence(); }
-            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
-            if (st == ST_RESP) break;
-            if ((++spins & 63) == 0) {
-                uint64_t t = now_ns();
-                if (t >= deadline) break;
-                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
-            }
-            cpu_relax();
-        }
-        Py_END_ALLOW_THREADS
-    }
+    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
     if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
     if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
     if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
@@ -1019,30 +1026,7 @@ static PyObject *py_rpc_call(PyObject *self, PyObject *args) {
     struct slot_hdr *h = (struct slot_hdr *)slot;
     if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_REQ) { r = Py_BuildValue("(iIy#)", -2, 0u, "", (Py_ssize_t)0); goto done; }
     publish(slot, seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
-    uint64_t st;
-    unsigned spins = 0;
-    for (;;) {
-        if (flush) { flush_range(slot, 8, 1); full_fence(); }
-        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
-        if (st == ST_RESP || ++spins > 2000) break;
-        cpu_relax();
-    }
-    if (st != ST_RESP) {
-        Py_BEGIN_ALLOW_THREADS
-        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
-        for (;;) {
-            if (flush) { flush_range(slot, 8, 1); full_fence(); }
-            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
-            if (st == ST_RESP) break;
-            if ((++spins & 63) == 0) {
-                uint64_t t = now_ns();
-                if (t >= deadline) break;
-                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
-            }
-            cpu_relax();
-        }
-        Py_END_ALLOW_THREADS
-    }
+    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
     if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
     if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
     if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
