@@ -7,6 +7,21 @@ from pathlib import Path
 import typer
 
 
+def load_for_cli(file: Path, *, as_json: bool):  # -> Manifest (pydantic is imported lazily)
+    """Load a manifest for a command; with --json its problems also go to stdout as a document."""
+    from belugactl.errors import ManifestError
+    from belugactl.model.manifest import load_manifest
+
+    try:
+        return load_manifest(file)
+    except ManifestError as exc:
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
+        raise
+
+
 def register(app: typer.Typer) -> None:
     manifest = typer.Typer(help="Validate rack manifests.", no_args_is_help=True)
 
@@ -18,16 +33,9 @@ def register(app: typer.Typer) -> None:
         """Validate FILE (every problem with file:line:column) and print the resolved pool layout."""
         from belugactl.cli.pool_cmd import render_layout_table
         from belugactl.cli.render import print_json
-        from belugactl.errors import ManifestError
         from belugactl.model.layout import resolve_layout
-        from belugactl.model.manifest import load_manifest
 
-        try:
-            m = load_manifest(file)
-        except ManifestError as exc:
-            if as_json:
-                print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
-            raise
+        m = load_for_cli(file, as_json=as_json)
         layout = resolve_layout(m)
         if as_json:
             print_json({"ok": True, "file": str(file), "manifest": summary(m), "layout": layout.to_dict()})

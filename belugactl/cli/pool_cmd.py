@@ -20,18 +20,11 @@ def register(app: typer.Typer) -> None:
         svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
     ) -> None:
         """Print the pool map derived from FILE: every region's offset, end, size and owner."""
-        from belugactl.errors import EnvironmentProblem, ManifestError
+        from belugactl.cli.manifest_cmd import load_for_cli
+        from belugactl.errors import EnvironmentProblem
         from belugactl.model.layout import resolve_layout
-        from belugactl.model.manifest import load_manifest
 
-        try:
-            m = load_manifest(file)
-        except ManifestError as exc:
-            if as_json:
-                from belugactl.cli.render import print_json
-
-                print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
-            raise
+        m = load_for_cli(file, as_json=as_json)
         layout = resolve_layout(m)
         if svg is not None:
             from belugactl.workflows.pool_svg import render_svg
