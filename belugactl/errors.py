@@ -95,15 +95,18 @@ class ManifestProblem:
 class ManifestError(InputError):
     """A manifest that does not validate; carries every problem found, each with its location."""
 
-    def __init__(self, problems: list[ManifestProblem], *, file: str) -> None:
+    def __init__(
+        self, problems: list[ManifestProblem], *, file: str, what: str | None = None, fix: str | None = None
+    ) -> None:
         self.problems = problems
         first = problems[0] if problems else None
         count = len(problems)
-        what = f"{file}: {count} problem{'s' if count != 1 else ''} in the manifest"
+        # `what`/`fix` name a problem with the file itself (missing, unreadable), not with its fields
+        what = what or f"{file}: {count} problem{'s' if count != 1 else ''} in the manifest"
         super().__init__(
             what,
             why="\n".join(str(p) for p in problems),
-            fix="correct the fields named above; `belugactl manifest check -f FILE` re-validates",
+            fix=fix or "correct the fields named above; `belugactl manifest check -f FILE` re-validates",
             where=first.location if first else file,
         )
 

@@ -23,8 +23,12 @@ def metadata_server(
     rpc_bind: str | None = typer.Option(
         None, "--rpc-bind", help="Address for the RPC TCP listener only (e.g. the rack address); default --bind."
     ),
-    admin_port: int | None = typer.Option(None, "--admin-port", help="Admin HTTP port (default: manifest, 9470)."),
-    rpc_port: int | None = typer.Option(None, "--rpc-port", help="TCP RPC port (default: manifest, 9471)."),
+    admin_port: int | None = typer.Option(
+        None, "--admin-port", min=0, max=65535, help="Admin HTTP port (default: manifest, 9470; 0: any free port)."
+    ),
+    rpc_port: int | None = typer.Option(
+        None, "--rpc-port", min=0, max=65535, help="TCP RPC port (default: manifest, 9471; 0: any free port)."
+    ),
     no_tcp: bool = typer.Option(False, "--no-tcp", help="Serve CXL-RPC only."),
     fence_grace: float = typer.Option(
         2.0, "--fence-grace", help="Seconds after start during which only HELLO is served (stale writers drain)."
@@ -50,6 +54,7 @@ def metadata_server(
     Stop with SIGTERM or Ctrl-C (graceful).
     """
     import json
+    import math
     import signal
 
     from belugactl.dataplane.mds.index import IndexConfig
@@ -72,6 +77,10 @@ def metadata_server(
         raise UsageError(
             "watermarks must satisfy 0 < low < high <= 1", fix="e.g. --high-watermark 0.9 --low-watermark 0.8"
         )
+    for flag, seconds in (("--lease-ttl", lease_ttl), ("--reservation-ttl", reservation_ttl)):
+        if not math.isfinite(seconds) or seconds <= 0:
+            # a zero or negative TTL expires every lease and reservation the moment it is granted
+            raise UsageError(f"{flag} {seconds:g}: a TTL is a positive number of seconds", fix=f"e.g. {flag} 10")
     if restart_policy not in ("start-empty", "journal"):
         raise UsageError(f"unknown restart policy {restart_policy!r}", fix="use start-empty or journal")
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"

@@ -25,23 +25,7 @@ _MAX_BYTES = 4 << 20  # a manifest is a few KiB; refuse to parse something that 
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest file; raise ManifestError listing every problem found."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(
-            [ManifestProblem(Location(str(path)), "", "file not found", "pass an existing file with -f")],
-            file=str(path),
-        ) from None
-    except OSError as exc:
-        raise ManifestError(
-            [ManifestProblem(Location(str(path)), "", f"cannot read the file: {exc.strerror or exc}")],
-            file=str(path),
-        ) from None
-    if len(raw) > _MAX_BYTES:
-        raise ManifestError(
-            [ManifestProblem(Location(str(path)), "", f"file is {len(raw)} bytes; a manifest is a few KiB")],
-            file=str(path),
-        )
+    raw = _read_bounded(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -49,6 +33,39 @@ def load_manifest(path: str | Path) -> Manifest:
             [ManifestProblem(Location(str(path)), "", f"not UTF-8 text (byte {exc.start})")], file=str(path)
         ) from None
     return load_manifest_text(text, file=str(path))
+
+
+def _read_bounded(path: Path) -> bytes:
+    """At most _MAX_BYTES + 1 bytes: `-f /dev/zero` or a FIFO must not be read until memory runs out."""
+
+    def file_problem(what: str, message: str, fix: str) -> ManifestError:
+        return ManifestError([ManifestProblem(Location(str(path)), "", message, None)], file=str(path), what=what, fix=fix)
+
+    try:
+        with path.open("rb") as f:
+            raw = f.read(_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise file_problem(
+            f"{path}: the manifest file does not exist",
+            "file not found",
+            "pass an existing manifest with -f (examples/ has a single host, a rack and the CPU demo)",
+        ) from None
+    except IsADirectoryError:
+        raise file_problem(f"{path}: is a directory, not a manifest", "is a directory", "pass the YAML file with -f")
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise file_problem(
+            f"{path}: cannot read the manifest file ({reason})",
+            f"cannot read the file: {reason}",
+            "check the path and its permissions",
+        ) from None
+    if len(raw) > _MAX_BYTES:
+        raise file_problem(
+            f"{path}: too large for a manifest (more than {_MAX_BYTES >> 20} MiB)",
+            f"more than {_MAX_BYTES} bytes; a manifest is a few KiB",
+            "pass the rack manifest (YAML) with -f, not a device or a data file",
+        )
+    return raw
 
 
 def load_manifest_text(text: str, *, file: str = "<manifest>") -> Manifest:

@@ -30,9 +30,23 @@ _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _NAMESPACE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
 
 
+# Offsets into the pool are signed 64-bit on the way to the kernel (off_t, mmap, pread), and the
+# on-media header stores them as 64-bit words: a size past this cannot be addressed at all.
+MAX_OFFSET = (1 << 63) - 1
+
+
+def _fits_offsets(value: int, given: Any) -> int:
+    if value > MAX_OFFSET:
+        raise ValueError(
+            f"{given} is past the 64-bit offset space (offsets are signed 64-bit, so at most 8 EiB); "
+            "a CXL pool is a few TiB"
+        )
+    return value
+
+
 def _size(value: Any) -> int:
     try:
-        return parse_size(value)
+        return _fits_offsets(parse_size(value), value)
     except SizeParseError as exc:
         raise ValueError(str(exc)) from None
 
@@ -50,7 +64,7 @@ def _size_or(word: str, *, percent: bool = False) -> Any:
                 raise ValueError(f"a percentage is a whole number from 1% to 100%, got {value!r}")
             return f"{int(number)}%"
         try:
-            return parse_size(value)
+            return _fits_offsets(parse_size(value), value)
         except SizeParseError as exc:
             also = ", a percentage such as 50%" if percent else ""
             raise ValueError(f"expected {word!r}{also} or a size: {exc}") from None
@@ -400,7 +414,7 @@ class Caching(Strict):
 
 def _port(value: int) -> int:
     if not 1 <= value <= 65535:
-        raise ValueError("a TCP port is between 1 and 65535")
+        raise ValueError(f"a TCP port is between 1 and 65535, got {value}")
     return value
 
 

@@ -62,6 +62,11 @@ def load_positioned(text: str) -> PositionedDocument:
     """Parse one YAML document; raise YamlSyntaxError with positions for anything unparseable."""
     import yaml
 
+    _check_characters(text)
+    # PyYAML's composer recurses once per nesting level (several frames each), so a few KiB of
+    # `[[[[...` ends in RecursionError before any of our checks could run. Its parser is a state
+    # machine, so walk the events first and refuse deep or huge documents before composing them.
+    _check_shape(text)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -96,6 +101,61 @@ def _syntax_problem(exc: Any, text: str) -> YamlProblem:
 
 _MAX_DEPTH = 64  # a manifest is shallow; this stops runaway nesting
 _MAX_NODES = 20_000  # aliases can multiply a small file into a huge tree ("billion laughs")
+_TOO_DEEP = "document too large or too deeply nested for a manifest"
+
+
+def _position_at(text: str, index: int) -> Position:
+    line = text.count("\n", 0, index) + 1
+    return Position(line, index - (text.rfind("\n", 0, index) + 1) + 1)
+
+
+def _check_characters(text: str) -> None:
+    """Refuse characters YAML forbids (NUL, other control characters) with their line and column."""
+    import yaml
+
+    try:
+        yaml.reader.Reader(text)
+    except yaml.reader.ReaderError as exc:
+        index = exc.position if isinstance(exc.position, int) else 0
+        code = exc.character if isinstance(exc.character, int) else ord(text[index]) if index < len(text) else 0
+        name = "a NUL character" if code == 0 else f"the control character U+{code:04X}"
+        problem = YamlProblem(
+            _position_at(text, index),
+            (),
+            f"{name} is not allowed in a manifest",
+            "a manifest is plain UTF-8 text: remove it, or pass the right file",
+        )
+        raise YamlSyntaxError([problem]) from None
+
+
+def _check_shape(text: str) -> None:
+    """Walk the parser's events (no recursion) and refuse nesting deeper than _MAX_DEPTH."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    depth = 0
+    events = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            events += 1
+            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > _MAX_DEPTH:
+                    message = f"nested more than {_MAX_DEPTH} levels deep; a manifest is a few levels deep"
+                    raise YamlSyntaxError([YamlProblem(_pos(event.start_mark), (), message)])
+                if events > 4 * _MAX_NODES:
+                    raise YamlSyntaxError([YamlProblem(_pos(event.start_mark), (), _TOO_DEEP)])
+            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+            elif events > 4 * _MAX_NODES:
+                raise YamlSyntaxError([YamlProblem(_pos(event.start_mark), (), _TOO_DEEP)])
+    except yaml.MarkedYAMLError as exc:
+        raise YamlSyntaxError([_syntax_problem(exc, text)]) from None
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError([YamlProblem(None, (), f"not valid YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
 
 
 def _build(
@@ -105,7 +165,7 @@ def _build(
 
     doc.value_positions[path] = _pos(node.start_mark)
     if depth > _MAX_DEPTH or len(doc.value_positions) > _MAX_NODES:
-        problem = YamlProblem(_pos(node.start_mark), (), "document too large or too deeply nested for a manifest")
+        problem = YamlProblem(_pos(node.start_mark), (), _TOO_DEEP)
         raise YamlSyntaxError([problem])
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
