@@ -39,7 +39,8 @@ def _read_bounded(path: Path) -> bytes:
     """At most _MAX_BYTES + 1 bytes: `-f /dev/zero` or a FIFO must not be read until memory runs out."""
 
     def file_problem(what: str, message: str, fix: str) -> ManifestError:
-        return ManifestError([ManifestProblem(Location(str(path)), "", message, None)], file=str(path), what=what, fix=fix)
+        problem = ManifestProblem(Location(str(path)), "", message, None)
+        return ManifestError([problem], file=str(path), what=what, fix=fix)
 
     try:
         with path.open("rb") as f:
@@ -51,7 +52,9 @@ def _read_bounded(path: Path) -> bytes:
             "pass an existing manifest with -f (examples/ has a single host, a rack and the CPU demo)",
         ) from None
     except IsADirectoryError:
-        raise file_problem(f"{path}: is a directory, not a manifest", "is a directory", "pass the YAML file with -f")
+        raise file_problem(
+            f"{path}: is a directory, not a manifest", "is a directory", "pass the YAML file with -f"
+        ) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise file_problem(
