@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 EXAMPLES: dict[str, list[str]] = {
-    "discover": ["belugactl discover --json", "belugactl discover --capture /tmp/support.tar.gz"],
-    "doctor": ["belugactl doctor -f rack.yaml --host gpu01", "belugactl doctor --root /tmp/support.tar.gz --json"],
+    "discover": ["belugactl discover --json", "belugactl discover --capture support.tar.gz"],
+    "doctor": ["belugactl doctor -f rack.yaml --host gpu01", "belugactl doctor --root support.tar.gz --json"],
     "plan": ["belugactl plan -f rack.yaml --host gpu01"],
     "setup": ["belugactl setup -f rack.yaml --dry-run", "belugactl setup -f rack.yaml --yes"],
     "teardown": ["belugactl teardown -f rack.yaml --dry-run"],
     "serve": [
         "belugactl serve -f rack.yaml --dry-run",
-        "belugactl serve -f examples/cpu-demo.yaml --pool /tmp/p --detach",
+        "belugactl serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --detach",
     ],
     "status": ["belugactl status --json"],
     "stop": ["belugactl stop"],
@@ -18,11 +18,11 @@ EXAMPLES: dict[str, list[str]] = {
     "manifest check": ["belugactl manifest check -f examples/beluga-rack.yaml"],
     "manifest schema": ["belugactl manifest schema > rack.schema.json"],
     "pool show": ["belugactl pool show -f examples/lab.yaml --svg pool.svg"],
-    "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga.pool"],
+    "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool"],
     "bench rpc": ["belugactl bench rpc --json"],
     "bench mds": ["belugactl bench mds"],
     "bench kv": ["belugactl bench kv --blocks 64 --repeat 11"],
-    "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool /tmp/p --create-pool"],
+    "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --create-pool"],
     "lab prepare": ["belugactl lab prepare --install"],
     "lab up": ["belugactl lab up --hosts 2 --ssh"],
     "lab status": ["belugactl lab status --json"],

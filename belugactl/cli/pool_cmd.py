@@ -59,13 +59,22 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create a file-backed pool with a valid header, for development, CI and benchmarks.
 
-        Example: belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga-cpu-demo.pool
+        The file is created new (never through a symlink) with mode 0600, or the manifest's
+        pool.permissions.mode. Put it in a directory only you can write, not a shared /tmp.
+
+        Example: belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool
         """
         from belugactl.dataplane.pool import PoolMapping, create_file_pool
         from belugactl.errors import UsageError
         from belugactl.model.manifest import load_manifest
 
         manifest = load_manifest(file)
+        if path.is_symlink():
+            raise UsageError(
+                f"{path} is a symbolic link; refusing to create or open a pool through it",
+                why="a link at a pool path would send every tenant's KV bytes wherever it points",
+                fix="remove the link, or pass a path in a directory only you can write",
+            )
         if path.exists() and not exist_ok:
             raise UsageError(
                 f"{path} already exists",

@@ -294,8 +294,11 @@ def write_bundle(tracing: TracingHost, snapshot: HostSnapshot, dest: Path | str)
 def _write_tarball(tree: _Tree, extra: dict[str, bytes], dest: Path) -> None:
     mtime = int(time.time())
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+    # A fresh, unpredictable file (O_EXCL, 0600): a link planted at `dest.part` in a shared
+    # directory must not redirect what we write. os.replace then swaps the name itself, never a link's target.
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    tmp = Path(tmp_name)
+    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
         for p in sorted(tree.dirs | {posixpath.dirname(k) for k in extra}):
             info = tarfile.TarInfo(p.lstrip("/"))
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
@@ -344,8 +347,7 @@ def open_root(path: Path | str) -> Iterator[Host]:
     try:
         try:
             with tarfile.open(path, "r:gz") as tar:
-                # The "data" filter refuses absolute paths, links out of the tree and device files.
-                tar.extractall(workdir, filter="data")
+                _extract_bounded(tar, path, workdir)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InputError(
                 f"--root {path}: cannot unpack the bundle",
@@ -355,6 +357,45 @@ def open_root(path: Path | str) -> Iterator[Host]:
         yield Host.from_tree(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# What a bundle may unpack to. A capture of a 16-host-class machine is a few thousand small files
+# (sysfs attributes, tool JSON); the caps stop a gzip bomb or a hostile archive from filling the disk.
+MAX_BUNDLE_MEMBERS = 100_000
+MAX_BUNDLE_BYTES = 256 << 20
+MAX_BUNDLE_MEMBER_BYTES = 64 << 20
+
+
+def _bundle_refused(path: Path, why: str) -> InputError:
+    return InputError(
+        f"--root {path}: refusing to unpack the bundle",
+        why=why,
+        fix="re-create it with `belugactl discover --capture FILE.tar.gz` (a bundle holds only what discovery read)",
+    )
+
+
+def _extract_bounded(tar: tarfile.TarFile, path: Path, workdir: str) -> None:
+    """Unpack member by member (streaming), refusing before any cap is passed or anything leaves the root."""
+    total = 0
+    for count, member in enumerate(tar, start=1):
+        if count > MAX_BUNDLE_MEMBERS:
+            raise _bundle_refused(path, f"more than {MAX_BUNDLE_MEMBERS} members")
+        if not (member.isdir() or member.isreg() or member.issym()):
+            raise _bundle_refused(path, f"{member.name}: only files, directories and symlinks belong in a bundle")
+        name = posixpath.normpath(member.name)
+        if name.startswith(("/", "../")) or name == "..":
+            raise _bundle_refused(path, f"{member.name}: a path outside the bundle's root")
+        if member.issym():
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
+            if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+                raise _bundle_refused(path, f"{member.name} -> {member.linkname}: a link out of the bundle's root")
+        if member.size > MAX_BUNDLE_MEMBER_BYTES:
+            raise _bundle_refused(path, f"{member.name}: {member.size} bytes (at most {MAX_BUNDLE_MEMBER_BYTES})")
+        total += member.size
+        if total > MAX_BUNDLE_BYTES:
+            raise _bundle_refused(path, f"more than {MAX_BUNDLE_BYTES} bytes unpacked")
+        # The "data" filter is the second guard: absolute paths, links out of the tree, device files.
+        tar.extract(member, workdir, filter="data")
 
 
 def is_bundle_path(path: Path | str) -> bool:
