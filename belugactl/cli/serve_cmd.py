@@ -126,13 +126,19 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
     run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
 ) -> int:
-    """What serve started: processes, health, ports, connector counters, pool usage."""
+    """What serve started: processes, health, ports, connector counters, pool usage.
+
+    Exit status: 0, also when nothing is running ("nothing is running"); 1 when a supervisor died
+    without stopping its processes (`belugactl stop` cleans up).
+    """
     from belugactl.cli.render import print_json
     from belugactl.workflows.serve.control import status as read
 
     doc = read(run_dir)
     if as_json:
         print_json(doc)
+    elif doc["state"] == "not started":
+        print(f"serve: nothing is running (no serve state in {doc['run_dir']})")
     else:
         print(f"serve: {doc['state']} (run dir {doc['run_dir']})")
         for p in doc["processes"]:
@@ -164,7 +170,12 @@ def stop(
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
     run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
 ) -> None:
-    """Stop what serve started: vLLM instances first, then the metadata server."""
+    """Stop what serve started: vLLM instances first, then the metadata server.
+
+    Only processes whose recorded identity (pid, start time, command line) still matches are
+    signalled. Exit status: 0 when everything is stopped, also when nothing was running
+    ("nothing is running"); 3 when the supervisor does not stop.
+    """
     from belugactl.cli.render import print_json
     from belugactl.workflows.serve.control import stop as do_stop
 
@@ -172,4 +183,6 @@ def stop(
     if as_json:
         print_json(doc)
     else:
-        print(f"stopped: {', '.join(doc['stopped']) or 'nothing was running'}")
+        print(f"stopped: {', '.join(doc['stopped'])}" if doc["stopped"] else "stop: nothing is running")
+        for entry in doc.get("skipped", []):
+            print(f"stop: not signalled, no recorded identity (an older state file): {entry}; check it yourself")

@@ -131,6 +131,11 @@ def test_doctor_failures_that_break_serving_block_unless_ignored() -> None:
 def test_status_and_stop_without_a_serve(tmp_path, capsys) -> None:
     assert run(["status", "--run-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "not started"
-    assert run(["stop", "--run-dir", str(tmp_path)]) == 2
-    assert "nothing to stop" in capsys.readouterr().err
+    # Nothing running is not an error for either command: both exit 0 and say so.
+    assert run(["stop", "--run-dir", str(tmp_path)]) == 0
+    assert "nothing is running" in capsys.readouterr().out
+    assert run(["status", "--run-dir", str(tmp_path)]) == 0
+    assert "nothing is running" in capsys.readouterr().out
+    assert run(["stop", "--run-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nothing_running"] is True
     assert os.listdir(tmp_path) == []

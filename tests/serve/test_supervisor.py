@@ -120,6 +120,7 @@ def test_stop_command_cleans_up_after_a_supervisor_that_is_gone(tmp_path: Path) 
     # pid that does not exist any more).
     state = read_state(tmp_path)
     state["supervisor_pid"] = 2**22 + 12345
+    state["supervisor"] = {"pid": 2**22 + 12345, "start_time": 1.0, "cmdline": ["belugactl", "serve"], "exe": None}
     (tmp_path / "state.json").write_text(__import__("json").dumps(state))
     assert status(tmp_path)["state"] == "supervisor gone"
     result = stop(tmp_path)

@@ -16,7 +16,8 @@ from typing import Any
 from belugactl.errors import EnvironmentProblem, InputError, UsageError
 from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
-from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive, terminate_group
+from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
+from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok
 
 
 def default_run_dir() -> Path:
@@ -140,9 +141,18 @@ def read_state(run_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def _recorded(entry: Any) -> ProcessIdentity | None:
+    """The identity a state-file entry recorded (None for a dead process or an older state file)."""
+    return ProcessIdentity.from_dict(entry.get("identity") if isinstance(entry, dict) else None)
+
+
+def _supervisor(state: dict[str, Any]) -> ProcessIdentity | None:
+    return ProcessIdentity.from_dict(state.get("supervisor"))
+
+
 def _check_not_running(run_dir: Path) -> None:
     state = read_state(run_dir)
-    if state and state.get("state") not in ("stopped", "failed") and pid_alive(state.get("supervisor_pid")):
+    if state and state.get("state") not in ("stopped", "failed") and is_running(_supervisor(state)):
         raise EnvironmentProblem(
             f"serve is already running here (supervisor pid {state['supervisor_pid']}, run dir {run_dir})",
             fix="`belugactl status` to see it, `belugactl stop` to stop it",
@@ -155,10 +165,10 @@ def status(run_dir: str | Path | None = None) -> dict[str, Any]:
     state = read_state(run)
     if state is None:
         return {"run_dir": str(run), "running": False, "state": "not started", "processes": []}
-    supervisor_alive = pid_alive(state.get("supervisor_pid"))
+    supervisor_alive = is_running(_supervisor(state))
     procs = []
     for p in state.get("processes", []):
-        alive = pid_alive(p.get("pid"))
+        alive = is_running(_recorded(p))
         healthy = bool(alive and p.get("health_url") and http_ok(p["health_url"], timeout=1.0))
         entry = {**p, "alive": alive, "healthy": healthy}
         if p.get("stats_prefix"):
@@ -215,30 +225,69 @@ def _connector_stats(prefix: str) -> dict[str, Any]:
 
 
 def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Ask the supervisor to stop (SIGTERM) and wait; stop orphans directly if it is gone."""
+    """Ask the supervisor to stop (SIGTERM) and wait; stop orphans directly if it is gone.
+
+    Nothing running (no state, or everything already stopped) is not an error: `stopped` is empty
+    and `nothing_running` true. Only processes whose recorded identity still matches are signalled.
+    """
     run = Path(run_dir) if run_dir else default_run_dir()
     state = read_state(run)
     if state is None:
-        raise UsageError(f"nothing to stop: no serve state in {run}", fix="pass --run-dir if serve used another one")
-    sup = state.get("supervisor_pid")
+        return {"run_dir": str(run), "stopped": [], "nothing_running": True, "skipped": []}
+    sup = _supervisor(state)
     stopped: list[str] = []
-    if pid_alive(sup):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(sup, signal.SIGTERM)
+    skipped = _unverifiable(state)
+    if is_running(sup) and signal_process(sup, signal.SIGTERM):
+        assert sup is not None
         deadline = time.monotonic() + timeout_s
-        while pid_alive(sup) and time.monotonic() < deadline:
+        while is_running(sup) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if pid_alive(sup):
+        if is_running(sup):
             raise EnvironmentProblem(
-                f"the serve supervisor (pid {sup}) did not stop within {timeout_s:.0f} s",
-                fix=f"kill -TERM {sup}; its processes are listed in {run / STATE_FILE}",
+                f"the serve supervisor (pid {sup.pid}) did not stop within {timeout_s:.0f} s",
+                why="it is still running after SIGTERM (a process that ignores SIGTERM?)",
+                fix=f"kill -TERM {sup.pid}; its processes are listed in {run / STATE_FILE}",
             )
         stopped.append("supervisor")
     # Whatever is still alive (a supervisor killed with SIGKILL leaves its children behind).
     state = read_state(run) or state
     for kind in ("vllm", "metadata"):
         for p in state.get("processes", []):
-            if p.get("kind") == kind and pid_alive(p.get("pid")):
-                terminate_group(p["pid"])
+            if p.get("kind") == kind and is_running(_recorded(p)) and terminate(_recorded(p)):
                 stopped.append(p["name"])
-    return {"run_dir": str(run), "stopped": stopped}
+    _record_stopped(run, state)
+    return {"run_dir": str(run), "stopped": stopped, "nothing_running": not stopped, "skipped": skipped}
+
+
+def _unverifiable(state: dict[str, Any]) -> list[str]:
+    """Entries with a pid but no identity (an older state file): never signalled, named in the result."""
+    out = []
+    if state.get("supervisor_pid") and _supervisor(state) is None:
+        out.append(f"supervisor (pid {state['supervisor_pid']})")
+    for p in state.get("processes", []):
+        if isinstance(p, dict) and p.get("pid") and _recorded(p) is None:
+            out.append(f"{p.get('name')} (pid {p['pid']})")
+    return out
+
+
+def _record_stopped(run: Path, state: dict[str, Any]) -> None:
+    """Rewrite the state file so it lists no pid of a process that is gone (a later `stop` finds none)."""
+    if is_running(_supervisor(state)) or _unverifiable(state):
+        return  # the supervisor owns the file while it runs; an older file's pids stay for the operator
+    changed = False
+    for p in state.get("processes", []):
+        if isinstance(p, dict) and (p.get("pid") or p.get("identity")) and not is_running(_recorded(p)):
+            p["last_pid"] = p.get("pid") or p.get("last_pid")
+            p["pid"], p["identity"] = None, None
+            p["status"] = "stopped" if p.get("status") not in ("failed",) else p["status"]
+            changed = True
+    if state.get("supervisor_pid") or state.get("supervisor") or state.get("state") not in ("stopped", "failed"):
+        state["supervisor_pid"], state["supervisor"] = None, None
+        if state.get("state") != "failed":
+            state["state"] = "stopped"
+        changed = True
+    if changed:
+        tmp = run / f".{STATE_FILE}.stop.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(state, indent=2))
+            os.replace(tmp, run / STATE_FILE)

@@ -6,6 +6,8 @@ children too. A process that dies after it was ready is restarted after 1, 2, 4,
 `max_restarts` it is given up on, loudly, and the rest keep serving. A process that dies or times
 out BEFORE it was ever ready fails the start: everything started is stopped, nothing is left running.
 State (pids, ports, status, restarts) is kept in `<run_dir>/state.json` for `status` and `stop`.
+Every process is recorded with its identity (pid, start time, command line: proc_identity.py) and
+nothing is signalled that does not match it; a process that has exited is listed without a pid.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import IO, Any
 
 from belugactl.errors import BelugaError, EnvironmentProblem, ExitCode
 from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.proc_identity import ProcessIdentity, terminate
 
 STATE_FILE = "state.json"
 
@@ -53,6 +56,7 @@ def http_json(url: str, timeout: float = 1.0) -> Any:
 
 
 def log_tail(path: str, lines: int = 15) -> str:
+    """The last `lines` non-blank-edged lines of a log ("" when it is empty or unreadable)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -61,7 +65,15 @@ def log_tail(path: str, lines: int = 15) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(text.splitlines()[-lines:]).strip("\n")
+
+
+def exit_why(what: str, log_file: str, lines: int = 15) -> str:
+    """A `why` that always says something: what happened, then the log's last lines if it has any."""
+    tail = log_tail(log_file, lines)
+    if not tail.strip():
+        return f"{what}; its log {log_file} is empty"
+    return f"{what}; the last lines of {log_file}:\n{tail}"
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -81,18 +93,6 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def terminate_group(pid: int, *, grace_s: float = 20.0, is_alive: Callable[[int], bool] = pid_alive) -> None:
-    """SIGTERM the process group led by pid, wait, then SIGKILL what is left."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and is_alive(pid):
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    # The leader may be gone while children of its group live on: killpg above reached them.
-
-
 @dataclass
 class Managed:
     spec: ProcessSpec
@@ -102,12 +102,23 @@ class Managed:
     ever_ready: bool = False
     next_start: float = 0.0
     log: IO[bytes] | None = None
+    identity: ProcessIdentity | None = None  # of the process started last; kept after it exits
+
+    @property
+    def live(self) -> bool:
+        """Started and not yet reaped: while unreaped, its pid cannot belong to anything else."""
+        return self.proc is not None and self.proc.returncode is None
 
     def to_dict(self) -> dict[str, Any]:
+        live = self.live and self.status not in ("stopped", "failed")
         return {
             "name": self.spec.name,
             "kind": self.spec.kind,
-            "pid": self.proc.pid if self.proc else None,
+            # Only a live process is listed with a pid: a later `stop` must not find a number that is
+            # someone else's by then. last_pid stays for the operator reading logs.
+            "pid": self.proc.pid if live and self.proc else None,
+            "identity": self.identity.to_dict() if live and self.identity else None,
+            "last_pid": self.proc.pid if self.proc else None,
             "port": self.spec.port,
             "health_url": self.spec.health_url,
             "log_file": self.spec.log_file,
@@ -138,11 +149,15 @@ class Supervisor:
         self.procs = [Managed(spec) for spec in plan.processes]
         self._stop_requested = False
         self.state = "starting"
+        self.identity = ProcessIdentity.of(os.getpid())
 
     # -- state file -------------------------------------------------------------------------
     def write_state(self) -> None:
+        running = self.state not in ("stopped", "failed")
         doc = {
-            "supervisor_pid": os.getpid(),
+            # once stopped, no pid: whoever gets this number next is not ours to signal
+            "supervisor_pid": os.getpid() if running else None,
+            "supervisor": self.identity.to_dict() if running and self.identity else None,
             "state": self.state,
             "updated": time.time(),
             **{k: v for k, v in self.plan.to_dict().items() if k != "processes"},
@@ -183,8 +198,21 @@ class Supervisor:
                 f"cannot start {m.spec.name}: {exc.strerror}: {m.spec.argv[0]}",
                 fix="install it (scripts/bootstrap-vllm for vLLM) or fix the path",
             ) from None
+        # Read before anything can reap it: an unreaped child's pid cannot be reused meanwhile.
+        m.identity = ProcessIdentity.of(m.proc.pid)
         m.status = "starting"
         self.write_state()
+
+    def _terminate(self, m: Managed, grace_s: float) -> None:
+        """Stop m's process group: through its recorded identity, never a bare pid."""
+        if m.proc is None:
+            return
+        if m.identity is None and m.live:
+            # It exited (and turned zombie) before its identity could be read: still ours, unreaped.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(m.proc.pid, signal.SIGKILL)
+            return
+        terminate(m.identity, grace_s=grace_s)
 
     def _wait_ready(self, group: list[Managed]) -> None:
         deadline = {m.spec.name: time.monotonic() + m.spec.ready_timeout_s for m in group}
@@ -198,7 +226,7 @@ class Supervisor:
                 if code is not None:
                     raise StartFailed(
                         f"{m.spec.name} exited with status {code} before it was ready",
-                        why=log_tail(m.spec.log_file) or "(empty log)",
+                        why=exit_why(f"{m.spec.name} exited with status {code}", m.spec.log_file),
                         fix=f"read {m.spec.log_file}",
                     )
                 if m.spec.health_url is None or http_ok(m.spec.health_url):
@@ -210,7 +238,7 @@ class Supervisor:
                 elif time.monotonic() > deadline[m.spec.name]:
                     raise StartFailed(
                         f"{m.spec.name} was not ready within {m.spec.ready_timeout_s:.0f} s ({m.spec.health_url})",
-                        why=log_tail(m.spec.log_file) or "(empty log)",
+                        why=exit_why(f"{m.spec.health_url} did not answer 200", m.spec.log_file),
                         fix=f"read {m.spec.log_file}",
                     )
             time.sleep(self.poll_s)
@@ -254,8 +282,8 @@ class Supervisor:
                     m.status = "ready"
                     changed = True
                 continue
-            # It exited on its own: reap its group, then restart or give up.
-            terminate_group(m.proc.pid, grace_s=1.0)
+            # It exited on its own: stop what is left of its group, then restart or give up.
+            self._terminate(m, grace_s=1.0)
             if m.restarts >= self.max_restarts:
                 m.status = "failed"
                 self.say(
@@ -287,7 +315,7 @@ class Supervisor:
         for kind in ("vllm", "metadata"):
             for m in self.procs:
                 if m.spec.kind == kind and m.proc is not None:
-                    terminate_group(m.proc.pid, grace_s=self.stop_grace_s)
+                    self._terminate(m, self.stop_grace_s)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         m.proc.wait(timeout=1)
                     m.status = "stopped"
