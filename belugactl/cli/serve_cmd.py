@@ -84,11 +84,11 @@ def serve(
                 break
             if code is not None:
                 from belugactl.errors import StepFailed
-                from belugactl.workflows.serve.supervisor import log_tail
+                from belugactl.workflows.serve.supervisor import exit_why
 
                 raise StepFailed(
                     f"serve did not start (supervisor exited with status {code})",
-                    why=log_tail(log_path, 20),
+                    why=exit_why(f"the supervisor exited with status {code}", log_path, 20),
                     fix=f"read {log_path} and the logs under {plan.run_dir}/logs",
                 )
         if as_json:
