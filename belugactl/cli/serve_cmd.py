@@ -101,7 +101,7 @@ def serve(
     sup.install_signal_handlers()
     sup.start()
     if as_json:
-        print_json({"state": "ready", **plan.to_dict()})
+        print_json({"state": "ready", **plan.to_dict(), "connectors": sup.connectors})
         sys.stdout.flush()
     else:
         print("serve: all ready; Ctrl-C stops everything", file=sys.stderr)
@@ -145,14 +145,10 @@ def status(
             health = "healthy" if p["healthy"] else ("alive" if p["alive"] else "down")
             line = f"  {p['name']:<16} {p['status']:<10} {health:<8} pid {p['pid']}  port {p['port']}"
             line += f"  restarts {p['restarts']}"
-            counters = {}
-            for role in (p.get("connector") or {}).values():
-                counters.update(role.get("counters", {}))
-            if counters:
-                line += "  pool: " + ", ".join(
-                    f"{k} {counters[k]}" for k in ("hit_blocks", "loaded_blocks", "saved_blocks", "load_errors")
-                    if k in counters
-                )
+            if p.get("kind") == "vllm":
+                from belugactl.workflows.serve.connector_report import describe
+
+                line += "  pool: " + (describe(p["cache"]) if p.get("cache") else "connection unknown")
             print(line)
         pool = doc.get("pool")
         if isinstance(pool, dict):

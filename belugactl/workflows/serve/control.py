@@ -15,6 +15,7 @@ from typing import Any
 
 from belugactl.errors import EnvironmentProblem, InputError, UsageError
 from belugactl.workflows.serve import preflight
+from belugactl.workflows.serve.connector_report import read_connector_stats, summarize
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok
@@ -172,7 +173,9 @@ def status(run_dir: str | Path | None = None) -> dict[str, Any]:
         healthy = bool(alive and p.get("health_url") and http_ok(p["health_url"], timeout=1.0))
         entry = {**p, "alive": alive, "healthy": healthy}
         if p.get("stats_prefix"):
-            entry["connector"] = _connector_stats(p["stats_prefix"])
+            entry["connector"] = read_connector_stats(p["stats_prefix"])
+            # connected / hits / saves / load errors, None where nothing reports it
+            entry["cache"] = summarize(entry["connector"])
         procs.append(entry)
     pool = None
     if state.get("metadata_admin_url") and supervisor_alive:
@@ -212,16 +215,6 @@ def pool_summary(stats: Any) -> dict[str, Any] | None:
         "hits": index.get("hits"),
         "misses": index.get("misses"),
     }
-
-
-def _connector_stats(prefix: str) -> dict[str, Any]:
-    base = Path(prefix)
-    out: dict[str, Any] = {}
-    for path in sorted(base.parent.glob(base.name + ".*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(path.read_text())
-            out[str(doc.get("role", path.name))] = doc
-    return out
 
 
 def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -6,13 +6,14 @@ touches the machine except through the optional discovery snapshot (GPU NUMA nod
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from belugactl.workflows.serve.reachability import rpc_dial, unreachable_elsewhere, unreachable_instances
 
 if TYPE_CHECKING:
     from belugactl.host.snapshot import HostSnapshot
@@ -165,13 +166,14 @@ def build_serve_plan(
         admin_host = meta.admin_bind if meta.admin_bind not in ("0.0.0.0", "::") else "127.0.0.1"
         if mds_host.name == host.name:
             plan.metadata_admin_url = f"http://{admin_host}:{meta.admin_port}"
-        rpc_address = f"tcp://{'127.0.0.1' if mds_host.name == host.name else mds_host.address}:{meta.rpc_port}"
-        if mds_host.name != host.name and ipaddress.ip_address(meta.rpc_bind).is_loopback:
-            plan.blockers.append(
-                f"workers on {host.name} reach the metadata server over TCP at {mds_host.address}:{meta.rpc_port}, "
-                f"but serve.metadata.rpc_bind is {meta.rpc_bind} (loopback only on {mds_host.name}); "
-                f"fix: set serve.metadata.rpc_bind to {mds_host.address} (or 0.0.0.0) in the manifest"
-            )
+        # Dialled where the listener really answers (reachability.py): a specific bind is dialled at
+        # that address on the metadata host too, never 127.0.0.1.
+        rpc_address = rpc_dial(meta, mds_host, host).address
+        blocker = unreachable_instances(meta, mds_host, host, manifest.instances_on(host))
+        if blocker is not None:
+            plan.blockers.append(blocker)
+        if mds_host.name == host.name:
+            plan.notes += unreachable_elsewhere(manifest, meta, mds_host)
     if mds_host is not None and mds_host.name == host.name:
         argv = (
             *tools.belugactl,

@@ -138,6 +138,7 @@ class Supervisor:
         poll_s: float = 0.5,
         stop_grace_s: float = 20.0,
         say: Callable[[str], None] | None = None,
+        connector_timeout_s: float = 15.0,
     ) -> None:
         self.plan = plan
         self.run_dir = Path(plan.run_dir)
@@ -150,6 +151,8 @@ class Supervisor:
         self._stop_requested = False
         self.state = "starting"
         self.identity = ProcessIdentity.of(os.getpid())
+        self.connector_timeout_s = connector_timeout_s
+        self.connectors: dict[str, dict[str, Any]] = {}  # instance -> connector_report.summarize()
 
     # -- state file -------------------------------------------------------------------------
     def write_state(self) -> None:
@@ -162,6 +165,7 @@ class Supervisor:
             "updated": time.time(),
             **{k: v for k, v in self.plan.to_dict().items() if k != "processes"},
             "processes": [m.to_dict() for m in self.procs],
+            "connectors": self.connectors,
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / f".{STATE_FILE}.tmp"
@@ -259,8 +263,32 @@ class Supervisor:
             self.state = "failed"
             self.stop()
             raise
+        self.check_connectors()
         self.state = "ready"
         self.write_state()
+
+    def check_connectors(self) -> None:
+        """Say loudly which instances' connectors did not reach the metadata server (the cache is off there)."""
+        from belugactl.workflows.serve.connector_report import wait_for_connectors
+
+        instances = {m.spec.name: m.spec.stats_prefix for m in self.procs if m.spec.kind == "vllm"}
+        watched = {name: prefix for name, prefix in instances.items() if prefix}
+        if not watched:
+            return
+        self.connectors = wait_for_connectors(watched, timeout_s=self.connector_timeout_s)
+        for name, entry in self.connectors.items():
+            if entry["connected"] is True:
+                continue
+            level = "WARNING" if entry["connected"] is False else "note"
+            self.say(
+                f"serve: {level}: {name}'s KV connector "
+                + ("did not reach" if entry["connected"] is False else "has not yet reported reaching")
+                + f" the metadata server ({entry['why']}): it serves without the pool until it does. "
+                f"Check the server's log and the instance's log ({self._log_of(name)}); `belugactl status` tracks it"
+            )
+
+    def _log_of(self, name: str) -> str:
+        return next(m.spec.log_file for m in self.procs if m.spec.name == name)
 
     def step(self) -> None:
         """One monitoring pass: notice exits, schedule and perform restarts."""
