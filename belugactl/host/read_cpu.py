@@ -54,4 +54,13 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         cpus=cpus or None,
         stepping=_int(first.get("stepping")),
         hypervisor="hypervisor" in flags if first else None,
+        phys_address_bits=_physical_bits(first.get("address sizes")),
     )
+
+
+def _physical_bits(value: str | None) -> int | None:
+    """ "46 bits physical, 48 bits virtual" -> 46."""
+    words = (value or "").split()
+    if len(words) >= 3 and words[1] == "bits" and words[2].rstrip(",") == "physical" and words[0].isdigit():
+        return int(words[0])
+    return None

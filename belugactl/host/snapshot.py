@@ -267,6 +267,7 @@ class CpuInfo:
     cpus: int | None = None  # logical CPUs listed in /proc/cpuinfo
     stepping: int | None = None
     hypervisor: bool | None = None  # the "hypervisor" flag: running as a guest
+    phys_address_bits: int | None = None  # "address sizes: N bits physical": the largest range it can map
 
 
 @dataclass(frozen=True)

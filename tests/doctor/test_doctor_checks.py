@@ -240,6 +240,14 @@ def test_dax_size_against_the_manifest():
     assert big.status is Status.WARN
 
 
+def test_a_pool_past_the_cpus_physical_address_width_fails():
+    snap = beluga_like()
+    narrow = replace(snap, cpu=replace(snap.cpu, phys_address_bits=40))  # 1 TiB, as QEMU's default CPU
+    failed = run("dax.size-matches-manifest", narrow, expectations(pool_size=(1 << 40) + 2 * MiB))
+    assert failed.status is Status.FAIL and "40-bit physical address space" in failed.reason
+    assert run("dax.size-matches-manifest", narrow, expectations()).status is Status.OK  # POOL_SIZE fits
+
+
 def test_dax_align_against_the_manifest_and_the_2mib_default():
     assert run("dax.align", beluga_like(), expectations(align=GiB)).status is Status.FAIL
     small = with_dax(beluga_like(), align=4096)

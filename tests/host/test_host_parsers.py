@@ -86,3 +86,12 @@ def test_udev_is_only_asked_on_the_live_root() -> None:
     assert dax_devnames(fixture, problems) is None
     assert problems == []
     assert has_udev_db(host("lab-guest")) is False
+
+
+def test_cpuinfo_physical_address_width() -> None:
+    from belugactl.host.read_cpu import parse_cpuinfo
+
+    text = "processor\t: 0\nvendor_id\t: GenuineIntel\naddress sizes\t: 46 bits physical, 57 bits virtual\n"
+    assert parse_cpuinfo(text).phys_address_bits == 46
+    assert parse_cpuinfo("processor\t: 0\n").phys_address_bits is None
+    assert parse_cpuinfo("processor\t: 0\naddress sizes\t: garbage\n").phys_address_bits is None

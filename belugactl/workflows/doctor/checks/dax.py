@@ -175,6 +175,13 @@ def size_matches(ctx: DoctorContext) -> CheckResult:
     if dev.size is None:
         return CheckResult.skip(f"{dev.name}: size not reported")
     want = ctx.expect.pool_size
+    bits = ctx.snapshot.cpu.phys_address_bits
+    if bits and want > 1 << bits:
+        return CheckResult.fail(
+            f"the manifest's pool is {format_size(want)}: more than this CPU's {bits}-bit physical address space "
+            f"({format_size(1 << bits)}) can hold, so no host can map it",
+            f"set pool.size: {dev.size} in the manifest (the dax device's size)",
+        )
     if dev.size < want:
         return CheckResult.fail(
             f"{dev.name} is {format_size(dev.size)}, the manifest's pool is {format_size(want)}: "
