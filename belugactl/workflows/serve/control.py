@@ -230,7 +230,16 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
     sup = _supervisor(state)
     stopped: list[str] = []
     skipped = _unverifiable(state)
-    if is_running(sup) and signal_process(sup, signal.SIGTERM):
+    try:
+        asked = is_running(sup) and signal_process(sup, signal.SIGTERM)
+    except PermissionError:
+        assert sup is not None
+        raise EnvironmentProblem(
+            f"cannot signal the serve supervisor (pid {sup.pid}): permission denied",
+            why="serve was started by another user (or root)",
+            fix="run `belugactl stop` as the user that ran serve",
+        ) from None
+    if asked:
         assert sup is not None
         deadline = time.monotonic() + timeout_s
         while is_running(sup) and time.monotonic() < deadline:
