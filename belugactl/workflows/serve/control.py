@@ -18,7 +18,7 @@ from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.connector_report import read_connector_stats, summarize
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
-from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok
+from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
 
 
 def default_run_dir() -> Path:
@@ -153,7 +153,9 @@ def _supervisor(state: dict[str, Any]) -> ProcessIdentity | None:
 
 def _check_not_running(run_dir: Path) -> None:
     state = read_state(run_dir)
-    if state and state.get("state") not in ("stopped", "failed") and is_running(_supervisor(state)):
+    # An older state file has a bare pid: refusing to start on a live one is the safe side.
+    legacy = state is not None and _supervisor(state) is None and pid_alive(state.get("supervisor_pid"))
+    if state and state.get("state") not in ("stopped", "failed") and (is_running(_supervisor(state)) or legacy):
         raise EnvironmentProblem(
             f"serve is already running here (supervisor pid {state['supervisor_pid']}, run dir {run_dir})",
             fix="`belugactl status` to see it, `belugactl stop` to stop it",
