@@ -15,6 +15,7 @@ import pytest
 
 from belugactl.dataplane.pool import create_file_pool
 from belugactl.model.manifest import load_manifest
+from belugactl.workflows.context import load_rack_context
 from belugactl.workflows.rack.fanout import CommandTransport
 from belugactl.workflows.rack.orchestrate import RackTarget, rack_doctor, rack_setup, select_hosts
 from belugactl.workflows.rack.probe import PROBE_SIZE, ProbeRecord, judge
@@ -42,11 +43,10 @@ def _target(tmp_path: Path, transport, manifest: Path = LAB) -> RackTarget:
     pool = tmp_path / "pool.raw"
     if not pool.exists():
         create_file_pool(pool, load_manifest(manifest))
-    loaded = load_manifest(manifest)
+    rack = load_rack_context(manifest)
     return RackTarget(
-        manifest_path=str(manifest),
-        manifest=loaded,
-        hosts=select_hosts(loaded, None),
+        rack=rack,
+        hosts=select_hosts(rack.manifest, None),
         transport=transport,
         remote_belugactl=[sys.executable, "-m", "belugactl"],
         fanout=4,
