@@ -26,16 +26,17 @@ if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Host, Manifest
 
 
-def _short(name: str) -> str:
-    return name.split(".", 1)[0]
+def _same_host(a: str, b: str) -> bool:
+    """One name is the other plus domain labels: `gpu01` and `gpu01.rack.example`."""
+    return a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _matches(manifest: Manifest, name: str) -> list[Host]:
-    """Entries named exactly `name`; else those whose short name equals its short name."""
+    """Entries named exactly `name`; else those that are `name` with or without domain labels."""
     exact = [h for h in manifest.hosts if h.name == name]
     if exact:
         return exact
-    return [h for h in manifest.hosts if _short(h.name) == _short(name)]
+    return [h for h in manifest.hosts if _same_host(h.name, name)]
 
 
 def select_host(
@@ -43,10 +44,10 @@ def select_host(
 ) -> Host:
     """The manifest entry for `--host` (`wanted`), else for this machine's `hostname`.
 
-    Exact name first, then a unique short-name match (`gpu01` finds `gpu01.x` and the other way
-    round); without `--host`, a one-host manifest's only entry (a single box needs no naming).
-    An unknown or ambiguous name is a usage error (exit 2) listing the manifest's hosts, with a
-    did-you-mean when a name is close.
+    Exact name first, then a unique short-name match (`gpu01` finds `gpu01.x`, and
+    `gpu01.x.example.org` finds `gpu01` or `gpu01.x`); without `--host`, a one-host manifest's
+    only entry (a single box needs no naming). An unknown or ambiguous name is a usage error
+    (exit 2) listing the manifest's hosts, with a did-you-mean when a name is close.
     """
     if wanted is None and len(manifest.hosts) == 1:
         return manifest.hosts[0]
