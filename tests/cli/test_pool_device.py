@@ -85,3 +85,17 @@ def test_serve_takes_the_manifests_device_and_pool_flag(cli, tmp_path: Path):
     result = cli("serve", "-f", str(CPU_DEMO), "--pool", str(tmp_path / "p.pool"), "--dry-run", "--json",
                  "--run-dir", str(tmp_path))
     assert result.code == 0 and f'"pool_path": "{tmp_path / "p.pool"}"' in result.stdout
+
+
+def test_a_region_pools_device_is_found_by_setups_own_finder():
+    """Through the real finder (no stand-in): the lab guest's namespace is dax0.0; a host without CXL has none."""
+    from belugactl.host.host import Host
+    from belugactl.workflows.context import RackContext
+
+    from .conftest import REPO
+
+    fixtures = REPO / "tests" / "fixtures"
+    rack = RackContext(load_manifest(LAB), str(LAB), wanted_host="lab-1")
+    assert rack.pool_path(Host.from_tree(fixtures / "lab-guest")) == "/dev/dax0.0"
+    with pytest.raises(PoolDeviceUndecided):
+        RackContext(load_manifest(LAB), str(LAB), wanted_host="lab-1").pool_path(Host.from_tree(fixtures / "nocxl"))
