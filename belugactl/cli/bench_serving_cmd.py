@@ -77,7 +77,7 @@ def serve(
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
 
     rack = rack_context(manifest, pool=pool)
     current = status(run_dir)

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--host needs a manifest", fix="pass -f rack.yaml together with --host NAME")
         rack = None
         if source is not None:
-            from belugactl.cli.context import rack_context
+            from belugactl.cli.load_rack import rack_context
 
             rack = rack_context(source, host=host_name)
         if root is not None:

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
                   systemctl daemon-reload && systemctl enable belugactl-setup.service"""
         import shlex
 
-        from belugactl.cli.context import rack_context
+        from belugactl.cli.load_rack import rack_context
         from belugactl.workflows.setup.systemd import unit_text
 
         name = rack_context(file, host=host).host_name

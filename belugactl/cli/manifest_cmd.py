@@ -9,7 +9,7 @@ import typer
 
 def load_for_cli(file: Path, *, as_json: bool):  # -> Manifest (pydantic is imported lazily)
     """Load a manifest for a command; with --json its problems also go to stdout as a document."""
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
 
     return rack_context(file, as_json=as_json).manifest
 
@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
     ) -> None:
         """Validate FILE (every problem with file:line:column) and print the resolved pool layout."""
-        from belugactl.cli.context import rack_context
+        from belugactl.cli.load_rack import rack_context
         from belugactl.cli.pool_cmd import render_layout_table
         from belugactl.cli.render import print_json
 

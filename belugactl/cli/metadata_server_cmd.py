@@ -58,7 +58,7 @@ def metadata_server(
     import json
     import signal
 
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
     from belugactl.dataplane.mds.index import IndexConfig
     from belugactl.dataplane.mds.server import ServerConfig, open_server
     from belugactl.errors import UsageError

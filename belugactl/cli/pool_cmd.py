@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
     ) -> None:
         """Print the pool map derived from FILE: every region's offset, end, size and owner."""
-        from belugactl.cli.context import rack_context
+        from belugactl.cli.load_rack import rack_context
         from belugactl.errors import EnvironmentProblem
 
         rack = rack_context(file, as_json=as_json)
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
         Example: belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga-cpu-demo.pool
         """
-        from belugactl.cli.context import rack_context
+        from belugactl.cli.load_rack import rack_context
         from belugactl.dataplane.pool import PoolMapping, create_file_pool
         from belugactl.errors import UsageError
 

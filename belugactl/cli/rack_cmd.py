@@ -34,7 +34,7 @@ def _target(
     import os
     import shlex
 
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
     from belugactl.errors import UsageError
     from belugactl.workflows.rack.fanout import CommandTransport, SshTransport
     from belugactl.workflows.rack.orchestrate import RackTarget, select_hosts
@@ -331,7 +331,7 @@ def register(app: typer.Typer) -> None:
         host: str | None = host_option(),
         as_json: bool = typer.Option(True, "--json/--text"),
     ) -> None:
-        from belugactl.cli.context import rack_context
+        from belugactl.cli.load_rack import rack_context
         from belugactl.cli.render import print_json
         from belugactl.workflows.rack.agent import host_info
 
@@ -345,7 +345,7 @@ def register(app: typer.Typer) -> None:
             pool: str | None = typer.Option(None, "--pool"),
             as_json: bool = typer.Option(True, "--json/--text"),
         ) -> None:
-            from belugactl.cli.context import rack_context
+            from belugactl.cli.load_rack import rack_context
             from belugactl.cli.render import print_json
             from belugactl.workflows.rack import agent as rack_agent
 

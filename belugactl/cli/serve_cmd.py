@@ -41,7 +41,7 @@ def serve(
     import sys
     import time
 
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
     from belugactl.cli.options import checked_ignores
     from belugactl.cli.render import print_json
     from belugactl.workflows.serve.control import prepare, read_state

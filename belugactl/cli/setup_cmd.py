@@ -15,7 +15,7 @@ ROOT_HELP = "Act on a fixture or captured tree instead of this machine (testing)
 
 
 def _load(file: Path, host_name: str | None, root: Path | None):  # -> (Host, SetupTarget)
-    from belugactl.cli.context import rack_context
+    from belugactl.cli.load_rack import rack_context
     from belugactl.host.host import Host
     from belugactl.workflows.setup.target import target_from_context
 

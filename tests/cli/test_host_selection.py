@@ -14,7 +14,7 @@ import pytest
 
 from belugactl.errors import ExitCode, UsageError
 from belugactl.model.manifest import load_manifest_text
-from belugactl.workflows.context import select_host
+from belugactl.workflows.rack_context import select_host
 
 from .conftest import LAB, LAB_GUEST
 

@@ -90,7 +90,7 @@ def test_serve_takes_the_manifests_device_and_pool_flag(cli, tmp_path: Path):
 def test_a_region_pools_device_is_found_by_setups_own_finder():
     """Through the real finder (no stand-in): the lab guest's namespace is dax0.0; a host without CXL has none."""
     from belugactl.host.host import Host
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
     from .conftest import REPO
 

@@ -15,8 +15,8 @@ import pytest
 
 from belugactl.cli.app import run
 from belugactl.host.host import Host
-from belugactl.workflows.context import load_rack_context
 from belugactl.workflows.doctor import Status, builtin_registry, run_doctor
+from belugactl.workflows.rack_context import load_rack_context
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -13,9 +13,9 @@ from belugactl.host.host import Host
 from belugactl.model.header import PoolHeader, write_claim
 from belugactl.model.manifest import load_manifest
 from belugactl.units import MiB
-from belugactl.workflows.context import load_rack_context
 from belugactl.workflows.doctor import DoctorContext, Status, builtin_registry, run_doctor
 from belugactl.workflows.doctor.expectations import from_manifest, pick_host
+from belugactl.workflows.rack_context import load_rack_context
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "examples" / "lab.yaml"

@@ -15,10 +15,10 @@ import pytest
 
 from belugactl.dataplane.pool import create_file_pool
 from belugactl.model.manifest import load_manifest
-from belugactl.workflows.context import load_rack_context
 from belugactl.workflows.rack.fanout import CommandTransport
 from belugactl.workflows.rack.orchestrate import RackTarget, rack_doctor, rack_setup, select_hosts
 from belugactl.workflows.rack.probe import PROBE_SIZE, ProbeRecord, judge
+from belugactl.workflows.rack_context import load_rack_context
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "examples" / "lab.yaml"

@@ -10,8 +10,8 @@ import pytest
 from belugactl.errors import InputError
 from belugactl.host.host import Host
 from belugactl.model.manifest import load_manifest_text
-from belugactl.workflows.context import RackContext, load_rack_context
 from belugactl.workflows.discover import discover
+from belugactl.workflows.rack_context import RackContext, load_rack_context
 from belugactl.workflows.serve.plan import Tools, build_serve_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from belugactl.workflows.context import select_host
 from belugactl.workflows.doctor.context import Expectations, HugepageWant
+from belugactl.workflows.rack_context import select_host
 
 if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Host, Manifest
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 
 def pick_host(manifest: Manifest, wanted: str | None, hostname: str | None, *, file: str = "the manifest") -> Host:
@@ -49,7 +49,7 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
             for node, count in sorted(tuning.hugepages.per_node.items())
         )
     if layout is _RESOLVE:
-        from belugactl.workflows.context import RackContext
+        from belugactl.workflows.rack_context import RackContext
 
         layout = RackContext(manifest).layout_or_none()
     namespace = pool.namespace

@@ -13,7 +13,7 @@ from belugactl.workflows.doctor.runner import run_checks, validate_ignores
 if TYPE_CHECKING:
     from belugactl.host.host import Host
     from belugactl.host.snapshot import HostSnapshot
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 
 def builtin_registry() -> Registry:

@@ -9,7 +9,7 @@ from belugactl import __version__
 from belugactl.workflows.rack.probe import PROBE_SIZE, ProbeRecord, judge, probe_offsets
 
 if TYPE_CHECKING:
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 
 def host_info(rack: RackContext) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from belugactl.errors import UsageError
 from belugactl.workflows.rack.fanout import NodeResult, Transport, fan_out
 
 if TYPE_CHECKING:
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 CheckCell = dict[str, Any]
 

@@ -19,7 +19,7 @@ from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive, terminate_group
 
 if TYPE_CHECKING:
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 
 def default_run_dir() -> Path:

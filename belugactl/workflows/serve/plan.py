@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from belugactl.host.snapshot import HostSnapshot
     from belugactl.model.layout import PoolLayout
     from belugactl.model.manifest_schema import Host, Manifest
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 CONNECTOR_NAME = "BelugaConnector"
 

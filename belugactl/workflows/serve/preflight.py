@@ -19,7 +19,7 @@ from belugactl.errors import EnvironmentProblem, InputError, StepFailed
 from belugactl.workflows.serve.plan import ServePlan
 
 if TYPE_CHECKING:
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 # Doctor topics whose failures break a pool-backed vLLM on a devdax pool. On a file pool (development)
 # the CXL stack is not in the path at all, so the gate does not apply.

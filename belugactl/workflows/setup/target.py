@@ -14,7 +14,7 @@ from belugactl.units import MiB
 
 if TYPE_CHECKING:
     from belugactl.host.host import Host
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 # Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
 PERSISTENT_TOPICS = ("region", "devdax", "header")
@@ -60,8 +60,8 @@ class SetupTarget:
 
 
 def default_host_name(manifest: Any) -> str:
-    """The manifest host that is this machine, by the one rule (`workflows.context.select_host`)."""
-    from belugactl.workflows.context import select_host
+    """The manifest host that is this machine, by the one rule (`workflows.rack_context.select_host`)."""
+    from belugactl.workflows.rack_context import select_host
 
     return select_host(manifest, None, socket.gethostname()).name
 
@@ -85,7 +85,7 @@ def find_pool_device(host: Host, manifest: Any, host_name: str) -> str | None:
 
 
 def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout: Any = None) -> SetupTarget:
-    from belugactl.workflows.context import select_host
+    from belugactl.workflows.rack_context import select_host
 
     host = select_host(manifest, host_name, None if host_name else socket.gethostname())
     name = host.name

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from belugactl.workflows.context import RackContext
+    from belugactl.workflows.rack_context import RackContext
 
 
 def rack_context(
@@ -14,7 +14,7 @@ def rack_context(
 ) -> RackContext:
     """Load the manifest once for this command; with --json its problems also go to stdout as a document."""
     from belugactl.errors import ManifestError
-    from belugactl.workflows.context import load_rack_context
+    from belugactl.workflows.rack_context import load_rack_context
 
     try:
         return load_rack_context(file, host=host, pool=pool)
