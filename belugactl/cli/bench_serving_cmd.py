@@ -77,13 +77,16 @@ def serve(
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    from belugactl.cli.load_rack import rack_context
+
+    rack = rack_context(manifest, pool=pool)
     current = status(run_dir)
     supervisor = None
     if current["running"]:
         ports = [p["port"] for p in current["processes"] if p["kind"] == "vllm"]
         say(f"bench serve: using the serve running in {current['run_dir']}")
     else:
-        prepared = prepare(manifest, pool_path=pool, run_dir=run_dir, vllm=vllm, create_pool=create_pool)
+        prepared = prepare(rack, run_dir=run_dir, vllm=vllm, create_pool=create_pool)
         plan = prepared.plan
         ports = [p.port for p in plan.processes if p.kind == "vllm" and p.port is not None]
         supervisor = Supervisor(plan, say=say)
@@ -96,9 +99,7 @@ def serve(
         port_a, port_b = ports[0], ports[1] if len(ports) > 1 else ports[0]
         if port_a == port_b:
             say("bench serve: one instance only: A and B are the same instance (the hit still comes from the pool)")
-        from belugactl.model.manifest import load_manifest
-
-        loaded = load_manifest(manifest)
+        loaded = rack.manifest
         block = loaded.block_size_on(loaded.hosts[0]) if len(loaded.hosts) == 1 else 16
         doc = bench_serve.run(port_a, port_b, lengths=sizes, rounds=rounds, block_size=block, say=say)
     finally:

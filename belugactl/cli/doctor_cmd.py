@@ -7,32 +7,29 @@ from typing import Any
 
 import typer
 
+from belugactl.cli.options import hidden_alias, host_option, ignore_option
+
 STYLES = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_command(
-        manifest: Path | None = typer.Option(
+        file: Path | None = typer.Option(
             None,
             "-f",
-            "--manifest",
+            "--file",
             metavar="FILE",
             help="Rack manifest: check this host against its entry.",
             envvar="BELUGA_MANIFEST",
         ),
-        host_name: str | None = typer.Option(
-            None,
-            "--host",
-            metavar="NAME",
-            help="The manifest's host entry to check against (default: the one matching the hostname).",
+        manifest: Path | None = hidden_alias("--manifest"),
+        host_name: str | None = host_option(
+            "The manifest's host entry to check against (default: the one matching the hostname)."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (stable keys)."),
-        ignore: list[str] = typer.Option(
-            [],
-            "--ignore",
-            metavar="CHECK",
-            help="Downgrade this check's failure to a warning (repeat, or comma list; `all`).",
+        ignore: list[str] = ignore_option(
+            "Downgrade this check's failure to a warning (repeat, or comma list; `all`)."
         ),
         root: Path | None = typer.Option(
             None,
@@ -50,6 +47,8 @@ def register(app: typer.Typer) -> None:
         Exit 0 when no check failed, 1 when one did, 2 for bad flags or a bad manifest."""
         import contextlib
 
+        from belugactl.cli.options import checked_ignores
+        from belugactl.errors import UsageError
         from belugactl.host.host import Host
         from belugactl.workflows.doctor import builtin_registry, run_doctor
 
@@ -57,6 +56,15 @@ def register(app: typer.Typer) -> None:
         if list_checks:
             _print_list(registry, as_json)
             return
+        ignores = checked_ignores(ignore)  # before any slow work: a typo should fail fast
+        source = file or manifest
+        if host_name is not None and source is None:
+            raise UsageError("--host needs a manifest", fix="pass -f rack.yaml together with --host NAME")
+        rack = None
+        if source is not None:
+            from belugactl.cli.load_rack import rack_context
+
+            rack = rack_context(source, host=host_name)
         if root is not None:
             from belugactl.host.capture import open_root
 
@@ -64,13 +72,7 @@ def register(app: typer.Typer) -> None:
         else:
             opened = contextlib.nullcontext(Host.local())
         with opened as host:
-            report = run_doctor(
-                host,
-                manifest_path=str(manifest) if manifest is not None else None,
-                host_name=host_name,
-                ignore=ignore,
-                registry=registry,
-            )
+            report = run_doctor(host, rack=rack, ignore=ignores, registry=registry)
         if as_json:
             from belugactl.cli.render import print_json
 

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import typer
 
+from belugactl.cli.options import file_option, host_option
+
 
 def register(app: typer.Typer) -> None:
     export = typer.Typer(help="Export configuration for other tools (systemd).", no_args_is_help=True)
 
     @export.command("systemd")
     def systemd_cmd(
-        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
-        host: str | None = typer.Option(None, "--host", help="The manifest host (default: this hostname's)."),
+        file: Path = file_option(),
+        host: str | None = host_option("The manifest host (default: this hostname's)."),
         output: Path | None = typer.Option(None, "-o", "--output", help="Write the unit here (default: stdout)."),
         command: str | None = typer.Option(
             None, "--command", help="How the unit starts belugactl (default: this interpreter with -m belugactl)."
@@ -26,18 +28,10 @@ def register(app: typer.Typer) -> None:
                   systemctl daemon-reload && systemctl enable belugactl-setup.service"""
         import shlex
 
-        from belugactl.model.manifest import load_manifest
+        from belugactl.cli.load_rack import rack_context
         from belugactl.workflows.setup.systemd import unit_text
-        from belugactl.workflows.setup.target import default_host_name
 
-        manifest = load_manifest(file)
-        name = host
-        if name is None:
-            name = default_host_name(manifest)
-        elif name not in [h.name for h in manifest.hosts]:
-            from belugactl.errors import UsageError
-
-            raise UsageError(f"no host named {name!r} in the manifest", fix="pass --host with a manifest host name")
+        name = rack_context(file, host=host).host_name
         argv = shlex.split(command) if command else [sys.executable, "-m", "belugactl"]
         text = unit_text(str(file.resolve()), name, argv)
         if output is None:

@@ -160,13 +160,14 @@ def register(app: typer.Typer) -> None:
         from belugactl.cli.render import print_json
         from belugactl.errors import StepFailed
         from belugactl.lab import selftest
+        from belugactl.pool.device import device_path
 
         report = selftest.run(name, keep=keep)
         if as_json:
             print_json(report.to_dict())
         else:
             for p in report.provisioned:
-                print(f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> /dev/{p.dax} "
+                print(f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> {device_path(p.dax)} "
                       f"({p.dax_size // (1024 * 1024)} MiB, pool file offset {p.file_offset:#x})")
             for c in report.checks:
                 print(f"  [{'ok' if c.ok else 'FAIL'}] {c.what}: {c.detail}")

@@ -9,17 +9,9 @@ import typer
 
 def load_for_cli(file: Path, *, as_json: bool):  # -> Manifest (pydantic is imported lazily)
     """Load a manifest for a command; with --json its problems also go to stdout as a document."""
-    from belugactl.errors import ManifestError
-    from belugactl.model.manifest import load_manifest
+    from belugactl.cli.load_rack import rack_context
 
-    try:
-        return load_manifest(file)
-    except ManifestError as exc:
-        if as_json:
-            from belugactl.cli.render import print_json
-
-            print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
-        raise
+    return rack_context(file, as_json=as_json).manifest
 
 
 def register(app: typer.Typer) -> None:
@@ -31,12 +23,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
     ) -> None:
         """Validate FILE (every problem with file:line:column) and print the resolved pool layout."""
+        from belugactl.cli.load_rack import rack_context
         from belugactl.cli.pool_cmd import render_layout_table
         from belugactl.cli.render import print_json
-        from belugactl.model.layout import resolve_layout
 
-        m = load_for_cli(file, as_json=as_json)
-        layout = resolve_layout(m)
+        rack = rack_context(file, as_json=as_json)
+        m, layout = rack.manifest, rack.layout
         if as_json:
             print_json({"ok": True, "file": str(file), "manifest": summary(m), "layout": layout.to_dict()})
             return

@@ -7,16 +7,22 @@ from pathlib import Path
 
 import typer
 
+from belugactl.cli.options import file_option, host_option
+
 
 def register(app: typer.Typer) -> None:
     app.command("metadata-server")(metadata_server)
 
 
 def metadata_server(
-    file: Path = typer.Option(..., "-f", "--file", help="Rack manifest (rack.yaml)."),
+    file: Path = file_option("Rack manifest (rack.yaml)."),
     pool: str | None = typer.Option(
-        None, "--pool", help="Pool to map: /dev/daxX.Y or a file pool. Default: the manifest's dax device."
+        None,
+        "--pool",
+        help="Pool to map: /dev/daxX.Y or a file pool. Default: the manifest's dax device, or the region "
+        "pool's device setup made.",
     ),
+    host: str | None = host_option("This machine's host in the manifest (finds a region pool's device)."),
     bind: str | None = typer.Option(
         None, "--bind", help="Address for the RPC TCP listener and admin HTTP (default: manifest, else 127.0.0.1)."
     ),
@@ -57,22 +63,14 @@ def metadata_server(
     import math
     import signal
 
+    from belugactl.cli.load_rack import rack_context
     from belugactl.dataplane.mds.index import IndexConfig
     from belugactl.dataplane.mds.server import ServerConfig, open_server
     from belugactl.errors import UsageError
-    from belugactl.model.manifest import load_manifest
 
-    manifest = load_manifest(file)
+    rack = rack_context(file, host=host, pool=pool)
+    manifest = rack.manifest
     ms = manifest.serve.metadata if manifest.serve is not None else None
-    if pool is None:
-        source = manifest.pool.source
-        device = getattr(source, "device", None)
-        if device is None:
-            raise UsageError(
-                "no pool given and the manifest does not name a dax device",
-                fix="pass --pool /dev/daxX.Y (see `belugactl discover`) or a file pool",
-            )
-        pool = f"/dev/{device}"
     if not 0 < low_watermark < high_watermark <= 1:
         raise UsageError(
             "watermarks must satisfy 0 < low < high <= 1", fix="e.g. --high-watermark 0.9 --low-watermark 0.8"
@@ -99,7 +97,7 @@ def metadata_server(
             zero_on_free=zero_on_free,
         ),
     )
-    server = open_server(pool, manifest, config)
+    server = open_server(rack.pool_path(), manifest, config)
     try:
         server.start()
     except BaseException:

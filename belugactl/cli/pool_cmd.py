@@ -20,12 +20,11 @@ def register(app: typer.Typer) -> None:
         svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
     ) -> None:
         """Print the pool map derived from FILE: every region's offset, end, size and owner."""
-        from belugactl.cli.manifest_cmd import load_for_cli
+        from belugactl.cli.load_rack import rack_context
         from belugactl.errors import EnvironmentProblem
-        from belugactl.model.layout import resolve_layout
 
-        m = load_for_cli(file, as_json=as_json)
-        layout = resolve_layout(m)
+        rack = rack_context(file, as_json=as_json)
+        m, layout = rack.manifest, rack.layout
         if svg is not None:
             from belugactl.workflows.pool_svg import render_svg
 
@@ -64,11 +63,11 @@ def register(app: typer.Typer) -> None:
 
         Example: belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool
         """
+        from belugactl.cli.load_rack import rack_context
         from belugactl.dataplane.pool import PoolMapping, create_file_pool
         from belugactl.errors import UsageError
-        from belugactl.model.manifest import load_manifest
 
-        manifest = load_manifest(file)
+        manifest = rack_context(file).manifest
         if path.is_symlink():
             raise UsageError(
                 f"{path} is a symbolic link; refusing to create or open a pool through it",

@@ -7,6 +7,9 @@ from typing import Any
 
 import typer
 
+from belugactl.cli.completion import complete_host
+from belugactl.cli.options import file_option, host_option, ignore_option
+
 TRANSPORT_HELP = (
     "How hosts are reached: ssh (OpenSSH, BatchMode), lab (`belugactl lab exec` into the emulated rack), "
     "local (run each host's command on this machine: single-box demos and tests)."
@@ -31,12 +34,13 @@ def _target(
     import os
     import shlex
 
+    from belugactl.cli.load_rack import rack_context
     from belugactl.errors import UsageError
-    from belugactl.model.manifest import load_manifest
     from belugactl.workflows.rack.fanout import CommandTransport, SshTransport
     from belugactl.workflows.rack.orchestrate import RackTarget, select_hosts
 
-    loaded = load_manifest(manifest)
+    rack = rack_context(manifest)
+    loaded = rack.manifest
     selected = select_hosts(loaded, hosts)
     remote_manifest = remote_manifest or os.path.abspath(manifest)
     if transport == "ssh":
@@ -61,8 +65,7 @@ def _target(
     if fanout < 1:
         raise UsageError("--fanout must be at least 1")
     return RackTarget(
-        manifest_path=manifest,
-        manifest=loaded,
+        rack=rack,
         hosts=selected,
         transport=tr,
         remote_belugactl=remote,
@@ -196,8 +199,10 @@ def register(app: typer.Typer) -> None:
     )
 
     def common(
-        manifest: str = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
-        hosts: str | None = typer.Option(None, "--hosts", help="Node set to act on, e.g. lab-[1-2] (default: all)."),
+        manifest: str = file_option(),
+        hosts: str | None = typer.Option(
+            None, "--hosts", help="Node set to act on, e.g. lab-[1-2] (default: all).", autocompletion=complete_host
+        ),
         transport: str = typer.Option("ssh", "--transport", help=TRANSPORT_HELP),
         fanout: int = typer.Option(16, "--fanout", help="Hosts at once."),
         timeout: float = typer.Option(600.0, "--timeout", help="Seconds per host command."),
@@ -249,7 +254,7 @@ def register(app: typer.Typer) -> None:
     @with_common([
         json_param,
         inspect.Parameter("ignore", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-                          default=typer.Option([], "--ignore", help="Downgrade a check on every host (repeat).")),
+                          default=ignore_option("Downgrade a check on every host (repeat, or a comma list).")),
         inspect.Parameter("probe", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(True, "--probe/--no-probe", help="Run the cross-host pool probe.")),
     ])
@@ -258,10 +263,12 @@ def register(app: typer.Typer) -> None:
 
         Example: belugactl rack doctor -f examples/lab.yaml --transport lab
         """
+        from belugactl.cli.options import checked_ignores
         from belugactl.workflows.rack.orchestrate import rack_doctor
 
         opts, rest = split(kwargs)
-        report = rack_doctor(build(opts), ignore=rest["ignore"], probe=rest["probe"])
+        ignores = sorted(checked_ignores(rest["ignore"]))  # a typo fails here, not on every host
+        report = rack_doctor(build(opts), ignore=ignores, probe=rest["probe"])
         finish(report, rest["as_json"], _render_doctor)
 
     @rack.command("setup")
@@ -320,28 +327,30 @@ def register(app: typer.Typer) -> None:
 
     @agent.command("info")
     def info(
-        manifest: str = typer.Option(..., "-f", "--file"),
-        host: str | None = typer.Option(None, "--host"),
+        manifest: str = file_option(),
+        host: str | None = host_option(),
         as_json: bool = typer.Option(True, "--json/--text"),
     ) -> None:
+        from belugactl.cli.load_rack import rack_context
         from belugactl.cli.render import print_json
         from belugactl.workflows.rack.agent import host_info
 
-        print_json(host_info(manifest, host))
+        print_json(host_info(rack_context(manifest, host=host)))
 
     def probe_command(verb: str, doc: str) -> None:
         def command(
-            manifest: str = typer.Option(..., "-f", "--file"),
-            host: str | None = typer.Option(None, "--host"),
+            manifest: str = file_option(),
+            host: str | None = host_option(),
             nonce: int = typer.Option(..., "--nonce"),
             pool: str | None = typer.Option(None, "--pool"),
             as_json: bool = typer.Option(True, "--json/--text"),
         ) -> None:
+            from belugactl.cli.load_rack import rack_context
             from belugactl.cli.render import print_json
             from belugactl.workflows.rack import agent as rack_agent
 
             run = rack_agent.probe_write if verb == "probe-write" else rack_agent.probe_read
-            print_json(run(manifest, host, nonce, pool))
+            print_json(run(rack_context(manifest, host=host, pool=pool), nonce))
 
         command.__doc__ = doc
         agent.command(verb)(command)

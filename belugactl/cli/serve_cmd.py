@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from belugactl.cli.options import file_option, hidden_alias, host_option, ignore_option
+
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
@@ -12,19 +14,21 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
-    manifest: str = typer.Option(..., "-f", "--file", help="Rack manifest (YAML)."),
-    host: str = typer.Option(None, "--host", help="This host's name in the manifest (default: by hostname)."),
+    manifest: str = file_option(),
+    host: str = host_option(),
     pool: str = typer.Option(
-        None, "--pool", help="Pool device or file (default: the manifest's dax device; a file for development)."
+        None,
+        "--pool",
+        help="Pool device or file (default: the manifest's dax device, or the region pool's device setup made; "
+        "a file for development).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command line and environment; start nothing."),
     detach: bool = typer.Option(False, "--detach", help="Return once everything is ready; `status`/`stop` later."),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
     run_dir: str = typer.Option(None, "--run-dir", help="Logs and state (default: $BELUGACTL_RUN_DIR or a state dir)."),
     vllm: str = typer.Option(None, "--vllm", help="The vllm program (default: .venv-vllm/bin/vllm, else PATH)."),
-    ignore_check: list[str] = typer.Option(  # noqa: B006 - typer reads the default
-        [], "--ignore-check", help="Serve despite this failed doctor check (repeatable)."
-    ),
+    ignore: list[str] = ignore_option("Serve despite this failed doctor check (repeat, or a comma list)."),
+    ignore_check: list[str] = hidden_alias("--ignore-check", []),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run doctor before starting."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of a crashed process before giving up."),
     create_pool: bool = typer.Option(
@@ -37,18 +41,20 @@ def serve(
     import sys
     import time
 
+    from belugactl.cli.load_rack import rack_context
+    from belugactl.cli.options import checked_ignores
     from belugactl.cli.render import print_json
     from belugactl.workflows.serve.control import prepare, read_state
     from belugactl.workflows.serve.supervisor import Supervisor
 
+    ignores = checked_ignores(ignore, ignore_check)  # a typo fails before anything slow
+    rack = rack_context(manifest, host=host, pool=pool)
     prepared = prepare(
-        manifest,
-        host_name=host,
-        pool_path=pool,
+        rack,
         run_dir=run_dir,
         vllm=vllm,
         check=not dry_run,
-        ignore_checks=ignore_check,
+        ignore_checks=ignores,
         skip_doctor=skip_doctor,
         create_pool=create_pool,
     )
@@ -66,7 +72,7 @@ def serve(
 
     if detach:
         # Re-run ourselves without --detach in a new session; wait for the state file to say ready.
-        argv = [sys.executable, "-m", "belugactl", "serve", "-f", manifest, "--run-dir", plan.run_dir]
+        argv = [sys.executable, "-m", "belugactl", "serve", "-f", str(rack.path), "--run-dir", plan.run_dir]
         argv += ["--host", plan.host, "--pool", plan.pool_path, "--max-restarts", str(max_restarts), "--skip-doctor"]
         if vllm:
             argv += ["--vllm", vllm]

@@ -7,20 +7,19 @@ from pathlib import Path
 
 import typer
 
+from belugactl.cli.options import file_option, host_option, topics_option
+
 FILE_HELP = "The rack manifest (YAML)."
 HOST_HELP = "Which manifest host this machine is (default: the one matching this hostname)."
 ROOT_HELP = "Act on a fixture or captured tree instead of this machine (testing)."
 
 
 def _load(file: Path, host_name: str | None, root: Path | None):  # -> (Host, SetupTarget)
+    from belugactl.cli.load_rack import rack_context
     from belugactl.host.host import Host
-    from belugactl.model.layout import resolve_layout
-    from belugactl.model.manifest import load_manifest
-    from belugactl.workflows.setup.target import target_from_manifest
+    from belugactl.workflows.setup.target import target_from_context
 
-    manifest = load_manifest(file)
-    layout = resolve_layout(manifest)
-    target = target_from_manifest(manifest, host_name, layout=layout)
+    target = target_from_context(rack_context(file, host=host_name))
     host = Host.from_tree(root) if root is not None else Host.local()
     return host, target
 
@@ -28,14 +27,19 @@ def _load(file: Path, host_name: str | None, root: Path | None):  # -> (Host, Se
 def _topics(only: str | None) -> list[str] | None:
     if not only:
         return None
-    from belugactl.errors import UsageError
-    from belugactl.workflows.setup.target import ALL_TOPICS
+    import difflib
 
+    from belugactl.cli.completion import setup_topic_ids
+    from belugactl.errors import UsageError
+
+    known = setup_topic_ids()
     chosen = [t.strip() for t in only.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in ALL_TOPICS]
+    unknown = [t for t in chosen if t not in known]
     if unknown:
+        close = [m for t in unknown for m in difflib.get_close_matches(t, known, n=1)]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UsageError(
-            f"unknown topic(s) for --only: {', '.join(unknown)}", fix=f"choose from {', '.join(ALL_TOPICS)}"
+            f"unknown topic(s) for --only: {', '.join(unknown)}{hint}", fix=f"choose from {', '.join(known)}"
         )
     return chosen
 
@@ -140,10 +144,10 @@ def _apply(verb: str, file: Path, host_name, root, dry_run, yes, force, as_json,
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
-        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        file: Path = file_option(FILE_HELP),
+        host: str | None = host_option(HOST_HELP),
         force: bool = typer.Option(False, "--force", help="Plan as `setup --force` would (include destructive steps)."),
-        only: str | None = typer.Option(None, "--only", help="Comma-separated topics to plan."),
+        only: str | None = topics_option("Comma-separated topics to plan."),
         teardown: bool = typer.Option(False, "--teardown", help="Plan a teardown instead."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
         root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
@@ -166,13 +170,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("setup")
     def setup_cmd(
-        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
-        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        file: Path = file_option(FILE_HELP),
+        host: str | None = host_option(HOST_HELP),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow steps that destroy the pool's data."),
-        only: str | None = typer.Option(None, "--only", help="Comma-separated topics: region,devdax,permissions,"
-                                        "header,hugepages,thp,ddio,mtrr."),
+        only: str | None = topics_option("Comma-separated topics: region,devdax,permissions,"
+                                         "header,hugepages,thp,ddio,mtrr."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
         root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
     ) -> None:
@@ -184,8 +188,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("teardown")
     def teardown_cmd(
-        file: Path = typer.Option(..., "-f", "--file", help=FILE_HELP),
-        host: str | None = typer.Option(None, "--host", help=HOST_HELP),
+        file: Path = file_option(FILE_HELP),
+        host: str | None = host_option(HOST_HELP),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow destroying the namespace and region (pool data)."),

@@ -16,6 +16,7 @@ import pytest
 from belugactl.cli.app import run
 from belugactl.host.host import Host
 from belugactl.workflows.doctor import Status, builtin_registry, run_doctor
+from belugactl.workflows.rack_context import load_rack_context
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -135,7 +136,7 @@ LAB_SKIPS = {
 
 
 def test_lab_guest_against_the_lab_manifest():
-    report = _report("lab-guest", manifest_path=str(REPO / "examples" / "lab.yaml"))
+    report = _report("lab-guest", rack=load_rack_context(REPO / "examples" / "lab.yaml"))
     assert report.host_entry == "lab-1"  # picked by the tree's hostname
     by_id = {o.id: o for o in report.outcomes}
     assert list(by_id) == builtin_registry().ids

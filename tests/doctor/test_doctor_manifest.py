@@ -15,6 +15,7 @@ from belugactl.model.manifest import load_manifest
 from belugactl.units import MiB
 from belugactl.workflows.doctor import DoctorContext, Status, builtin_registry, run_doctor
 from belugactl.workflows.doctor.expectations import from_manifest, pick_host
+from belugactl.workflows.rack_context import load_rack_context
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "examples" / "lab.yaml"
@@ -51,7 +52,7 @@ def test_pick_host_by_flag_by_hostname_and_short_name():
 
 def test_run_doctor_with_a_manifest_checks_against_the_entry():
     snap = replace(beluga_like(), hostname="lab-1")
-    report = run_doctor(Host("/nonexistent"), manifest_path=str(LAB), snapshot=snap)
+    report = run_doctor(Host("/nonexistent"), rack=load_rack_context(LAB), snapshot=snap)
     assert report.host_entry == "lab-1"
     by_id = {o.id: o for o in report.outcomes}
     # the lab pins its own namespace uuid; this snapshot's namespace carries another one
@@ -61,9 +62,11 @@ def test_run_doctor_with_a_manifest_checks_against_the_entry():
     assert report.exit_code == ExitCode.FAILED
 
 
-def test_host_flag_needs_a_manifest():
-    with pytest.raises(UsageError, match="--host needs a manifest"):
-        run_doctor(Host("/nonexistent"), host_name="lab-1", snapshot=beluga_like())
+def test_host_flag_needs_a_manifest(capsys):
+    from belugactl.cli.app import run
+
+    assert run(["doctor", "--host", "lab-1"]) == ExitCode.USAGE
+    assert "--host needs a manifest" in capsys.readouterr().err
 
 
 # --- the pool header, read from a pool file standing in for /dev/dax0.0 ------------------------

@@ -18,6 +18,7 @@ from belugactl.model.manifest import load_manifest
 from belugactl.workflows.rack.fanout import CommandTransport
 from belugactl.workflows.rack.orchestrate import RackTarget, rack_doctor, rack_setup, select_hosts
 from belugactl.workflows.rack.probe import PROBE_SIZE, ProbeRecord, judge
+from belugactl.workflows.rack_context import load_rack_context
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "examples" / "lab.yaml"
@@ -42,11 +43,10 @@ def _target(tmp_path: Path, transport, manifest: Path = LAB) -> RackTarget:
     pool = tmp_path / "pool.raw"
     if not pool.exists():
         create_file_pool(pool, load_manifest(manifest))
-    loaded = load_manifest(manifest)
+    rack = load_rack_context(manifest)
     return RackTarget(
-        manifest_path=str(manifest),
-        manifest=loaded,
-        hosts=select_hosts(loaded, None),
+        rack=rack,
+        hosts=select_hosts(rack.manifest, None),
         transport=transport,
         remote_belugactl=[sys.executable, "-m", "belugactl"],
         fanout=4,

@@ -9,9 +9,9 @@ import pytest
 
 from belugactl.errors import InputError
 from belugactl.host.host import Host
-from belugactl.model.layout import resolve_layout
-from belugactl.model.manifest import load_manifest, load_manifest_text
+from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.discover import discover
+from belugactl.workflows.rack_context import RackContext, load_rack_context
 from belugactl.workflows.serve.plan import Tools, build_serve_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,17 +19,8 @@ TOOLS = Tools(vllm="/opt/vllm/bin/vllm", belugactl=("/opt/bin/belugactl",), numa
 
 
 def _plan(manifest_file: Path, host: str, *, snapshot=None, tools: Tools = TOOLS, pool: str = "/dev/dax0.0"):
-    manifest = load_manifest(manifest_file)
-    return build_serve_plan(
-        manifest,
-        resolve_layout(manifest),
-        manifest_path=str(manifest_file),
-        host_name=host,
-        pool_path=pool,
-        run_dir="/run/beluga",
-        tools=tools,
-        snapshot=snapshot,
-    )
+    rack = load_rack_context(manifest_file, host=host, pool=pool)
+    return build_serve_plan(rack, run_dir="/run/beluga", tools=tools, snapshot=snapshot)
 
 
 def _kv_config(argv: tuple[str, ...]) -> dict:
@@ -100,15 +91,8 @@ def test_without_discovery_or_numactl_the_plan_says_so() -> None:
 def test_a_write_back_pool_shared_by_hosts_needs_flushing_copies() -> None:
     text = (REPO / "examples" / "beluga-rack.yaml").read_text().replace("uncachable", "write-back")
     manifest = load_manifest_text(text, file="rack.yaml")
-    plan = build_serve_plan(
-        manifest,
-        resolve_layout(manifest),
-        manifest_path="rack.yaml",
-        host_name="beluga-02",
-        pool_path="/dev/dax0.0",
-        run_dir="/run/beluga",
-        tools=TOOLS,
-    )
+    rack = RackContext(manifest, "rack.yaml", wanted_host="beluga-02", pool_option="/dev/dax0.0")
+    plan = build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS)
     assert {_kv_config(p.argv)["kv_connector_extra_config"]["coherence"] for p in plan.processes} == {"flush"}
 
 
@@ -116,15 +100,8 @@ def test_a_manifest_without_serve_section_is_refused(tmp_path: Path) -> None:
     text = (REPO / "examples" / "single-host.yaml").read_text().split("\nserve:")[0]
     manifest = load_manifest_text(text, file="rack.yaml")
     with pytest.raises(InputError, match="no serve section"):
-        build_serve_plan(
-            manifest,
-            resolve_layout(manifest),
-            manifest_path="rack.yaml",
-            host_name="gpu-0",
-            pool_path="/dev/dax0.0",
-            run_dir=tmp_path,
-            tools=TOOLS,
-        )
+        rack = RackContext(manifest, "rack.yaml", wanted_host="gpu-0", pool_option="/dev/dax0.0")
+        build_serve_plan(rack, run_dir=tmp_path, tools=TOOLS)
 
 
 def test_remote_workers_need_a_reachable_rpc_listener() -> None:

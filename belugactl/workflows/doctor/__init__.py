@@ -1,7 +1,7 @@
 """`belugactl doctor`: named health checks, each ok / warn / fail / skip with a reason and the exact fix.
 
     from belugactl.workflows.doctor import run_doctor
-    report = run_doctor(Host.local(), manifest_path="rack.yaml")
+    report = run_doctor(Host.local(), rack=load_rack_context("rack.yaml"))
     report.exit_code, [o.to_dict() for o in report.outcomes]
 
 Checks live in `checks/` (one module per topic) and register in `registry.REGISTRY`; each is

@@ -4,39 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from belugactl.errors import UsageError
 from belugactl.workflows.doctor.context import Expectations, HugepageWant
+from belugactl.workflows.rack_context import select_host
 
 if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Host, Manifest
+    from belugactl.workflows.rack_context import RackContext
 
 
 def pick_host(manifest: Manifest, wanted: str | None, hostname: str | None, *, file: str = "the manifest") -> Host:
-    """The manifest's entry for `--host`, else the one matching this machine's hostname (or its short name)."""
-    names = manifest.host_names()
-    if wanted is not None:
-        try:
-            return manifest.host(wanted)
-        except KeyError:
-            import difflib
+    """The manifest's entry for `--host`, else the one matching this machine's hostname (one rule for all)."""
+    return select_host(manifest, wanted, hostname, file=file)
 
-            close = difflib.get_close_matches(wanted, names, n=1)
-            hint = f"; did you mean --host {close[0]}?" if close else ""
-            raise UsageError(
-                f"--host {wanted}: no such host in {file}{hint}",
-                why="hosts in the manifest: " + ", ".join(names),
-                fix="pass one of the names above with --host",
-            ) from None
-    candidates = [c for c in (hostname, (hostname or "").split(".", 1)[0]) if c]
-    for name in candidates:
-        for host in manifest.hosts:
-            if host.name == name or host.name.split(".", 1)[0] == name:
-                return host
-    raise UsageError(
-        f"this machine ({hostname or 'hostname unknown'}) is not one of the hosts in {file}",
-        why="hosts in the manifest: " + ", ".join(names),
-        fix="pass --host NAME to check this machine against that host's entry",
-    )
+
+def from_context(rack: RackContext, host: Host) -> Expectations:
+    """Expectations from a rack context: its layout is resolved once, there."""
+    return from_manifest(rack.manifest, host, layout=rack.layout_or_none())
 
 
 def _serials(selection: Any) -> tuple[int, ...]:
@@ -51,7 +34,10 @@ def _serials(selection: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def from_manifest(manifest: Manifest, host: Host) -> Expectations:
+_RESOLVE = object()  # from_manifest's default: resolve the layout here (callers without a context)
+
+
+def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> Expectations:
     pool = manifest.pool
     source = pool.source
     is_region = getattr(source, "kind", None) == "cxl-region"
@@ -62,13 +48,10 @@ def from_manifest(manifest: Manifest, host: Host) -> Expectations:
             HugepageWant(node, tuning.hugepages.page_size, count)
             for node, count in sorted(tuning.hugepages.per_node.items())
         )
-    layout = None
-    try:
-        from belugactl.model.layout import resolve_layout
+    if layout is _RESOLVE:
+        from belugactl.workflows.rack_context import RackContext
 
-        layout = resolve_layout(manifest)
-    except Exception:  # noqa: BLE001 - a layout that does not fit is `manifest check`'s to report
-        layout = None
+        layout = RackContext(manifest).layout_or_none()
     namespace = pool.namespace
     return Expectations(
         host_name=host.name,

@@ -14,25 +14,35 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from belugactl.errors import UsageError
 from belugactl.workflows.rack.fanout import NodeResult, Transport, fan_out
+
+if TYPE_CHECKING:
+    from belugactl.workflows.rack_context import RackContext
 
 CheckCell = dict[str, Any]
 
 
 @dataclass
 class RackTarget:
-    manifest_path: str
-    manifest: Any
+    rack: RackContext  # the manifest, loaded once here
     hosts: list[str]
     transport: Transport
     remote_belugactl: list[str] = field(default_factory=lambda: ["belugactl"])
     remote_manifest: str | None = None
     fanout: int = 16
     timeout_s: float = 600.0
-    pool: str | None = None
+    pool: str | None = None  # --pool, passed on to every host (each decides its own device otherwise)
+
+    @property
+    def manifest_path(self) -> str:
+        return self.rack.file
+
+    @property
+    def manifest(self) -> Any:
+        return self.rack.manifest
 
     @property
     def rmanifest(self) -> str:
@@ -170,7 +180,7 @@ class RackDoctorReport:
 def _skew(target: RackTarget, infos: dict[str, NodeResult]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     from belugactl.workflows.rack.agent import host_info
 
-    local = host_info(target.manifest_path, None)
+    local = host_info(target.rack)
     rows: dict[str, dict[str, Any]] = {}
     for host, res in infos.items():
         doc, problem = parse_json(res)

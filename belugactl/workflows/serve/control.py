@@ -6,19 +6,22 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from belugactl.errors import EnvironmentProblem, InputError, UsageError
+from belugactl.pool.device import is_device
 from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.connector_report import read_connector_stats, summarize
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
+
+if TYPE_CHECKING:
+    from belugactl.workflows.rack_context import RackContext
 
 
 def default_run_dir() -> Path:
@@ -32,15 +35,6 @@ def default_run_dir() -> Path:
     return Path(base) / "belugactl" / "serve"
 
 
-def default_pool_path(manifest: Any) -> str:
-    source = manifest.pool.source
-    if getattr(source, "kind", None) == "dax-device":
-        device = source.device
-        return device if device.startswith("/") else f"/dev/{device}"
-    # A region-backed pool becomes one devdax device per host; setup names it after the namespace.
-    return "/dev/dax0.0"
-
-
 @dataclass
 class Prepared:
     plan: ServePlan
@@ -48,10 +42,8 @@ class Prepared:
 
 
 def prepare(
-    manifest_path: str,
+    rack: RackContext,
     *,
-    host_name: str | None = None,
-    pool_path: str | None = None,
     run_dir: str | None = None,
     vllm: str | None = None,
     check: bool = True,
@@ -59,36 +51,18 @@ def prepare(
     skip_doctor: bool = False,
     create_pool: bool = False,
 ) -> Prepared:
-    """Load the manifest, pick this host, build the plan and, with `check`, run every preflight check."""
-    from belugactl.model.layout import resolve_layout
-    from belugactl.model.manifest import load_manifest
-
-    manifest = load_manifest(manifest_path)
-    # Children run with other working directories; hand them absolute paths.
-    manifest_path = str(Path(manifest_path).resolve())
-    host = _pick_host(manifest, host_name, manifest_path)
-    layout = resolve_layout(manifest)
-    pool = pool_path or default_pool_path(manifest)
-    if not pool.startswith("/dev/"):
-        pool = str(Path(pool).resolve())
+    """Build this host's plan from the rack context and, with `check`, run every preflight check."""
+    host = rack.host()
+    pool = rack.pool_path()
     snapshot = None
-    is_file_pool = not pool.startswith("/dev/")
+    is_file_pool = not is_device(pool)
     if host.platform == "gpu" or (check and not skip_doctor and not is_file_pool):
         with contextlib.suppress(Exception):  # discovery is best effort for NUMA placement
             from belugactl.host.host import Host
             from belugactl.workflows.discover import discover
 
             snapshot = discover(Host.local())
-    plan = build_serve_plan(
-        manifest,
-        layout,
-        manifest_path=manifest_path,
-        host_name=host.name,
-        pool_path=pool,
-        run_dir=run_dir or default_run_dir(),
-        tools=Tools.find(vllm),
-        snapshot=snapshot,
-    )
+    plan = build_serve_plan(rack, run_dir=run_dir or default_run_dir(), tools=Tools.find(vllm), snapshot=snapshot)
     prepared = Prepared(plan)
     if not check:
         return prepared
@@ -100,10 +74,11 @@ def prepare(
         )
     _check_not_running(Path(plan.run_dir))
     preflight.check_vllm(plan)
+    manifest = rack.manifest
     if manifest.serve is not None and manifest.instances_on(host):
         from belugactl.workflows.serve.plan import resolve_model
 
-        preflight.check_model(resolve_model(manifest.serve.vllm.model, manifest_path), manifest_path=manifest_path)
+        preflight.check_model(resolve_model(manifest.serve.vllm.model, rack.path), manifest_path=rack.file)
     preflight.check_ports((p.name, p.port) for p in plan.processes if p.port is not None)
     if any(p.kind == "metadata" for p in plan.processes) and manifest.serve is not None:
         preflight.check_ports([("metadata-server rpc", manifest.serve.metadata.rpc_port)])
@@ -112,26 +87,18 @@ def prepare(
     if create_pool and not Path(pool).exists():
         from belugactl.dataplane.pool import create_file_pool
 
-        create_file_pool(pool, manifest_path)
+        create_file_pool(pool, manifest)
         plan.notes.append(f"created the file pool {pool}")
-    preflight.check_pool(pool, manifest_path)
+    preflight.check_pool(pool, rack)
     if is_file_pool:
         plan.notes.append("file-backed pool (development): doctor's CXL checks do not apply and were not run")
     elif not skip_doctor:
         from belugactl.host.host import Host
         from belugactl.workflows.doctor.workflow import run_doctor
 
-        report = run_doctor(Host.local(), manifest_path=manifest_path, host_name=host.name, snapshot=snapshot)
+        report = run_doctor(Host.local(), rack=rack, snapshot=snapshot)
         prepared.doctor_ignored = preflight.check_doctor(report, ignore=ignore_checks)
     return prepared
-
-
-def _pick_host(manifest: Any, wanted: str | None, manifest_path: str) -> Any:
-    if wanted is None and len(manifest.hosts) == 1:
-        return manifest.hosts[0]
-    from belugactl.workflows.doctor.expectations import pick_host
-
-    return pick_host(manifest, wanted, socket.gethostname(), file=manifest_path)
 
 
 def read_state(run_dir: str | Path) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from belugactl.host.snapshot import HostSnapshot
     from belugactl.model.layout import PoolLayout
     from belugactl.model.manifest_schema import Host, Manifest
+    from belugactl.workflows.rack_context import RackContext
 
 CONNECTOR_NAME = "BelugaConnector"
 
@@ -113,7 +114,7 @@ def gpu_numa_nodes(snapshot: HostSnapshot | None) -> list[int | None]:
     return [d.numa_node for d in sorted(gpus, key=lambda d: d.bdf)]
 
 
-def resolve_model(model: str, manifest_path: str) -> str:
+def resolve_model(model: str, manifest_path: str | Path) -> str:
     """A model given as ./path or ../path is relative to the manifest's directory, not the caller's."""
     if model.startswith(("./", "../")):
         return str((Path(manifest_path).resolve().parent / model).resolve())
@@ -136,24 +137,26 @@ def metadata_host(manifest: Manifest) -> Host | None:
 
 
 def build_serve_plan(
-    manifest: Manifest,
-    layout: PoolLayout,
+    rack: RackContext,
     *,
-    manifest_path: str,
-    host_name: str,
-    pool_path: str,
     run_dir: str | Path,
     tools: Tools,
     snapshot: HostSnapshot | None = None,
 ) -> ServePlan:
+    """The plan for this host of the rack context (its `--host` entry, its pool device)."""
     from belugactl.errors import InputError
 
+    manifest = rack.manifest
     if manifest.serve is None:
         raise InputError(
-            f"{manifest_path} has no serve section",
+            f"{rack.file} has no serve section",
             fix="add serve.vllm (model, instances_per_host, ...) to the manifest; see docs/serving.md",
         )
-    host = manifest.host(host_name)
+    host = rack.host()
+    layout = rack.layout
+    # Children run with other working directories: they get absolute paths.
+    manifest_path = str(rack.path)
+    pool_path = rack.pool_path()
     run = Path(run_dir)
     serve = manifest.serve
     plan = ServePlan(manifest.name, host.name, manifest_path, str(run), pool_path)

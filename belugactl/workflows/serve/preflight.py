@@ -13,9 +13,13 @@ import socket
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from belugactl.errors import EnvironmentProblem, InputError, StepFailed
 from belugactl.workflows.serve.plan import ServePlan
+
+if TYPE_CHECKING:
+    from belugactl.workflows.rack_context import RackContext
 
 # Doctor topics whose failures break a pool-backed vLLM on a devdax pool. On a file pool (development)
 # the CXL stack is not in the path at all, so the gate does not apply.
@@ -91,17 +95,17 @@ def check_ports(ports: Iterable[tuple[str, int]]) -> None:
         )
 
 
-def check_pool(pool_path: str, manifest_path: str) -> None:
+def check_pool(pool_path: str, rack: RackContext) -> None:
     from belugactl.dataplane.pool import PoolMapping
 
     if not Path(pool_path).exists():
         raise EnvironmentProblem(
             f"pool {pool_path} is not provisioned",
             why="the metadata server and the vLLM connectors map the pool from this path",
-            fix=f"belugactl setup -f {manifest_path} (devdax); for development, a file pool: "
-            f"belugactl serve -f {manifest_path} --pool {pool_path} --create-pool",
+            fix=f"belugactl setup -f {rack.file} (devdax); for development, a file pool: "
+            f"belugactl serve -f {rack.file} --pool {pool_path} --create-pool",
         )
-    with PoolMapping.open(pool_path, manifest_path, writable=False):
+    with PoolMapping.open(pool_path, rack.manifest, writable=False):
         pass  # raises PoolMismatch (exit 2) when the header disagrees with the manifest
 
 
@@ -115,7 +119,7 @@ def check_doctor(report: object, *, ignore: Iterable[str] = ()) -> list[str]:
             continue
         if not outcome.id.startswith(SERVING_CHECK_PREFIXES):
             continue
-        if outcome.id in ignored:
+        if outcome.id in ignored or "all" in ignored:
             passed_over.append(outcome.id)
             continue
         blocking.append(outcome)
@@ -126,6 +130,6 @@ def check_doctor(report: object, *, ignore: Iterable[str] = ()) -> list[str]:
             why="\n".join(
                 f"{o.id}: {o.result.reason}" + (f" (fix: {o.result.fix})" if o.result.fix else "") for o in blocking
             ),
-            fix="fix them (belugactl setup), or pass --ignore-check ID for each to serve anyway",
+            fix="fix them (belugactl setup), or pass --ignore ID for each to serve anyway",
         )
     return passed_over

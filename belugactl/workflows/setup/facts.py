@@ -17,6 +17,7 @@ from belugactl.host.snapshot import HostSnapshot
 from belugactl.host.write_mtrr import variable_mtrr_count
 from belugactl.host.write_state import boot_id, empty_state
 from belugactl.host.write_udev import RULE_FILE
+from belugactl.pool.device import device_path
 
 Discover = Callable[[Host], HostSnapshot]
 
@@ -78,5 +79,6 @@ def observe(host: Host, target: Any, state: dict[str, Any], *, discover: Discove
 
         device = pool_dax_device(target, facts)
         if device is not None:
-            facts.header_bytes, facts.header_error = read_header_bytes(host, f"/dev/{device}", target.header.map_size)
+            path = device_path(device)
+            facts.header_bytes, facts.header_error = read_header_bytes(host, path, target.header.map_size)
     return facts

@@ -18,6 +18,7 @@ from belugactl.host.host import Host
 from belugactl.host.write_pool import PoolWindow
 from belugactl.model import header as hdr
 from belugactl.model.plan import Skip, Step, WritePoolHeader
+from belugactl.pool.device import device_path
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
 
@@ -96,7 +97,7 @@ def plan_header(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[li
                 note="the pool device exists once the earlier steps have run",
             )
         ], []
-    device = f"/dev/{name}"
+    device = device_path(name)
     if facts.header_bytes is None:
         # Not fatal for planning (a captured tree has no device to map); setup ends failing on it.
         return [

@@ -15,6 +15,7 @@ from belugactl.errors import EnvironmentProblem, InputError
 from belugactl.host.snapshot import CxlRegion, DaxDevice, NdNamespace
 from belugactl.host.write_udev import RULE_FILE, rule_text
 from belugactl.model.plan import RunCommand, SetOwnership, Skip, Step, WriteFile
+from belugactl.pool.device import device_path
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
@@ -402,7 +403,7 @@ def plan_permissions(target: SetupTarget, facts: SetupFacts, force: bool) -> tup
                 note="the device name is known once it exists",
             )
         ], []
-    device = f"/dev/{dax.name}"
+    device = device_path(dax.name)
     text = rule_text(device, perms.owner, perms.group, perms.mode)
     actions: list = []
     before = []

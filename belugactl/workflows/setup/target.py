@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from belugactl.errors import UsageError
 from belugactl.units import MiB
+
+if TYPE_CHECKING:
+    from belugactl.host.host import Host
+    from belugactl.workflows.rack_context import RackContext
 
 # Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
 PERSISTENT_TOPICS = ("region", "devdax", "header")
@@ -57,28 +60,35 @@ class SetupTarget:
 
 
 def default_host_name(manifest: Any) -> str:
-    """The manifest host whose name matches this machine's hostname (short or full)."""
-    names = [h.name for h in manifest.hosts]
-    full = socket.gethostname()
-    for candidate in (full, full.split(".")[0]):
-        if candidate in names:
-            return candidate
-    raise UsageError(
-        f"this machine's hostname {full!r} is not a host in the manifest",
-        why=f"the manifest lists: {', '.join(names)}",
-        fix="pass --host NAME",
-    )
+    """The manifest host that is this machine, by the one rule (`workflows.rack_context.select_host`)."""
+    from belugactl.workflows.rack_context import select_host
+
+    return select_host(manifest, None, socket.gethostname()).name
+
+
+def target_from_context(rack: RackContext) -> SetupTarget:
+    """What setup wants of this machine's entry in the rack context (layout resolved once there)."""
+    return target_from_manifest(rack.manifest, rack.host_name, layout=rack.layout)
+
+
+def find_pool_device(host: Host, manifest: Any, host_name: str) -> str | None:
+    """The pool's dax device name ("dax0.0") on `host` once setup has made it, else None.
+
+    Setup's own finder (the manifest's namespace, region or device), exposed so that the pool
+    device rule (`belugactl.pool.device.pool_device`) and setup never disagree.
+    """
+    from belugactl.workflows.setup.facts import observe
+    from belugactl.workflows.setup.steps_pool import pool_dax_device
+
+    target = target_from_manifest(manifest, host_name)  # no header spec: the finder needs none
+    return pool_dax_device(target, observe(host, target, {}))
 
 
 def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout: Any = None) -> SetupTarget:
-    name = host_name or default_host_name(manifest)
-    host = next((h for h in manifest.hosts if h.name == name), None)
-    if host is None:
-        raise UsageError(
-            f"no host named {name!r} in the manifest",
-            why=f"the manifest lists: {', '.join(h.name for h in manifest.hosts)}",
-            fix="pass --host with one of those names",
-        )
+    from belugactl.workflows.rack_context import select_host
+
+    host = select_host(manifest, host_name, None if host_name else socket.gethostname())
+    name = host.name
     pool = manifest.pool
     src = pool.source
     ns = pool.namespace

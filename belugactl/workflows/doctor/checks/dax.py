@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 
 from belugactl.host.snapshot import DaxDevice, NdNamespace
+from belugactl.pool.device import device_path
 from belugactl.units import MiB, format_size
 from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
@@ -280,7 +281,7 @@ def permissions(ctx: DoctorContext) -> CheckResult:
         return dev
     if not dev.dev_exists or dev.dev_mode is None:
         return CheckResult.skip(f"{dev.dev_path or dev.name}: no /dev node to inspect (see dax.device-present)")
-    path = dev.dev_path or f"/dev/{dev.name}"
+    path = dev.dev_path or device_path(dev.name)
     owner = dev.dev_owner or str(dev.dev_uid)
     group = dev.dev_group or str(dev.dev_gid)
     mode = stat.S_IMODE(dev.dev_mode)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from belugactl.errors import BelugaError, EnvironmentProblem, InputError
+from belugactl.pool.device import device_path
 from belugactl.units import MiB
 from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
@@ -28,7 +29,7 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         from belugactl.model import header as header_mod
     except ImportError as exc:
         return CheckResult.skip(f"no header reader in this build ({exc.name}): needs setup")
-    path = dev.dev_path or f"/dev/{dev.name}"
+    path = dev.dev_path or device_path(dev.name)
     # A device-dax node can only be mapped, in multiples of its align; a plain pool file maps the same way.
     length = max(dev.align or 2 * MiB, READ_BYTES)
     try:

@@ -1,0 +1,26 @@
+"""The one place the CLI loads a manifest: every command that takes `-f` builds its rack context here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from belugactl.workflows.rack_context import RackContext
+
+
+def rack_context(
+    file: str | Path, *, host: str | None = None, pool: str | None = None, as_json: bool = False
+) -> RackContext:
+    """Load the manifest once for this command; with --json its problems also go to stdout as a document."""
+    from belugactl.errors import ManifestError
+    from belugactl.workflows.rack_context import load_rack_context
+
+    try:
+        return load_rack_context(file, host=host, pool=pool)
+    except ManifestError as exc:
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
+        raise

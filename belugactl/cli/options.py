@@ -1,0 +1,45 @@
+"""Options several commands share, spelled once: `-f/--file`, `--host`, `--ignore`.
+
+Each returns a fresh `typer.Option` (Typer reads it as the parameter's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import typer
+
+from belugactl.cli.completion import complete_check, complete_host, complete_topic
+
+FILE_HELP = "The rack manifest (YAML)."
+HOST_HELP = "This machine's host in the manifest (default: the one matching the hostname)."
+IGNORE_HELP = "Downgrade this doctor check's failure (repeat, or a comma list; `all`). See `belugactl doctor --list`."
+
+
+def file_option(help: str = FILE_HELP, *, required: bool = True) -> Any:
+    return typer.Option(... if required else None, "-f", "--file", metavar="FILE", help=help)
+
+
+def host_option(help: str = HOST_HELP) -> Any:
+    return typer.Option(None, "--host", metavar="NAME", help=help, autocompletion=complete_host)
+
+
+def ignore_option(help: str = IGNORE_HELP) -> Any:
+    return typer.Option([], "--ignore", metavar="CHECK", help=help, autocompletion=complete_check)
+
+
+def hidden_alias(name: str, default: Any = None) -> Any:
+    """An old spelling kept working but out of --help (e.g. `doctor --manifest`, `serve --ignore-check`)."""
+    return typer.Option(default, name, hidden=True)
+
+
+def topics_option(help: str) -> Any:
+    return typer.Option(None, "--only", metavar="TOPICS", help=help, autocompletion=complete_topic)
+
+
+def checked_ignores(*values: Iterable[str] | None) -> frozenset[str]:
+    """`--ignore` values as known check ids: an unknown id is exit 2 with a did-you-mean."""
+    from belugactl.workflows.doctor import builtin_registry, validate_ignores
+
+    return validate_ignores(builtin_registry(), [v for group in values if group for v in group])
