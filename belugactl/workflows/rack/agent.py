@@ -44,8 +44,8 @@ def pool_path(manifest: Any, host_name: str, pool: str | None) -> str:
         return pool
     from belugactl.host import Host
     from belugactl.model.layout import resolve_layout
-    from belugactl.workflows.setup.facts import observe
-    from belugactl.workflows.setup.steps_pool import pool_dax_device
+    from belugactl.workflows.setup.observe import observe
+    from belugactl.workflows.setup.pool_lookup import pool_dax_device
     from belugactl.workflows.setup.target import target_from_manifest
 
     target = target_from_manifest(manifest, host_name, layout=resolve_layout(manifest))

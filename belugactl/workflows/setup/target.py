@@ -1,7 +1,8 @@
 """What the manifest wants of one host, flattened to what setup needs (SetupTarget).
 
 The manifest schema belongs to the model layer; this module is the one adapter between it and
-setup, so a schema change touches only `target_from_manifest`.
+setup, so a schema change touches only `target_from_manifest`. It imports nothing of setup: the
+topics (workflows/setup/topics/) import it.
 """
 
 from __future__ import annotations
@@ -11,12 +12,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from belugactl.errors import UsageError
+from belugactl.model import header as hdr
 from belugactl.units import MiB
 
-# Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
-PERSISTENT_TOPICS = ("region", "devdax", "header")
-BOOT_TOPICS = ("permissions", "hugepages", "thp", "ddio", "mtrr")
-ALL_TOPICS = ("region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr")  # planning order
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """The topic lists older callers import from here, read from the topic registry when asked.
+
+    Lazily, so this module never imports the topics (which import it). New code: `topics.topic_ids()`.
+    """
+    from belugactl.workflows.setup import topics
+
+    lists = {
+        "ALL_TOPICS": topics.topic_ids,
+        "BOOT_TOPICS": topics.boot_topic_ids,
+        "PERSISTENT_TOPICS": topics.persistent_topic_ids,
+    }
+    if name in lists:
+        return lists[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,18 @@ class DevicePermissions:
 
 
 @dataclass(frozen=True)
+class HeaderSpec:
+    """The header this host's manifest implies, and how much of the pool to map to see it."""
+
+    ours: hdr.PoolHeader
+    map_size: int = hdr.HEADER_REGION
+
+
+def header_spec_for(manifest: Any, layout: Any, host_name: str) -> HeaderSpec:
+    return HeaderSpec(ours=hdr.PoolHeader.from_layout(manifest, layout, created_by=host_name))
+
+
+@dataclass(frozen=True)
 class SetupTarget:
     host: str
     pool: PoolTarget
@@ -53,7 +79,7 @@ class SetupTarget:
     thp: str | None = None  # None: leave as is
     ddio: str = "unmanaged"  # "disabled" | "enabled" | "unmanaged"
     uncachable: bool = False
-    header: Any = None  # a HeaderSpec (workflows.setup.steps_header); None: leave the header alone
+    header: HeaderSpec | None = None  # None: leave the header alone
 
 
 def default_host_name(manifest: Any) -> str:
@@ -106,11 +132,7 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
     thp = own.thp if own is not None and own.thp is not None else manifest.tuning.thp
     perms = pool.permissions  # pool.permissions: defaults root/root/0660 when the manifest has none
     permissions = DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
-    header = None
-    if layout is not None:
-        from belugactl.workflows.setup.steps_header import header_spec_for
-
-        header = header_spec_for(manifest, layout, name)
+    header = header_spec_for(manifest, layout, name) if layout is not None else None
     return SetupTarget(
         host=name,
         pool=pool_target,

@@ -4,22 +4,29 @@ The race between two first hosts is guarded by the header's claim word (model/he
 sets it from 0 to a random nonce with compare-and-swap, waits a settle time, reads it again, and
 only if it still holds its own nonce writes the record (magic last). A host that loses waits for
 the winner's header and verifies it. A header that disagrees with this host's manifest is never
-overwritten without --force, because rewriting it discards everything the pool holds.
+overwritten without --force, because rewriting it discards everything the pool holds; nor is a
+header area that holds anything but zeros (someone's data, not a pool that was never used).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from belugactl.errors import BelugaError, InputError, StepFailed
 from belugactl.host.host import Host
-from belugactl.host.write_pool import PoolWindow
+from belugactl.host.write_pool import PoolWindow  # setup's only pool mapping: observe() and the claim-write below
 from belugactl.model import header as hdr
 from belugactl.model.plan import Skip, Step, WritePoolHeader
+from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
-from belugactl.workflows.setup.target import SetupTarget
+from belugactl.workflows.setup.force import ForceRequired
+from belugactl.workflows.setup.pool_lookup import pool_dax_device
+from belugactl.workflows.setup.target import HeaderSpec, SetupTarget
+from belugactl.workflows.setup.topic import ApplyContext, Planned, SetupTopic
+
+ID = "header"
 
 
 class HeaderMismatch(BelugaError):
@@ -46,31 +53,19 @@ def _show(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class HeaderSpec:
-    """The header this host's manifest implies, and how much of the pool to map to see it."""
-
-    ours: hdr.PoolHeader
-    map_size: int = hdr.HEADER_REGION
-
-
-def header_spec_for(manifest: Any, layout: Any, host_name: str) -> HeaderSpec:
-    return HeaderSpec(ours=hdr.PoolHeader.from_layout(manifest, layout, created_by=host_name))
-
-
-@dataclass(frozen=True)
 class HeaderVerdict:
-    state: str  # "blank" | "claimed" | "match" | "differs" | "corrupt"
+    state: str  # "blank" | "occupied" | "claimed" | "match" | "differs" | "corrupt"
     rows: tuple[tuple[str, Any, Any], ...] = ()
     reason: str | None = None
     claim: int = 0
 
 
 def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
-    if hdr.is_blank(found):
-        return HeaderVerdict("blank")
     if found[hdr.MAGIC_OFFSET : hdr.MAGIC_OFFSET + len(hdr.MAGIC)] == bytes(len(hdr.MAGIC)):
         claim = hdr.read_claim(found)
-        return HeaderVerdict("claimed", reason=f"claim word {claim:#018x} set, no header yet", claim=claim)
+        if claim:
+            return HeaderVerdict("claimed", reason=f"claim word {claim:#018x} set, no header yet", claim=claim)
+        return _blank_or_occupied(found)
     try:
         theirs = hdr.PoolHeader.unpack(found)
     except InputError as exc:
@@ -79,104 +74,167 @@ def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
     return HeaderVerdict("differs", rows=tuple(rows)) if rows else HeaderVerdict("match")
 
 
-def plan_header(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list[Step], list[Skip]]:
-    from belugactl.workflows.setup.steps_pool import pool_dax_device
+def _blank_or_occupied(found: bytes) -> HeaderVerdict:
+    """Blank means every byte of the header area is zero, not only the magic and the claim word."""
+    nonzero = len(found) - found.count(0)  # one pass in C over at most the 2 MiB header area
+    if not nonzero:
+        return HeaderVerdict("blank")
+    first = len(found) - len(found.lstrip(b"\0"))
+    sample = found[first : first + 16].hex(" ")
+    return HeaderVerdict(
+        "occupied",
+        reason=f"no header, but {nonzero} of the first {format_size(len(found))} are not zero "
+        f"(the first at offset {first:#x}: {sample})",
+    )
 
+
+def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
     spec: HeaderSpec | None = target.header
     if spec is None:
-        return [], [Skip("header", "no layout given: the header is neither written nor verified")]
+        return Planned(skipped=[Skip(ID, "no layout given: the header is neither written nor verified")])
     name = pool_dax_device(target, facts)
     if name is None:
-        return [
+        return Planned(steps=[
             Step(
                 id="header.write-or-verify",
-                topic="header",
+                topic=ID,
                 summary="write the pool header (first host) or verify it against this manifest",
                 deferred=True,
                 note="the pool device exists once the earlier steps have run",
             )
-        ], []
+        ])
     device = f"/dev/{name}"
     if facts.header_bytes is None:
         # Not fatal for planning (a captured tree has no device to map); setup ends failing on it.
-        return [
+        return Planned(steps=[
             Step(
                 id="header.write-or-verify",
-                topic="header",
+                topic=ID,
                 summary=f"write or verify the pool header on {device}",
                 deferred=True,
                 note=f"cannot read the pool header from {device}: {facts.header_error or 'not mappable'} "
                 "(run as root; check `daxctl list` for the device and its align)",
             )
-        ], []
+        ])
     verdict = judge(spec, facts.header_bytes)
     if verdict.state == "match":
-        return [], []
+        return Planned()
+    return Planned(steps=[_step_for(verdict, spec, device)])
+
+
+def _step_for(verdict: HeaderVerdict, spec: HeaderSpec, device: str) -> Step:
+    after = f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}"
     if verdict.state == "claimed" and hdr.claimed_by(verdict.claim, spec.ours.created_by):
         # Our own tag: a setup of this host died between its claim and the magic. Setup holds this
         # host's lock, so no live writer of ours exists: take the claim over (no --force needed).
-        return [
-            Step(
+        return Step(
+            id="header.write",
+            topic=ID,
+            summary=f"initialize the pool: write its header on {device}, taking over this host's stale claim",
+            actions=(WritePoolHeader(device),),
+            before=f"{verdict.reason}: set by {spec.ours.created_by} in a setup that did not finish",
+            after=after,
+            note="the claim word carries this host's tag; it is swapped for a new nonce, then written as usual",
+        )
+    if verdict.state in ("blank", "claimed"):
+        # Another host's (or an untagged) claim: wait for its header. With --force the operator says
+        # that host is not initializing any more: take the claim whatever it holds.
+        take_over = None
+        if verdict.state == "claimed":
+            take_over = Step(
                 id="header.write",
-                topic="header",
-                summary=f"initialize the pool: write its header on {device}, taking over this host's stale claim",
-                actions=(WritePoolHeader(device),),
-                before=f"{verdict.reason}: set by {spec.ours.created_by} in a setup that did not finish",
-                after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
-                note="the claim word carries this host's tag; it is swapped for a new nonce, then written as usual",
-            )
-        ], []
-    if verdict.state == "claimed" and force:
-        # Another host's (or an untagged) claim with no header behind it, and the operator says that
-        # host is not initializing any more: take the claim whatever it holds.
-        return [
-            Step(
-                id="header.write",
-                topic="header",
+                topic=ID,
                 summary=f"TAKE OVER another host's claim and write the pool header on {device}",
                 actions=(WritePoolHeader(device, rewrite=True),),
                 destroys_data=True,
                 before=f"{verdict.reason}: not this host's claim",
-                after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
+                after=after,
                 note="only safe when no other host is running setup on this pool",
             )
-        ], []
-    if verdict.state in ("blank", "claimed"):
-        return [
-            Step(
-                id="header.write",
-                topic="header",
-                summary=f"initialize the pool: write its header on {device} (or verify the one a racing host writes)",
-                actions=(WritePoolHeader(device),),
-                before="no header" if verdict.state == "blank" else verdict.reason,
-                after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
-                note="claim word compare-and-swap first: if another host wins, this one verifies its header",
-            )
-        ], []
-    if not force:
-        if verdict.state == "corrupt":
-            raise StepFailed(
-                f"the pool header on {device} is unreadable: {verdict.reason}",
-                why="the bytes at offset 0 are not a valid belugactl header",
-                fix="if this pool holds nothing you need, rerun with --force to write a new header "
-                "(this DISCARDS the pool's contents)",
-            )
-        raise HeaderMismatch(device, list(verdict.rows))
-    return [
-        Step(
-            id="header.rewrite",
-            topic="header",
-            summary=f"REWRITE the pool header on {device}: every host's view of the pool's contents is discarded",
-            actions=(WritePoolHeader(device, rewrite=True),),
-            destroys_data=True,
-            before=verdict.reason or "; ".join(f"{n}: {b} (manifest {a})" for n, a, b in verdict.rows),
-            after=f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}",
-            note="other hosts must be stopped; they verify the new header on their next setup",
+        return Step(
+            id="header.write",
+            topic=ID,
+            summary=f"initialize the pool: write its header on {device} (or verify the one a racing host writes)",
+            actions=(WritePoolHeader(device),),
+            before="no header" if verdict.state == "blank" else verdict.reason,
+            after=after,
+            note="claim word compare-and-swap first: if another host wins, this one verifies its header",
+            forced=take_over,
         )
-    ], []
+    if verdict.state == "occupied":
+        return Step(
+            id="header.write",
+            topic=ID,
+            summary=f"initialize the pool OVER THE DATA on {device}: write its header there",
+            actions=(WritePoolHeader(device),),
+            destroys_data=True,
+            before=verdict.reason,
+            after=after,
+            note="the device holds bytes belugactl did not write; the header and then the pool's users overwrite them",
+            refusal=ForceRequired(
+                f"{device} holds data but no pool header; writing the header would destroy it; nothing was changed",
+                why=f"{verdict.reason}: not a pool belugactl initialized, nor a blank device",
+                fix=f"check that {device} is the pool's device (pool.source in the manifest); if nothing on it is "
+                "needed, rerun with --force to write the header over it (DISCARDS that data)",
+            ),
+        )
+    refusal: BelugaError = (
+        StepFailed(
+            f"the pool header on {device} is unreadable: {verdict.reason}",
+            why="the bytes at offset 0 are not a valid belugactl header",
+            fix="if this pool holds nothing you need, rerun with --force to write a new header "
+            "(this DISCARDS the pool's contents)",
+        )
+        if verdict.state == "corrupt"
+        else HeaderMismatch(device, list(verdict.rows))
+    )
+    return Step(
+        id="header.rewrite",
+        topic=ID,
+        summary=f"REWRITE the pool header on {device}: every host's view of the pool's contents is discarded",
+        actions=(WritePoolHeader(device, rewrite=True),),
+        destroys_data=True,
+        before=verdict.reason or "; ".join(f"{n}: {b} (manifest {a})" for n, a, b in verdict.rows),
+        after=after,
+        note="other hosts must be stopped; they verify the new header on their next setup",
+        refusal=refusal,
+    )
+
+
+def teardown(target: SetupTarget, facts: SetupFacts) -> Planned:
+    if facts.state.get("header"):
+        return Planned(notes=["the pool header stays: other hosts may still use the pool"])
+    return Planned()
+
+
+def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
+    if target.header is None:
+        return
+    device = pool_dax_device(target, facts)
+    if device is not None:
+        facts.header_bytes, facts.header_error = read_header_bytes(host, f"/dev/{device}", target.header.map_size)
+
+
+def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None, str | None]:
+    try:
+        with PoolWindow.open(host, device, size, writable=False) as window:
+            return window.read(0, size), None
+    except BelugaError as exc:
+        return None, exc.what
 
 
 # --- applying --------------------------------------------------------------------------------
+def apply_write(ctx: ApplyContext, action: WritePoolHeader) -> str:
+    if ctx.target.header is None:
+        raise StepFailed("no header to write: the layout was not resolved")
+    outcome = write_or_verify_header(ctx.host, action.device, ctx.target.header, rewrite=action.rewrite)
+    ctx.state["header"] = {"device": action.device, "wrote": outcome.wrote, "claim": f"{outcome.claim:#x}"}
+    if outcome.took_over:
+        ctx.state["header"]["took_over"] = f"{outcome.took_over:#x}"
+        return f"wrote the header (took over this host's stale claim {outcome.took_over:#018x})"
+    return "wrote the header" if outcome.wrote else "another host wrote the header; verified it"
+
+
 @dataclass(frozen=True)
 class HeaderOutcome:
     wrote: bool  # this host wrote the header (else it verified another host's)
@@ -216,9 +274,8 @@ def write_or_verify_header(
         time.sleep(settle_s)
         if window.load_u64(hdr.CLAIM_OFFSET) != nonce:
             return _await_winner(window, spec, device, wait_s, window.load_u64(hdr.CLAIM_OFFSET))
-        record = _with_claim(spec.ours, nonce)
-        body = record.pack(include_magic=False)
-        window.write(0, body)
+        record = replace(spec.ours, claim=nonce, created_time=int(time.time()))
+        window.write(0, record.pack(include_magic=False))
         window.write(hdr.MAGIC_OFFSET, hdr.MAGIC)
         # Re-read: another host whose claim raced ours would have changed the claim word by now.
         verdict = judge(spec, window.read(0, spec.map_size))
@@ -248,12 +305,6 @@ def _atomics() -> Any:
     return native if native.features().get("native") else None
 
 
-def _with_claim(header: hdr.PoolHeader, nonce: int) -> hdr.PoolHeader:
-    from dataclasses import replace
-
-    return replace(header, claim=nonce, created_time=int(time.time()))
-
-
 def _await_winner(window: PoolWindow, spec: HeaderSpec, device: str, wait_s: float, claim: int) -> HeaderOutcome:
     deadline = time.monotonic() + wait_s
     while True:
@@ -271,3 +322,15 @@ def _await_winner(window: PoolWindow, spec: HeaderSpec, device: str, wait_s: flo
                 fix="if no other host is running setup, it crashed mid-way: rerun with --force to reset the claim",
             )
         time.sleep(0.05)
+
+
+TOPIC = SetupTopic(
+    id=ID,
+    order=40,
+    summary="the pool header at offset 0: written by the first host, verified by the others",
+    plan=plan,
+    teardown=teardown,
+    survives_reboot=True,
+    observe=observe,
+    executors={WritePoolHeader: apply_write},
+)
