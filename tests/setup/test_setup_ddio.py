@@ -12,10 +12,10 @@ from belugactl.host.host import Host
 from belugactl.host.snapshot import CpuInfo, CxlMemdev, CxlState, HostSnapshot, KernelInfo, PciDevice, RootPort
 from belugactl.host.write_pci import rmw_config_byte
 from belugactl.model.plan import PciConfigRmw
-from belugactl.workflows.setup.topic import Planned
-from belugactl.workflows.setup.topics import ddio as steps_ddio
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import PoolTarget, SetupTarget
+from belugactl.workflows.setup.topic import Planned
+from belugactl.workflows.setup.topics import ddio as steps_ddio
 
 CLX = CpuInfo(vendor="GenuineIntel", family=6, model=0x55)
 CXL_RP, GPU_RP, OTHER_RP = "0000:34:00.0", "0000:17:00.0", "0000:80:00.0"
