@@ -140,3 +140,27 @@ def test_teardown_restores_exactly_the_saved_bits():
         PciConfigRmw(GPU_RP, 0x185, 0x01, 0x00, 0x01),
     )
     assert [a.new_value for a in step.actions] == [0x95, 0x00]  # managed bits restored, bit 2 left alone
+
+
+@pytest.mark.parametrize("model", [0x8F, 0x6A, 0x3F])
+def test_doctor_says_what_setup_says_where_setup_leaves_ddio_to_the_bios(model):
+    from belugactl.workflows.doctor import builtin_registry
+    from belugactl.workflows.doctor.context import DoctorContext
+
+    snap = replace(snapshot(cpu=replace(CLX, model=model)), cxl=CxlState(
+        bus_present=True, memdevs=[CxlMemdev("mem0", pmem_size=1 << 30, root_port=CXL_RP)]))
+    skip = steps_ddio.plan(target(), SetupFacts(snap)).skipped[0].reason
+    fix = builtin_registry().get("ddio.disabled").run(DoctorContext(snap, None)).fix
+    assert fix.startswith(skip) and "BIOS" in skip
+    assert "`belugactl setup` skips DDIO on this CPU" in fix and "belugactl setup -f" not in fix
+
+
+def test_doctor_points_at_setup_where_setup_writes_the_bits():
+    from belugactl.workflows.doctor import builtin_registry
+    from belugactl.workflows.doctor.context import DoctorContext
+
+    snap = replace(snapshot(), cxl=CxlState(
+        bus_present=True, memdevs=[CxlMemdev("mem0", pmem_size=1 << 30, root_port=CXL_RP)]))
+    assert steps_ddio.plan(target(), SetupFacts(snap)).steps  # setup plans the writes on Cascade Lake
+    fix = builtin_registry().get("ddio.disabled").run(DoctorContext(snap, None)).fix
+    assert f"setpci -s {GPU_RP} 180.b=00:88" in fix and "belugactl setup -f MANIFEST" in fix
