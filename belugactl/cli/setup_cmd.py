@@ -29,13 +29,13 @@ def _topics(only: str | None) -> list[str] | None:
     if not only:
         return None
     from belugactl.errors import UsageError
-    from belugactl.workflows.setup.target import ALL_TOPICS
+    from belugactl.workflows.setup.topics import topic_ids
 
     chosen = [t.strip() for t in only.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in ALL_TOPICS]
+    unknown = [t for t in chosen if t not in topic_ids()]
     if unknown:
         raise UsageError(
-            f"unknown topic(s) for --only: {', '.join(unknown)}", fix=f"choose from {', '.join(ALL_TOPICS)}"
+            f"unknown topic(s) for --only: {', '.join(unknown)}", fix=f"choose from {', '.join(topic_ids())}"
         )
     return chosen
 
@@ -171,8 +171,8 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow steps that destroy the pool's data."),
-        only: str | None = typer.Option(None, "--only", help="Comma-separated topics: region,devdax,permissions,"
-                                        "header,hugepages,thp,ddio,mtrr."),
+        only: str | None = typer.Option(None, "--only", help="Comma-separated setup topics (as `plan` shows "
+                                        "them: region, devdax, header, hugepages, ...)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
         root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
     ) -> None:

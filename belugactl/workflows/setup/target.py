@@ -16,23 +16,6 @@ from belugactl.model import header as hdr
 from belugactl.units import MiB
 
 
-def __getattr__(name: str) -> tuple[str, ...]:
-    """The topic lists older callers import from here, read from the topic registry when asked.
-
-    Lazily, so this module never imports the topics (which import it). New code: `topics.topic_ids()`.
-    """
-    from belugactl.workflows.setup import topics
-
-    lists = {
-        "ALL_TOPICS": topics.topic_ids,
-        "BOOT_TOPICS": topics.boot_topic_ids,
-        "PERSISTENT_TOPICS": topics.persistent_topic_ids,
-    }
-    if name in lists:
-        return lists[name]()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class PoolTarget:
     source: str  # "cxl-region" | "dax-device"
