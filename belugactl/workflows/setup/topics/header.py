@@ -125,59 +125,76 @@ def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
 def _step_for(verdict: HeaderVerdict, spec: HeaderSpec, device: str) -> Step:
     after = f"header for pool {spec.ours.pool_uuid}, layout {spec.ours.layout_hash[:12]}"
     if verdict.state == "claimed" and hdr.claimed_by(verdict.claim, spec.ours.created_by):
-        # Our own tag: a setup of this host died between its claim and the magic. Setup holds this
-        # host's lock, so no live writer of ours exists: take the claim over (no --force needed).
-        return Step(
-            id="header.write",
-            topic=ID,
-            summary=f"initialize the pool: write its header on {device}, taking over this host's stale claim",
-            actions=(WritePoolHeader(device),),
-            before=f"{verdict.reason}: set by {spec.ours.created_by} in a setup that did not finish",
-            after=after,
-            note="the claim word carries this host's tag; it is swapped for a new nonce, then written as usual",
-        )
+        return _take_own_claim(verdict, spec, device, after)
     if verdict.state in ("blank", "claimed"):
-        # Another host's (or an untagged) claim: wait for its header. With --force the operator says
-        # that host is not initializing any more: take the claim whatever it holds.
-        take_over = None
-        if verdict.state == "claimed":
-            take_over = Step(
-                id="header.write",
-                topic=ID,
-                summary=f"TAKE OVER another host's claim and write the pool header on {device}",
-                actions=(WritePoolHeader(device, rewrite=True),),
-                destroys_data=True,
-                before=f"{verdict.reason}: not this host's claim",
-                after=after,
-                note="only safe when no other host is running setup on this pool",
-            )
-        return Step(
-            id="header.write",
-            topic=ID,
-            summary=f"initialize the pool: write its header on {device} (or verify the one a racing host writes)",
-            actions=(WritePoolHeader(device),),
-            before="no header" if verdict.state == "blank" else verdict.reason,
-            after=after,
-            note="claim word compare-and-swap first: if another host wins, this one verifies its header",
-            forced=take_over,
-        )
+        return _initialize(verdict, device, after)
     if verdict.state == "occupied":
-        return Step(
+        return _initialize_over_data(verdict, device, after)
+    return _rewrite(verdict, device, after)
+
+
+def _take_own_claim(verdict: HeaderVerdict, spec: HeaderSpec, device: str, after: str) -> Step:
+    # Our own tag: a setup of this host died between its claim and the magic. Setup holds this
+    # host's lock, so no live writer of ours exists: take the claim over (no --force needed).
+    return Step(
+        id="header.write",
+        topic=ID,
+        summary=f"initialize the pool: write its header on {device}, taking over this host's stale claim",
+        actions=(WritePoolHeader(device),),
+        before=f"{verdict.reason}: set by {spec.ours.created_by} in a setup that did not finish",
+        after=after,
+        note="the claim word carries this host's tag; it is swapped for a new nonce, then written as usual",
+    )
+
+
+def _initialize(verdict: HeaderVerdict, device: str, after: str) -> Step:
+    """Blank: write it. Another host's (or an untagged) claim: wait for its header; with --force the
+    operator says that host is not initializing any more, so take the claim whatever it holds."""
+    take_over = None
+    if verdict.state == "claimed":
+        take_over = Step(
             id="header.write",
             topic=ID,
-            summary=f"initialize the pool OVER THE DATA on {device}: write its header there",
-            actions=(WritePoolHeader(device),),
+            summary=f"TAKE OVER another host's claim and write the pool header on {device}",
+            actions=(WritePoolHeader(device, rewrite=True),),
             destroys_data=True,
-            before=verdict.reason,
+            before=f"{verdict.reason}: not this host's claim",
             after=after,
-            note="the device holds bytes belugactl did not write; the header and then the pool's users overwrite them",
-            refusal=ForceRequired(
-                f"{device} holds data but no pool header; writing the header would destroy it; nothing was changed",
-                why=f"{verdict.reason}: not a pool belugactl initialized, nor a blank device",
-                fix=f"check that {device} is the pool's device (pool.source in the manifest); if nothing on it is "
-                "needed, rerun with --force to write the header over it (DISCARDS that data)",
-            ),
+            note="only safe when no other host is running setup on this pool",
         )
+    return Step(
+        id="header.write",
+        topic=ID,
+        summary=f"initialize the pool: write its header on {device} (or verify the one a racing host writes)",
+        actions=(WritePoolHeader(device),),
+        before="no header" if verdict.state == "blank" else verdict.reason,
+        after=after,
+        note="claim word compare-and-swap first: if another host wins, this one verifies its header",
+        forced=take_over,
+    )
+
+
+def _initialize_over_data(verdict: HeaderVerdict, device: str, after: str) -> Step:
+    return Step(
+        id="header.write",
+        topic=ID,
+        summary=f"initialize the pool OVER THE DATA on {device}: write its header there",
+        actions=(WritePoolHeader(device),),
+        destroys_data=True,
+        before=verdict.reason,
+        after=after,
+        note="the device holds bytes belugactl did not write; the header and then the pool's users overwrite them",
+        refusal=ForceRequired(
+            f"{device} holds data but no pool header; writing the header would destroy it; nothing was changed",
+            why=f"{verdict.reason}: not a pool belugactl initialized, nor a blank device",
+            fix=f"check that {device} is the pool's device (pool.source in the manifest); if nothing on it is "
+            "needed, rerun with --force to write the header over it (DISCARDS that data)",
+        ),
+    )
+
+
+def _rewrite(verdict: HeaderVerdict, device: str, after: str) -> Step:
+    """A header that differs from the manifest's, or an unreadable one: only --force replaces it."""
     refusal: BelugaError = (
         StepFailed(
             f"the pool header on {device} is unreadable: {verdict.reason}",
