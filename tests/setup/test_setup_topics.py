@@ -38,10 +38,27 @@ def test_each_topic_module_is_named_after_its_topic_and_plans_steps_of_it(lab1):
 
 # --- adding a topic is adding a module ------------------------------------------------------------------
 NEW_TOPIC = '''
+from dataclasses import dataclass
+from typing import ClassVar
+
 from belugactl.model.plan import Step, WriteAttr
 from belugactl.workflows.setup.topic import Planned, SetupTopic
 
 PATH = "/proc/sys/vm/demo_knob"
+
+
+@dataclass(frozen=True)
+class Poke:  # an action type of the topic's own, with its executor below
+    kind: ClassVar[str] = "demo-poke"
+    path: str
+
+    def display(self):
+        return f"poke {self.path}"
+
+
+def poke(ctx, action):
+    ctx.host.write_text(action.path, "poked\\n")
+    return "poked"
 
 
 def observe(host, target, facts):
@@ -52,7 +69,7 @@ def plan(target, facts):
     if facts.extra["zdemo"] == "7":
         return Planned()
     return Planned(steps=[Step(id="zdemo.knob", topic="zdemo", summary="demo knob to 7",
-                               actions=(WriteAttr(PATH, "7"),), subject="knob")])
+                               actions=(WriteAttr(PATH, "7"), Poke("/run/demo")), subject="knob")])
 
 
 def check_write(action, back):
@@ -64,7 +81,7 @@ def record(step, target, facts, state, verb):
 
 
 TOPIC = SetupTopic(id="zdemo", order=45, summary="a demo", plan=plan, observe=observe, check_write=check_write,
-                   record=record)
+                   record=record, executors={Poke: poke})
 '''
 
 
@@ -87,7 +104,10 @@ def test_a_new_module_is_a_new_topic_planned_applied_and_recorded(extra_topic, l
     assert topics.topic_ids()[4] == "zdemo"  # order 45: after the header, before hugepages
     lab1.write("proc/sys/vm/demo_knob", "0\n")
     report = run_setup(lab1.host, lab_target(), only=["zdemo"])
-    assert [(o.step.id, o.detail) for o in report.applied] == [("zdemo.knob", "knob reads 7")]
+    assert [(o.step.id, o.detail) for o in report.applied] == [("zdemo.knob", "knob reads 7; poked")]
+    assert report.to_dict()["plan"]["steps"][0]["actions"][1] == {
+        "kind": "demo-poke", "display": "poke /run/demo", "path": "/run/demo"}
+    assert lab1.read("run/demo") == "poked\n"
     assert json.loads(lab1.read("var/lib/belugactl/state.json"))["created"]["zdemo"] == "knob"
     assert lab1.read("proc/sys/vm/demo_knob").strip() == "7"
     assert run_setup(lab1.host, lab_target(), only=["zdemo"]).applied == []
