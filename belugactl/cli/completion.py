@@ -15,9 +15,9 @@ _MANIFEST_PARAMS = ("file", "manifest")
 
 def setup_topic_ids() -> tuple[str, ...]:
     """Every setup topic id, in planning order: the one place the CLI reads them from."""
-    from belugactl.workflows.setup.target import ALL_TOPICS
+    from belugactl.workflows.setup.topics import topic_ids
 
-    return tuple(ALL_TOPICS)
+    return tuple(topic_ids())
 
 
 def check_ids() -> list[tuple[str, str]]:

@@ -8,8 +8,8 @@ lets `--json` carry the same thing to a machine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Protocol
 
 
 # --- actions: one exact mutation each ----------------------------------------------------------
@@ -17,6 +17,7 @@ from typing import Any
 class RunCommand:
     """Run one program (argv list, never a shell string)."""
 
+    kind: ClassVar[str] = "run"
     argv: tuple[str, ...]
     timeout: float = 120.0
 
@@ -28,6 +29,7 @@ class RunCommand:
 class WriteAttr:
     """Write a short value to a kernel attribute (sysfs or procfs); the kernel decides what it means."""
 
+    kind: ClassVar[str] = "write-attr"
     path: str
     value: str
 
@@ -39,6 +41,7 @@ class WriteAttr:
 class WriteFile:
     """Create or replace a configuration file (a udev rule, a systemd unit)."""
 
+    kind: ClassVar[str] = "write-file"
     path: str
     text: str
     mode: int = 0o644
@@ -50,6 +53,8 @@ class WriteFile:
 
 @dataclass(frozen=True)
 class RemoveFile:
+    kind: ClassVar[str] = "remove-file"
+
     path: str
 
     def display(self) -> str:
@@ -60,6 +65,7 @@ class RemoveFile:
 class SetOwnership:
     """chown/chmod of a device node, so the change holds now and not only after the next boot."""
 
+    kind: ClassVar[str] = "set-ownership"
     path: str
     owner: str
     group: str
@@ -77,6 +83,7 @@ class PciConfigRmw:
     byte changed underneath (never write a whole byte we have not just read).
     """
 
+    kind: ClassVar[str] = "pci-config-rmw"
     bdf: str
     offset: int
     clear_bits: int
@@ -98,6 +105,8 @@ class PciConfigRmw:
 
 @dataclass(frozen=True)
 class MtrrAdd:
+    kind: ClassVar[str] = "mtrr-add"
+
     base: int
     size: int
     type: str = "uncachable"  # the kernel's spelling
@@ -108,6 +117,8 @@ class MtrrAdd:
 
 @dataclass(frozen=True)
 class MtrrRemove:
+    kind: ClassVar[str] = "mtrr-remove"
+
     reg: int
     base: int
     size: int
@@ -120,6 +131,7 @@ class MtrrRemove:
 class WritePoolHeader:
     """Claim the pool (claim word compare-and-swap, then re-read) and write its header at offset 0."""
 
+    kind: ClassVar[str] = "write-pool-header"
     device: str
     rewrite: bool = False  # replacing a header that disagrees: the pool's contents are discarded
 
@@ -128,38 +140,24 @@ class WritePoolHeader:
         return f"{verb} the pool header at offset 0 of {self.device}"
 
 
-Action = (
-    RunCommand
-    | WriteAttr
-    | WriteFile
-    | RemoveFile
-    | SetOwnership
-    | PciConfigRmw
-    | MtrrAdd
-    | MtrrRemove
-    | WritePoolHeader
-)
+class Action(Protocol):
+    """What every action is: a frozen dataclass with a JSON `kind` and its exact command for display.
+
+    The classes above are the built-in ones; a topic may define its own next to its executor
+    (workflows/setup/topic.py) without touching this module.
+    """
+
+    kind: ClassVar[str]
+
+    def display(self) -> str: ...
 
 
 def action_to_dict(action: Action) -> dict[str, Any]:
-    data: dict[str, Any] = {"kind": _KINDS[type(action)], "display": action.display()}
-    for name in action.__dataclass_fields__:
-        value = getattr(action, name)
-        data[name] = list(value) if isinstance(value, tuple) else value
+    data: dict[str, Any] = {"kind": action.kind, "display": action.display()}
+    for f in fields(action):  # type: ignore[arg-type]
+        value = getattr(action, f.name)
+        data[f.name] = list(value) if isinstance(value, tuple) else value
     return data
-
-
-_KINDS: dict[type, str] = {
-    RunCommand: "run",
-    WriteAttr: "write-attr",
-    WriteFile: "write-file",
-    RemoveFile: "remove-file",
-    SetOwnership: "set-ownership",
-    PciConfigRmw: "pci-config-rmw",
-    MtrrAdd: "mtrr-add",
-    MtrrRemove: "mtrr-remove",
-    WritePoolHeader: "write-pool-header",
-}
 
 
 # --- steps and plans ---------------------------------------------------------------------------
@@ -167,9 +165,18 @@ _KINDS: dict[type, str] = {
 class Step:
     """One change to a host: what, the exact actions, and what it costs.
 
-    `id` is stable (`hugepages.node1`, `mtrr.add`), so scripts and state can name a step.
+    `id` is stable (`hugepages.node1`, `mtrr.add`), so scripts and state can name a step; `topic`
+    names the setup topic that planned it, and the applier hands the step back to that topic's
+    hooks (never by reading the id). `subject` is what the step changes in the topic's own terms
+    (a NUMA node and page size, a root port), for those hooks; it is not shown.
     A `deferred` step depends on an earlier one (a dax device that does not exist yet): its actions
     are fixed when the earlier step has run, and the applier plans again before applying it.
+
+    Whether a step may run is decided in one place (workflows/setup/force.py) from three fields:
+    `destroys_data` (it needs --force); `refusal`, the error raised in its place while planning
+    when --force is not given (a header that differs: the field diff, not a step to look at); and
+    `forced`, the step that replaces it under --force (waiting for another host's claim becomes
+    taking it over).
     """
 
     id: str
@@ -181,6 +188,9 @@ class Step:
     after: str | None = None
     note: str | None = None
     deferred: bool = False
+    subject: Any = field(default=None, compare=False)
+    refusal: Exception | None = field(default=None, compare=False, repr=False)
+    forced: Step | None = field(default=None, compare=False, repr=False)
 
     @property
     def needs_force(self) -> bool:

@@ -145,7 +145,7 @@ class RackContext:
 
             def discover() -> str | None:
                 from belugactl.host.host import Host as LocalHost
-                from belugactl.workflows.setup.target import find_pool_device
+                from belugactl.workflows.setup.observe import find_pool_device
 
                 return find_pool_device(host or LocalHost.local(), self.manifest, self.host_name)
 

@@ -45,7 +45,7 @@ def test_the_rule(tmp_path, monkeypatch):
 @pytest.fixture
 def no_dax_here(monkeypatch):
     """This machine has no dax device for the lab's namespace (whatever machine runs the tests)."""
-    import belugactl.workflows.setup.target as target
+    import belugactl.workflows.setup.observe as target
 
     asked = []
     monkeypatch.setattr(target, "find_pool_device", lambda host, manifest, name: asked.append(name))
@@ -71,7 +71,7 @@ def test_an_undecidable_pool_is_exit_2_never_a_guess(argv, cli, no_dax_here):
 
 
 def test_serve_uses_the_discovered_device(cli, monkeypatch, tmp_path):
-    import belugactl.workflows.setup.target as target
+    import belugactl.workflows.setup.observe as target
 
     monkeypatch.setattr(target, "find_pool_device", lambda host, manifest, name: "dax4.0")
     result = cli("serve", "-f", str(LAB), "--host", "lab-1", "--dry-run", "--json", "--run-dir", str(tmp_path))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest_text
+from belugactl.workflows.rack_context import RackContext
 from belugactl.workflows.serve.plan import Tools, build_serve_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +30,8 @@ def _with_bind(text: str, bind: str) -> str:
 
 def _plan(text: str, host: str):
     manifest = load_manifest_text(text, file="rack.yaml")
-    return build_serve_plan(manifest, resolve_layout(manifest), manifest_path="rack.yaml", host_name=host,
-                            pool_path="/dev/dax0.0", run_dir="/run/beluga", tools=TOOLS)  # fmt: skip
+    rack = RackContext(manifest, "rack.yaml", wanted_host=host, pool_option="/dev/dax0.0")
+    return build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS)
 
 
 def _dials(plan) -> set[str]:
@@ -93,7 +93,7 @@ def test_serve_refuses_with_exit_2_naming_the_instances(tmp_path):
 def test_dry_run_still_prints_a_blocked_plan(host):
     proc = subprocess.run(
         [sys.executable, "-m", "belugactl", "serve", "-f", str(REPO / "examples" / "lab.yaml"), "--host", host,
-         "--dry-run"], capture_output=True, text=True, timeout=120,
+         "--pool", "/dev/dax0.0", "--dry-run"], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert ("WILL NOT START" in proc.stdout) == (host == "lab-2")

@@ -15,9 +15,9 @@ from setup_fakehost import lab_target
 from belugactl.errors import StepFailed
 from belugactl.host.host import Host
 from belugactl.model import header as hdr
-from belugactl.workflows.setup import applier
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
-from belugactl.workflows.setup.steps_header import judge, write_or_verify_header
+from belugactl.workflows.setup.topics import header as header_topic
+from belugactl.workflows.setup.topics.header import judge, write_or_verify_header
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"  # examples/lab.yaml pool.namespace.uuid
 
@@ -36,7 +36,7 @@ def _leave_claim(pool_file, claim: int, *, body: bytes = b"") -> None:
 @pytest.fixture
 def quick_wait(monkeypatch):
     """Setup waits 30 s for a racing writer; the tests need the same path, only shorter."""
-    monkeypatch.setattr(applier, "write_or_verify_header", functools.partial(write_or_verify_header, wait_s=0.2))
+    monkeypatch.setattr(header_topic, "write_or_verify_header", functools.partial(write_or_verify_header, wait_s=0.2))
 
 
 def _pool(tmp_path: Path) -> tuple[Host, str, Path]:

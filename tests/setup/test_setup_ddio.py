@@ -12,9 +12,10 @@ from belugactl.host.host import Host
 from belugactl.host.snapshot import CpuInfo, CxlMemdev, CxlState, HostSnapshot, KernelInfo, PciDevice, RootPort
 from belugactl.host.write_pci import rmw_config_byte
 from belugactl.model.plan import PciConfigRmw
-from belugactl.workflows.setup import steps_ddio
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import PoolTarget, SetupTarget
+from belugactl.workflows.setup.topic import Planned
+from belugactl.workflows.setup.topics import ddio as steps_ddio
 
 CLX = CpuInfo(vendor="GenuineIntel", family=6, model=0x55)
 CXL_RP, GPU_RP, OTHER_RP = "0000:34:00.0", "0000:17:00.0", "0000:80:00.0"
@@ -61,7 +62,8 @@ def _check_bits(pcs0: int, pcs1: int) -> None:
 
 
 def test_skylake_cascade_lake_plans_rmw_on_the_pool_and_gpu_root_ports_only():
-    steps, skipped = steps_ddio.plan_ddio(target(), SetupFacts(snapshot()), False)
+    planned = steps_ddio.plan(target(), SetupFacts(snapshot()))
+    steps, skipped = planned.steps, planned.skipped
     assert skipped == []
     assert [s.id for s in steps] == [f"ddio.{GPU_RP}", f"ddio.{CXL_RP}"]
     actions = steps[0].actions
@@ -69,7 +71,7 @@ def test_skylake_cascade_lake_plans_rmw_on_the_pool_and_gpu_root_ports_only():
     assert [a.new_value for a in actions] == [0x11, 0x01]
     assert steps[0].before == "enabled (0x180=0x91, 0x185=0x00)"
     converged = snapshot(pcs0=0x11, pcs1=0x01)
-    assert steps_ddio.plan_ddio(target(), SetupFacts(converged), False) == ([], [])
+    assert steps_ddio.plan(target(), SetupFacts(converged)) == Planned()
 
 
 @pytest.mark.parametrize(
@@ -82,18 +84,20 @@ def test_skylake_cascade_lake_plans_rmw_on_the_pool_and_gpu_root_ports_only():
     ],
 )
 def test_other_cpus_are_skipped_with_the_reason(cpu, reason):
-    steps, skipped = steps_ddio.plan_ddio(target(), SetupFacts(snapshot(cpu=cpu)), False)
+    planned = steps_ddio.plan(target(), SetupFacts(snapshot(cpu=cpu)))
+    steps, skipped = planned.steps, planned.skipped
     assert steps == [] and len(skipped) == 1 and reason in skipped[0].reason
 
 
 def test_unmanaged_is_left_alone():
-    steps, skipped = steps_ddio.plan_ddio(target("unmanaged"), SetupFacts(snapshot()), False)
+    planned = steps_ddio.plan(target("unmanaged"), SetupFacts(snapshot()))
+    steps, skipped = planned.steps, planned.skipped
     assert steps == [] and skipped[0].reason == "caching.ddio is unmanaged"
 
 
 def test_lockdown_is_a_clear_environment_error():
     with pytest.raises(EnvironmentProblem) as err:
-        steps_ddio.plan_ddio(target(), SetupFacts(snapshot(lockdown="integrity")), False)
+        steps_ddio.plan(target(), SetupFacts(snapshot(lockdown="integrity")))
     assert "lockdown" in err.value.what and "BIOS" in err.value.fix
 
 
@@ -136,3 +140,27 @@ def test_teardown_restores_exactly_the_saved_bits():
         PciConfigRmw(GPU_RP, 0x185, 0x01, 0x00, 0x01),
     )
     assert [a.new_value for a in step.actions] == [0x95, 0x00]  # managed bits restored, bit 2 left alone
+
+
+@pytest.mark.parametrize("model", [0x8F, 0x6A, 0x3F])
+def test_doctor_says_what_setup_says_where_setup_leaves_ddio_to_the_bios(model):
+    from belugactl.workflows.doctor import builtin_registry
+    from belugactl.workflows.doctor.context import DoctorContext
+
+    snap = replace(snapshot(cpu=replace(CLX, model=model)), cxl=CxlState(
+        bus_present=True, memdevs=[CxlMemdev("mem0", pmem_size=1 << 30, root_port=CXL_RP)]))
+    skip = steps_ddio.plan(target(), SetupFacts(snap)).skipped[0].reason
+    fix = builtin_registry().get("ddio.disabled").run(DoctorContext(snap, None)).fix
+    assert fix.startswith(skip) and "BIOS" in skip
+    assert "`belugactl setup` skips DDIO on this CPU" in fix and "belugactl setup -f" not in fix
+
+
+def test_doctor_points_at_setup_where_setup_writes_the_bits():
+    from belugactl.workflows.doctor import builtin_registry
+    from belugactl.workflows.doctor.context import DoctorContext
+
+    snap = replace(snapshot(), cxl=CxlState(
+        bus_present=True, memdevs=[CxlMemdev("mem0", pmem_size=1 << 30, root_port=CXL_RP)]))
+    assert steps_ddio.plan(target(), SetupFacts(snap)).steps  # setup plans the writes on Cascade Lake
+    fix = builtin_registry().get("ddio.disabled").run(DoctorContext(snap, None)).fix
+    assert f"setpci -s {GPU_RP} 180.b=00:88" in fix and "belugactl setup -f MANIFEST" in fix

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from setup_fakehost import lab_target
 
-from belugactl.errors import EnvironmentProblem
+from belugactl.errors import EnvironmentProblem, InputError
 from belugactl.host.host import Host
 from belugactl.model.layout import resolve_layout
-from belugactl.model.manifest import load_manifest
+from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.setup.applier import run_setup
 from belugactl.workflows.setup.target import target_from_manifest
 
@@ -25,13 +25,44 @@ def tree(name: str) -> Host:
     return Host.from_tree(root)
 
 
-def beluga(host: str = "beluga-00"):
-    manifest = load_manifest(EXAMPLES / "beluga-rack.yaml")
+# beluga-intel's dax device is 512 GiB; the example rack's pool is 8 TiB (which setup refuses, below).
+FITS_BELUGA_INTEL = {"size: 8TiB": "size: 512GiB", "shared_kv: 6TiB": "shared_kv: 384GiB"}
+
+
+def beluga(host: str = "beluga-00", *, edit: dict[str, str] | None = None):
+    text = (EXAMPLES / "beluga-rack.yaml").read_text()
+    for old, new in (edit or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    manifest = load_manifest_text(text, file="beluga-rack.yaml")
     return target_from_manifest(manifest, host, layout=resolve_layout(manifest))
 
 
+def test_a_pool_larger_than_the_device_is_refused_by_plan(capsys):
+    from belugactl.cli.app import run
+    from belugactl.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        run_setup(tree("beluga-intel"), beluga(), dry_run=True)
+    assert err.value.what == "pool.size is 8 TiB, but the pool's dax device dax0.0 on this host is 512 GiB"
+    assert "set pool.size: 512GiB" in err.value.fix
+    for verb in (["plan"], ["setup", "--dry-run"]):
+        code = run([*verb, "-f", str(EXAMPLES / "beluga-rack.yaml"), "--host", "beluga-00",
+                    "--root", str(FIXTURES / "beluga-intel")])
+        assert code == 2
+        assert "pool.size is 8 TiB" in capsys.readouterr().err
+
+
+def test_a_region_pool_larger_than_its_memdevs_is_refused(lab1):
+    target = lab_target(edit={"size: 510MiB": "size: 8TiB", "region_size: 512MiB": "region_size: 8TiB"})
+    with pytest.raises(InputError) as err:
+        run_setup(lab1.host, target, dry_run=True)
+    assert err.value.what == "pool.size is 8 TiB, but the pool's memdev(s) on this host hold 512 MiB"
+    assert "mem0 512 MiB" in err.value.why and "at most 512 MiB" in err.value.fix
+
+
 def test_beluga_intel_firmware_pool_online_as_ram_needs_force():
-    plan = run_setup(tree("beluga-intel"), beluga(), dry_run=True).initial
+    plan = run_setup(tree("beluga-intel"), beluga(edit=FITS_BELUGA_INTEL), dry_run=True).initial
     first = plan.steps[0]
     assert first.id == "devdax.reconfigure" and first.destroys_data
     assert first.actions[0].argv == ("daxctl", "reconfigure-device", "--mode=devdax", "--force", "dax0.0")
@@ -42,7 +73,7 @@ def test_beluga_intel_firmware_pool_online_as_ram_needs_force():
 
 
 def test_beluga_intel_mtrr_pieces_cover_the_dax_range():
-    plan = run_setup(tree("beluga-intel"), beluga(), dry_run=True).initial
+    plan = run_setup(tree("beluga-intel"), beluga(edit=FITS_BELUGA_INTEL), dry_run=True).initial
     step = next(s for s in plan.steps if s.id == "mtrr.add")
     pieces = [(a.base, a.size) for a in step.actions]
     assert all(base % size == 0 and size & (size - 1) == 0 for base, size in pieces)
@@ -125,7 +156,7 @@ def test_pool_permissions_from_the_manifest_reach_the_plan():
 
 def test_setup_discovers_only_what_its_target_needs():
     from belugactl.workflows.discover import TOPICS
-    from belugactl.workflows.setup.facts import discovery_topics
+    from belugactl.workflows.setup.observe import discovery_topics
 
     lab = lab_target()  # ddio unmanaged, pmem region
     assert discovery_topics(lab) == TOPICS - {"pci", "tools"}

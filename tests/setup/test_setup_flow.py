@@ -11,7 +11,7 @@ from belugactl.errors import EnvironmentProblem
 from belugactl.host.write_state import SetupLocked, setup_lock
 from belugactl.model import header as hdr
 from belugactl.workflows.setup.applier import ForceRequired, SetupFailed, run_setup, run_teardown
-from belugactl.workflows.setup.steps_header import HeaderMismatch
+from belugactl.workflows.setup.topics.header import HeaderMismatch
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
 

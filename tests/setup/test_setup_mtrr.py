@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from belugactl.host.write_mtrr import parse_mtrr
-from belugactl.workflows.setup.steps_mtrr import split_range
+from belugactl.workflows.setup.topics.mtrr import split_range
 
 PAGE = 4096
 

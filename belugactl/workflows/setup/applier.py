@@ -5,6 +5,7 @@ the host, read just now, still needs it; every command is computed from the host
 step that is still needed right after it was applied is reported as a failure (it did not take),
 not retried forever. The first failure stops the run and the error says what was done and what
 was not. What setup made is written to the state file after each step, so teardown can undo it.
+Each step goes back to the topic that planned it (`step.topic`) for its executors and hooks.
 """
 
 from __future__ import annotations
@@ -12,40 +13,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
-from belugactl.errors import BelugaError, EnvironmentProblem, StepFailed
+from belugactl.errors import BelugaError, StepFailed
 from belugactl.host.host import Host
-from belugactl.host.write_mtrr import add_mtrr, read_mtrr, remove_mtrr
-from belugactl.host.write_pci import rmw_config_byte
-from belugactl.host.write_state import boot_id, load_state, save_state, setup_lock
-from belugactl.host.write_sysfs import bracketed_choice, write_attr
-from belugactl.host.write_udev import RULE_FILE, remove_file, set_ownership, write_config_file
-from belugactl.model.plan import (
-    Action,
-    MtrrAdd,
-    MtrrRemove,
-    PciConfigRmw,
-    Plan,
-    RemoveFile,
-    RunCommand,
-    SetOwnership,
-    Step,
-    WriteAttr,
-    WriteFile,
-    WritePoolHeader,
-)
-from belugactl.workflows.setup.facts import Discover, SetupFacts, observe
+from belugactl.host.write_state import load_state, save_state, setup_lock
+from belugactl.model.plan import Plan, Step
+from belugactl.workflows.setup import topics
+from belugactl.workflows.setup.execute import execute
+from belugactl.workflows.setup.facts import Discover, SetupFacts
+from belugactl.workflows.setup.force import ForceRequired, refuse_without_force
+from belugactl.workflows.setup.observe import observe
 from belugactl.workflows.setup.planner import plan_setup, plan_teardown
-from belugactl.workflows.setup.steps_header import write_or_verify_header
-from belugactl.workflows.setup.steps_pool import find_pool_namespace, find_pool_region
 from belugactl.workflows.setup.target import SetupTarget
+from belugactl.workflows.setup.topic import ApplyContext
+
+__all__ = ["ApplyReport", "ForceRequired", "SetupFailed", "StepOutcome", "run_setup", "run_teardown"]
 
 Progress = Callable[[str, Step, str | None], None]  # (event "start"|"done"|"failed", step, detail)
-
-
-class ForceRequired(BelugaError):
-    """The plan destroys data and --force was not given; nothing was changed."""
+Planner = Callable[[SetupFacts], Plan]
 
 
 class SetupFailed(StepFailed):
@@ -122,12 +108,12 @@ def run_setup(
     progress: Progress | None = None,
     max_steps: int = 64,
 ) -> ApplyReport:
-    topics = list(only) if only else None
+    topic_list = list(only) if only else None
 
     def planner(facts: SetupFacts) -> Plan:
-        return plan_setup(target, facts, force=force, only=topics)
+        return plan_setup(target, facts, force=force, only=topic_list)
 
-    return _run("setup", host, target, planner, force, dry_run, discover, progress, max_steps)
+    return _Run("setup", host, target, planner, force, discover, progress, max_steps).go(dry_run)
 
 
 def run_teardown(
@@ -142,247 +128,110 @@ def run_teardown(
     def planner(facts: SetupFacts) -> Plan:
         return plan_teardown(target, facts, force=force)
 
-    return _run("teardown", host, target, planner, force, dry_run, discover, progress, 64)
+    return _Run("teardown", host, target, planner, force, discover, progress, 64).go(dry_run)
 
 
-def _run(
-    verb: str,
-    host: Host,
-    target: SetupTarget,
-    planner: Callable[[SetupFacts], Plan],
-    force: bool,
-    dry_run: bool,
-    discover: Discover | None,
-    progress: Progress | None,
-    max_steps: int,
-) -> ApplyReport:
-    start = time.monotonic()
-    if dry_run:
-        facts = observe(host, target, load_state(host), discover=discover)
-        plan = planner(facts)
-        return ApplyReport(verb, target.host, True, plan, remaining=list(plan.steps),
-                           duration_s=time.monotonic() - start)
-    with setup_lock(host):
-        state = load_state(host)
-        facts = observe(host, target, state, discover=discover)
-        plan = planner(facts)
-        report = ApplyReport(verb, target.host, False, plan)
-        _refuse_without_force(plan, force)
-        applied_ids: set[str] = set()
-        while True:
-            ready = [s for s in plan.steps if not s.deferred]
-            if not ready:
-                report.remaining = list(plan.steps)
-                if plan.steps:
-                    report.failed = plan.steps[0]
-                    raise SetupFailed(
-                        StepFailed(
-                            f"{len(plan.steps)} step(s) still wait for something no step provides",
-                            why="; ".join(f"{s.id}: {s.note}" for s in plan.steps),
-                        ),
-                        report,
-                    )
-                break
-            step = ready[0]
-            if step.id in applied_ids or len(report.applied) >= max_steps:
-                report.failed = step
-                report.remaining = list(plan.steps)
-                raise SetupFailed(
-                    StepFailed(
-                        f"step {step.id} is still needed after it was applied",
-                        why=f"the host reads: {step.before}; wanted: {step.after}",
-                        fix="something on the host undoes it; look at dmesg and at other tools managing this setting",
-                    ),
-                    report,
-                )
-            try:
-                _refuse_without_force(Plan(plan.host, verb, [step]), force)
-            except ForceRequired as exc:
-                if not report.applied:
-                    raise
-                report.failed = step
-                report.remaining = list(plan.steps)
-                raise SetupFailed(exc, report) from exc
-            if progress:
-                progress("start", step, None)
-            t0 = time.monotonic()
-            try:
-                detail = _apply_step(host, target, step, facts, state)
-            except BelugaError as exc:
-                report.failed = step
-                report.remaining = list(plan.steps)
-                if progress:
-                    progress("failed", step, exc.what)
-                save_state(host, state)
-                raise SetupFailed(exc, report) from exc
-            report.applied.append(StepOutcome(step, time.monotonic() - t0, detail))
-            applied_ids.add(step.id)
-            facts = observe(host, target, state, discover=discover)
-            _record_created(step, target, facts, state, verb)
-            save_state(host, state)
-            if progress:
-                progress("done", step, detail)
-            try:
-                plan = planner(facts)
-            except BelugaError as exc:
-                # E.g. the device just created holds a header from another manifest: stop, report what ran.
-                raise SetupFailed(exc, report) from exc
+@dataclass
+class _Run:
+    verb: str
+    host: Host
+    target: SetupTarget
+    planner: Planner
+    force: bool
+    discover: Discover | None
+    progress: Progress | None
+    max_steps: int
+
+    def go(self, dry_run: bool) -> ApplyReport:
+        start = time.monotonic()
+        if dry_run:
+            plan = self.planner(self._observe(load_state(self.host)))
+            return ApplyReport(self.verb, self.target.host, True, plan, remaining=list(plan.steps),
+                               duration_s=time.monotonic() - start)
+        with setup_lock(self.host):
+            report = self._apply_all()
         report.duration_s = time.monotonic() - start
         return report
 
+    def _observe(self, state: dict[str, Any]) -> SetupFacts:
+        return observe(self.host, self.target, state, discover=self.discover)
 
-def _refuse_without_force(plan: Plan, force: bool) -> None:
-    risky = plan.destructive
-    if risky and not force:
-        raise ForceRequired(
-            f"{len(risky)} step(s) would destroy data; nothing was changed",
-            why="\n".join(f"{s.id}: {s.summary}" + (f" ({s.note})" if s.note else "") for s in risky),
-            fix="review with `belugactl plan`; rerun with --force to accept the loss of the pool's contents",
-        )
+    def _apply_all(self) -> ApplyReport:
+        state = load_state(self.host)
+        facts = self._observe(state)
+        plan = self.planner(facts)
+        report = ApplyReport(self.verb, self.target.host, False, plan)
+        refuse_without_force(plan.steps, self.force)
+        applied_ids: set[str] = set()
+        while (step := self._next_step(plan, report, applied_ids)) is not None:
+            self._gate(step, plan, report)
+            self._apply(step, facts, state, plan, report)
+            applied_ids.add(step.id)
+            facts = self._observe(state)
+            self._record(step, facts, state)
+            save_state(self.host, state)
+            if self.progress:
+                self.progress("done", step, report.applied[-1].detail)
+            try:
+                plan = self.planner(facts)
+            except BelugaError as exc:
+                # E.g. the device just created holds a header from another manifest: stop, report what ran.
+                raise SetupFailed(exc, report) from exc
+        return report
 
+    def _next_step(self, plan: Plan, report: ApplyReport, applied_ids: set[str]) -> Step | None:
+        """The first step that can run now; None when the plan is done. A stuck plan is a failure."""
+        ready = [s for s in plan.steps if not s.deferred]
+        if not ready:
+            if not plan.steps:
+                return None
+            self._stop(report, plan, plan.steps[0], StepFailed(
+                f"{len(plan.steps)} step(s) still wait for something no step provides",
+                why="; ".join(f"{s.id}: {s.note}" for s in plan.steps),
+            ))
+        step = ready[0]
+        if step.id in applied_ids or len(report.applied) >= self.max_steps:
+            self._stop(report, plan, step, StepFailed(
+                f"step {step.id} is still needed after it was applied",
+                why=f"the host reads: {step.before}; wanted: {step.after}",
+                fix="something on the host undoes it; look at dmesg and at other tools managing this setting",
+            ))
+        return step
 
-# --- executing actions ----------------------------------------------------------------------
-def _apply_step(host: Host, target: SetupTarget, step: Step, facts: SetupFacts, state: dict[str, Any]) -> str | None:
-    details = []
-    _remember_previous(step, facts, state)
-    for action in step.actions:
-        text = _apply_action(host, target, action, state)
-        if text:
-            details.append(text)
-    return "; ".join(details) or None
+    def _gate(self, step: Step, plan: Plan, report: ApplyReport) -> None:
+        """A re-plan may bring a destroying step the first plan did not have: same rule, before it runs."""
+        try:
+            refuse_without_force([step], self.force)
+        except ForceRequired as exc:
+            if not report.applied:
+                raise
+            self._stop(report, plan, step, exc)
 
+    def _apply(self, step: Step, facts: SetupFacts, state: dict[str, Any], plan: Plan, report: ApplyReport) -> None:
+        topic = topics.get(step.topic)
+        if self.progress:
+            self.progress("start", step, None)
+        t0 = time.monotonic()
+        state.setdefault("previous", {})
+        try:
+            if self.verb == "setup" and topic.remember is not None:
+                topic.remember(step, facts, state)  # values before the first setup touched them, for teardown
+            ctx = ApplyContext(self.host, self.target, state, topic)
+            details = [d for d in (execute(ctx, action) for action in step.actions) if d]
+        except BelugaError as exc:
+            if self.progress:
+                self.progress("failed", step, exc.what)
+            save_state(self.host, state)
+            self._stop(report, plan, step, exc)
+        report.applied.append(StepOutcome(step, time.monotonic() - t0, "; ".join(details) or None))
 
-def _apply_action(host: Host, target: SetupTarget, action: Action, state: dict[str, Any]) -> str | None:
-    if isinstance(action, RunCommand):
-        result = host.run(action.argv, timeout=action.timeout)
-        if result.not_found:
-            raise EnvironmentProblem(
-                f"{action.argv[0]} is not installed",
-                fix="install ndctl (it provides cxl, ndctl and daxctl)",
-            )
-        if not result.ok:
-            hint = {
-                "EBUSY": "the device is in use (mounted, mapped, or onlined as system RAM)",
-                "ENOSPC": "not enough free capacity",
-                "ENXIO": "the device or address range is unreachable (region commit failed?)",
-                "EOPNOTSUPP": "this kernel or tool version does not support the operation",
-            }.get(result.errno_name or "")
-            raise StepFailed(
-                f"`{action.display()}` failed",
-                why=result.describe() + (f"\n{hint}" if hint else ""),
-                fix="see the tool's message above; `belugactl doctor` checks the usual causes",
-            )
-        return None
-    if isinstance(action, WriteAttr):
-        back = write_attr(host, action.path, action.value)
-        if "/hugepages/" in action.path:
-            got = int(back) if back and back.strip().isdigit() else None
-            if got != int(action.value):
-                raise StepFailed(
-                    f"asked the kernel for {action.value} hugepages, it reserved {got if got is not None else '?'}",
-                    why=f"{action.path}: the NUMA node has too little free contiguous memory",
-                    fix="free memory on that node (stop services, `echo 1 > /proc/sys/vm/compact_memory`), "
-                    "or reserve hugepages at boot (kernel parameter hugepages=)",
-                )
-            return f"{action.path} = {got}"
-        if action.path.endswith("transparent_hugepage/enabled"):
-            got_mode = bracketed_choice(back)
-            if got_mode != action.value:
-                raise StepFailed(f"THP reads {got_mode} after writing {action.value}", why=f"{action.path}: {back}")
-            return f"THP {got_mode}"
-        return None
-    if isinstance(action, WriteFile):
-        write_config_file(host, action.path, action.text, action.mode)
-        return None
-    if isinstance(action, RemoveFile):
-        remove_file(host, action.path)
-        return None
-    if isinstance(action, SetOwnership):
-        set_ownership(host, action.path, action.owner, action.group, action.mode)
-        return None
-    if isinstance(action, PciConfigRmw):
-        before, after = rmw_config_byte(
-            host, action.bdf, action.offset, clear_bits=action.clear_bits, set_bits=action.set_bits,
-            expect=action.expect,
-        )
-        return f"{action.bdf} 0x{action.offset:x}: 0x{before:02x} -> 0x{after:02x}"
-    if isinstance(action, MtrrAdd):
-        current_boot = boot_id(host)
-        if state.get("boot_id") != current_boot:
-            state["mtrr"] = []  # entries remembered from an earlier boot died with it
-            state["boot_id"] = current_boot
-        entry = add_mtrr(host, action.base, action.size, action.type)
-        state.setdefault("mtrr", []).append({"reg": entry.reg, "base": entry.base, "size": entry.size})
-        return f"reg{entry.reg:02d} base=0x{entry.base:x} size=0x{entry.size:x}"
-    if isinstance(action, MtrrRemove):
-        listed = read_mtrr(host) or []
-        if not any(e.reg == action.reg and e.base == action.base and e.size == action.size for e in listed):
-            raise StepFailed(
-                f"MTRR reg{action.reg:02d} no longer holds base=0x{action.base:x} size=0x{action.size:x}",
-                why="someone changed /proc/mtrr since setup; nothing was removed",
-                fix="inspect `cat /proc/mtrr` and remove entries by hand if they are belugactl's",
-            )
-        remove_mtrr(host, action.reg)
-        state["mtrr"] = [m for m in state.get("mtrr", []) if m["reg"] != action.reg]
-        return f"reg{action.reg:02d} removed"
-    if isinstance(action, WritePoolHeader):
-        if target.header is None:
-            raise StepFailed("no header to write: the layout was not resolved")
-        outcome = write_or_verify_header(host, action.device, target.header, rewrite=action.rewrite)
-        state["header"] = {"device": action.device, "wrote": outcome.wrote, "claim": f"{outcome.claim:#x}"}
-        if outcome.took_over:
-            state["header"]["took_over"] = f"{outcome.took_over:#x}"
-            return f"wrote the header (took over this host's stale claim {outcome.took_over:#018x})"
-        return "wrote the header" if outcome.wrote else "another host wrote the header; verified it"
-    raise TypeError(f"unknown action {action!r}")
+    def _record(self, step: Step, facts: SetupFacts, state: dict[str, Any]) -> None:
+        state.setdefault("created", {})
+        topic = topics.get(step.topic)
+        if topic.record is not None:
+            topic.record(step, self.target, facts, state, self.verb)
 
-
-def _remember_previous(step: Step, facts: SetupFacts, state: dict[str, Any]) -> None:
-    """Values before the first setup touched them, so teardown can put them back."""
-    previous = state.setdefault("previous", {})
-    snap = facts.snapshot
-    if step.topic == "hugepages" and step.id.startswith("hugepages.node"):
-        node_id = int(step.id.removeprefix("hugepages.node"))
-        node = snap.numa_node(node_id)
-        for action in step.actions:
-            if isinstance(action, WriteAttr) and node is not None:
-                size = int(action.path.split("hugepages-")[-1].split("kB")[0]) * 1024
-                count = node.hugepages.get(size)
-                if count is not None and count.total is not None:
-                    previous.setdefault("hugepages", {}).setdefault(str(node_id), count.total)
-                    previous.setdefault("hugepage_size", size)
-    elif step.topic == "thp" and snap.thp.enabled:
-        previous.setdefault("thp", snap.thp.enabled)
-    elif step.topic == "ddio":
-        for action in step.actions:
-            if isinstance(action, PciConfigRmw):
-                saved = previous.setdefault("ddio", {}).setdefault(action.bdf, {})
-                saved.setdefault(f"{action.offset:#x}", action.expect)
-
-
-def _record_created(step: Step, target: SetupTarget, facts: SetupFacts, state: dict[str, Any], verb: str) -> None:
-    created = state.setdefault("created", {})
-    if verb == "teardown":
-        if step.id == "region.destroy":
-            created.pop("region", None)
-        elif step.id == "devdax.destroy":
-            created.pop("namespace", None)
-        elif step.id == "permissions.dax":
-            created.pop("udev_rule", None)
-        elif step.topic == "hugepages":
-            state.get("previous", {}).get("hugepages", {}).pop(step.id.removeprefix("hugepages.node"), None)
-        elif step.topic == "thp":
-            state.get("previous", {}).pop("thp", None)
-        elif step.topic == "ddio":
-            state.get("previous", {}).get("ddio", {}).pop(step.id.removeprefix("ddio."), None)
-        return
-    if step.id == "region.create":
-        region = find_pool_region(target, facts)
-        if region is not None:
-            created["region"] = region.name
-    elif step.id in ("devdax.create", "devdax.reconfigure"):
-        ns = find_pool_namespace(target, facts)
-        if ns is not None:
-            created["namespace"] = ns.dev
-    elif step.id == "permissions.dax" and any(isinstance(a, WriteFile) for a in step.actions):
-        created["udev_rule"] = RULE_FILE
+    def _stop(self, report: ApplyReport, plan: Plan, step: Step, cause: BelugaError) -> NoReturn:
+        report.failed = step
+        report.remaining = list(plan.steps)
+        raise SetupFailed(cause, report) from cause

@@ -10,12 +10,13 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from belugactl.workflows.setup.target import BOOT_TOPICS
+from belugactl.workflows.setup.topics import boot_topic_ids
 
 UNIT_NAME = "belugactl-setup.service"
 
 
-def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Sequence[str] = BOOT_TOPICS) -> str:
+def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Sequence[str] | None = None) -> str:
+    topics = boot_topic_ids() if topics is None else topics
     argv = [*command, "setup", "-f", manifest_path, "--host", host, "--only", ",".join(topics), "--yes"]
     # systemd splits ExecStart like a shell would, but expands nothing else; quote each word.
     exec_start = " ".join(shlex.quote(a) for a in argv)

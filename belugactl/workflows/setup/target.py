@@ -1,7 +1,8 @@
 """What the manifest wants of one host, flattened to what setup needs (SetupTarget).
 
 The manifest schema belongs to the model layer; this module is the one adapter between it and
-setup, so a schema change touches only `target_from_manifest`.
+setup, so a schema change touches only `target_from_manifest`. It imports nothing of setup: the
+topics (workflows/setup/topics/) import it.
 """
 
 from __future__ import annotations
@@ -10,16 +11,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from belugactl.model import header as hdr
 from belugactl.units import MiB
 
 if TYPE_CHECKING:
-    from belugactl.host.host import Host
     from belugactl.workflows.rack_context import RackContext
-
-# Setup steps grouped by what survives a reboot; the boot unit re-applies the second group.
-PERSISTENT_TOPICS = ("region", "devdax", "header")
-BOOT_TOPICS = ("permissions", "hugepages", "thp", "ddio", "mtrr")
-ALL_TOPICS = ("region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr")  # planning order
 
 
 @dataclass(frozen=True)
@@ -47,6 +43,18 @@ class DevicePermissions:
 
 
 @dataclass(frozen=True)
+class HeaderSpec:
+    """The header this host's manifest implies, and how much of the pool to map to see it."""
+
+    ours: hdr.PoolHeader
+    map_size: int = hdr.HEADER_REGION
+
+
+def header_spec_for(manifest: Any, layout: Any, host_name: str) -> HeaderSpec:
+    return HeaderSpec(ours=hdr.PoolHeader.from_layout(manifest, layout, created_by=host_name))
+
+
+@dataclass(frozen=True)
 class SetupTarget:
     host: str
     pool: PoolTarget
@@ -56,7 +64,7 @@ class SetupTarget:
     thp: str | None = None  # None: leave as is
     ddio: str = "unmanaged"  # "disabled" | "enabled" | "unmanaged"
     uncachable: bool = False
-    header: Any = None  # a HeaderSpec (workflows.setup.steps_header); None: leave the header alone
+    header: HeaderSpec | None = None  # None: leave the header alone
 
 
 def default_host_name(manifest: Any) -> str:
@@ -70,18 +78,6 @@ def target_from_context(rack: RackContext) -> SetupTarget:
     """What setup wants of this machine's entry in the rack context (layout resolved once there)."""
     return target_from_manifest(rack.manifest, rack.host_name, layout=rack.layout)
 
-
-def find_pool_device(host: Host, manifest: Any, host_name: str) -> str | None:
-    """The pool's dax device name ("dax0.0") on `host` once setup has made it, else None.
-
-    Setup's own finder (the manifest's namespace, region or device), exposed so that the pool
-    device rule (`belugactl.pool.device.pool_device`) and setup never disagree.
-    """
-    from belugactl.workflows.setup.facts import observe
-    from belugactl.workflows.setup.steps_pool import pool_dax_device
-
-    target = target_from_manifest(manifest, host_name)  # no header spec: the finder needs none
-    return pool_dax_device(target, observe(host, target, {}))
 
 
 def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout: Any = None) -> SetupTarget:
@@ -116,11 +112,7 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
     thp = own.thp if own is not None and own.thp is not None else manifest.tuning.thp
     perms = pool.permissions  # pool.permissions: defaults root/root/0660 when the manifest has none
     permissions = DevicePermissions(owner=perms.owner, group=perms.group, mode=int(str(perms.mode), 8))
-    header = None
-    if layout is not None:
-        from belugactl.workflows.setup.steps_header import header_spec_for
-
-        header = header_spec_for(manifest, layout, name)
+    header = header_spec_for(manifest, layout, name) if layout is not None else None
     return SetupTarget(
         host=name,
         pool=pool_target,

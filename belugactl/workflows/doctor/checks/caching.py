@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from belugactl.host.snapshot import RootPort
+from belugactl.model.ddio import os_toggle
 from belugactl.units import format_size
 from belugactl.workflows.doctor.checks.common import NO_CXL, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
@@ -21,9 +22,6 @@ INTEL_VENDOR = 0x8086
 USE_ALLOCATING_FLOW_WR = 0x80  # perfctrlsts_0 bit 7
 NOSNOOP_OP_WR_EN = 0x08  # perfctrlsts_0 bit 3
 TPHDIS = 0x01  # bit 0 of the byte at 0x185
-# Skylake-SP / Cascade Lake: the generation whose datasheet documents the OS-visible bit. Later
-# generations (Ice Lake on) may need the BIOS option (Intel's own rpma tooling says so for Ice Lake).
-DDIO_OS_TOGGLE_MODELS = frozenset({0x55})
 
 
 @dataclass(frozen=True)
@@ -93,12 +91,12 @@ def _ddio_fix(ctx: DoctorContext, ports: list[PortDdio], *, want_off: bool) -> s
         else:
             cmds.append(f"setpci -s {port.bdf} 180.b=80:80")
     text = "; ".join(cmds)
-    if ctx.snapshot.cpu.model not in DDIO_OS_TOGGLE_MODELS:
-        model = f"0x{ctx.snapshot.cpu.model:x}" if ctx.snapshot.cpu.model is not None else "unknown"
-        text += (
-            f" (CPU model {model} is not Skylake-SP/Cascade Lake: the OS-level bit may not be honoured, "
-            "prefer the BIOS IIO setting and verify by reading the register back)"
-        )
+    cpu = ctx.snapshot.cpu
+    _, bios_only = os_toggle(cpu.family, cpu.model)
+    if bios_only is not None:
+        # Setup's own skip reason (model/ddio.py), so both say the same; the bits are not documented here.
+        return (f"{bios_only} (IIO configuration); `belugactl setup` skips DDIO on this CPU. "
+                f"Unverified on this CPU (the Skylake-SP/Cascade Lake bits; read them back after): {text}")
     if ctx.snapshot.kernel.lockdown not in (None, "none"):
         text = "kernel lockdown blocks these writes, use the BIOS IIO setting instead; otherwise: " + text
     return text + "; or `belugactl setup -f MANIFEST` (plans the same read-modify-write)"

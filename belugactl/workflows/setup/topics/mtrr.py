@@ -9,14 +9,19 @@ and after a reboot (when the kernel forgot them) the memory of them is dropped t
 
 from __future__ import annotations
 
-from belugactl.errors import EnvironmentProblem
+from belugactl.errors import EnvironmentProblem, StepFailed
+from belugactl.host.host import Host
 from belugactl.host.snapshot import MtrrEntry
+from belugactl.host.write_mtrr import add_mtrr, read_mtrr, remove_mtrr, variable_mtrr_count
+from belugactl.host.write_state import boot_id
 from belugactl.model.plan import MtrrAdd, MtrrRemove, Skip, Step
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
-from belugactl.workflows.setup.steps_pool import find_pool_region, pool_dax
+from belugactl.workflows.setup.pool_lookup import find_pool_region, pool_dax
 from belugactl.workflows.setup.target import SetupTarget
+from belugactl.workflows.setup.topic import ApplyContext, Planned, SetupTopic
 
+ID = "mtrr"
 PAGE = 4096
 # Intel CPUs have had 8 or more variable MTRRs since the P6; used only when IA32_MTRRCAP is unreadable.
 ASSUMED_VARIABLE_MTRRS = 8
@@ -54,13 +59,13 @@ def ours(facts: SetupFacts) -> list[dict]:
     return list(facts.state.get("mtrr", []))
 
 
-def plan_mtrr(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list[Step], list[Skip]]:
+def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
     entries = facts.snapshot.mtrr
     if not target.uncachable:
         leftovers = _still_listed(ours(facts), entries)
         if not leftovers:
-            return [], [Skip("mtrr", "caching.pool_memory_type is write-back")]
-        return [_remove_step(leftovers, "the manifest now wants the pool write-back")], []
+            return Planned(skipped=[Skip(ID, "caching.pool_memory_type is write-back")])
+        return Planned(steps=[_remove_step(leftovers, "the manifest now wants the pool write-back")])
     if entries is None:
         raise EnvironmentProblem(
             "the manifest wants the pool uncachable, but this machine has no /proc/mtrr",
@@ -69,19 +74,19 @@ def plan_mtrr(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list
         )
     ranges = pool_ranges(target, facts)
     if ranges is None:
-        return [
+        return Planned(steps=[
             Step(
                 id="mtrr.add",
-                topic="mtrr",
+                topic=ID,
                 summary="mark the pool's physical range uncachable (MTRR)",
                 deferred=True,
                 note="the physical range is known once the region or dax device exists",
             )
-        ], []
+        ])
     pieces = [p for base, size in ranges for p in split_range(base, size)]
     missing = [(b, s) for b, s in pieces if not _listed(entries, b, s)]
     if not missing:
-        return [], []
+        return Planned()
     total = facts.mtrr_count
     note = None
     if total is None:
@@ -94,10 +99,10 @@ def plan_mtrr(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list
             why="in use: " + ", ".join(f"reg{e.reg:02d} {e.type} {format_size(e.size)}" for e in entries),
             fix="align the pool to a power of two, free firmware MTRRs in the BIOS, or use write-back",
         )
-    return [
+    return Planned(steps=[
         Step(
             id="mtrr.add",
-            topic="mtrr",
+            topic=ID,
             summary=f"mark {format_size(sum(s for _, s in missing))} of the pool uncachable "
             f"with {len(missing)} MTRR(s)",
             actions=tuple(MtrrAdd(b, s) for b, s in missing),
@@ -105,7 +110,7 @@ def plan_mtrr(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list
             after=f"{len(entries) + len(missing)} used",
             note=note,
         )
-    ], []
+    ])
 
 
 def _listed(entries: list[MtrrEntry], base: int, size: int) -> MtrrEntry | None:
@@ -122,7 +127,7 @@ def _still_listed(remembered: list[dict], entries: list[MtrrEntry] | None) -> li
 def _remove_step(remembered: list[dict], why: str) -> Step:
     return Step(
         id="mtrr.remove",
-        topic="mtrr",
+        topic=ID,
         summary=f"remove the {len(remembered)} MTRR(s) belugactl added",
         actions=tuple(MtrrRemove(r["reg"], r["base"], r["size"]) for r in remembered),
         before=", ".join(f"reg{r['reg']:02d}" for r in remembered),
@@ -131,6 +136,47 @@ def _remove_step(remembered: list[dict], why: str) -> Step:
     )
 
 
-def plan_mtrr_teardown(facts: SetupFacts) -> list[Step]:
+def teardown(target: SetupTarget, facts: SetupFacts) -> Planned:
     leftovers = _still_listed(ours(facts), facts.snapshot.mtrr)
-    return [_remove_step(leftovers, "teardown removes only the entries setup added")] if leftovers else []
+    return Planned(steps=[_remove_step(leftovers, "teardown removes only the entries setup added")]
+                   if leftovers else [])
+
+
+def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
+    facts.boot_id = boot_id(host)
+    facts.mtrr_count = variable_mtrr_count(host)
+
+
+# --- applying: the state file remembers each register added, with the boot it belongs to -------------
+def add(ctx: ApplyContext, action: MtrrAdd) -> str:
+    current_boot = boot_id(ctx.host)
+    if ctx.state.get("boot_id") != current_boot:
+        ctx.state["mtrr"] = []  # entries remembered from an earlier boot died with it
+        ctx.state["boot_id"] = current_boot
+    entry = add_mtrr(ctx.host, action.base, action.size, action.type)
+    ctx.state.setdefault("mtrr", []).append({"reg": entry.reg, "base": entry.base, "size": entry.size})
+    return f"reg{entry.reg:02d} base=0x{entry.base:x} size=0x{entry.size:x}"
+
+
+def remove(ctx: ApplyContext, action: MtrrRemove) -> str:
+    listed = read_mtrr(ctx.host) or []
+    if not any(e.reg == action.reg and e.base == action.base and e.size == action.size for e in listed):
+        raise StepFailed(
+            f"MTRR reg{action.reg:02d} no longer holds base=0x{action.base:x} size=0x{action.size:x}",
+            why="someone changed /proc/mtrr since setup; nothing was removed",
+            fix="inspect `cat /proc/mtrr` and remove entries by hand if they are belugactl's",
+        )
+    remove_mtrr(ctx.host, action.reg)
+    ctx.state["mtrr"] = [m for m in ctx.state.get("mtrr", []) if m["reg"] != action.reg]
+    return f"reg{action.reg:02d} removed"
+
+
+TOPIC = SetupTopic(
+    id=ID,
+    order=80,
+    summary="an uncachable MTRR over the pool's physical range",
+    plan=plan,
+    teardown=teardown,
+    observe=observe,
+    executors={MtrrAdd: add, MtrrRemove: remove},
+)

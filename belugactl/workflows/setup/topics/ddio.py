@@ -1,46 +1,29 @@
 """DDIO on the PCIe root ports above the pool's CXL adapters and the GPUs (Intel only).
 
-Register semantics follow Intel's rpma `tools/ddio.sh`: in perfctrlsts_0 (config 0x180) bit 7 is
-use_allocating_flow_wr and bit 3 NoSnoopOpWrEn; in perfctrlsts_1 (byte 0x185) bit 0 is TPHDIS.
-Allocating writes into the LLC are off only when bit 7 = 0, bit 3 = 0 and TPHDIS = 1. The offsets
-are documented for Skylake-SP and Cascade Lake (both CPU model 0x55); Intel's own tooling says Ice
-Lake needs the BIOS, and no public reference covers later parts, so those are skipped with the reason.
+The bits and which CPUs document them are in model/ddio.py, shared with doctor's `ddio.disabled`
+check, so both say the same thing where setup leaves DDIO to the BIOS. Teardown puts back exactly
+the bits setup changed, from the values it saved before its first write.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from belugactl.errors import EnvironmentProblem
 from belugactl.host.snapshot import RootPort
+from belugactl.model.ddio import (
+    NOSNOOP_OP_WR_EN,
+    PERFCTRLSTS_0,
+    PERFCTRLSTS_1_BYTE1,
+    TPHDIS,
+    USE_ALLOCATING_FLOW_WR,
+    os_toggle,
+)
 from belugactl.model.plan import PciConfigRmw, Skip, Step
 from belugactl.workflows.setup.facts import SetupFacts
-from belugactl.workflows.setup.steps_pool import pool_memdevs
+from belugactl.workflows.setup.pool_lookup import pool_memdevs
 from belugactl.workflows.setup.target import SetupTarget
+from belugactl.workflows.setup.topic import Planned, SetupTopic, State
 
-PERFCTRLSTS_0 = 0x180
-PERFCTRLSTS_1_BYTE1 = 0x185
-USE_ALLOCATING_FLOW_WR = 0x80  # bit 7 of 0x180
-NOSNOOP_OP_WR_EN = 0x08  # bit 3 of 0x180
-TPHDIS = 0x01  # bit 0 of 0x185 (bit 8 of perfctrlsts_1)
-
-
-@dataclass(frozen=True)
-class DdioLayout:
-    name: str
-    supported: bool
-    reason: str = ""
-
-
-# Intel family 6 model numbers (arch/x86/include/asm/intel-family.h).
-LAYOUTS: dict[int, DdioLayout] = {
-    0x55: DdioLayout("Skylake-SP / Cascade Lake", True),
-    0x6A: DdioLayout("Ice Lake-SP", False, "Intel's rpma tooling: Ice Lake DDIO cannot be toggled from the OS"),
-    0x6C: DdioLayout("Ice Lake-D", False, "Intel's rpma tooling: Ice Lake DDIO cannot be toggled from the OS"),
-    0x8F: DdioLayout("Sapphire Rapids", False, "no public reference for the DDIO bits on this CPU"),
-    0xCF: DdioLayout("Emerald Rapids", False, "no public reference for the DDIO bits on this CPU"),
-    0xAD: DdioLayout("Granite Rapids", False, "no public reference for the DDIO bits on this CPU"),
-}
+ID = "ddio"
 
 
 def ddio_state(pcs0: int, pcs1: int) -> str:
@@ -73,21 +56,18 @@ def pool_root_ports(target: SetupTarget, facts: SetupFacts) -> list[str]:
     return sorted(set(ports))
 
 
-def plan_ddio(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list[Step], list[Skip]]:
+def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
     if target.ddio == "unmanaged":
-        return [], [Skip("ddio", "caching.ddio is unmanaged")]
+        return Planned(skipped=[Skip(ID, "caching.ddio is unmanaged")])
     cpu = facts.snapshot.cpu
     if cpu.vendor != "GenuineIntel":
-        return [], [Skip("ddio", f"DDIO is an Intel feature; this CPU is {cpu.vendor or 'unknown'}")]
-    layout = LAYOUTS.get(cpu.model or -1) if cpu.family == 6 else None
-    if layout is None:
-        model = f"family {cpu.family} model {cpu.model:#x}" if cpu.model is not None else "an unknown model"
-        return [], [Skip("ddio", f"no documented DDIO register layout for {model}; set DDIO in the BIOS")]
-    if not layout.supported:
-        return [], [Skip("ddio", f"{layout.name}: {layout.reason}; set DDIO in the BIOS")]
+        return Planned(skipped=[Skip(ID, f"DDIO is an Intel feature; this CPU is {cpu.vendor or 'unknown'}")])
+    layout, not_here = os_toggle(cpu.family, cpu.model)
+    if layout is None or not_here is not None:
+        return Planned(skipped=[Skip(ID, not_here or "")])
     ports = pool_root_ports(target, facts)
     if not ports:
-        return [], [Skip("ddio", "no root port above the pool's CXL adapters or the GPUs was found")]
+        return Planned(skipped=[Skip(ID, "no root port above the pool's CXL adapters or the GPUs was found")])
     steps: list[Step] = []
     for bdf in ports:
         rp: RootPort | None = facts.snapshot.root_port(bdf)
@@ -113,12 +93,75 @@ def plan_ddio(target: SetupTarget, facts: SetupFacts, force: bool) -> tuple[list
         steps.append(
             Step(
                 id=f"ddio.{bdf}",
-                topic="ddio",
+                topic=ID,
                 summary=f"DDIO {target.ddio} on root port {bdf} ({layout.name})",
                 actions=actions,
                 before=f"{ddio_state(rp.perfctrlsts_0, rp.perfctrlsts_1)} "
                 f"(0x180=0x{rp.perfctrlsts_0:02x}, 0x185=0x{rp.perfctrlsts_1:02x})",
                 after=target.ddio,
+                subject=bdf,
             )
         )
-    return steps, []
+    return Planned(steps=steps)
+
+
+def teardown(target: SetupTarget, facts: SetupFacts) -> Planned:
+    """Put back the managed bits setup saved; bits others changed since are left as they are."""
+    out = Planned()
+    for bdf, saved in sorted(facts.state.get("previous", {}).get("ddio", {}).items()):
+        rp = facts.snapshot.root_port(bdf)
+        if rp is None or rp.perfctrlsts_0 is None or rp.perfctrlsts_1 is None:
+            out.notes.append(f"root port {bdf}: DDIO registers unreadable, left as they are")
+            continue
+        actions = []
+        for offset, mask, current in (
+            (PERFCTRLSTS_0, USE_ALLOCATING_FLOW_WR | NOSNOOP_OP_WR_EN, rp.perfctrlsts_0),
+            (PERFCTRLSTS_1_BYTE1, TPHDIS, rp.perfctrlsts_1),
+        ):
+            old = int(saved[f"{offset:#x}"])
+            if (current & mask) != (old & mask):
+                actions.append(PciConfigRmw(bdf, offset, mask & ~old, mask & old, current))
+        if actions:
+            out.steps.append(
+                Step(
+                    id=f"ddio.{bdf}",
+                    topic=ID,
+                    summary=f"restore the DDIO bits of root port {bdf}",
+                    actions=tuple(actions),
+                    before=f"0x180=0x{rp.perfctrlsts_0:02x}, 0x185=0x{rp.perfctrlsts_1:02x}",
+                    after="as before setup",
+                    subject=bdf,
+                )
+            )
+    return out
+
+
+def discovery(target: SetupTarget, state: State) -> frozenset[str]:
+    # The PCI walk (root ports) only when DDIO is managed or has bits to restore.
+    saved = bool(state.get("previous", {}).get("ddio"))
+    managed = getattr(target, "ddio", "unmanaged") != "unmanaged"
+    return frozenset({"pci"}) if managed or saved else frozenset()
+
+
+def remember(step: Step, facts: SetupFacts, state: State) -> None:
+    for action in step.actions:
+        if isinstance(action, PciConfigRmw):
+            saved = state.setdefault("previous", {}).setdefault("ddio", {}).setdefault(action.bdf, {})
+            saved.setdefault(f"{action.offset:#x}", action.expect)
+
+
+def record(step: Step, target: SetupTarget, facts: SetupFacts, state: State, verb: str) -> None:
+    if verb == "teardown":
+        state.get("previous", {}).get("ddio", {}).pop(step.subject, None)
+
+
+TOPIC = SetupTopic(
+    id=ID,
+    order=70,
+    summary="DDIO on the root ports above the pool's CXL adapters and the GPUs (Intel)",
+    plan=plan,
+    teardown=teardown,
+    discovery=discovery,
+    remember=remember,
+    record=record,
+)

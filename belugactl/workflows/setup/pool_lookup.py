@@ -1,0 +1,103 @@
+"""Finding the pool's objects among a host's facts: its memdevs, CXL region, namespace and dax device.
+
+Several topics need them (the region, devdax, permissions, header, DDIO and MTRR topics), and so
+does `belugactl rack`'s probe; they only read facts, never plan.
+"""
+
+from __future__ import annotations
+
+import re
+
+from belugactl.errors import EnvironmentProblem
+from belugactl.host.snapshot import CxlRegion, DaxDevice, NdNamespace
+from belugactl.workflows.setup.facts import SetupFacts
+from belugactl.workflows.setup.target import SetupTarget
+
+
+def natural_key(name: str) -> tuple[str, int]:
+    """Sort key for kernel names: mem2 before mem10."""
+    m = re.match(r"(\D*)(\d+)", name)
+    return (m[1], int(m[2])) if m else (name, -1)
+
+
+def pool_memdevs(target: SetupTarget, facts: SetupFacts) -> list[str]:
+    cxl = facts.snapshot.cxl
+    serials = target.pool.memdev_serials
+    if serials is None:
+        wanted_ram = target.pool.region_type == "ram"
+        names = [
+            m.name
+            for m in cxl.memdevs
+            if m.state != "disabled" and ((m.ram_size or 0) if wanted_ram else (m.pmem_size or 0)) > 0
+        ]
+        return sorted(names, key=natural_key)
+    by_serial = {str(m.serial): m.name for m in cxl.memdevs if m.serial is not None}
+    by_serial.update({hex(m.serial): m.name for m in cxl.memdevs if m.serial is not None})
+    missing = [s for s in serials if s not in by_serial]
+    if missing:
+        found = ", ".join(f"{m.name} (serial {m.serial})" for m in cxl.memdevs) or "none"
+        raise EnvironmentProblem(
+            f"memdev serial(s) {', '.join(missing)} named in the manifest are not on this host",
+            why=f"memdevs present: {found}",
+            fix="check cabling and `cxl list -M`, or correct pool.source.memdevs",
+        )
+    return [by_serial[s] for s in serials]
+
+
+def find_pool_region(target: SetupTarget, facts: SetupFacts) -> CxlRegion | None:
+    if target.pool.source != "cxl-region":
+        return None
+    memdevs = set(pool_memdevs(target, facts))
+    created = facts.state.get("created", {}).get("region")
+    for region in facts.snapshot.cxl.regions:
+        if memdevs and set(region.memdevs) == memdevs:
+            return region
+    # Older tool versions may not list mappings; the region setup created is then known by name.
+    return facts.snapshot.cxl.region(created) if created else None
+
+
+def find_pool_namespace(target: SetupTarget, facts: SetupFacts) -> NdNamespace | None:
+    uuid = (target.pool.namespace_uuid or "").lower()
+    if not uuid:
+        return None
+    spaces = facts.snapshot.nd.namespaces
+    # The label uuid is the one `create-namespace -u` pinned (discovery reads it from sysfs); ndctl's
+    # "uuid" for a devdax namespace is the info block's, so it matches only raw namespaces.
+    by_label = [n for n in spaces if n.label_uuid == uuid or (n.uuid or "").lower() == uuid]
+    if by_label:
+        return by_label[0]
+    # Without the label uuid (no sysfs access), the pinned name identifies it.
+    return next(
+        (n for n in spaces if n.label_uuid is None and n.name and n.name == target.pool.namespace_name),
+        None,
+    )
+
+
+def pool_dax_device(target: SetupTarget, facts: SetupFacts) -> str | None:
+    """The pool's dax device name ("dax0.0") once it exists."""
+    if target.pool.source == "dax-device":
+        return target.pool.dax_device if facts.snapshot.dax_device(target.pool.dax_device or "") else None
+    if target.pool.region_type == "pmem":
+        ns = find_pool_namespace(target, facts)
+        return ns.chardev if ns is not None and ns.mode == "devdax" else None
+    region = find_pool_region(target, facts)
+    if region is None:
+        return None
+    # A ram region's dax region carries the region's number (dax_region id == region id).
+    number = region.name.removeprefix("region")
+    found = [d for d in facts.snapshot.dax if d.name.startswith(f"dax{number}.")]
+    return found[0].name if found else None
+
+
+def pool_dax(target: SetupTarget, facts: SetupFacts) -> DaxDevice | None:
+    name = pool_dax_device(target, facts)
+    return facts.snapshot.dax_device(name) if name else None
+
+
+def nd_region_for(region: CxlRegion, facts: SetupFacts) -> str | None:
+    """The libnvdimm region a CXL pmem region appears as (separate id spaces: match by size)."""
+    candidates = [r for r in facts.snapshot.nd.regions if (r.provider or "CXL") == "CXL"]
+    sized = [r for r in candidates if region.size is not None and r.size == region.size]
+    pick = sized or (candidates if len(candidates) == 1 else [])
+    return pick[0].dev if len(pick) == 1 else None
+
