@@ -61,9 +61,10 @@ def register(app: typer.Typer) -> None:
 
         Example: belugactl pool create-file -f examples/cpu-demo.yaml /tmp/beluga-cpu-demo.pool
         """
-        from belugactl.dataplane.pool import PoolMapping, create_file_pool
         from belugactl.errors import UsageError
         from belugactl.model.manifest import load_manifest
+        from belugactl.pool.file_pool import create_file_pool
+        from belugactl.pool.mapping import PoolMapping
 
         manifest = load_manifest(file)
         if path.exists() and not exist_ok:

@@ -61,8 +61,8 @@ def pool_path(manifest: Any, host_name: str, pool: str | None) -> str:
 
 
 def probe_write(manifest_path: str, host_name: str | None, nonce: int, pool: str | None) -> dict[str, Any]:
-    from belugactl.dataplane.pool import PoolMapping
     from belugactl.model.manifest import load_manifest
+    from belugactl.pool.mapping import PoolMapping
 
     manifest = load_manifest(manifest_path)
     name = _host_name(manifest, host_name)
@@ -75,8 +75,8 @@ def probe_write(manifest_path: str, host_name: str | None, nonce: int, pool: str
 
 
 def probe_read(manifest_path: str, host_name: str | None, nonce: int, pool: str | None) -> dict[str, Any]:
-    from belugactl.dataplane.pool import PoolMapping
     from belugactl.model.manifest import load_manifest
+    from belugactl.pool.mapping import PoolMapping
 
     manifest = load_manifest(manifest_path)
     name = _host_name(manifest, host_name)

@@ -92,7 +92,7 @@ def check_ports(ports: Iterable[tuple[str, int]]) -> None:
 
 
 def check_pool(pool_path: str, manifest_path: str) -> None:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
     if not Path(pool_path).exists():
         raise EnvironmentProblem(

@@ -55,10 +55,10 @@ def default_discover(host: Host, target: Any = None, state: dict[str, Any] | Non
 
 
 def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None, str | None]:
-    from belugactl.host.write_pool import PoolWindow
+    from belugactl.pool.mapping import PoolMapping
 
     try:
-        with PoolWindow.open(host, device, size, writable=False) as window:
+        with PoolMapping.window(host, device, size, writable=False) as window:
             return window.read(0, size), None
     except BelugaError as exc:
         return None, exc.what

@@ -15,9 +15,9 @@ from typing import Any
 
 from belugactl.errors import BelugaError, InputError, StepFailed
 from belugactl.host.host import Host
-from belugactl.host.write_pool import PoolWindow
-from belugactl.model import header as hdr
 from belugactl.model.plan import Skip, Step, WritePoolHeader
+from belugactl.pool import header as hdr
+from belugactl.pool.mapping import PoolMapping
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
 
@@ -199,7 +199,7 @@ def write_or_verify_header(
     # setup of this host can be recognised, and taken over, by its next setup.
     nonce = nonce if nonce is not None else hdr.claim_nonce(spec.ours.created_by)
     took_over = 0
-    with PoolWindow.open(host, device, spec.map_size, atomics=_atomics()) as window:
+    with PoolMapping.window(host, device, spec.map_size, flush=_atomics() is not None) as window:
         if rewrite:
             # --force: take the claim whatever it holds, then write as the first host would.
             window.write(hdr.CLAIM_OFFSET, nonce.to_bytes(8, "little"))
@@ -232,7 +232,7 @@ def write_or_verify_header(
         return HeaderOutcome(wrote=True, claim=nonce, took_over=took_over)
 
 
-def _stale_own_claim(window: PoolWindow, spec: HeaderSpec, claim: int) -> bool:
+def _stale_own_claim(window: PoolMapping, spec: HeaderSpec, claim: int) -> bool:
     if not hdr.claimed_by(claim, spec.ours.created_by):
         return False
     magic = window.read(hdr.MAGIC_OFFSET, len(hdr.MAGIC))
@@ -254,7 +254,7 @@ def _with_claim(header: hdr.PoolHeader, nonce: int) -> hdr.PoolHeader:
     return replace(header, claim=nonce, created_time=int(time.time()))
 
 
-def _await_winner(window: PoolWindow, spec: HeaderSpec, device: str, wait_s: float, claim: int) -> HeaderOutcome:
+def _await_winner(window: PoolMapping, spec: HeaderSpec, device: str, wait_s: float, claim: int) -> HeaderOutcome:
     deadline = time.monotonic() + wait_s
     while True:
         verdict = judge(spec, window.read(0, spec.map_size))
