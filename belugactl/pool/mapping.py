@@ -90,7 +90,7 @@ class PoolMapping:
         self.is_devdax = is_devdax
         self.needs_flush = needs_flush
         self._sync_writes = sync_writes
-        self.coherence_warning = native.require_coherence(shared_by_hosts=needs_flush) if header else None
+        self.coherence_warning = native.require_coherence(shared_by_hosts=needs_flush) if header is not None else None
 
     # --- opening ------------------------------------------------------------------------------
     @classmethod
