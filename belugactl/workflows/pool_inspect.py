@@ -57,8 +57,9 @@ def inspect_pool(
                 {"index": i, "name": h.name, "offset": h.offset, "size": h.size, "end": h.offset + h.size}
                 for i, h in enumerate(header.hosts)
             ],
-            "manifest": _against_manifest(header, manifest),
-            "rings": _rings(pool, manifest, epoch),
+            "manifest": (against := _against_manifest(header, manifest)),
+            # ring owners come from the manifest's clients, which only hold for the layout it wrote
+            "rings": _rings(pool, manifest if against is not None and against["matches"] else None, epoch),
             "journal": _journal(pool),
         }
     url = admin_url or admin_url_for(manifest)

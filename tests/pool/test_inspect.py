@@ -106,6 +106,7 @@ def test_claim_word_names_its_host_and_a_foreign_manifest_is_reported(
     assert doc["claim"]["holder"] == "h1"
     assert not doc["manifest"]["matches"]
     assert "shared_kv_size" in {d["field"] for d in doc["manifest"]["differences"]}
+    assert {r["owner"] for r in doc["rings"]} == {None}  # another layout's clients say nothing about these rings
 
 
 def test_human_output_and_errors(created: Path, manifest_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
