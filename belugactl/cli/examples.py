@@ -18,6 +18,10 @@ EXAMPLES: dict[str, list[str]] = {
     "manifest check": ["belugactl manifest check -f examples/beluga-rack.yaml"],
     "manifest schema": ["belugactl manifest schema > rack.schema.json"],
     "pool show": ["belugactl pool show -f examples/lab.yaml --svg pool.svg"],
+    "pool inspect": [
+        "belugactl pool inspect /dev/dax0.0 -f rack.yaml",
+        "belugactl pool inspect ~/beluga-cpu-demo.pool --json",
+    ],
     "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool"],
     "bench rpc": ["belugactl bench rpc --json"],
     "bench mds": ["belugactl bench mds"],

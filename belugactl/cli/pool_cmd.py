@@ -1,4 +1,4 @@
-"""`belugactl pool show -f FILE`: the pool map (header, metadata/RPC area, shared KV, partitions)."""
+"""`belugactl pool show|inspect|create-file`: the manifest's pool map, the pool as it is on media, a file pool."""
 
 from __future__ import annotations
 
@@ -64,8 +64,9 @@ def register(app: typer.Typer) -> None:
         Example: belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool
         """
         from belugactl.cli.load_rack import rack_context
-        from belugactl.dataplane.pool import PoolMapping, create_file_pool
         from belugactl.errors import UsageError
+        from belugactl.pool.file_pool import create_file_pool
+        from belugactl.pool.mapping import PoolMapping
 
         manifest = rack_context(file).manifest
         if path.is_symlink():
@@ -93,7 +94,113 @@ def register(app: typer.Typer) -> None:
 
             print(f"pool file {created}: {format_size(info['size'])}, layout {info['layout_hash'][:12]}")
 
+    @pool.command("inspect")
+    def inspect(
+        path: Path = typer.Argument(..., help="The pool: a devdax device (/dev/daxX.Y) or a pool file."),
+        file: Path | None = typer.Option(
+            None, "-f", "--file", help="The rack manifest (YAML): ring owners, and a check of the header against it."
+        ),
+        admin: str | None = typer.Option(
+            None, "--admin", help="The metadata server's admin URL (default: the manifest's, else 127.0.0.1:9470)."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+    ) -> None:
+        """What is on the pool now: header, epoch, claim word, hosts, rings, journal, shared-area usage.
+
+        Read-only. `pool show` is the manifest's view of the same pool."""
+        from belugactl.workflows.pool_inspect import inspect_pool
+
+        manifest = None
+        if file is not None:
+            from belugactl.cli.manifest_cmd import load_for_cli
+
+            manifest = load_for_cli(file, as_json=as_json)
+        doc = inspect_pool(path, manifest, admin_url=admin)
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json(doc)
+            return
+        from belugactl.cli.render import stdout_console
+
+        render_inspection(stdout_console(), doc)
+
     app.add_typer(pool, name="pool")
+
+
+def render_inspection(console: Any, doc: dict[str, Any]) -> None:
+    from datetime import UTC, datetime
+
+    from rich import box
+    from rich.table import Table
+
+    from belugactl.units import format_size
+
+    def say(text: str) -> None:  # never wrapped or cut (piped output is 80 columns), no markup in names
+        console.print(text, soft_wrap=True, markup=False)
+
+    h = doc["header"]
+    created = datetime.fromtimestamp(h["created_time"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    kind = "devdax" if doc["devdax"] else "file"
+    say(f"pool {doc['path']} ({kind}, {format_size(doc['size'])})")
+    say(f"  header      v{h['format_version']}, uuid {h['pool_uuid']}, written by {h['created_by']} {created}")
+    against = doc["manifest"]
+    verdict = ""
+    if against is not None:
+        n = len(against["differences"])
+        rack = against["rack"]
+        verdict = f" (matches {rack})" if against["matches"] else f" (DIFFERS from {rack}: {n} field(s))"
+    say(f"  layout      {doc['layout_hash']}{verdict}")
+    for d in (against or {}).get("differences", [])[:12]:
+        say(f"                {d['field']}: manifest {d['manifest']!r}, pool {d['pool']!r}")
+    claim = doc["claim"]
+    holder = f" ({claim['holder']})" if claim["holder"] else ""
+    say(f"  epoch       {doc['epoch']}")
+    say(f"  claim word  {claim['word']:#018x}{holder}")
+
+    hosts = Table(title="hosts", title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (("#", "right"), ("host", "left"), ("offset", "right"), ("end", "right"), ("size", "right")):
+        hosts.add_column(name, justify=justify, no_wrap=True)
+    for e in doc["hosts"]:
+        hosts.add_row(str(e["index"]), e["name"], f"{e['offset']:#x}", f"{e['end']:#x}", format_size(e["size"]))
+    console.print(hosts)
+
+    rings = Table(title="RPC rings (used)", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("ring", "owner", "last seq", "slot", "state", "epoch", "waiting"):
+        rings.add_column(name, no_wrap=True, justify="left" if name in ("owner", "state") else "right")
+    used = [r for r in doc["rings"] if r["used"]]
+    for r in used:
+        rings.add_row(
+            str(r["ring"]), r["owner"] or "-", str(r["last_seq"]), str(r["last_slot"]), r["last_state"],
+            str(r["last_epoch"]) + ("" if r["current_epoch"] else " (old)"), str(r["requests_waiting"]),
+        )
+    if used:
+        console.print(rings)
+    idle = len(doc["rings"]) - len(used)
+    say(f"  rings       {len(doc['rings'])}, {len(used)} used, {idle} never used")
+
+    j = doc["journal"]
+    if j["state"] == "active":
+        text = (
+            f"active, generation {j['generation']}, half {j['active_half']}, "
+            f"{format_size(j['bytes_used'])} of {format_size(j['half_size'])} used, "
+            f"{j['commits']} commit(s), {j['removes']} removal(s)"
+        )
+    else:
+        text = f"{j['state']}: {j['note']}"
+    say(f"  journal     {text}")
+
+    kv = doc["shared_kv"]
+    say(f"  shared KV   {format_size(kv['size'])} at {kv['offset']:#x}")
+    say(f"  metadata    {kv['server']} ({kv['admin_url']})")
+    usage = kv.get("usage")
+    if usage:
+        cap = usage.get("bytes_capacity") or 0
+        pct = f" ({100 * usage['bytes_used'] / cap:.1f}%)" if cap else ""
+        say(
+            f"  usage       used {format_size(usage.get('bytes_used') or 0)} of {format_size(cap)}{pct}, "
+            f"{usage.get('entries')} entries, {usage.get('evictions')} evictions"
+        )
 
 
 def render_layout_table(console: Any, layout: Any, *, title: str) -> None:

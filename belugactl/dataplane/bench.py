@@ -158,8 +158,9 @@ def _native_throughput(client: Any, payload: bytes, qd: int, seconds: float) -> 
 def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, flush: bool = False) -> dict[str, Any]:
     from belugactl.dataplane import native
     from belugactl.dataplane.client import connect
-    from belugactl.dataplane.pool import PoolMapping, create_file_pool
     from belugactl.dataplane.rpc import protocol as p
+    from belugactl.pool.file_pool import create_file_pool
+    from belugactl.pool.mapping import PoolMapping
 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = pin and len(cpus) >= 2

@@ -50,7 +50,7 @@ from belugactl.dataplane.rpc.transport import FENCED, CxlTransport, TcpTransport
 from belugactl.errors import UsageError
 
 if TYPE_CHECKING:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
 Extent = tuple[int, int]  # (pool offset, length in bytes)
 _LOOKUP = int(Op.LOOKUP_PREFIX)
@@ -115,7 +115,7 @@ def connect(
     try:
         if kind == "cxl":
             if pool is None:
-                from belugactl.dataplane.pool import PoolMapping
+                from belugactl.pool.mapping import PoolMapping
 
                 pool = owned_pool = PoolMapping.open(where)
             transport: CxlTransport | TcpTransport = CxlTransport(pool, num)

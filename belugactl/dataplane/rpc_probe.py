@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from belugactl.dataplane.client import KVIndexClient, connect
-from belugactl.dataplane.pool import PoolMapping
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
+from belugactl.pool.mapping import PoolMapping
 
 T = TypeVar("T")
 ABSENT_KEY_NAME = "never-written"

@@ -50,7 +50,10 @@ class Extent:
 
 @dataclass(frozen=True)
 class RpcArea:
-    """CXL-RPC slot rings: one ring per client (a vLLM instance), then spare rings."""
+    """CXL-RPC slot rings: one ring per client (a vLLM instance), then spare rings.
+
+    Offsets of single rings and slots are the pool geometry's (belugactl/pool/geometry.py), which
+    checks their bounds; this is the layout's derivation of the area, and nothing more."""
 
     offset: int
     ring_count: int
@@ -61,16 +64,6 @@ class RpcArea:
     @property
     def size(self) -> int:
         return self.ring_count * self.ring_stride
-
-    def ring_offset(self, ring: int) -> int:
-        if not 0 <= ring < self.ring_count:
-            raise IndexError(f"ring {ring} out of range 0..{self.ring_count - 1}")
-        return self.offset + ring * self.ring_stride
-
-    def slot_offset(self, ring: int, slot: int) -> int:
-        if not 0 <= slot < self.slots_per_ring:
-            raise IndexError(f"slot {slot} out of range 0..{self.slots_per_ring - 1}")
-        return self.ring_offset(ring) + slot * self.slot_size
 
 
 # The first 4 KiB of every host partition belong to belugactl (the rack probe record lives in its

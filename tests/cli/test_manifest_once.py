@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.pool import create_file_pool
+from belugactl.pool.file_pool import create_file_pool
 
 from .conftest import CPU_DEMO, LAB, LAB_GUEST
 

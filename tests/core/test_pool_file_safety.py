@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.errors import PoolMismatch
-from belugactl.dataplane.pool import create_file_pool
 from belugactl.model.manifest import load_manifest, load_manifest_text
+from belugactl.pool.file_pool import create_file_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DEMO = ROOT / "examples" / "cpu-demo.yaml"

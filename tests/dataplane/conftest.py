@@ -58,6 +58,6 @@ def manifest(manifest_path: Path):
 
 @pytest.fixture
 def pool_path(tmp_path: Path, manifest) -> Path:
-    from belugactl.dataplane.pool import create_file_pool
+    from belugactl.pool.file_pool import create_file_pool
 
     return create_file_pool(tmp_path / "pool.bin", manifest)

@@ -8,7 +8,7 @@ import pytest
 
 from belugactl.dataplane.mds.journal import HEADER, Journal, encode_commit, encode_remove
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
-from belugactl.dataplane.pool import PoolMapping
+from belugactl.pool.mapping import PoolMapping
 
 
 def start(pool_path: Path, policy: str = "journal") -> tuple[PoolMapping, MetadataServer]:

@@ -39,9 +39,9 @@ from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
 from belugactl.dataplane.rpc_probe import block_bytes
 from belugactl.lab import kernel, prereqs
 from belugactl.lab.paths import STATE_ENV, cache_root
-from belugactl.model.header import EPOCH_OFFSET
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
+from belugactl.pool.header import EPOCH_OFFSET
 
 # The lab tests' shared helpers live next to them (tests/lab has no package; pytest puts it on
 # sys.path only when it collects a test there first).

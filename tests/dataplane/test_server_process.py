@@ -20,7 +20,7 @@ import pytest
 from belugactl.cli.app import run
 from belugactl.dataplane.client import connect
 from belugactl.dataplane.errors import AlreadyPresent, MetadataUnavailable, PoolFull, ReservationExpired, StaleEpoch
-from belugactl.dataplane.pool import PoolMapping
+from belugactl.pool.mapping import PoolMapping
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +49,7 @@ CLIENT = textwrap.dedent(
     """
     import sys
     from belugactl.dataplane.client import connect
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
     address, pool_path, tag = sys.argv[1], sys.argv[2], sys.argv[3]
     pool = PoolMapping.open(pool_path)
     c = connect(address, pool=pool if address.startswith("cxl") else None, timeout_s=5.0)

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from belugactl.dataplane import native
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
-from belugactl.dataplane.pool import PoolMapping
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import RESP_READY, Code, Op
 from belugactl.dataplane.rpc.transport import CxlTransport
+from belugactl.pool.mapping import PoolMapping
 
 NS = 5_000_000_000
 

@@ -10,8 +10,8 @@ from doctor_snapshots import UUID, beluga_like
 
 from belugactl.errors import ExitCode, UsageError
 from belugactl.host.host import Host
-from belugactl.model.header import PoolHeader, write_claim
 from belugactl.model.manifest import load_manifest
+from belugactl.pool.header import PoolHeader, write_claim
 from belugactl.units import MiB
 from belugactl.workflows.doctor import DoctorContext, Status, builtin_registry, run_doctor
 from belugactl.workflows.doctor.expectations import from_manifest, pick_host

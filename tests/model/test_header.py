@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from model_support import EXAMPLES, MINIMAL
 
 from belugactl.errors import InputError
-from belugactl.model import header as hdr
-from belugactl.model.header import CLAIM_OFFSET, EPOCH_OFFSET, FIXED_SIZE, PoolHeader, diff
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest, load_manifest_text
+from belugactl.pool import header as hdr
+from belugactl.pool.header import CLAIM_OFFSET, EPOCH_OFFSET, FIXED_SIZE, PoolHeader, diff
 
 
 def _header(path=EXAMPLES / "beluga-rack.yaml", **kwargs) -> PoolHeader:

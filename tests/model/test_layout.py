@@ -7,6 +7,7 @@ from model_support import EXAMPLES, MINIMAL
 
 from belugactl.model.layout import RING_ALIGN, LayoutDoesNotFit, resolve_layout
 from belugactl.model.manifest import load_manifest, load_manifest_text
+from belugactl.pool.geometry import PoolGeometry
 from belugactl.units import MiB
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -37,7 +38,8 @@ def test_rpc_rings_fit_the_metadata_area(path):
     assert rpc.ring_count == sum(m.instances_on(h) for h in m.hosts) + md.spare_rings
     assert rpc.slot_size % 64 == 0
     assert rpc.ring_stride % RING_ALIGN == 0 and rpc.ring_stride >= md.slots_per_ring * md.slot_size
-    last_slot_end = rpc.slot_offset(rpc.ring_count - 1, rpc.slots_per_ring - 1) + rpc.slot_size
+    geometry = PoolGeometry.from_layout(layout)
+    last_slot_end = geometry.slot_offset(rpc.ring_count - 1, rpc.slots_per_ring - 1) + rpc.slot_size
     assert layout.metadata.offset == layout.header.end == rpc.offset
     assert last_slot_end <= layout.journal.offset
     assert layout.journal.end == layout.metadata.end == layout.shared_kv.offset
@@ -94,7 +96,7 @@ def test_clients_and_rings():
     with pytest.raises(KeyError):
         layout.ring_for("beluga-00", 8)
     with pytest.raises(IndexError):
-        layout.rpc.slot_offset(0, layout.rpc.slots_per_ring)
+        PoolGeometry.from_layout(layout).slot_offset(0, layout.rpc.slots_per_ring)
     with pytest.raises(KeyError):
         layout.partition_for("nobody")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.pool import create_file_pool
 from belugactl.model.manifest import load_manifest
+from belugactl.pool.file_pool import create_file_pool
 from belugactl.workflows.rack.fanout import CommandTransport
 from belugactl.workflows.rack.orchestrate import RackTarget, rack_doctor, rack_setup, select_hosts
 from belugactl.workflows.rack.probe import PROBE_SIZE, ProbeRecord, judge

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from belugactl.cli.app import run
-from belugactl.dataplane.pool import create_file_pool
 from belugactl.errors import StepFailed
+from belugactl.pool.file_pool import create_file_pool
 from belugactl.workflows.doctor.result import CheckOutcome, CheckResult, DoctorReport
 from belugactl.workflows.serve.preflight import check_doctor
 

@@ -37,7 +37,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 from lab_support import BELUGACTL, REPO, our_qemus, run_cli, unavailable  # noqa: E402
 
-from belugactl.model import header as hdr  # noqa: E402
+from belugactl.pool import header as hdr  # noqa: E402
 
 pytestmark = pytest.mark.lab
 

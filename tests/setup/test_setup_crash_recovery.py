@@ -14,7 +14,7 @@ from setup_fakehost import lab_target
 
 from belugactl.errors import StepFailed
 from belugactl.host.host import Host
-from belugactl.model import header as hdr
+from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.topics import header as header_topic
 from belugactl.workflows.setup.topics.header import judge, write_or_verify_header

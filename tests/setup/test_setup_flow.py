@@ -9,7 +9,7 @@ from setup_fakehost import FakeMachine, lab_target
 
 from belugactl.errors import EnvironmentProblem
 from belugactl.host.write_state import SetupLocked, setup_lock
-from belugactl.model import header as hdr
+from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import ForceRequired, SetupFailed, run_setup, run_teardown
 from belugactl.workflows.setup.topics.header import HeaderMismatch
 

@@ -10,7 +10,7 @@ from setup_fakehost import lab_target
 
 from belugactl.errors import StepFailed
 from belugactl.host.host import Host
-from belugactl.model import header as hdr
+from belugactl.pool import header as hdr
 from belugactl.workflows.setup.topics.header import HeaderMismatch, judge, write_or_verify_header
 
 MiB = 1 << 20

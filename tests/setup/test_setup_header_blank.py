@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from setup_fakehost import lab_target
 
-from belugactl.model import header as hdr
+from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.force import ForceRequired
 from belugactl.workflows.setup.topics.header import judge

@@ -34,7 +34,7 @@ from belugactl.dataplane import native
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.index import Entry
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
 MAGIC = b"BLGJRNL1"
 HEADER = 4096

@@ -24,7 +24,6 @@ native helper (GIL released), drains TCP with a zero-timeout select every few re
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import json
 import os
@@ -42,7 +41,6 @@ from belugactl.dataplane.errors import PoolMismatch
 from belugactl.dataplane.mds.allocator import Allocator
 from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 from belugactl.dataplane.mds.service import MetadataService
-from belugactl.dataplane.pool import PoolMapping
 from belugactl.dataplane.rpc import slots
 from belugactl.dataplane.rpc.protocol import (
     HEADER,
@@ -55,6 +53,8 @@ from belugactl.dataplane.rpc.protocol import (
     encode_get_reply,
 )
 from belugactl.errors import EnvironmentProblem
+from belugactl.pool.lock import ServerLock
+from belugactl.pool.mapping import PoolMapping
 
 _FRAME = struct.Struct("<I")
 RESTART_POLICIES = ("start-empty", "journal")
@@ -136,7 +136,7 @@ class MetadataServer:
         self.admin = None
         self.admin_port: int | None = None
         self._sel = selectors.DefaultSelector()
-        self._lock_fd: int | None = None
+        self._lock: ServerLock | None = None
         self._conns: dict[int, _TcpConn] = {}
         self.snapshot: dict[str, Any] = {}
         self.stale_fenced = 0
@@ -166,17 +166,7 @@ class MetadataServer:
     # --- start-up -----------------------------------------------------------------------------
     def _lock_pool(self) -> None:
         """One metadata server per pool (per host): a second one would bump the epoch under the first."""
-        fd = os.open(self.pool.path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise EnvironmentProblem(
-                f"another metadata server is serving {self.pool.path}",
-                why="it holds the pool's lock; two servers would fence each other's clients",
-                fix="stop the other one (`belugactl stop`, or SIGTERM it) before starting this one",
-            ) from None
-        self._lock_fd = fd
+        self._lock = self.pool.server_lock()
 
     def bind(self) -> None:
         c = self.config
@@ -582,9 +572,9 @@ class MetadataServer:
 
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         for conn in list(self._conns.values()):
             self._drop(conn)
         if self.tcp_listener is not None:

@@ -19,7 +19,7 @@ from belugactl.dataplane.rpc import slots
 from belugactl.dataplane.rpc.protocol import FREE, HEADER, HEADER_SIZE, MAGIC, REQ_READY, TCP_MAX_PAYLOAD
 
 if TYPE_CHECKING:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
 Reply = tuple[int, int, bytes]  # (code, server epoch low 32 bits, payload)
 FENCED = -1  # call() code: the pool header's epoch moved since the client joined; nothing was sent
@@ -51,7 +51,7 @@ class CxlTransport:
         self.broken = False
         # The epoch the client adopted: a call first checks the header's epoch word against it.
         self.fence_epoch: int | None = None
-        from belugactl.model.header import EPOCH_OFFSET
+        from belugactl.pool.header import EPOCH_OFFSET
 
         self._epoch_off = EPOCH_OFFSET
         self.reset()

@@ -25,7 +25,7 @@ def host_info(rack: RackContext) -> dict[str, Any]:
 
 
 def probe_write(rack: RackContext, nonce: int) -> dict[str, Any]:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
     name = rack.host_name
     path = rack.pool_path()
@@ -37,7 +37,7 @@ def probe_write(rack: RackContext, nonce: int) -> dict[str, Any]:
 
 
 def probe_read(rack: RackContext, nonce: int) -> dict[str, Any]:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
     name = rack.host_name
     path = rack.pool_path()

@@ -85,7 +85,7 @@ def prepare(
     if create_pool and not is_file_pool:
         raise UsageError("--create-pool makes file pools only", fix="provision a device pool with belugactl setup")
     if create_pool and not Path(pool).exists():
-        from belugactl.dataplane.pool import create_file_pool
+        from belugactl.pool.file_pool import create_file_pool
 
         create_file_pool(pool, manifest)
         plan.notes.append(f"created the file pool {pool}")

@@ -96,7 +96,7 @@ def check_ports(ports: Iterable[tuple[str, int]]) -> None:
 
 
 def check_pool(pool_path: str, rack: RackContext) -> None:
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
     if not Path(pool_path).exists():
         raise EnvironmentProblem(

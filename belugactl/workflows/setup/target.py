@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from belugactl.model import header as hdr
+from belugactl.pool import header as hdr
 from belugactl.units import MiB
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.pool import create_file_pool
+from belugactl.pool.file_pool import create_file_pool
 
 pytestmark = pytest.mark.vllm
 

@@ -20,7 +20,8 @@ from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import PoolTransfer
 
 from belugactl.dataplane.kvcopy import KVBlockLayout, KVCopyEngine, TensorView, buffer_address
-from belugactl.dataplane.pool import PoolMapping, create_file_pool
+from belugactl.pool.file_pool import create_file_pool
+from belugactl.pool.mapping import PoolMapping
 
 REPO = Path(__file__).resolve().parents[3]
 NS = "test@layout@tp0of1"

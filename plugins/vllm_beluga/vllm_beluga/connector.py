@@ -301,7 +301,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             log.warning("Beluga: no pool_path in kv_connector_extra_config; saving and loading nothing")
             return
         try:
-            from belugactl.dataplane.pool import PoolMapping
+            from belugactl.pool.mapping import PoolMapping
 
             self._pool = PoolMapping.open(self.cfg.pool_path)
         except Exception as exc:  # noqa: BLE001 - no pool means no cache, not no service

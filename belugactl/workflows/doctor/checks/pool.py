@@ -25,15 +25,15 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
     if ctx.host is None:
         return CheckResult.skip("no access to the host's devices in this run")
     try:
-        from belugactl.host.write_pool import PoolWindow
-        from belugactl.model import header as header_mod
+        from belugactl.pool import header as header_mod
+        from belugactl.pool.mapping import PoolMapping
     except ImportError as exc:
         return CheckResult.skip(f"no header reader in this build ({exc.name}): needs setup")
     path = dev.dev_path or device_path(dev.name)
     # A device-dax node can only be mapped, in multiples of its align; a plain pool file maps the same way.
     length = max(dev.align or 2 * MiB, READ_BYTES)
     try:
-        with PoolWindow.open(ctx.host, path, length, writable=False) as window:
+        with PoolMapping.window(ctx.host, path, length, writable=False) as window:
             data = window.read(0, READ_BYTES)
     except EnvironmentProblem as exc:
         return CheckResult.warn(

@@ -1,6 +1,6 @@
 """The pool header: the first host writes it, every other host verifies it against its manifest.
 
-The race between two first hosts is guarded by the header's claim word (model/header.py): a host
+The race between two first hosts is guarded by the header's claim word (pool/header.py): a host
 sets it from 0 to a random nonce with compare-and-swap, waits a settle time, reads it again, and
 only if it still holds its own nonce writes the record (magic last). A host that loses waits for
 the winner's header and verifies it. A header that disagrees with this host's manifest is never
@@ -16,10 +16,10 @@ from typing import Any
 
 from belugactl.errors import BelugaError, InputError, StepFailed
 from belugactl.host.host import Host
-from belugactl.host.write_pool import PoolWindow  # setup's only pool mapping: observe() and the claim-write below
-from belugactl.model import header as hdr
 from belugactl.model.plan import Skip, Step, WritePoolHeader
+from belugactl.pool import header as hdr
 from belugactl.pool.device import device_path
+from belugactl.pool.mapping import PoolMapping
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.force import ForceRequired
@@ -235,7 +235,7 @@ def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
 
 def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None, str | None]:
     try:
-        with PoolWindow.open(host, device, size, writable=False) as window:
+        with PoolMapping.window(host, device, size, writable=False) as window:
             return window.read(0, size), None
     except BelugaError as exc:
         return None, exc.what
@@ -271,11 +271,11 @@ def write_or_verify_header(
     nonce: int | None = None,
 ) -> HeaderOutcome:
     """Claim, write (magic last) and re-read; or, having lost the claim, wait for and verify the winner's."""
-    # The nonce carries this host's tag (model/header.py claim_nonce), so a claim left by a crashed
+    # The nonce carries this host's tag (pool/header.py claim_nonce), so a claim left by a crashed
     # setup of this host can be recognised, and taken over, by its next setup.
     nonce = nonce if nonce is not None else hdr.claim_nonce(spec.ours.created_by)
     took_over = 0
-    with PoolWindow.open(host, device, spec.map_size, atomics=_atomics()) as window:
+    with PoolMapping.window(host, device, spec.map_size, flush=_atomics() is not None) as window:
         if rewrite:
             # --force: take the claim whatever it holds, then write as the first host would.
             window.write(hdr.CLAIM_OFFSET, nonce.to_bytes(8, "little"))
@@ -307,7 +307,7 @@ def write_or_verify_header(
         return HeaderOutcome(wrote=True, claim=nonce, took_over=took_over)
 
 
-def _stale_own_claim(window: PoolWindow, spec: HeaderSpec, claim: int) -> bool:
+def _stale_own_claim(window: PoolMapping, spec: HeaderSpec, claim: int) -> bool:
     if not hdr.claimed_by(claim, spec.ours.created_by):
         return False
     magic = window.read(hdr.MAGIC_OFFSET, len(hdr.MAGIC))
@@ -323,7 +323,7 @@ def _atomics() -> Any:
     return native if native.features().get("native") else None
 
 
-def _await_winner(window: PoolWindow, spec: HeaderSpec, device: str, wait_s: float, claim: int) -> HeaderOutcome:
+def _await_winner(window: PoolMapping, spec: HeaderSpec, device: str, wait_s: float, claim: int) -> HeaderOutcome:
     deadline = time.monotonic() + wait_s
     while True:
         verdict = judge(spec, window.read(0, spec.map_size))

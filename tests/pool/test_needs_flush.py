@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane import pool as pool_mod
-from belugactl.dataplane.pool import PoolMapping, create_file_pool
 from belugactl.model.manifest import load_manifest
+from belugactl.pool import mapping as pool_mod
+from belugactl.pool.file_pool import create_file_pool
+from belugactl.pool.mapping import PoolMapping
 
 
 @pytest.fixture

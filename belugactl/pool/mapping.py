@@ -1,13 +1,23 @@
-"""Map the pool: a devdax device (`/dev/daxX.Y`) or a plain file (development, CI, benchmarks), one code path.
+"""The one mapping of the pool: a devdax device (`/dev/daxX.Y`) or a plain file, for every user.
 
-`PoolMapping.open` maps the whole pool MAP_SHARED, reads the on-media header (model/header.py),
-and refuses the pool when the header is missing, corrupt, or disagrees with the manifest. Without
-a manifest the geometry (RPC rings, shared KV area) comes from the header itself, so a client
-needs only the pool path.
+Two ways in, one class:
+
+- `PoolMapping.open(path, manifest=None)`: the data plane's (metadata server, clients, the vLLM
+  connector, the rack probe, preflight). It maps the whole pool MAP_SHARED, reads the on-media
+  header (pool/header.py) and refuses the pool when the header is missing, corrupt, or disagrees
+  with the manifest. Without a manifest the geometry comes from the header itself, so a client
+  needs only the pool path.
+- `PoolMapping.window(host, device, length)`: setup's and doctor's. It maps the first `length`
+  bytes under the Host's root without reading the header, because setup writes that header (with
+  a compare-and-swap of its claim word) and doctor reports on whatever is there, blank or not.
+  A device-dax node only supports mmap (no read/write syscalls), in multiples of its alignment,
+  so even a 4 KiB read maps a whole aligned window.
 
 Coherence: a file or an uncacheable pool needs no flushes; a devdax pool mapped write-back and
-shared by several hosts does, and `needs_flush` says so (the RPC and copy code then flush lines
-through the native helper, and warn loudly when it is missing).
+shared by several hosts does, and `needs_flush` says so: reads then drop this host's cached lines
+first, writes go out with non-temporal stores and a fence (the native helper; without it the code
+warns loudly rather than pretend). A window asks for flushes explicitly (setup does when the
+native helper is built); its writes are also msync'ed, so a file pool holds the header on disk.
 """
 
 from __future__ import annotations
@@ -16,60 +26,28 @@ import contextlib
 import errno
 import mmap
 import os
-import socket
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane import native
 from belugactl.dataplane.errors import PoolMismatch, PoolMissing
-from belugactl.errors import InputError
+from belugactl.errors import EnvironmentProblem, InputError, StepFailed
+from belugactl.pool import lock
+from belugactl.pool.header import EPOCH_OFFSET, MAX_HEADER_SIZE, PoolHeader, diff
 from belugactl.units import format_size
 
 if TYPE_CHECKING:
-    from belugactl.model.header import PoolHeader
+    from belugactl.host.host import Host
     from belugactl.model.layout import PoolLayout
     from belugactl.model.manifest_schema import Manifest
+    from belugactl.pool.geometry import PoolGeometry
 
 DEVDAX_ALIGN = 2 << 20
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """The offsets the data plane uses, as recorded in the header (identical to the layout's)."""
-
-    pool_size: int
-    rpc_offset: int
-    ring_count: int
-    slots_per_ring: int
-    slot_size: int
-    ring_stride: int
-    journal_offset: int
-    journal_size: int
-    shared_kv_offset: int
-    shared_kv_size: int
-
-    @classmethod
-    def from_header(cls, h: PoolHeader) -> Geometry:
-        return cls(
-            pool_size=h.pool_size,
-            rpc_offset=h.rpc_offset,
-            ring_count=h.rpc_ring_count,
-            slots_per_ring=h.rpc_slots_per_ring,
-            slot_size=h.rpc_slot_size,
-            ring_stride=h.rpc_ring_stride,
-            journal_offset=h.journal_offset,
-            journal_size=h.journal_size,
-            shared_kv_offset=h.shared_kv_offset,
-            shared_kv_size=h.shared_kv_size,
-        )
-
-    def slot_offset(self, ring: int, slot: int) -> int:
-        return self.rpc_offset + ring * self.ring_stride + slot * self.slot_size
-
-
-def _load_manifest(manifest: Manifest | str | os.PathLike[str] | None) -> Manifest | None:
+def load_manifest_arg(manifest: Manifest | str | os.PathLike[str] | None) -> Manifest | None:
+    """A manifest, or the path of one (loaded here), or None."""
     if manifest is None or not isinstance(manifest, str | os.PathLike):
         return manifest
     from belugactl.model.manifest import load_manifest
@@ -85,38 +63,34 @@ def _is_devdax(path: Path) -> bool:
 
 
 class PoolMapping:
-    """One MAP_SHARED mapping of the whole pool.
+    """One MAP_SHARED mapping of the pool (all of it, or a window at its start).
 
-    Attributes: `path`, `size` (bytes mapped), `buf` (a writable memoryview of the pool),
-    `header` (the verified PoolHeader), `layout` (PoolLayout when opened with a manifest, else
-    None), `geometry` (from the header, always set), `is_devdax`, `needs_flush`.
+    Attributes: `path`, `size` (bytes mapped), `buf` (a writable memoryview of the mapping),
+    `layout` (PoolLayout when opened with a manifest, else None), `is_devdax`, `needs_flush`.
+    `header` and `geometry` exist for a verified mapping (`open`); a window has none yet.
     """
 
     def __init__(
         self,
         path: Path,
         mm: mmap.mmap,
-        header: PoolHeader,
+        header: PoolHeader | None,
         layout: PoolLayout | None,
         *,
         is_devdax: bool,
-        uncacheable: bool = False,
-        shared_by_hosts: bool = False,
+        needs_flush: bool,
+        sync_writes: bool = False,
     ) -> None:
         self.path = path
         self._mm = mm
         self.buf = memoryview(mm)
         self.size = len(mm)
-        self.header = header
+        self._header = header
         self.layout = layout
-        self.geometry = Geometry.from_header(header)
         self.is_devdax = is_devdax
-        from belugactl.model.header import EPOCH_OFFSET
-
-        self._epoch_off = EPOCH_OFFSET
-        # Flushes matter only for a write-back devdax pool that other hosts also map.
-        self.needs_flush = is_devdax and not uncacheable and shared_by_hosts
-        self.coherence_warning = native.require_coherence(shared_by_hosts=self.needs_flush)
+        self.needs_flush = needs_flush
+        self._sync_writes = sync_writes
+        self.coherence_warning = native.require_coherence(shared_by_hosts=needs_flush) if header is not None else None
 
     # --- opening ------------------------------------------------------------------------------
     @classmethod
@@ -128,10 +102,8 @@ class PoolMapping:
         writable: bool = True,
     ) -> PoolMapping:
         """Map and verify a pool; raise PoolMissing (exit 3) or PoolMismatch (exit 2) with the fix."""
-        from belugactl.model.header import MAX_HEADER_SIZE, PoolHeader
-
         path = Path(path_or_dev)
-        loaded = _load_manifest(manifest)
+        loaded = load_manifest_arg(manifest)
         if not path.exists():
             raise PoolMissing(
                 f"pool {path} does not exist",
@@ -158,8 +130,8 @@ class PoolMapping:
                 if size < DEVDAX_ALIGN:
                     raise PoolMismatch(
                         f"pool file {path} is {format_size(size)}, smaller than the 2 MiB header region",
-                        fix="create it with `belugactl serve -f rack.yaml --pool FILE --create-pool` "
-                        "or belugactl.dataplane.pool.create_file_pool(path, manifest)",
+                        fix="create it with `belugactl pool create-file -f rack.yaml FILE` "
+                        "or belugactl.pool.file_pool.create_file_pool(path, manifest)",
                     )
             try:
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
@@ -208,13 +180,63 @@ class PoolMapping:
                 raise
             uncacheable = getattr(getattr(loaded, "caching", None), "pool_memory_type", "") == "uncachable"
             shared = len(loaded.hosts) > 1
-        return cls(path, mm, header, layout, is_devdax=devdax, uncacheable=uncacheable, shared_by_hosts=shared)
+        # Flushes matter only for a write-back devdax pool that other hosts also map.
+        needs_flush = devdax and not uncacheable and shared
+        return cls(path, mm, header, layout, is_devdax=devdax, needs_flush=needs_flush)
+
+    @classmethod
+    def window(
+        cls, host: Host, device: str, length: int, *, writable: bool = True, flush: bool = False
+    ) -> PoolMapping:
+        """Map the first `length` bytes of `device` (under the host's root), header or not.
+
+        `flush`: treat the pool as shared with other hosts (drop cached lines before each read,
+        write back and fence after each write); only a writable window flushes."""
+        path = host.path(device)
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError as exc:
+            raise StepFailed(f"{device} does not exist", fix="run `belugactl setup` first") from exc
+        except PermissionError as exc:
+            raise EnvironmentProblem(
+                f"cannot open {device}", why=str(exc), fix="run as root or as the pool's owner group"
+            ) from exc
+        try:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            mm = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+        except (OSError, ValueError) as exc:
+            raise StepFailed(
+                f"cannot map the first {length} bytes of {device}",
+                why=str(exc),
+                fix="the device must be at least this large and its align must divide the length",
+            ) from exc
+        finally:
+            os.close(fd)
+        return cls(
+            Path(path), mm, None, None, is_devdax=_is_devdax(Path(path)), needs_flush=flush and writable,
+            sync_writes=True,
+        )
+
+    # --- what was verified --------------------------------------------------------------------
+    @property
+    def header(self) -> PoolHeader:
+        if self._header is None:
+            raise PoolMismatch(
+                f"{self.path} is mapped as a raw window: its header was not read",
+                fix="open the pool with PoolMapping.open to use its header and geometry",
+            )
+        return self._header
+
+    @property
+    def geometry(self) -> PoolGeometry:
+        return self.header.geometry
 
     # --- access -------------------------------------------------------------------------------
     def read(self, offset: int, n: int) -> bytes:
         self._check(offset, n)
         if self.needs_flush:
-            native.flush(self.buf, offset, n, True)
+            native.flush(self.buf, offset, n, True)  # drop stale lines: another host may have written
         return bytes(self.buf[offset : offset + n])
 
     def write(self, offset: int, data: bytes | bytearray | memoryview, *, publish: bool = True) -> None:
@@ -225,6 +247,7 @@ class PoolMapping:
             native.copy(self.buf, offset, data, 0, n, True)
         else:
             self.buf[offset : offset + n] = data
+        self._sync()
 
     def zero(self, offset: int, n: int) -> None:
         self._check(offset, n)
@@ -237,23 +260,58 @@ class PoolMapping:
             self.write(pos, blank[:k])
             pos += k
 
+    def flush(self, offset: int = 0, size: int = 0) -> None:
+        """Write `size` bytes at `offset` back out of this host's caches, then fence."""
+        self._check(offset, size)
+        if self.needs_flush and size:
+            native.flush(self.buf, offset, size)
+            native.fence()
+        self._sync()
+
+    def _sync(self) -> None:
+        if self._sync_writes:
+            # msync: reaches the file for file-backed pools; device-dax mappings are the media itself.
+            with contextlib.suppress(OSError):
+                self._mm.flush()
+
     def _check(self, offset: int, n: int) -> None:
         if offset < 0 or n < 0 or offset + n > self.size:
             raise ValueError(f"range [{offset:#x}, +{n}) is outside the {format_size(self.size)} pool")
 
-    # --- epoch --------------------------------------------------------------------------------
-    def epoch(self) -> int:
+    # --- 64-bit words: the claim and the epoch --------------------------------------------------
+    def load_u64(self, offset: int) -> int:
         if self.needs_flush:
-            native.flush(self.buf, self._epoch_off, 8, True)
-        return native.load64(self.buf, self._epoch_off)
+            native.flush(self.buf, offset, 8, True)
+        return int(native.load64(self.buf, offset))
+
+    def cas_u64(self, offset: int, expected: int, new: int) -> int:
+        """Store `new` if the word holds `expected`; return the value found (== expected on success).
+
+        Two processes on this host are serialised by the pool's flock (lock.exclusive), which makes
+        the swap atomic here even without the native helper's hardware compare-and-swap."""
+        if offset % 8:
+            raise ValueError("the claim word must be 8-byte aligned")
+        self._check(offset, 8)
+        with lock.exclusive(self.path):
+            if self.needs_flush:
+                native.flush(self.buf, offset, 8, True)
+            found = int(native.cas64(self.buf, offset, expected, new))
+            self.flush(offset, 8)
+            return found
+
+    def epoch(self) -> int:
+        return self.load_u64(EPOCH_OFFSET)
 
     def bump_epoch(self) -> int:
         """Atomically add one to the header's epoch word; return the new epoch."""
-        from belugactl.model.header import EPOCH_OFFSET
-
         old = native.fetch_add64(self.buf, EPOCH_OFFSET, 1)
         native.flush(self.buf, EPOCH_OFFSET, 8)
         return old + 1
+
+    # --- locks --------------------------------------------------------------------------------
+    def server_lock(self) -> lock.ServerLock:
+        """One metadata server per pool per host; raises EnvironmentProblem when another holds it."""
+        return lock.ServerLock.acquire(self.path)
 
     # --- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -290,7 +348,6 @@ class PoolMapping:
 
 def verify_against_manifest(path: Path, header: PoolHeader, manifest: Manifest) -> PoolLayout:
     """The layout this manifest implies, after checking the header agrees with it field by field."""
-    from belugactl.model.header import PoolHeader, diff
     from belugactl.model.layout import resolve_layout
 
     layout = resolve_layout(manifest)
@@ -305,68 +362,3 @@ def verify_against_manifest(path: Path, header: PoolHeader, manifest: Manifest) 
             "(destroys the pool contents)",
         )
     return layout
-
-
-def create_file_pool(
-    path: str | os.PathLike[str],
-    manifest: Manifest | str | os.PathLike[str],
-    *,
-    created_by: str | None = None,
-    exist_ok: bool = False,
-) -> Path:
-    """Write a sparse file of the manifest's pool size with a valid header (development and CI).
-
-    The file is created with O_CREAT|O_EXCL|O_NOFOLLOW: a symlink planted at the path (dangling or
-    not) is refused, never followed, so nobody can aim the pool's bytes at a file of their choosing.
-    Its mode is 0600 (every tenant's KV bytes live in it), or the manifest's `pool.permissions.mode`
-    where the manifest sets one; the umask does not widen or narrow it.
-    """
-    from belugactl.model.header import PoolHeader
-    from belugactl.model.layout import resolve_layout
-
-    loaded = _load_manifest(manifest)
-    assert loaded is not None
-    layout = resolve_layout(loaded)
-    header = PoolHeader.from_layout(loaded, layout, created_by=created_by or socket.gethostname()[:47] or "belugactl")
-    target = Path(path)
-    mode = loaded.pool.permissions.mode_bits if "permissions" in loaded.pool.model_fields_set else 0o600
-    try:
-        existing = os.lstat(target)
-    except FileNotFoundError:
-        existing = None
-    if existing is not None and stat.S_ISLNK(existing.st_mode):
-        raise PoolMismatch(
-            f"{target} is a symbolic link; refusing to create a pool through it",
-            why="a link at a pool path would send every tenant's KV bytes wherever it points",
-            fix="remove the link, or pass the real path of a file in a directory only you can write",
-        )
-    if existing is not None and not exist_ok:
-        raise PoolMismatch(f"{target} exists already", fix="remove it or pass exist_ok=True to overwrite its header")
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        raise PoolMismatch(f"{target} is not a regular file", fix="a file pool is a regular file; pass another path")
-    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (0 if existing is not None else os.O_CREAT | os.O_EXCL)
-    try:
-        fd = os.open(target, flags, mode)
-    except FileExistsError:
-        raise PoolMismatch(
-            f"{target} appeared while the pool was being created (a file or a link put there by someone else)",
-            fix="choose a path in a directory only you can write, e.g. your home directory",
-        ) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PoolMismatch(f"{target} is a symbolic link; refusing to follow it", fix="remove the link") from None
-        raise PoolMissing(
-            f"cannot create the pool file {target}: {exc.strerror or exc}", fix="choose a writable path"
-        ) from None
-    if existing is None:
-        os.fchmod(fd, mode)  # exactly this mode, whatever the umask
-    with os.fdopen(fd, "r+b") as f:
-        f.truncate(layout.pool_size)
-        # Magic last, so a reader never sees a magic in front of a half-written record.
-        f.write(header.pack(include_magic=False))
-        f.flush()
-        f.seek(0)
-        f.write(header.pack()[:8])
-        f.flush()
-        os.fsync(f.fileno())
-    return target

@@ -1,5 +1,9 @@
 """The on-media pool header at offset 0: a fixed little-endian record every host verifies.
 
+The record carries the pool's geometry (pool/geometry.py: pool size, RPC rings, journal, shared KV
+area) as one `PoolGeometry`, built from the layout when the header is made and checked again when
+it is read back.
+
 Bytes read from shared memory are untrusted (another host, an older version, a crash mid-write,
 or plain garbage): `PoolHeader.unpack` checks every length, offset and the crc, and raises
 `InputError` for anything wrong, never a struct or unicode exception.
@@ -40,12 +44,14 @@ import struct
 import time
 import uuid as uuid_mod
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from belugactl.dataplane.errors import PoolMismatch
 from belugactl.errors import InputError
 from belugactl.model.layout import FORMAT_VERSION, PoolLayout
 from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
+from belugactl.pool.geometry import PoolGeometry
 
 MAGIC = b"BELUGAPL"
 MAGIC_OFFSET = 0
@@ -79,19 +85,10 @@ class PoolHeader:
     format_version: int
     pool_uuid: str
     layout_hash: str  # hex
-    pool_size: int
     align: int
     created_time: int
     created_by: str
-    rpc_offset: int
-    rpc_ring_stride: int
-    rpc_ring_count: int
-    rpc_slots_per_ring: int
-    rpc_slot_size: int
-    journal_offset: int
-    journal_size: int
-    shared_kv_offset: int
-    shared_kv_size: int
+    geometry: PoolGeometry  # pool size, RPC rings, journal, shared KV area
     hosts: tuple[HostEntry, ...]
     epoch: int = 0
     claim: int = 0
@@ -112,23 +109,18 @@ class PoolHeader:
             format_version=layout.format_version,
             pool_uuid=pool_uuid(manifest),
             layout_hash=layout.layout_hash,
-            pool_size=layout.pool_size,
             align=layout.align,
             created_time=int(time.time()) if created_time is None else created_time,
             created_by=_fit_name(created_by),
-            rpc_offset=layout.rpc.offset,
-            rpc_ring_stride=layout.rpc.ring_stride,
-            rpc_ring_count=layout.rpc.ring_count,
-            rpc_slots_per_ring=layout.rpc.slots_per_ring,
-            rpc_slot_size=layout.rpc.slot_size,
-            journal_offset=layout.journal.offset,
-            journal_size=layout.journal.size,
-            shared_kv_offset=layout.shared_kv.offset,
-            shared_kv_size=layout.shared_kv.size,
+            geometry=PoolGeometry.from_layout(layout),
             hosts=tuple(HostEntry(p.host, p.offset, p.size) for p in layout.partitions),
             epoch=epoch,
             claim=claim,
         )
+
+    @property
+    def pool_size(self) -> int:
+        return self.geometry.pool_size
 
     @property
     def length(self) -> int:
@@ -141,6 +133,7 @@ class PoolHeader:
         if not 1 <= len(self.hosts) <= MAX_HOSTS:
             raise ValueError(f"a header holds 1..{MAX_HOSTS} hosts, not {len(self.hosts)}")
         buf = bytearray(self.length)
+        g = self.geometry
         _IDENTITY.pack_into(
             buf,
             0,
@@ -151,22 +144,22 @@ class PoolHeader:
             len(self.hosts),
             uuid_mod.UUID(self.pool_uuid).bytes,
             bytes.fromhex(self.layout_hash),
-            self.pool_size,
+            g.pool_size,
             self.align,
             self.created_time,
             _name_bytes(self.created_by, "created_by"),
-            self.rpc_offset,
-            self.rpc_ring_stride,
-            self.rpc_ring_count,
-            self.rpc_slots_per_ring,
-            self.rpc_slot_size,
+            g.rpc_offset,
+            g.ring_stride,
+            g.ring_count,
+            g.slots_per_ring,
+            g.slot_size,
             0,
-            self.journal_offset,
-            self.journal_size,
+            g.journal_offset,
+            g.journal_size,
         )
         _U64.pack_into(buf, CLAIM_OFFSET, self.claim)
         _U64.pack_into(buf, EPOCH_OFFSET, self.epoch)
-        _SHARED.pack_into(buf, 320, self.shared_kv_offset, self.shared_kv_size)
+        _SHARED.pack_into(buf, 320, g.shared_kv_offset, g.shared_kv_size)
         for i, host in enumerate(self.hosts):
             _ENTRY.pack_into(
                 buf, FIXED_SIZE + i * HOST_ENTRY_SIZE, _name_bytes(host.name, "host"), host.offset, host.size
@@ -237,39 +230,58 @@ class PoolHeader:
             if offset + size > pool_size:
                 raise _bad(f"host entry {i} ({name}) ends at {offset + size}, past the pool size {pool_size}")
             hosts.append(HostEntry(name, offset, size))
-        for what, offset, size in (
-            ("rpc area", rpc_offset, ring_stride * ring_count),
-            ("journal", journal_offset, journal_size),
-            ("shared KV area", shared_offset, shared_size),
-        ):
-            if offset + size > pool_size:
-                raise _bad(f"the {what} ends at {offset + size}, past the pool size {pool_size}")
+        try:
+            geometry = PoolGeometry(
+                pool_size=pool_size,
+                rpc_offset=rpc_offset,
+                ring_count=ring_count,
+                slots_per_ring=slots,
+                slot_size=slot_size,
+                ring_stride=ring_stride,
+                journal_offset=journal_offset,
+                journal_size=journal_size,
+                shared_kv_offset=shared_offset,
+                shared_kv_size=shared_size,
+            )
+        except PoolMismatch as exc:
+            raise _bad(exc.what.removeprefix("pool geometry: ")) from None
         return cls(
             format_version=version,
             pool_uuid=str(uuid_mod.UUID(bytes=raw_uuid)),
             layout_hash=raw_hash.hex(),
-            pool_size=pool_size,
             align=align,
             created_time=created_time,
             created_by=_name_from(raw_created_by, "created_by"),
-            rpc_offset=rpc_offset,
-            rpc_ring_stride=ring_stride,
-            rpc_ring_count=ring_count,
-            rpc_slots_per_ring=slots,
-            rpc_slot_size=slot_size,
-            journal_offset=journal_offset,
-            journal_size=journal_size,
-            shared_kv_offset=shared_offset,
-            shared_kv_size=shared_size,
+            geometry=geometry,
             hosts=tuple(hosts),
             epoch=_U64.unpack_from(record, EPOCH_OFFSET)[0],
             claim=_U64.unpack_from(record, CLAIM_OFFSET)[0],
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["hosts"] = [{"name": h.name, "offset": h.offset, "size": h.size} for h in self.hosts]
-        return data
+        """Flat, in the record's order and with the record's field names (stable JSON keys)."""
+        g = self.geometry
+        return {
+            "format_version": self.format_version,
+            "pool_uuid": self.pool_uuid,
+            "layout_hash": self.layout_hash,
+            "pool_size": g.pool_size,
+            "align": self.align,
+            "created_time": self.created_time,
+            "created_by": self.created_by,
+            "rpc_offset": g.rpc_offset,
+            "rpc_ring_stride": g.ring_stride,
+            "rpc_ring_count": g.ring_count,
+            "rpc_slots_per_ring": g.slots_per_ring,
+            "rpc_slot_size": g.slot_size,
+            "journal_offset": g.journal_offset,
+            "journal_size": g.journal_size,
+            "shared_kv_offset": g.shared_kv_offset,
+            "shared_kv_size": g.shared_kv_size,
+            "hosts": [{"name": h.name, "offset": h.offset, "size": h.size} for h in self.hosts],
+            "epoch": self.epoch,
+            "claim": self.claim,
+        }
 
 
 # Fields that legitimately differ between a header on media and one built from a manifest.
@@ -279,12 +291,13 @@ RUNTIME_FIELDS = ("created_time", "created_by", "epoch", "claim")
 def diff(ours: PoolHeader, theirs: PoolHeader, *, include_runtime: bool = False) -> list[tuple[str, Any, Any]]:
     """Field-by-field differences (field, ours, theirs); host entries as hosts[i].name etc."""
     out: list[tuple[str, Any, Any]] = []
-    for f in fields(PoolHeader):
-        if f.name == "hosts" or (f.name in RUNTIME_FIELDS and not include_runtime):
+    mine, found = ours.to_dict(), theirs.to_dict()
+    for name, a in mine.items():
+        if name == "hosts" or (name in RUNTIME_FIELDS and not include_runtime):
             continue
-        a, b = getattr(ours, f.name), getattr(theirs, f.name)
+        b = found[name]
         if a != b:
-            out.append((f.name, a, b))
+            out.append((name, a, b))
     if len(ours.hosts) != len(theirs.hosts):
         out.append(("hosts.count", len(ours.hosts), len(theirs.hosts)))
     for i, (a, b) in enumerate(zip(ours.hosts, theirs.hosts, strict=False)):

@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.errors import PoolMismatch, PoolMissing
-from belugactl.dataplane.pool import PoolMapping, create_file_pool
 from belugactl.errors import ExitCode
-from belugactl.model.header import EPOCH_OFFSET
+from belugactl.pool.file_pool import create_file_pool
+from belugactl.pool.header import EPOCH_OFFSET
+from belugactl.pool.mapping import PoolMapping
 
 
 def test_file_pool_opens_verified_against_its_manifest(pool_path: Path, manifest) -> None:

@@ -1,0 +1,63 @@
+"""Fixtures for the pool tests: a small two-host rack manifest and a file pool made from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SMALL_RACK = """\
+version: 1
+name: dp-test
+pool:
+  source: {kind: cxl-region, memdevs: all, type: ram}
+  size: 64MiB
+  align: 2MiB
+layout:
+  metadata: {slots_per_ring: 8, slot_size: 256B, spare_rings: 2, journal: 2MiB}
+  shared_kv: 40MiB
+  partition_size: equal
+hosts:
+  - name: h0
+    address: 10.0.0.1
+    roles: [metadata, worker]
+    platform: gpu
+    numa: {cpu_nodes: 1, cxl_nodes: 1}
+    gpus: {count: 2, model: L40S}
+  - name: h1
+    address: 10.0.0.2
+    roles: [worker]
+    platform: gpu
+    numa: {cpu_nodes: 1, cxl_nodes: 1}
+    gpus: {count: 2, model: L40S}
+serve:
+  vllm:
+    model: Qwen/Qwen2.5-7B-Instruct
+    instances_per_host: 2
+"""
+
+
+@pytest.fixture
+def rack_text() -> str:
+    return SMALL_RACK
+
+
+@pytest.fixture
+def manifest_path(tmp_path: Path) -> Path:
+    path = tmp_path / "rack.yaml"
+    path.write_text(SMALL_RACK)
+    return path
+
+
+@pytest.fixture
+def manifest(manifest_path: Path):
+    from belugactl.model.manifest import load_manifest
+
+    return load_manifest(manifest_path)
+
+
+@pytest.fixture
+def pool_path(tmp_path: Path, manifest) -> Path:
+    from belugactl.pool.file_pool import create_file_pool
+
+    return create_file_pool(tmp_path / "pool.bin", manifest)
