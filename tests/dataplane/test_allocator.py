@@ -177,7 +177,14 @@ def test_interleave_stripes_a_large_extent_at_the_granularity() -> None:
         per_zone[a.zone_of(off)] += n
     assert per_zone == [2 * CHUNK, 2 * CHUNK, 2 * CHUNK, 0]
     nxt = a.alloc(4096)
-    assert nxt is not None and a.zone_of(nxt.extents[0][0]) == 3  # the round robin goes on
+    assert nxt is not None and a.zone_of(nxt.extents[0][0]) == 1  # the next allocation starts one zone on
+
+
+def test_interleave_balances_blocks_that_span_two_zones() -> None:
+    a = Allocator(BASE, 64 * CHUNK, ways=4)
+    for _ in range(16):
+        assert a.alloc(CHUNK + (512 << 10)) is not None  # a chunk and a tail in the next zone
+    assert a.zone_bytes() == [4 * (CHUNK + (512 << 10))] * 4
 
 
 def test_interleave_falls_back_to_another_zone_rather_than_fail() -> None:

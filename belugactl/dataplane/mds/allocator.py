@@ -16,7 +16,8 @@ return of an empty chunk are all O(1).
 Software interleave (manifest `pool.interleave.mode: software`): the area is split into `ways`
 equal zones (one per memory device laid end to end; chunks that do not divide evenly go to the
 last zone) and consecutive allocations start in consecutive zones, round-robin. A multi-chunk
-allocation changes zone every `granularity` bytes. When the zone whose turn it is has no room the
+allocation changes zone every `granularity` bytes (its tail goes on in the zone after its last
+whole granule). When the zone whose turn it is has no room the
 next zone with room answers, so interleave never turns a fitting request into a failure.
 """
 
@@ -187,7 +188,7 @@ class Allocator:
             raise ValueError("allocation size must be positive")
         whole, cls = self.shape(nbytes)
         blocks: list[Block] = []
-        zone = self._rr
+        zone = start = self._rr
         if whole:
             if whole > self.free_chunk_count:
                 return None
@@ -204,7 +205,9 @@ class Allocator:
                 self._give_back(blocks)
                 return None
             blocks.append((cls, off))
-        self._rr = (zone + 1) % self.ways
+        # The next allocation starts one zone on, however many zones this one spans: a run of
+        # equal multi-zone blocks then rotates through every zone instead of a fixed subset.
+        self._rr = (start + 1) % self.ways
         footprint = 0
         zone_used = self._zone_used
         for size, off in blocks:
