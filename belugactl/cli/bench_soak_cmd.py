@@ -17,8 +17,12 @@ def soak(
     readers: int = typer.Option(4, "--readers", help="Reader processes (same split)."),
     keys: int = typer.Option(300, "--keys", help="Distinct keys; with --kv-mib, how hard eviction works."),
     kv_mib: int = typer.Option(64, "--kv-mib", help="Shared KV area of the soak's pool, MiB."),
-    restart_every: float = typer.Option(8.0, "--restart-every", help="SIGKILL and restart the server every N s (0: never)."),
-    kill_every: float = typer.Option(3.0, "--kill-every", help="SIGKILL one client every N s and start another (0: never)."),
+    restart_every: float = typer.Option(
+        8.0, "--restart-every", help="SIGKILL and restart the server every N s (0: never)."
+    ),
+    kill_every: float = typer.Option(
+        3.0, "--kill-every", help="SIGKILL one client every N s and start another (0: never)."
+    ),
     restart_policy: str = typer.Option("journal", "--restart-policy", help="The server's: journal or start-empty."),
     fence_grace: float | None = typer.Option(None, "--fence-grace", help="Passed to the server (default: its own)."),
     seed: int = typer.Option(1, "--seed", help="Random seed of the workload."),
@@ -45,8 +49,9 @@ def soak(
         r = result
         console = stdout_console()
         console.print(
-            f"[bold]bench soak[/]: {r['ops']:,} ops in {r['seconds']} s ({r['writers']} writers, {r['readers']} readers, "
-            f"CXL-RPC and TCP); {r['committed']:,} blocks committed, {r['reads_verified']:,} reads verified, "
+            f"[bold]bench soak[/]: {r['ops']:,} ops in {r['seconds']} s ({r['writers']} writers, "
+            f"{r['readers']} readers, CXL-RPC and TCP); {r['committed']:,} blocks committed, "
+            f"{r['reads_verified']:,} reads verified, "
             f"{r['reads_void']} void (restart or lease during the copy), {r['misses']:,} misses"
         )
         console.print(

@@ -162,7 +162,9 @@ def _worker(spec: dict[str, Any]) -> int:
             last_dump = now
         if client is None:
             try:
-                client = connect(spec["address"], pool=pool if spec["address"].startswith("cxl") else None, timeout_s=1.0)
+                client = connect(
+                    spec["address"], pool=pool if spec["address"].startswith("cxl") else None, timeout_s=1.0
+                )
             except MetadataError as exc:
                 count_error(exc)
                 time.sleep(0.05)
@@ -236,7 +238,8 @@ def _read_one(client: Any, pool: Any, key: bytes, counts: WorkerCounts, lease_tt
             counts.wrong_bytes += bad
             if len(counts.wrong_examples) < 5:
                 counts.wrong_examples.append(
-                    f"key {key[:8].hex()} epoch {epoch} nbytes {loc.nbytes} extents {loc.extents[:4]}: {bad} bytes differ"
+                    f"key {key[:8].hex()} epoch {epoch} nbytes {loc.nbytes} extents {loc.extents[:4]}: "
+                    f"{bad} bytes differ"
                 )
         else:
             counts.reads_verified += 1
@@ -467,7 +470,16 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
     for f in files:
         with contextlib.suppress(OSError, ValueError):
             c = json.loads(f.read_text())
-            for name in ("ops", "refused", "committed", "reads_verified", "reads_void", "misses", "wrong_reads", "wrong_bytes"):
+            for name in (
+                "ops",
+                "refused",
+                "committed",
+                "reads_verified",
+                "reads_void",
+                "misses",
+                "wrong_reads",
+                "wrong_bytes",
+            ):
                 setattr(totals, name, getattr(totals, name) + c[name])
             for k, v in c["errors"].items():
                 totals.errors[k] = totals.errors.get(k, 0) + v

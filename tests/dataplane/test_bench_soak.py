@@ -39,8 +39,9 @@ def test_soak_with_restart_and_kills_serves_no_wrong_byte(tmp_path) -> None:
 
 
 def test_soak_catches_a_writer_that_writes_wrong_bytes(tmp_path, capsys) -> None:
-    code = run(["bench", "soak", "--seconds", "5", "--writers", "1", "--readers", "2", "--keys", "20",
-                "--kv-mib", "64", "--restart-every", "0", "--kill-every", "0", "--faulty-writer", "--json"])  # fmt: skip
+    argv = ["bench", "soak", "--seconds", "5", "--writers", "1", "--readers", "2", "--keys", "20", "--kv-mib", "64",
+            "--restart-every", "0", "--kill-every", "0", "--faulty-writer", "--json"]  # fmt: skip
+    code = run(argv)
     assert code == 1
     assert '"wrong_reads": 0' not in capsys.readouterr().out
 

@@ -112,7 +112,10 @@ class Allocator:
         self.granularity = granularity
         self.zone_size = (self.chunks // self.ways) * CHUNK
         self._zones = [
-            _Zone(base + z * self.zone_size, base + (z + 1) * self.zone_size if z < self.ways - 1 else base + self.capacity)
+            _Zone(
+                base + z * self.zone_size,
+                base + (z + 1) * self.zone_size if z < self.ways - 1 else base + self.capacity,
+            )
             for z in range(self.ways)
         ]
         self._rr = 0  # zone whose turn is next
@@ -321,9 +324,7 @@ class Allocator:
             "free_chunks": self.free_chunk_count,
             "chunks_returned": self.chunks_returned,
             "carved_idle_bytes": carved_idle,
-            "classes": {
-                str(c): {"chunks": n, "free_blocks": free_blocks[c]} for c, n in self._carved.items() if n
-            },
+            "classes": {str(c): {"chunks": n, "free_blocks": free_blocks[c]} for c, n in self._carved.items() if n},
             "interleave": {"ways": self.ways, "granularity": self.granularity, "zone_bytes": self.zone_bytes()},
         }
 
