@@ -327,3 +327,42 @@ def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> 
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
         assert idx.alloc.used == sum(e.alloc.footprint for e in live)
         assert all(e.leases >= 0 for e in live)
+
+
+def test_the_namespace_cap_reaches_the_client_as_ns_limit() -> None:
+    from belugactl.dataplane.mds.service import MetadataService
+    from belugactl.dataplane.rpc import protocol as p
+    from belugactl.dataplane.rpc.protocol import Code, Op
+
+    idx, _, _ = make(max_namespaces=1)
+    service = MetadataService(idx, epoch=1)
+    code, _ = service.handle(int(Op.OPEN_NS), 1, p.encode_name("other"), 256)
+    assert code == Code.NS_LIMIT and service.errors == {"NS_LIMIT": 1}
+
+
+def test_the_software_interleave_of_the_manifest_reaches_the_index() -> None:
+    from pathlib import Path
+
+    from belugactl.cli.metadata_server_cmd import _interleave
+    from belugactl.model.manifest import load_manifest
+
+    rack = load_manifest(Path(__file__).parents[2] / "examples" / "beluga-rack.yaml")
+    fields = _interleave(rack)
+    assert fields == {"interleave_ways": rack.pool.interleave.ways, "interleave_granularity": CHUNK}
+    idx = KVIndex(Allocator(CHUNK, 64 * CHUNK), IndexConfig(**fields))
+    assert idx.alloc.ways == rack.pool.interleave.ways
+    ns = idx.open_namespace("m")
+    zones = {idx.alloc.zone_of(idx.reserve(ns, key(i), 4096)[1].extents[0][0]) for i in range(4)}
+    assert zones == {0, 1, 2, 3}
+
+
+def test_the_manifest_bounds_max_namespaces() -> None:
+    from pydantic import ValidationError
+
+    from belugactl.model.manifest_schema import MetadataServe
+
+    assert MetadataServe().max_namespaces == 4096
+    assert MetadataServe(max_namespaces=1).max_namespaces == 1
+    for bad in (0, -5, (1 << 20) + 1):
+        with pytest.raises(ValidationError, match="max_namespaces"):
+            MetadataServe(max_namespaces=bad)
