@@ -120,6 +120,7 @@ class WorkerCounts:
     wrong_reads: int = 0
     wrong_bytes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    error_reasons: dict[str, int] = field(default_factory=dict)  # a few distinct messages, counted
     wrong_examples: list[str] = field(default_factory=list)
 
 
@@ -154,6 +155,9 @@ def _worker(spec: dict[str, Any]) -> int:
     def count_error(exc: BaseException) -> None:
         name = type(exc).__name__
         counts.errors[name] = counts.errors.get(name, 0) + 1
+        why = f"{name}: {getattr(exc, 'why', None) or exc}"
+        if why in counts.error_reasons or len(counts.error_reasons) < 8:
+            counts.error_reasons[why] = counts.error_reasons.get(why, 0) + 1
 
     while not stop and time.monotonic() < deadline:
         now = time.monotonic()
@@ -162,8 +166,9 @@ def _worker(spec: dict[str, Any]) -> int:
             last_dump = now
         if client is None:
             try:
+                # A generous timeout: on a loaded host a slow answer is not a dead server.
                 client = connect(
-                    spec["address"], pool=pool if spec["address"].startswith("cxl") else None, timeout_s=1.0
+                    spec["address"], pool=pool if spec["address"].startswith("cxl") else None, timeout_s=5.0
                 )
             except MetadataError as exc:
                 count_error(exc)
@@ -407,7 +412,7 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
         out = workdir / f"worker-{spawned}.json"
         spec = {
             "role": role, "address": address, "pool": str(pool_path), "seed": cfg.seed * 1000 + spawned,
-            "seconds": max(1.0, end - time.monotonic() + 5), "keys": cfg.keys, "out": str(out),
+            "seconds": max(1.0, end - time.monotonic() + 30), "keys": cfg.keys, "out": str(out),
             "lease_ttl": cfg.lease_ttl_s, "faulty": cfg.faulty_writer and slot == 0,
         }  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(spec)])  # noqa: S603
@@ -452,10 +457,16 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
                 _wait_ready(tcp, 15.0)
                 pending_survival = total_ops()
                 next_restart = time.monotonic() + cfg.restart_every_s
+        # The last restart counts once the clients are seen to work again (bounded wait).
+        wait_end = time.monotonic() + 20
+        while pending_survival is not None and time.monotonic() < wait_end:
+            if total_ops() > pending_survival and _server_stats(tcp) is not None:
+                survived += 1
+                pending_survival = None
+            else:
+                time.sleep(0.2)
         stats = _server_stats(tcp)
         evictions += int(stats.get("evictions", 0)) if stats else 0
-        if pending_survival is not None and total_ops() > pending_survival and stats is not None:
-            survived += 1
     finally:
         for proc, _ in workers.values():
             if proc.poll() is None:
@@ -483,6 +494,8 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
                 setattr(totals, name, getattr(totals, name) + c[name])
             for k, v in c["errors"].items():
                 totals.errors[k] = totals.errors.get(k, 0) + v
+            for k, v in c["error_reasons"].items():
+                totals.error_reasons[k] = totals.error_reasons.get(k, 0) + v
             totals.wrong_examples.extend(c["wrong_examples"][: 5 - len(totals.wrong_examples)])
     return {
         "benchmark": "soak",
@@ -509,6 +522,7 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
         "wrong_bytes": totals.wrong_bytes,
         "wrong_examples": totals.wrong_examples,
         "client_errors": dict(sorted(totals.errors.items())),
+        "client_error_reasons": dict(sorted(totals.error_reasons.items(), key=lambda kv: -kv[1])[:10]),
     }
 
 
