@@ -296,14 +296,15 @@ from hypothesis import strategies as st  # noqa: E402
 @given(
     ops=st.lists(
         st.tuples(st.sampled_from(["put", "get", "release", "delete", "clear", "expire"]), st.integers(0, 40),
-                  st.sampled_from([4096, 64 << 10, 700_000, 3 << 19, CHUNK + 5000])),
+                  st.sampled_from([4096, 64 << 10, 700_000, 3 << 19, CHUNK + 5000, 5 * CHUNK])),
         min_size=1, max_size=150,
     )
 )  # fmt: skip
 def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> None:
-    idx, clock, ns = make(chunks=8, lease_ttl_s=5)
+    idx, clock, ns = make(chunks=8, lease_ttl_s=5, high_watermark=1.0, low_watermark=0.99)
     leases: list[int] = []
     for op, k, size in ops:
+        evictions = idx.counters.evictions
         try:
             if op == "put":
                 put(idx, ns, k, size)
@@ -322,6 +323,7 @@ def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> 
                 idx.expire()
         except IndexError_ as exc:
             assert exc.code in ("POOL_FULL", "EXISTS")
+            assert idx.counters.evictions == evictions  # a refused reserve evicted nothing
         live = list(idx.entries.values()) + [e for e in idx.by_id.values() if e.dead]
         spans = sorted((o, o + n) for e in live for o, n in e.alloc.extents)
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
