@@ -103,8 +103,10 @@ def mds(
     il = result["interleave"]
     for name in ("software", "none"):
         z = il[name]
+        placed = ", ".join(f"{b / 2**20:.0f}" for b in z["placed_zone_bytes"])
         zones = ", ".join(f"{b / 2**20:.0f}" for b in z["zone_bytes"])
         console.print(
-            f"interleave {name:8} ({il['ways']} zones): MiB per zone [{zones}], min/max {z['min_over_max']:.2f}; "
+            f"interleave {name:8} ({il['ways']} zones): MiB placed per zone [{placed}] "
+            f"(min/max {z['placed_min_over_max']:.2f}), live at the end [{zones}] (min/max {z['min_over_max']:.2f}); "
             f"16 consecutive blocks span {z['zones_spanned_by_16_consecutive_blocks']} zones"
         )

@@ -349,16 +349,19 @@ def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int
         a = Allocator(2 << 20, area, ways=w, granularity=granularity)
         live: list[Any] = []
         picks = random.Random(7)
+        # Zone = ways equal parts of the area, for both runs (the devices are the same).
+        zone = (area // (2 << 20) // ways) * (2 << 20)
+        placed = [0] * ways  # every byte ever handed out, by zone: what the placement policy decides
         for size, count in runs:
             for _ in range(count):
                 got = a.alloc(size)
                 if got is None:
                     break
                 live.append(got)
+                for off, n in got.extents:
+                    placed[min((off - (2 << 20)) // zone, ways - 1)] += n
             while live and a.used > area // 2:  # stay half full: frees and reuse, not one fill
                 a.free(live.pop(picks.randrange(len(live))))
-        # Zone = ways equal parts of the area, for both runs (the devices are the same).
-        zone = (area // (2 << 20) // ways) * (2 << 20)
         per_zone = [0] * ways
         for g in live:
             for off, n in g.extents:
@@ -367,7 +370,9 @@ def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int
         probe = [a.alloc(160 << 10) for _ in range(16)]
         spread = len({min((g.extents[0][0] - (2 << 20)) // zone, ways - 1) for g in probe if g})
         out[name] = {
-            "zone_bytes": per_zone,
+            "placed_zone_bytes": placed,
+            "placed_min_over_max": round(min(placed) / max(placed), 4) if max(placed) else 0.0,
+            "zone_bytes": per_zone,  # live at the end (random frees add noise)
             "min_over_max": round(min(per_zone) / max(per_zone), 4) if max(per_zone) else 0.0,
             "zones_spanned_by_16_consecutive_blocks": spread,
         }
