@@ -24,8 +24,12 @@ def soak(
         3.0, "--kill-every", help="SIGKILL one client every N s and start another (0: never)."
     ),
     restart_policy: str = typer.Option("journal", "--restart-policy", help="The server's: journal or start-empty."),
+    reservation_ttl: float = typer.Option(3.0, "--reservation-ttl", help="The server's reservation TTL, seconds."),
     fence_grace: float | None = typer.Option(None, "--fence-grace", help="Passed to the server (default: its own)."),
     seed: int = typer.Option(1, "--seed", help="Random seed of the workload."),
+    stall_writers: float = typer.Option(
+        0.0, "--stall-writers", help="Fraction of writes that stall 0.5-8 s after their epoch check (stale writers)."
+    ),
     faulty_writer: bool = typer.Option(
         False, "--faulty-writer", help="Check the checker: one writer writes wrong bytes (the run must exit 1)."
     ),
@@ -39,6 +43,7 @@ def soak(
         seconds=seconds, ops=ops, writers=writers, readers=readers, keys=keys, kv_mib=kv_mib,
         restart_every_s=restart_every, kill_every_s=kill_every, restart_policy=restart_policy,
         fence_grace_s=fence_grace, seed=seed, faulty_writer=faulty_writer,
+        stall_writers=stall_writers, reservation_ttl_s=reservation_ttl,
     )  # fmt: skip
     result = run_soak(cfg)
     if json_out:

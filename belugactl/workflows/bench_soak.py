@@ -177,7 +177,16 @@ def _worker(spec: dict[str, Any]) -> int:
         key = key_of(rng.randrange(keys))
         try:
             if spec["role"] == "writer":
-                _write_one(client, pool, key, rng, counts, spec.get("faulty", False))
+                _write_one(
+                    client,
+                    pool,
+                    key,
+                    rng,
+                    counts,
+                    spec.get("faulty", False),
+                    spec.get("stall", 0.0),
+                    spec["reservation_ttl"],
+                )
             else:
                 _read_one(client, pool, key, counts, lease_ttl)
             counts.ops += 1
@@ -195,10 +204,20 @@ def _worker(spec: dict[str, Any]) -> int:
     return 0
 
 
-def _write_one(client: Any, pool: Any, key: bytes, rng: random.Random, counts: WorkerCounts, faulty: bool) -> None:
+def _write_one(
+    client: Any,
+    pool: Any,
+    key: bytes,
+    rng: random.Random,
+    counts: WorkerCounts,
+    faulty: bool,
+    stall: float,
+    reservation_ttl: float,
+) -> None:
     from belugactl.dataplane.errors import AlreadyPresent, PoolFull
 
     nbytes = size_of(key)
+    t0 = time.monotonic()
     try:
         r = client.reserve(NAMESPACE, key, nbytes)
     except (AlreadyPresent, PoolFull) as exc:
@@ -210,8 +229,14 @@ def _write_one(client: Any, pool: Any, key: bytes, rng: random.Random, counts: W
         # The checker's own check: a buggy writer puts another key's bytes (same size) here.
         other = next(k for k in (key_of(rng.randrange(1 << 30)) for _ in range(1000)) if size_of(k) == nbytes)
         data = block_bytes(other, rng.getrandbits(63) | 1, nbytes)
-    if pool.epoch() != client.epoch:
-        return  # the server restarted since the reservation: its extents are not ours any more
+    # What a connector checks before its stores: the server has not restarted and the
+    # reservation has not outlived its TTL (after which the server hands the extents out again).
+    if pool.epoch() != client.epoch or time.monotonic() - t0 > reservation_ttl / 2:
+        return
+    if stall and rng.random() < stall:
+        # A writer stalled between that check and its stores (preempted, paging, a GC pause),
+        # past a restart or its reservation's TTL: its extents may belong to another block now.
+        time.sleep(rng.uniform(0.5, 8.0))
     pos = 0
     for off, n in r.extents:
         pool.write(off, data[pos : pos + n])
@@ -270,6 +295,7 @@ class SoakConfig:
     reservation_ttl_s: float = 3.0
     fence_grace_s: float | None = None  # None: the server's default
     faulty_writer: bool = False  # writer 0 writes wrong bytes half the time: proves the checker sees them
+    stall_writers: float = 0.0  # fraction of writes that stall 0.5-8 s between epoch check and stores
     seed: int = 1
 
     def check(self) -> None:
@@ -283,6 +309,10 @@ class SoakConfig:
             raise UsageError("--keys must be between 16 and 10000000")
         if not 16 <= self.kv_mib <= 65536:
             raise UsageError("--kv-mib must be between 16 and 65536")
+        if not 0.5 <= self.reservation_ttl_s <= 3600:
+            raise UsageError("--reservation-ttl must be between 0.5 and 3600 seconds")
+        if not 0 <= self.stall_writers <= 1:
+            raise UsageError("--stall-writers is a fraction between 0 and 1")
         if self.restart_policy not in ("start-empty", "journal"):
             raise UsageError(f"unknown restart policy {self.restart_policy!r}", fix="use start-empty or journal")
 
@@ -413,7 +443,8 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
         spec = {
             "role": role, "address": address, "pool": str(pool_path), "seed": cfg.seed * 1000 + spawned,
             "seconds": max(1.0, end - time.monotonic() + 30), "keys": cfg.keys, "out": str(out),
-            "lease_ttl": cfg.lease_ttl_s, "faulty": cfg.faulty_writer and slot == 0,
+            "lease_ttl": cfg.lease_ttl_s, "faulty": cfg.faulty_writer and slot == 0, "stall": cfg.stall_writers,
+            "reservation_ttl": cfg.reservation_ttl_s,
         }  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(spec)])  # noqa: S603
         workers[slot] = (proc, out)
@@ -508,6 +539,7 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
         "kv_area_bytes": cfg.kv_mib << 20,
         "restart_policy": cfg.restart_policy,
         "faulty_writer": cfg.faulty_writer,
+        "stall_writers": cfg.stall_writers,
         "ops": totals.ops,
         "committed": totals.committed,
         "reserve_refused": totals.refused,
