@@ -29,13 +29,13 @@ def test_checker_sees_a_foreign_page_a_moved_page_and_another_key() -> None:
 
 
 def test_soak_with_restart_and_kills_serves_no_wrong_byte(tmp_path) -> None:
-    cfg = SoakConfig(seconds=11, writers=2, readers=2, keys=60, kv_mib=16, restart_every_s=3, kill_every_s=1.5)
+    cfg = SoakConfig(seconds=11, writers=2, readers=2, keys=40, kv_mib=16, restart_every_s=3, kill_every_s=1.5)
     r = run_soak(cfg, workdir=tmp_path)
     assert r["wrong_reads"] == 0 and r["wrong_bytes"] == 0, r["wrong_examples"]
     assert r["committed"] > 0 and r["reads_verified"] > 0
     assert r["server_restarts"] >= 1 and r["restarts_survived"] >= 1
     assert r["client_kills"] >= 2
-    assert r["evictions"] > 0  # 60 keys of up to 2.5 MiB in a 16 MiB area
+    assert r["evictions"] > 0  # 40 keys of up to 2.5 MiB in a 16 MiB area
 
 
 def test_soak_catches_a_writer_that_writes_wrong_bytes(tmp_path, capsys) -> None:
@@ -49,3 +49,9 @@ def test_soak_catches_a_writer_that_writes_wrong_bytes(tmp_path, capsys) -> None
 def test_soak_refuses_bad_bounds() -> None:
     assert run(["bench", "soak", "--seconds", "0"]) == 2
     assert run(["bench", "soak", "--writers", "0"]) == 2
+
+
+def test_soak_stops_at_its_op_bound(tmp_path) -> None:
+    cfg = SoakConfig(seconds=90, ops=150, writers=1, readers=1, keys=20, kv_mib=16, restart_every_s=0, kill_every_s=0)
+    r = run_soak(cfg, workdir=tmp_path)
+    assert r["ops"] >= 150 and r["seconds"] < 60 and r["wrong_reads"] == 0
