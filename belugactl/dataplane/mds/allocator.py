@@ -181,7 +181,7 @@ class Allocator:
             if chunk is not None:
                 self._carved[cls] += 1
                 # Highest first so pop() yields ascending offsets; the first block is handed out.
-                partial[chunk] = [chunk + i * cls for i in range(CHUNK // cls - 1, 0, -1)]
+                partial[chunk] = [chunk + j * cls for j in range(CHUNK // cls - 1, 0, -1)]
                 return chunk
         return None
 
