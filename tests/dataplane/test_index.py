@@ -329,6 +329,8 @@ def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> 
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
         assert idx.alloc.used == sum(e.alloc.footprint for e in live)
         assert all(e.leases >= 0 for e in live)
+        held = len(idx.entries) + len(idx.pending)  # one namespace: it holds every entry and reservation
+        assert idx._ns_live[ns] == held and (ns in idx._ns_empty) == (held == 0)
 
 
 def test_the_namespace_cap_reaches_the_client_as_ns_limit() -> None:
