@@ -295,19 +295,21 @@ from hypothesis import strategies as st  # noqa: E402
 @settings(max_examples=40, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["put", "get", "release", "delete", "clear", "expire"]), st.integers(0, 40),
-                  st.sampled_from([4096, 64 << 10, 700_000, 3 << 19, CHUNK + 5000, 5 * CHUNK])),
+        st.tuples(st.sampled_from(["put", "reserve", "get", "release", "delete", "clear", "expire"]),
+                  st.integers(0, 40), st.sampled_from([4096, 64 << 10, 700_000, 3 << 19, CHUNK + 5000, 5 * CHUNK])),
         min_size=1, max_size=150,
     )
 )  # fmt: skip
 def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> None:
-    idx, clock, ns = make(chunks=8, lease_ttl_s=5, high_watermark=1.0, low_watermark=0.99)
+    idx, clock, ns = make(chunks=8, lease_ttl_s=5, reservation_ttl_s=7, high_watermark=1.0, low_watermark=0.99)
     leases: list[int] = []
     for op, k, size in ops:
         evictions = idx.counters.evictions
         try:
             if op == "put":
                 put(idx, ns, k, size)
+            elif op == "reserve":
+                idx.reserve(ns, key(k), size)  # left pending: reclaimed by expire after its TTL
             elif op == "get":
                 found = idx.get(ns, key(k))
                 if found:
@@ -325,9 +327,10 @@ def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> 
             assert exc.code in ("POOL_FULL", "EXISTS")
             assert idx.counters.evictions == evictions  # a refused reserve evicted nothing
         live = list(idx.entries.values()) + [e for e in idx.by_id.values() if e.dead]
-        spans = sorted((o, o + n) for e in live for o, n in e.alloc.extents)
+        allocs = [e.alloc for e in live] + [p.alloc for p in idx.pending.values()]
+        spans = sorted((o, o + n) for a in allocs for o, n in a.extents)
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
-        assert idx.alloc.used == sum(e.alloc.footprint for e in live)
+        assert idx.alloc.used == sum(a.footprint for a in allocs)
         assert all(e.leases >= 0 for e in live)
         held = len(idx.entries) + len(idx.pending)  # one namespace: it holds every entry and reservation
         assert idx._ns_live[ns] == held and (ns in idx._ns_empty) == (held == 0)
