@@ -10,6 +10,7 @@ import typer
 BENCH_MODULES: tuple[str, ...] = (
     "belugactl.cli.bench_dataplane_cmd",  # rpc, mds
     "belugactl.cli.bench_serving_cmd",  # kv, serve
+    "belugactl.cli.bench_soak_cmd",  # soak
 )
 
 

@@ -73,12 +73,17 @@ def rpc(
 def mds(
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
     ops: int = typer.Option(200_000, "--ops", help="Index operations to run."),
+    ways: int = typer.Option(4, "--ways", help="Software interleave zones (memory devices) to report bytes over."),
 ) -> None:
-    """Index operations per second (put/commit/lookup mix) and allocator utilization under churn."""
+    """Index operations per second (put/commit/lookup mix), allocator utilization under churn, and
+    bytes per zone with software interleave (pool.interleave.mode: software) against none."""
     from belugactl.cli.render import print_json
     from belugactl.dataplane.bench import bench_mds
+    from belugactl.errors import UsageError
 
-    result = bench_mds(ops=ops)
+    if not 1 <= ways <= 64:
+        raise UsageError(f"--ways {ways} is out of range", fix="pass a number of zones between 1 and 64")
+    result = bench_mds(ops=ops, ways=ways)
     if json_out:
         print_json(result)
         return
@@ -95,3 +100,13 @@ def mds(
         f"end {a['live_bytes_over_area_end']:.1%}; fill of handed-out blocks {a['fill_of_handed_out_blocks']:.1%}; "
         f"{a['alloc_failures']} failed allocations; {a['classes_in_use']} size classes in use"
     )
+    il = result["interleave"]
+    for name in ("software", "none"):
+        z = il[name]
+        placed = ", ".join(f"{b / 2**20:.0f}" for b in z["placed_zone_bytes"])
+        zones = ", ".join(f"{b / 2**20:.0f}" for b in z["zone_bytes"])
+        console.print(
+            f"interleave {name:8} ({il['ways']} zones): MiB placed per zone [{placed}] "
+            f"(min/max {z['placed_min_over_max']:.2f}), live at the end [{zones}] (min/max {z['min_over_max']:.2f}); "
+            f"16 consecutive blocks span {z['zones_spanned_by_16_consecutive_blocks']} zones"
+        )

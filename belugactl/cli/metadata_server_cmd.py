@@ -95,6 +95,8 @@ def metadata_server(
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             zero_on_free=zero_on_free,
+            max_namespaces=ms.max_namespaces if ms is not None else 4096,
+            **_interleave(manifest),
         ),
     )
     server = open_server(rack.pool_path(), manifest, config)
@@ -137,3 +139,14 @@ def metadata_server(
         server.close()
         server.pool.close()
     print("metadata server: stopped", file=sys.stderr)
+
+
+def _interleave(manifest: object) -> dict[str, int]:
+    """The manifest's software interleave as IndexConfig fields (none for hardware interleave)."""
+    from belugactl.model.layout import software_stripes
+
+    stripes = software_stripes(manifest)  # type: ignore[arg-type]
+    if stripes is None:
+        return {}
+    chunk = 2 << 20  # the allocator places whole 2 MiB chunks: round a finer granularity up
+    return {"interleave_ways": stripes.ways, "interleave_granularity": -(-stripes.granularity // chunk) * chunk}

@@ -244,8 +244,9 @@ def _met(name: str, value: float, target: float) -> bool:
 # --- bench mds -----------------------------------------------------------------------------------
 
 
-def bench_mds(*, ops: int = 200_000, seed: int = 1) -> dict[str, Any]:
-    """Index operations per second (put/commit/lookup mix) and allocator utilization under churn."""
+def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: int = 2 << 20) -> dict[str, Any]:
+    """Index operations per second (put/commit/lookup mix), allocator utilization under churn, and
+    bytes per interleave zone with software interleave next to the same run without it."""
     from belugactl.dataplane.mds.allocator import Allocator
     from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 
@@ -306,6 +307,7 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1) -> dict[str, Any]:
         if step % 1000 == 999:
             samples.append(churn.requested / churn.capacity)
     st = churn.stats()
+    interleave = _bench_interleave(rng, area, ways, granularity)
     return {
         "benchmark": "mds",
         "index": {
@@ -325,5 +327,54 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1) -> dict[str, Any]:
             "fill_of_handed_out_blocks": st["fill"],
             "carved_idle_bytes": st["carved_idle_bytes"],
             "classes_in_use": len(st["classes"]),  # type: ignore[arg-type]
+            "chunks_returned": st["chunks_returned"],
         },
+        "interleave": interleave,
     }
+
+
+def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int) -> dict[str, Any]:
+    """Save-like traffic (runs of consecutive blocks of one size, with frees) on two allocators, one
+    with software interleave over `ways` zones and one without; bytes live in each zone at the end.
+
+    Without interleave the bump allocator fills the area from its start, so one device would serve
+    every read of a request's blocks; with it, consecutive blocks land on consecutive devices.
+    """
+    from belugactl.dataplane.mds.allocator import Allocator
+
+    runs = []
+    for _ in range(400):
+        runs.append((rng.choice([160 << 10, 327_680, 64 << 10, 2_621_440]), rng.randrange(8, 64)))
+    out: dict[str, Any] = {"ways": ways, "granularity": granularity}
+    for name, w in (("software", ways), ("none", 1)):
+        a = Allocator(2 << 20, area, ways=w, granularity=granularity)
+        live: list[Any] = []
+        picks = random.Random(7)
+        # Zone = ways equal parts of the area, for both runs (the devices are the same).
+        zone = (area // (2 << 20) // ways) * (2 << 20)
+        placed = [0] * ways  # every byte ever handed out, by zone: what the placement policy decides
+        for size, count in runs:
+            for _ in range(count):
+                got = a.alloc(size)
+                if got is None:
+                    break
+                live.append(got)
+                for off, n in got.extents:
+                    placed[min((off - (2 << 20)) // zone, ways - 1)] += n
+            while live and a.used > area // 2:  # stay half full: frees and reuse, not one fill
+                a.free(live.pop(picks.randrange(len(live))))
+        per_zone = [0] * ways
+        for g in live:
+            for off, n in g.extents:
+                per_zone[min((off - (2 << 20)) // zone, ways - 1)] += n
+        # A request's first 16 blocks: how many zones they span (the devices a load reads in parallel).
+        probe = [a.alloc(160 << 10) for _ in range(16)]
+        spread = len({min((g.extents[0][0] - (2 << 20)) // zone, ways - 1) for g in probe if g})
+        out[name] = {
+            "placed_zone_bytes": placed,
+            "placed_min_over_max": round(min(placed) / max(placed), 4) if max(placed) else 0.0,
+            "zone_bytes": per_zone,  # live at the end (random frees add noise)
+            "min_over_max": round(min(per_zone) / max(per_zone), 4) if max(per_zone) else 0.0,
+            "zones_spanned_by_16_consecutive_blocks": spread,
+        }
+    return out

@@ -231,6 +231,8 @@ class KVIndexClient:
             )
         if code == Code.NOT_READY:
             return self._unavailable("the server is starting (fencing grace period)")
+        if code == Code.UNKNOWN_NS:
+            self._ns.clear()  # the server dropped an idle empty namespace: the next call opens it again
         if code == Code.POOL_FULL:
             return PoolFull(what, why="no space in the shared KV area, even after eviction")
         if code == Code.EXISTS:

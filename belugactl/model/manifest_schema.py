@@ -426,6 +426,16 @@ class MetadataServe(Strict):
     # The RPC TCP listener (clients outside the pool's rings: workers on other hosts). Loopback by
     # default, so nothing listens on the rack network unless the manifest says so.
     rpc_bind: str = "127.0.0.1"
+    # Namespaces (model/layout/rank) the index keeps open; at the cap idle empty ones are dropped,
+    # then OPEN_NS answers NS_LIMIT (a client cannot grow the server's memory without bound).
+    max_namespaces: Int = 4096
+
+    @field_validator("max_namespaces")
+    @classmethod
+    def _max_ns(cls, value: int) -> int:
+        if not 1 <= value <= 1 << 20:
+            raise ValueError("max_namespaces must be between 1 and 1048576")
+        return value
 
     @field_validator("admin_bind", "rpc_bind")
     @classmethod

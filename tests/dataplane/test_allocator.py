@@ -105,3 +105,198 @@ def test_restore_rebuilds_free_lists_around_live_blocks() -> None:
     assert BASE + CHUNK not in offsets and all(not BASE + 4 * CHUNK <= o < BASE + 5 * CHUNK for o in offsets)
     with pytest.raises(ValueError):
         Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE + 100)])])  # misaligned
+
+
+# --- chunks go back to the free pool (issue 11 item 3) -------------------------------------------
+
+
+def test_chunks_carved_by_one_size_are_reusable_by_another_once_empty() -> None:
+    # Today's failure: 64 KiB blocks carve every chunk; freed, those chunks stayed with the
+    # 64 KiB class and a 256 KiB request found nothing.
+    a = Allocator(BASE, 8 * CHUNK)
+    small = []
+    while (got := a.alloc(64 << 10)) is not None:
+        small.append(got)
+    assert len(small) == 8 * CHUNK // (64 << 10)
+    for got in small:
+        a.free(got)
+    assert a.stats()["free_chunks"] == 8 and a.used == 0
+    big = []
+    while (got := a.alloc(256 << 10)) is not None:
+        big.append(got)
+    assert len(big) == 8 * CHUNK // (256 << 10)  # the whole area again
+    whole = Allocator(BASE, 8 * CHUNK)
+    for got in big:
+        a.free(got)
+    assert a.alloc(8 * CHUNK) is not None and whole.alloc(8 * CHUNK) is not None
+
+
+def test_a_partly_used_chunk_stays_with_its_class_until_its_last_block_goes() -> None:
+    a = Allocator(BASE, 2 * CHUNK)
+    blocks = [a.alloc(512 << 10) for _ in range(4)]  # one chunk, four blocks
+    assert all(b is not None for b in blocks)
+    for b in blocks[:3]:
+        a.free(b)  # type: ignore[arg-type]
+    assert a.stats()["free_chunks"] == 1
+    a.free(blocks[3])  # type: ignore[arg-type]
+    assert a.stats()["free_chunks"] == 2 and a.stats()["chunks_returned"] == 1
+
+
+def test_no_class_sits_alone_in_a_chunk() -> None:
+    # A 1.5 MiB class block would keep its whole chunk while counting 1.5 MiB as used (the
+    # "75 % used" pool that was full). Such requests take the whole chunk and say so.
+    assert all(CHUNK // c >= 2 for c in SIZE_CLASSES)
+    a = Allocator(BASE, 4 * CHUNK)
+    for size in (3 << 19, 5 << 18):  # 1.5 MiB, 1.25 MiB
+        got = a.alloc(size)
+        assert got is not None and got.footprint == CHUNK
+        a.free(got)
+
+
+# --- software interleave (issue 12 item 6) --------------------------------------------------------
+
+
+def test_interleave_places_consecutive_extents_round_robin_over_equal_zones() -> None:
+    a = Allocator(BASE, 16 * CHUNK, ways=4)
+    assert a.zone_size == 4 * CHUNK
+    zones = []
+    for _ in range(8):
+        got = a.alloc(64 << 10)
+        assert got is not None
+        zones.append(a.zone_of(got.extents[0][0]))
+    assert zones == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert a.zone_bytes() == [2 * (64 << 10)] * 4
+
+
+def test_interleave_stripes_a_large_extent_at_the_granularity() -> None:
+    a = Allocator(BASE, 16 * CHUNK, ways=4, granularity=2 * CHUNK)
+    got = a.alloc(6 * CHUNK)
+    assert got is not None
+    per_zone = [0] * 4
+    for off, n in got.extents:
+        per_zone[a.zone_of(off)] += n
+    assert per_zone == [2 * CHUNK, 2 * CHUNK, 2 * CHUNK, 0]
+    nxt = a.alloc(4096)
+    assert nxt is not None and a.zone_of(nxt.extents[0][0]) == 1  # the next allocation starts one zone on
+
+
+def test_interleave_balances_blocks_that_span_two_zones() -> None:
+    a = Allocator(BASE, 64 * CHUNK, ways=4)
+    for _ in range(16):
+        assert a.alloc(CHUNK + (512 << 10)) is not None  # a chunk and a tail in the next zone
+    assert a.zone_bytes() == [4 * (CHUNK + (512 << 10))] * 4
+
+
+def test_interleave_falls_back_to_another_zone_rather_than_fail() -> None:
+    a = Allocator(BASE, 4 * CHUNK, ways=2)
+    held = [a.alloc(CHUNK) for _ in range(4)]
+    assert all(h is not None for h in held)
+    assert a.alloc(4096) is None
+    a.free(held[0])  # type: ignore[arg-type]  # only zone 0 has room now
+    for _ in range(3):
+        got = a.alloc(4096)
+        assert got is not None and a.zone_of(got.extents[0][0]) == 0
+
+
+def test_interleave_settings_are_checked() -> None:
+    with pytest.raises(ValueError):
+        Allocator(BASE, 8 * CHUNK, ways=0)
+    with pytest.raises(ValueError):
+        Allocator(BASE, 8 * CHUNK, ways=2, granularity=CHUNK + 4096)
+    a = Allocator(BASE, 8 * CHUNK)
+    assert a.alloc(4096) is not None
+    with pytest.raises(ValueError):
+        a.set_interleave(2)
+
+
+def test_restore_keeps_zones_and_upgrades_blocks_of_a_dropped_class() -> None:
+    a = Allocator(BASE, 8 * CHUNK, ways=2)
+    restored = a.restore([(3 << 19, [(3 << 19, BASE + 5 * CHUNK)]), (4096, [(4096, BASE)])])
+    assert restored[0].blocks == [(CHUNK, BASE + 5 * CHUNK)]
+    assert a.zone_bytes() == [4096, CHUNK]
+
+
+# --- what eviction would achieve ------------------------------------------------------------------
+
+
+def test_planner_counts_a_chunk_only_when_all_its_blocks_go() -> None:
+    a = Allocator(BASE, 2 * CHUNK)
+    halves = [a.alloc(CHUNK // 2) for _ in range(4)]  # both chunks, two blocks each
+    assert all(h is not None for h in halves)
+    plan = a.fit_planner(CHUNK)
+    assert not plan.fits()
+    assert not plan.add(halves[0].blocks)  # type: ignore[union-attr]  # chunk 0 half free
+    assert not plan.add(halves[2].blocks)  # type: ignore[union-attr]  # chunk 1 half free
+    assert plan.add(halves[1].blocks)  # type: ignore[union-attr]  # chunk 0 empty
+    tail = a.fit_planner(CHUNK // 2)
+    assert tail.add(halves[0].blocks)  # type: ignore[union-attr]  # a free half is enough
+
+
+def test_planner_does_not_count_a_freed_chunk_twice() -> None:
+    # Freeing the only block of a chunk frees the chunk; it is not also a free slot for the tail.
+    a = Allocator(BASE, 2 * CHUNK)
+    lone = a.alloc(4096)
+    filler = a.alloc(CHUNK)
+    assert lone is not None and filler is not None
+    plan = a.fit_planner(CHUNK + 4096)  # a chunk and a 4 KiB tail
+    assert not plan.add(lone.blocks)
+    assert plan.add(filler.blocks)
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_sizes = st.one_of(
+    st.integers(1, 64 << 10), st.integers(64 << 10, CHUNK), st.integers(CHUNK, 3 * CHUNK), st.sampled_from(SIZE_CLASSES)
+)
+_ops = st.lists(st.tuples(st.booleans(), _sizes, st.integers(0, 1 << 30)), min_size=1, max_size=120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_ops, ways=st.integers(1, 4), gran=st.sampled_from([1, 2]))
+def test_property_live_extents_never_overlap_and_accounting_adds_up(
+    ops: list[tuple[bool, int, int]], ways: int, gran: int
+) -> None:
+    area = 12 * CHUNK
+    a = Allocator(BASE, area, ways=ways, granularity=gran * CHUNK)
+    live = []
+    for do_free, size, pick in ops:
+        if do_free and live:
+            a.free(live.pop(pick % len(live)))
+        else:
+            got = a.alloc(size)
+            if got is not None:
+                assert sum(n for _, n in got.extents) == size
+                live.append(got)
+        spans = sorted((o, o + n) for g in live for o, n in g.extents)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
+        assert all(s >= BASE and e <= BASE + area for s, e in spans)
+        blocks = sorted((off, off + size) for g in live for size, off in g.blocks)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(blocks, blocks[1:], strict=False))
+        assert a.used == sum(g.footprint for g in live) == sum(a.zone_bytes())
+        assert a.requested == sum(g.nbytes for g in live)
+        stats = a.stats()
+        carved = sum(v["chunks"] for v in stats["classes"].values())  # type: ignore[union-attr]
+        whole = sum(1 for g in live for s, _ in g.blocks if s == CHUNK)
+        assert carved + whole + a.free_chunk_count == a.chunks  # every chunk is in exactly one place
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=_ops, size=_sizes)
+def test_property_after_freeing_everything_any_size_fills_the_area(ops: list[tuple[bool, int, int]], size: int) -> None:
+    a = Allocator(BASE, 8 * CHUNK)
+    live = [g for _, s, _ in ops if (g := a.alloc(s)) is not None]
+    for g in live:
+        a.free(g)
+    assert a.free_chunk_count == 8 and a.used == 0
+    whole, cls = Allocator.shape(size)
+    per_alloc = whole * CHUNK + cls
+    count = 0
+    while a.alloc(size) is not None:
+        count += 1
+    if cls and not whole:
+        assert count == 8 * (CHUNK // cls)  # every free chunk reusable by this size
+    else:
+        assert count * per_alloc > 8 * CHUNK - per_alloc - CHUNK

@@ -15,6 +15,10 @@ def test_bench_mds_json(capsys) -> None:
     assert doc["benchmark"] == "mds"
     assert sum(doc["index"]["mix"].values()) == 3000 and doc["index"]["ops_per_s"] > 0
     assert 0 < doc["allocator_churn"]["live_bytes_over_area_peak"] <= 1
+    il = doc["interleave"]  # same traffic with and without software interleave over 4 zones
+    assert il["ways"] == 4 and len(il["software"]["placed_zone_bytes"]) == 4
+    assert il["software"]["placed_min_over_max"] > 0.9 and il["none"]["placed_zone_bytes"][-1] == 0
+    assert il["software"]["zones_spanned_by_16_consecutive_blocks"] == 4
 
 
 @pytest.mark.timeout(120)

@@ -158,3 +158,218 @@ def test_leases_expire() -> None:
     idx.expire()
     assert idx.entries[(ns, key(1))].leases == 0 and not idx.leases
     assert idx.release([12345]) == 0
+
+
+# --- allocator starvation and eviction (issue 11 item 3) ------------------------------------------
+
+
+def test_another_block_size_fits_after_the_first_namespace_is_cleared() -> None:
+    # Today's failure: 64 KiB blocks carved every chunk; after clearing their namespace a
+    # 256 KiB block got POOL_FULL with the pool empty.
+    idx, _, ns = make(chunks=10, high_watermark=1.0, low_watermark=0.99)
+    i = 0
+    while idx.alloc.free_chunk_count:
+        put(idx, ns, i, 64 << 10)
+        i += 1
+    assert idx.clear_namespace(ns) == i and idx.alloc.used == 0
+    other = idx.open_namespace("other/tp0")
+    for j in range(30):  # 7.5 MiB of 20 MiB: no eviction is needed
+        put(idx, other, j, 256 << 10)
+    assert idx.counters.pool_full == 0 and idx.counters.evictions == 0
+
+
+@pytest.mark.parametrize("size", [3 << 19, 5 << 18])  # 1.5 MiB, 1.25 MiB
+def test_odd_block_sizes_evict_instead_of_pool_full_below_the_watermark(size: int) -> None:
+    # Today's failure: the pool said POOL_FULL at 75 % "used" with zero evictions, because
+    # eviction only ran above the byte watermark.
+    idx, _, ns = make(chunks=10, high_watermark=0.9, low_watermark=0.8)
+    for i in range(40):
+        put(idx, ns, i, size)
+    assert idx.counters.pool_full == 0 and idx.counters.evictions >= 30
+    assert (ns, key(39)) in idx.entries
+
+
+def test_a_starved_size_class_evicts_cold_blocks_of_another_class() -> None:
+    idx, _, ns = make(chunks=4, high_watermark=1.0, low_watermark=0.99)
+    for i in range(4 * 32):  # every chunk carved into 64 KiB blocks
+        put(idx, ns, i, 64 << 10)
+    token, _ = idx.reserve(ns, key(1000), 256 << 10)
+    idx.commit(token)
+    # The coldest 64 KiB blocks were evicted (the first chunk's 32), no more.
+    assert idx.counters.evictions == 32
+    assert (ns, key(0)) not in idx.entries and (ns, key(32)) in idx.entries
+
+
+def test_a_reservation_that_cannot_fit_evicts_nothing() -> None:
+    # Today's failure: one RESERVE evicted every unleased block and still failed. Here every
+    # chunk keeps one leased block, so no chunk can empty and a 2-chunk block cannot fit.
+    idx, _, ns = make(chunks=8, high_watermark=1.0, low_watermark=0.99)
+    for i in range(8 * 32):
+        put(idx, ns, i, 64 << 10)
+    for c in range(8):
+        assert idx.get(ns, key(c * 32)) is not None  # leased
+    before = len(idx.entries)
+    with pytest.raises(IndexError_) as err:
+        idx.reserve(ns, key(9999), 2 * CHUNK)
+    assert err.value.code == "POOL_FULL"
+    assert len(idx.entries) == before and idx.counters.evictions == 0 and idx.counters.evictions_refused == 1
+    with pytest.raises(IndexError_):
+        idx.reserve(ns, key(9998), 9 * CHUNK)  # larger than the area: refused before any planning
+    assert len(idx.entries) == before
+
+
+def test_pending_reservations_are_never_evicted_to_make_room() -> None:
+    idx, _, ns = make(chunks=2, high_watermark=1.0, low_watermark=0.99)
+    t0, _ = idx.reserve(ns, key(0), CHUNK)
+    put(idx, ns, 1, CHUNK)
+    token, _ = idx.reserve(ns, key(2), CHUNK)  # evicts key 1, never the reservation
+    assert (ns, key(1)) not in idx.entries
+    idx.commit(t0)
+    idx.commit(token)
+    with pytest.raises(IndexError_):
+        idx.reserve(ns, key(3), 3 * CHUNK)
+
+
+# --- namespaces are bounded (issue 11 item 4) -----------------------------------------------------
+
+
+def test_namespaces_are_capped_with_a_clear_refusal() -> None:
+    # Today's failure: 100k namespaces in 1.5 s, never freed.
+    idx, _, ns = make(max_namespaces=3)
+    put(idx, ns, 1, 4096)
+    a = idx.open_namespace("a")
+    b = idx.open_namespace("b")
+    put(idx, a, 1, 4096)
+    put(idx, b, 1, 4096)
+    with pytest.raises(IndexError_) as err:
+        idx.open_namespace("c")
+    assert err.value.code == "NS_LIMIT" and idx.counters.namespaces_refused == 1
+    assert idx.open_namespace("a") == a  # an open one still answers
+    assert len(idx.namespaces) == 3
+
+
+def test_idle_empty_namespaces_are_dropped_at_the_cap_and_ids_are_not_reused() -> None:
+    idx, clock, ns = make(max_namespaces=3, namespace_idle_s=60)
+    put(idx, ns, 1, 4096)  # holds a block: never dropped
+    a = idx.open_namespace("a")
+    b = idx.open_namespace("b")
+    token, _ = idx.reserve(b, key(1), 4096)  # a reservation keeps b
+    clock.t += 30
+    with pytest.raises(IndexError_):
+        idx.open_namespace("c")  # a is empty but not idle long enough
+    clock.t += 31
+    c = idx.open_namespace("c")
+    assert c not in (ns, a, b) and "a" not in idx.namespaces and idx.counters.namespaces_dropped == 1
+    with pytest.raises(IndexError_) as err:
+        idx.get(a, key(1))
+    assert err.value.code == "UNKNOWN_NS"  # a stale id never lands in another namespace
+    idx.commit(token)
+    assert idx.get(b, key(1)) is not None
+
+
+def test_a_namespace_emptied_by_eviction_or_clear_becomes_droppable() -> None:
+    idx, clock, ns = make(max_namespaces=2, namespace_idle_s=10)
+    put(idx, ns, 1, 4096)
+    other = idx.open_namespace("other")
+    put(idx, other, 1, 4096)
+    idx.clear_namespace(ns)
+    clock.t += 11
+    fresh = idx.open_namespace("fresh")
+    assert fresh > other and "m/tp0" not in idx.namespaces and "other" in idx.namespaces
+    # Reopening a name refreshes its idle time.
+    clock.t += 11
+    idx.open_namespace("fresh")
+    idx.clear_namespace(other)
+    with pytest.raises(IndexError_):
+        idx.open_namespace("third")  # other emptied just now; fresh was just used
+    clock.t += 11
+    assert idx.open_namespace("third") > fresh
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "reserve", "get", "release", "delete", "clear", "expire"]),
+                  st.integers(0, 40), st.sampled_from([4096, 64 << 10, 700_000, 3 << 19, CHUNK + 5000, 5 * CHUNK])),
+        min_size=1, max_size=150,
+    )
+)  # fmt: skip
+def test_property_index_and_allocator_agree(ops: list[tuple[str, int, int]]) -> None:
+    idx, clock, ns = make(chunks=8, lease_ttl_s=5, reservation_ttl_s=7, high_watermark=1.0, low_watermark=0.99)
+    leases: list[int] = []
+    for op, k, size in ops:
+        evictions = idx.counters.evictions
+        try:
+            if op == "put":
+                put(idx, ns, k, size)
+            elif op == "reserve":
+                idx.reserve(ns, key(k), size)  # left pending: reclaimed by expire after its TTL
+            elif op == "get":
+                found = idx.get(ns, key(k))
+                if found:
+                    leases.append(found[1])
+            elif op == "release" and leases:
+                idx.release([leases.pop(k % len(leases))])
+            elif op == "delete":
+                idx.delete(ns, key(k))
+            elif op == "clear":
+                idx.clear_namespace(ns)
+            else:
+                clock.t += 3
+                idx.expire()
+        except IndexError_ as exc:
+            assert exc.code in ("POOL_FULL", "EXISTS")
+            assert idx.counters.evictions == evictions  # a refused reserve evicted nothing
+        live = list(idx.entries.values()) + [e for e in idx.by_id.values() if e.dead]
+        allocs = [e.alloc for e in live] + [p.alloc for p in idx.pending.values()]
+        spans = sorted((o, o + n) for a in allocs for o, n in a.extents)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
+        assert idx.alloc.used == sum(a.footprint for a in allocs)
+        assert all(e.leases >= 0 for e in live)
+        held = len(idx.entries) + len(idx.pending)  # one namespace: it holds every entry and reservation
+        assert idx._ns_live[ns] == held and (ns in idx._ns_empty) == (held == 0)
+
+
+def test_the_namespace_cap_reaches_the_client_as_ns_limit() -> None:
+    from belugactl.dataplane.mds.service import MetadataService
+    from belugactl.dataplane.rpc import protocol as p
+    from belugactl.dataplane.rpc.protocol import Code, Op
+
+    idx, _, _ = make(max_namespaces=1)
+    service = MetadataService(idx, epoch=1)
+    code, _ = service.handle(int(Op.OPEN_NS), 1, p.encode_name("other"), 256)
+    assert code == Code.NS_LIMIT and service.errors == {"NS_LIMIT": 1}
+
+
+def test_the_software_interleave_of_the_manifest_reaches_the_index() -> None:
+    from pathlib import Path
+
+    from belugactl.cli.metadata_server_cmd import _interleave
+    from belugactl.model.manifest import load_manifest
+
+    rack = load_manifest(Path(__file__).parents[2] / "examples" / "beluga-rack.yaml")
+    fields = _interleave(rack)
+    assert fields == {"interleave_ways": rack.pool.interleave.ways, "interleave_granularity": CHUNK}
+    idx = KVIndex(Allocator(CHUNK, 64 * CHUNK), IndexConfig(**fields))
+    assert idx.alloc.ways == rack.pool.interleave.ways
+    ns = idx.open_namespace("m")
+    zones = {idx.alloc.zone_of(idx.reserve(ns, key(i), 4096)[1].extents[0][0]) for i in range(4)}
+    assert zones == {0, 1, 2, 3}
+
+
+def test_the_manifest_bounds_max_namespaces() -> None:
+    from pydantic import ValidationError
+
+    from belugactl.model.manifest_schema import MetadataServe
+
+    assert MetadataServe().max_namespaces == 4096
+    assert MetadataServe(max_namespaces=1).max_namespaces == 1
+    for bad in (0, -5, (1 << 20) + 1):
+        with pytest.raises(ValidationError, match="max_namespaces"):
+            MetadataServe(max_namespaces=bad)

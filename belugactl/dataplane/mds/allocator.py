@@ -1,19 +1,29 @@
 """Segregated-fit allocator over the shared KV area.
 
-The area is cut into 2 MiB chunks (the devdax alignment). A request of up to one chunk gets one
-block of the smallest size class that holds it; classes are 4 KiB-aligned sizes in steps of
-2^k and 1.5 * 2^k, so a block wastes at most a third of itself. Each class keeps a free list
-(a Python list used as a stack: O(1) alloc and free); an empty class takes a whole chunk from
-the chunk free list and carves it. Larger requests take whole chunks for the bulk and one class
-block for the tail, coalescing adjacent chunks so a mostly-empty pool answers with one extent.
+The area is cut into 2 MiB chunks (the devdax alignment). A request of up to half a chunk gets
+one block of the smallest size class that holds it; classes are 4 KiB-aligned sizes in steps of
+2^k and 1.5 * 2^k, so a block wastes at most a third of itself. Larger requests take whole chunks
+for the bulk and one class block for the tail (or one more chunk), coalescing adjacent chunks so a
+mostly-empty pool answers with one extent. There is no class above half a chunk: such a block
+would sit alone in its chunk, and its footprint would under-report the space it keeps from others.
 
-Chunks carved for a class stay with that class (no O(n) return path); KV blocks of one model
-have one size, so churn settles on one or two classes. `stats()` reports how much carved space
-sits idle in other classes so an operator can see that cost.
+A class carves chunks as it needs them and gives a chunk back to the free chunks as soon as its
+last block is freed, so space one block size used is reusable by any other size (a chunk that
+stayed with its class would starve every other size once one size had carved the whole area).
+Each class keeps its partly free chunks in a dict chunk -> free offsets, so alloc, free and the
+return of an empty chunk are all O(1).
+
+Software interleave (manifest `pool.interleave.mode: software`): the area is split into `ways`
+equal zones (one per memory device laid end to end; chunks that do not divide evenly go to the
+last zone) and consecutive allocations start in consecutive zones, round-robin. A multi-chunk
+allocation changes zone every `granularity` bytes (its tail goes on in the zone after its last
+whole granule). When the zone whose turn it is has no room the
+next zone with room answers, so interleave never turns a fitting request into a failure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 CHUNK = 2 << 20
@@ -23,11 +33,11 @@ MIN_BLOCK = 4 << 10
 def _size_classes() -> list[int]:
     sizes: set[int] = set()
     s = MIN_BLOCK
-    # Classes stop below a chunk: a request of more than 1.5 MiB takes a whole chunk.
-    while s < CHUNK:
+    # Classes stop at half a chunk: a larger block would be alone in its chunk anyway.
+    while s <= CHUNK // 2:
         sizes.add(s)
         mid = s + s // 2
-        if mid < CHUNK and mid % MIN_BLOCK == 0:
+        if mid <= CHUNK // 2 and mid % MIN_BLOCK == 0:
             sizes.add(mid)
         s *= 2
     return sorted(sizes)
@@ -36,6 +46,7 @@ def _size_classes() -> list[int]:
 SIZE_CLASSES: tuple[int, ...] = tuple(_size_classes())
 
 Extent = tuple[int, int]
+Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
 
 
 @dataclass
@@ -43,7 +54,7 @@ class Allocation:
     """What one reservation holds: the extents handed out, and the blocks to give back."""
 
     extents: list[Extent]
-    blocks: list[tuple[int, int]]  # (class size or CHUNK for a whole chunk, offset)
+    blocks: list[Block]
     nbytes: int
 
     @property
@@ -51,23 +62,68 @@ class Allocation:
         return sum(size for size, _ in self.blocks)
 
 
+class _Zone:
+    """One interleave zone's chunks: a bump pointer over chunks never handed out, and a stack of
+    chunks given back (an 8 TiB area has 4 million chunks, too many to list up front)."""
+
+    __slots__ = ("start", "end", "fresh", "free")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end, self.fresh = start, end, start
+        self.free: list[int] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.free) + (self.end - self.fresh) // CHUNK
+
+    def pop(self) -> int | None:
+        if self.free:
+            return self.free.pop()
+        if self.fresh < self.end:
+            chunk = self.fresh
+            self.fresh += CHUNK
+            return chunk
+        return None
+
+
 class Allocator:
-    def __init__(self, base: int, size: int) -> None:
+    def __init__(self, base: int, size: int, *, ways: int = 1, granularity: int = CHUNK) -> None:
         if base % CHUNK:
             raise ValueError(f"shared KV area offset {base:#x} is not 2 MiB aligned")
         self.base = base
         self.chunks = size // CHUNK
         self.capacity = self.chunks * CHUNK
-        # Chunks given back (a stack), and a bump pointer over chunks never handed out: an 8 TiB
-        # area has 4 million chunks, too many to list up front. Fresh chunks come in address
-        # order, so a mostly-empty area coalesces large blocks into one extent.
-        self._free_chunks: list[int] = []
-        self._fresh = base
-        self._end = base + self.chunks * CHUNK
-        self._free: dict[int, list[int]] = {c: [] for c in SIZE_CLASSES}
-        self._carved: dict[int, int] = dict.fromkeys(SIZE_CLASSES, 0)  # chunks per class
         self.used = 0  # bytes in blocks handed out (footprint)
         self.requested = 0  # bytes callers asked for
+        self.chunks_returned = 0  # carved chunks given back to the free chunks when they emptied
+        self.set_interleave(ways, granularity)
+
+    def set_interleave(self, ways: int, granularity: int = CHUNK) -> None:
+        """Place allocations round-robin over `ways` zones (software interleave); only while empty."""
+        if ways < 1:
+            raise ValueError("interleave ways must be at least 1")
+        if granularity < CHUNK or granularity % CHUNK:
+            raise ValueError(f"interleave granularity {granularity} is not a multiple of 2 MiB")
+        if self.used:
+            raise ValueError("the interleave of an allocator in use cannot change")
+        base = self.base
+        # More ways than chunks: one zone per chunk.
+        self.ways = max(1, min(ways, self.chunks))
+        self.granularity = granularity
+        self.zone_size = (self.chunks // self.ways) * CHUNK
+        self._zones = [
+            _Zone(
+                base + z * self.zone_size,
+                base + (z + 1) * self.zone_size if z < self.ways - 1 else base + self.capacity,
+            )
+            for z in range(self.ways)
+        ]
+        self._rr = 0  # zone whose turn is next
+        # Per class, per zone: chunk offset -> offsets of its free blocks (chunks with no free
+        # block are in no dict; they come back on the first free).
+        self._partial: dict[int, list[dict[int, list[int]]]] = {c: [{} for _ in range(self.ways)] for c in SIZE_CLASSES}
+        self._carved: dict[int, int] = dict.fromkeys(SIZE_CLASSES, 0)  # chunks per class
+        self._zone_used = [0] * self.ways
 
     @staticmethod
     def class_for(nbytes: int) -> int:
@@ -77,86 +133,148 @@ class Allocator:
                 return c
         raise ValueError(f"{nbytes} bytes is above the largest size class")
 
+    @staticmethod
+    def shape(nbytes: int) -> tuple[int, int]:
+        """(whole chunks, tail class size or 0) that a request of `nbytes` takes."""
+        whole, tail = divmod(nbytes, CHUNK)
+        if tail > SIZE_CLASSES[-1]:
+            return whole + 1, 0
+        return whole, (Allocator.class_for(tail) if tail else 0)
+
+    def zone_of(self, offset: int) -> int:
+        return min((offset - self.base) // self.zone_size, self.ways - 1) if self.zone_size else 0
+
+    def _chunk_of(self, offset: int) -> int:
+        return offset - (offset - self.base) % CHUNK
+
     @property
     def free_chunk_count(self) -> int:
-        return len(self._free_chunks) + (self._end - self._fresh) // CHUNK
-
-    def _pop_chunk(self) -> int | None:
-        if self._free_chunks:
-            return self._free_chunks.pop()
-        if self._fresh < self._end:
-            chunk = self._fresh
-            self._fresh += CHUNK
-            return chunk
-        return None
+        return sum(z.count for z in self._zones)
 
     @property
     def free_bytes(self) -> int:
         return self.capacity - self.used
 
-    def _take_block(self, cls: int) -> int | None:
-        free = self._free[cls]
-        if not free:
-            chunk = self._pop_chunk()
-            if chunk is None:
-                return None
-            self._carved[cls] += 1
-            count = CHUNK // cls
-            # Highest first so pop() yields ascending offsets.
-            free.extend(chunk + i * cls for i in range(count - 1, -1, -1))
-        return free.pop()
+    def _pop_chunk(self, zone: int) -> int | None:
+        """A free chunk, from `zone` when it has one, else from the next zone that does."""
+        for i in range(self.ways):
+            chunk = self._zones[(zone + i) % self.ways].pop()
+            if chunk is not None:
+                return chunk
+        return None
+
+    def _take_block(self, cls: int, zone: int) -> int | None:
+        """A block of `cls`: from `zone` (a partly free chunk, else a fresh carve), else from the
+        next zone that has either."""
+        per_zone = self._partial[cls]
+        for i in range(self.ways):
+            z = (zone + i) % self.ways
+            partial = per_zone[z]
+            if partial:
+                # The most recently touched chunk: filling few chunks lets the others drain empty.
+                chunk, free = partial.popitem()
+                off = free.pop()
+                if free:
+                    partial[chunk] = free
+                return off
+            chunk = self._zones[z].pop()
+            if chunk is not None:
+                self._carved[cls] += 1
+                # Highest first so pop() yields ascending offsets; the first block is handed out.
+                partial[chunk] = [chunk + j * cls for j in range(CHUNK // cls - 1, 0, -1)]
+                return chunk
+        return None
 
     def alloc(self, nbytes: int) -> Allocation | None:
         """Blocks for `nbytes`, or None (nothing taken) when the area cannot hold them."""
         if nbytes <= 0:
             raise ValueError("allocation size must be positive")
-        whole, tail = divmod(nbytes, CHUNK)
-        if tail > SIZE_CLASSES[-1]:
-            whole, tail = whole + 1, 0
-        blocks: list[tuple[int, int]] = []
+        whole, cls = self.shape(nbytes)
+        blocks: list[Block] = []
+        zone = start = self._rr
         if whole:
             if whole > self.free_chunk_count:
                 return None
-            blocks.extend((CHUNK, self._pop_chunk()) for _ in range(whole))  # type: ignore[misc]
-        if tail:
-            cls = self.class_for(tail)
-            off = self._take_block(cls)
+            per_granule = self.granularity // CHUNK
+            for i in range(whole):
+                if i and i % per_granule == 0:
+                    zone = (zone + 1) % self.ways
+                blocks.append((CHUNK, self._pop_chunk(zone)))  # type: ignore[arg-type]
+            if cls:
+                zone = (zone + 1) % self.ways if whole % per_granule == 0 else zone
+        if cls:
+            off = self._take_block(cls, zone)
             if off is None:
                 self._give_back(blocks)
                 return None
             blocks.append((cls, off))
-        footprint = sum(s for s, _ in blocks)
+        # The next allocation starts one zone on, however many zones this one spans: a run of
+        # equal multi-zone blocks then rotates through every zone instead of a fixed subset.
+        self._rr = (start + 1) % self.ways
+        footprint = 0
+        zone_used = self._zone_used
+        for size, off in blocks:
+            footprint += size
+            zone_used[self.zone_of(off)] += size
         self.used += footprint
         self.requested += nbytes
         return Allocation(_coalesce(blocks, nbytes), blocks, nbytes)
 
     def free(self, allocation: Allocation) -> None:
         self._give_back(allocation.blocks)
+        zone_used = self._zone_used
+        for size, off in allocation.blocks:
+            zone_used[self.zone_of(off)] -= size
         self.used -= allocation.footprint
         self.requested -= allocation.nbytes
 
-    def _give_back(self, blocks: list[tuple[int, int]]) -> None:
+    def _give_back(self, blocks: list[Block]) -> None:
         for size, off in blocks:
             if size == CHUNK:
-                self._free_chunks.append(off)
-            else:
-                self._free[size].append(off)
+                self._zones[self.zone_of(off)].free.append(off)
+                continue
+            chunk = self._chunk_of(off)
+            partial = self._partial[size][self.zone_of(chunk)]
+            free = partial.get(chunk)
+            if free is None:
+                free = partial[chunk] = []
+            free.append(off)
+            if len(free) == CHUNK // size:
+                # Its last block came back: the chunk is free for any size again.
+                del partial[chunk]
+                self._carved[size] -= 1
+                self._zones[self.zone_of(chunk)].free.append(chunk)
+                self.chunks_returned += 1
 
-    def restore(self, allocations: list[tuple[int, list[tuple[int, int]]]]) -> list[Allocation]:
+    # --- what eviction would achieve -----------------------------------------------------------
+    def fit_planner(self, nbytes: int) -> FitPlanner:
+        """A what-if for eviction: feed it the blocks of eviction candidates, coldest first, and it
+        says when freeing them would let `nbytes` allocate (nothing is changed meanwhile)."""
+        return FitPlanner(self, nbytes)
+
+    def can_ever_fit(self, nbytes: int) -> bool:
+        """Whether `nbytes` fits an empty area of this size (whatever eviction would free)."""
+        whole, cls = self.shape(nbytes)
+        return whole + (1 if cls else 0) <= self.chunks
+
+    # --- restart --------------------------------------------------------------------------------
+    def restore(self, allocations: list[tuple[int, list[Block]]]) -> list[Allocation]:
         """Rebuild a fresh allocator's state from the live blocks of a journal: (nbytes, blocks) each.
 
         Raises ValueError (nothing changed) when the blocks are inconsistent: outside the area,
-        misaligned, overlapping, or two classes in one chunk.
+        misaligned, overlapping, or two classes in one chunk. A block of a size class this version
+        no longer has (above half a chunk) that starts a chunk is taken as the whole chunk.
         """
         if self.used:
             raise ValueError("restore needs an empty allocator")
+        allocations = [(n, [_upgrade(b, self.base) for b in blocks]) for n, blocks in allocations]
         chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
         taken: set[int] = set()
         end = self.base + self.capacity
         classes = set(SIZE_CLASSES)
         for _nbytes, blocks in allocations:
             for size, off in blocks:
-                chunk = off - (off - self.base) % CHUNK
+                chunk = self._chunk_of(off)
                 if not self.base <= off < end or (size != CHUNK and size not in classes) or off in taken:
                     raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
                 if (off - chunk) % size or off - chunk + size > CHUNK:
@@ -164,27 +282,37 @@ class Allocator:
                 if chunk_class.setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
                     raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
                 taken.add(off)
-        top = max(chunk_class, default=self.base - CHUNK) + CHUNK  # chunks above the highest used stay fresh
-        self._fresh = top
-        self._free_chunks = [c for c in range(top - CHUNK, self.base - 1, -CHUNK) if c not in chunk_class]
+        for zone in self._zones:
+            used = [c for c in chunk_class if zone.start <= c < zone.end]
+            top = max(used, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
+            zone.fresh = top
+            zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
         for chunk, size in chunk_class.items():
             if size == CHUNK:
                 continue
             self._carved[size] += 1
             count = CHUNK // size
-            self._free[size].extend(
-                o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o not in taken
-            )
+            free = [o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o not in taken]
+            if free:
+                self._partial[size][self.zone_of(chunk)][chunk] = free
         restored = []
         for nbytes, blocks in allocations:
             a = Allocation(_coalesce(list(blocks), nbytes), list(blocks), nbytes)
             self.used += a.footprint
             self.requested += nbytes
+            for size, off in blocks:
+                self._zone_used[self.zone_of(off)] += size
             restored.append(a)
         return restored
 
+    # --- numbers ----------------------------------------------------------------------------------
+    def zone_bytes(self) -> list[int]:
+        """Bytes handed out per interleave zone (one zone without software interleave)."""
+        return list(self._zone_used)
+
     def stats(self) -> dict[str, object]:
-        carved_idle = sum(len(v) * c for c, v in self._free.items())
+        free_blocks = {c: sum(len(f) for zone in self._partial[c] for f in zone.values()) for c in SIZE_CLASSES}
+        carved_idle = sum(n * c for c, n in free_blocks.items())
         return {
             "capacity": self.capacity,
             "used": self.used,
@@ -194,12 +322,58 @@ class Allocator:
             # How much of the handed-out space callers asked for (internal fragmentation).
             "fill": round(self.requested / self.used, 6) if self.used else 1.0,
             "free_chunks": self.free_chunk_count,
+            "chunks_returned": self.chunks_returned,
             "carved_idle_bytes": carved_idle,
-            "classes": {str(c): {"chunks": n, "free_blocks": len(self._free[c])} for c, n in self._carved.items() if n},
+            "classes": {str(c): {"chunks": n, "free_blocks": free_blocks[c]} for c, n in self._carved.items() if n},
+            "interleave": {"ways": self.ways, "granularity": self.granularity, "zone_bytes": self.zone_bytes()},
         }
 
 
-def _coalesce(blocks: list[tuple[int, int]], nbytes: int) -> list[Extent]:
+class FitPlanner:
+    """Would `nbytes` allocate once these blocks were freed? Tracks only what the candidates change:
+    per chunk, how many of its blocks they free (a chunk is free again when all of them are)."""
+
+    def __init__(self, alloc: Allocator, nbytes: int) -> None:
+        self.a = alloc
+        self.whole, self.cls = alloc.shape(nbytes)
+        self.free_chunks = alloc.free_chunk_count
+        # Chunks of the tail's class with a free block that stay carved: the tail fits one of
+        # them without a chunk of its own.
+        self.spots = sum(len(z) for z in alloc._partial[self.cls]) if self.cls else 0
+        self._freed: dict[int, int] = {}  # chunk -> candidate blocks freed in it
+
+    def fits(self) -> bool:
+        need = self.whole + (1 if self.cls and not self.spots else 0)
+        return self.free_chunks >= need
+
+    def add(self, blocks: Iterable[Block]) -> bool:
+        """Count one candidate's blocks as freed; True once the request would fit."""
+        a = self.a
+        for size, off in blocks:
+            if size == CHUNK:
+                self.free_chunks += 1
+                continue
+            chunk = a._chunk_of(off)
+            n = self._freed.get(chunk, 0) + 1
+            self._freed[chunk] = n
+            already = len(a._partial[size][a.zone_of(chunk)].get(chunk, ()))
+            if size == self.cls and n == 1 and not already:
+                self.spots += 1  # a full chunk gets a free block
+            if n + already == CHUNK // size:
+                self.free_chunks += 1  # all its blocks free: it goes back to the free chunks
+                if size == self.cls:
+                    self.spots -= 1
+        return self.fits()
+
+
+def _upgrade(block: Block, base: int) -> Block:
+    size, off = block
+    if CHUNK // 2 < size < CHUNK and (off - base) % CHUNK == 0:
+        return (CHUNK, off)
+    return block
+
+
+def _coalesce(blocks: list[Block], nbytes: int) -> list[Extent]:
     """Extents covering exactly `nbytes`, merging blocks that sit back to back."""
     extents: list[list[int]] = []
     remaining = nbytes

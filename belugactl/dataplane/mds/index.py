@@ -9,7 +9,15 @@ Lifecycle of a key:
     visible -> delete / clear-namespace / eviction -> invisible at once; extents freed when the
                last read lease on it ends (a reader holding a lease keeps reading valid bytes)
 Eviction walks the LRU from the cold end, skipping leased entries; reservations are never in
-the LRU, so an uncommitted block cannot be evicted.
+the LRU, so an uncommitted block cannot be evicted. It runs when usage passes the high watermark
+(after a commit) and whenever a reservation cannot allocate (a size class can starve long before
+bytes run out). A reservation first asks the allocator what evicting would achieve and evicts
+only the coldest entries that make it fit; one that cannot fit even then evicts nothing.
+
+Namespaces are bounded (`max_namespaces`): at the cap, namespaces with no entry and no
+reservation that have been idle for `namespace_idle_s` are dropped; if none can be, opening a new
+one is refused with NS_LIMIT. Ids are never reused, so a client holding a dropped id gets
+UNKNOWN_NS (or a miss), never another namespace's blocks.
 """
 
 from __future__ import annotations
@@ -79,12 +87,21 @@ class IndexConfig:
     high_watermark: float = 0.90
     low_watermark: float = 0.80
     zero_on_free: bool = False
+    max_namespaces: int = 4096
+    # Software interleave (manifest pool.interleave.mode: software): the index sets it on its
+    # allocator, so every server that builds an index from this config places extents the same way.
+    interleave_ways: int = 1
+    interleave_granularity: int = 2 << 20
+    namespace_idle_s: float = 60.0  # an empty namespace unused this long may be dropped at the cap
 
 
 @dataclass
 class Counters:
     evictions: int = 0
     evicted_bytes: int = 0
+    evictions_refused: int = 0  # reservations that no eviction could have made fit (nothing evicted)
+    namespaces_dropped: int = 0
+    namespaces_refused: int = 0
     reservations_reclaimed: int = 0
     leases_expired: int = 0
     commits: int = 0
@@ -105,10 +122,15 @@ class KVIndex:
     ) -> None:
         self.alloc = allocator
         self.config = config or IndexConfig()
+        if self.config.interleave_ways > 1:
+            allocator.set_interleave(self.config.interleave_ways, self.config.interleave_granularity)
         self.clock = clock
         self._zero = zero
         self.namespaces: dict[str, int] = {}
         self.ns_names: dict[int, str] = {}
+        self.ns_id_bound = 0  # highest namespace id ever issued (ids are not reused)
+        self._ns_live: dict[int, int] = {}  # namespace id -> entries + reservations
+        self._ns_empty: dict[int, float] = {}  # empty namespaces -> when last used, oldest first
         self.entries: dict[Key, Entry] = {}
         self.lru: OrderedDict[Key, Entry] = OrderedDict()  # committed, live entries; cold end first
         self.pending: dict[int, Pending] = {}
@@ -139,10 +161,51 @@ class KVIndex:
     def open_namespace(self, name: str) -> int:
         ns = self.namespaces.get(name)
         if ns is None:
-            ns = len(self.namespaces) + 1
-            self.namespaces[name] = ns
-            self.ns_names[ns] = name
+            if len(self.namespaces) >= self.config.max_namespaces:
+                self._drop_idle_namespaces()
+                if len(self.namespaces) >= self.config.max_namespaces:
+                    self.counters.namespaces_refused += 1
+                    raise IndexError_(
+                        "NS_LIMIT",
+                        f"{len(self.namespaces)} namespaces are open (max_namespaces) and none is idle and empty",
+                    )
+            return self._new_namespace(name)
+        if ns in self._ns_empty:  # opened again: idle from now
+            del self._ns_empty[ns]
+            self._ns_empty[ns] = self.clock()
         return ns
+
+    def _new_namespace(self, name: str) -> int:
+        self.ns_id_bound += 1
+        ns = self.ns_id_bound
+        self.namespaces[name] = ns
+        self.ns_names[ns] = name
+        self._ns_live[ns] = 0
+        self._ns_empty[ns] = self.clock()
+        return ns
+
+    def _drop_idle_namespaces(self) -> None:
+        cutoff = self.clock() - self.config.namespace_idle_s
+        doomed = []
+        for ns, since in self._ns_empty.items():  # oldest first: stop at the first recent one
+            if since > cutoff:
+                break
+            doomed.append(ns)
+        for ns in doomed:
+            del self._ns_empty[ns], self._ns_live[ns], self.namespaces[self.ns_names.pop(ns)]
+        self.counters.namespaces_dropped += len(doomed)
+
+    def _ns_add(self, ns: int) -> None:
+        n = self._ns_live[ns]
+        if not n:
+            self._ns_empty.pop(ns, None)
+        self._ns_live[ns] = n + 1
+
+    def _ns_sub(self, ns: int) -> None:
+        n = self._ns_live[ns] - 1
+        self._ns_live[ns] = n
+        if not n:
+            self._ns_empty[ns] = self.clock()
 
     def _check_ns(self, ns: int) -> None:
         if ns not in self.ns_names:
@@ -190,9 +253,10 @@ class KVIndex:
     def restore(self, items: list[tuple[str, bytes, Allocation]]) -> None:
         """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
         for name, key, alloc in items:
-            k = (self.open_namespace(name), key)
+            k = (self.namespaces.get(name) or self._new_namespace(name), key)  # no cap: these hold blocks
             if k in self.entries:
                 continue
+            self._ns_add(k[0])
             e = Entry(k, alloc, id=next(self._entry_ids))
             self.entries[k] = e
             self.lru[k] = e
@@ -293,20 +357,19 @@ class KVIndex:
             if self.pending[token].deadline > self.clock():
                 raise IndexError_("EXISTS", "another client is writing this key")
             self._reclaim(token)
-        if nbytes > self.alloc.capacity:
+        if not self.alloc.can_ever_fit(nbytes):
+            self.counters.pool_full += 1
             raise IndexError_("POOL_FULL", f"{nbytes} bytes exceed the whole shared KV area")
-        a = self.alloc.alloc(nbytes)
+        a = self.alloc.alloc(nbytes) or self._evict_for(nbytes)
         if a is None:
-            self.evict(target_free=nbytes)
-            a = self.alloc.alloc(nbytes)
-            if a is None:
-                self.counters.pool_full += 1
-                raise IndexError_("POOL_FULL", "no space left after evicting every unleased block")
+            self.counters.pool_full += 1
+            raise IndexError_("POOL_FULL", "no space, and evicting unleased blocks would not make room")
         token = next(self._tokens)
         deadline = self.clock() + self.config.reservation_ttl_s
         self.pending[token] = Pending(k, a, deadline)
         self._pending_q.append((deadline, token))
         self.pending_keys[k] = token
+        self._ns_add(ns)
         return token, a
 
     def commit(self, token: int) -> None:
@@ -334,6 +397,7 @@ class KVIndex:
             raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
         del self.pending_keys[p.key]
         self.counters.aborts += 1
+        self._ns_sub(p.key[0])
         self._free(p.alloc)
 
     def delete(self, ns: int, key: bytes) -> bool:
@@ -356,6 +420,7 @@ class KVIndex:
             self.journal.removed(e)
         del self.entries[e.key]
         self.lru.pop(e.key, None)
+        self._ns_sub(e.key[0])
         if self.mirror is not None:
             self._mirror_del(self.mirror, e.key[0], e.key[1])
         if e.leases:
@@ -389,6 +454,31 @@ class KVIndex:
             evicted += 1
         self.counters.evictions += evicted
         return evicted
+
+    def _evict_for(self, nbytes: int) -> Allocation | None:
+        """Evict the coldest unleased entries whose space lets `nbytes` allocate, then allocate.
+
+        The allocator's planner says beforehand which entries that takes (a size class can be
+        starved while bytes are free, and freed blocks help only once their chunk empties); when
+        no set of evictions would do, nothing is evicted.
+        """
+        plan = self.alloc.fit_planner(nbytes)
+        victims: list[Entry] = []
+        if not plan.fits():
+            for e in self.lru.values():
+                if e.leases:
+                    continue
+                victims.append(e)
+                if plan.add(e.alloc.blocks):
+                    break
+            else:
+                self.counters.evictions_refused += 1
+                return None
+        for e in victims:
+            self.counters.evicted_bytes += e.alloc.footprint
+            self._remove(e)
+        self.counters.evictions += len(victims)
+        return self.alloc.alloc(nbytes)
 
     def expire(self) -> None:
         """Reclaim timed-out reservations and leases; call a few times a second."""
@@ -428,6 +518,7 @@ class KVIndex:
         p = self.pending.pop(token)
         del self.pending_keys[p.key]
         self.counters.reservations_reclaimed += 1
+        self._ns_sub(p.key[0])
         self._free(p.alloc)
 
     def stats(self) -> dict[str, object]:

@@ -74,6 +74,7 @@ class Code(IntEnum):
     BAD_SEQ = 12
     INTERNAL = 13
     UNKNOWN_NS = 14
+    NS_LIMIT = 15  # max_namespaces namespaces are open and none is idle and empty
 
 
 OPS = frozenset(int(o) for o in Op)
