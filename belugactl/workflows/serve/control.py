@@ -16,6 +16,7 @@ from typing import Any
 from belugactl.errors import EnvironmentProblem, InputError, UsageError
 from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
+from belugactl.workflows.serve.router import add_router, check_router
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive, terminate_group
 
 
@@ -87,6 +88,7 @@ def prepare(
         tools=Tools.find(vllm),
         snapshot=snapshot,
     )
+    add_router(plan, manifest)  # the front door, where serve.router puts it
     prepared = Prepared(plan)
     if not check:
         return prepared
@@ -98,6 +100,7 @@ def prepare(
         )
     _check_not_running(Path(plan.run_dir))
     preflight.check_vllm(plan)
+    check_router(plan)
     if manifest.serve is not None and manifest.instances_on(host):
         from belugactl.workflows.serve.plan import resolve_model
 
@@ -236,9 +239,9 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
         stopped.append("supervisor")
     # Whatever is still alive (a supervisor killed with SIGKILL leaves its children behind).
     state = read_state(run) or state
-    for kind in ("vllm", "metadata"):
+    for kind in ("router", "vllm", "metadata"):
         for p in state.get("processes", []):
             if p.get("kind") == kind and pid_alive(p.get("pid")):
-                terminate_group(p["pid"])
+                terminate_group(p["pid"], sig=p.get("stop_signal", "SIGTERM"))
                 stopped.append(p["name"])
     return {"run_dir": str(run), "stopped": stopped}

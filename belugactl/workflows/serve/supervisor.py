@@ -81,10 +81,12 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def terminate_group(pid: int, *, grace_s: float = 20.0, is_alive: Callable[[int], bool] = pid_alive) -> None:
-    """SIGTERM the process group led by pid, wait, then SIGKILL what is left."""
+def terminate_group(
+    pid: int, *, grace_s: float = 20.0, is_alive: Callable[[int], bool] = pid_alive, sig: str = "SIGTERM"
+) -> None:
+    """Signal the process group led by pid (SIGTERM, or SIGUSR1 for HAProxy's drain), wait, then SIGKILL."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, getattr(signal, sig))
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and is_alive(pid):
         time.sleep(0.1)
@@ -112,6 +114,7 @@ class Managed:
             "health_url": self.spec.health_url,
             "log_file": self.spec.log_file,
             "stats_prefix": self.spec.stats_prefix,
+            "stop_signal": self.spec.stop_signal,
             "status": self.status,
             "restarts": self.restarts,
         }
@@ -168,6 +171,9 @@ class Supervisor:
             m.log = open(m.spec.log_file, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         m.log.write(f"\n=== belugactl serve: starting {m.spec.name}: {' '.join(m.spec.argv)}\n".encode())
         m.log.flush()
+        for path, text in m.spec.files:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
         env = {**os.environ, **m.spec.env}
         try:
             m.proc = subprocess.Popen(  # noqa: S603 - argv list built by the plan, never a shell
@@ -219,9 +225,10 @@ class Supervisor:
         """Start everything and wait until all are ready; on any failure stop what started and raise."""
         self.write_state()
         try:
-            metadata = [m for m in self.procs if m.spec.kind == "metadata"]
-            others = [m for m in self.procs if m.spec.kind != "metadata"]
-            for group in (metadata, others):
+            # The router last: it should not answer before there is an instance to route to.
+            groups = [[m for m in self.procs if m.spec.kind == k] for k in ("metadata", "vllm", "router")]
+            groups[1] += [m for m in self.procs if m.spec.kind not in ("metadata", "vllm", "router")]
+            for group in groups:
                 for m in group:
                     self._spawn(m)
                     pid = m.proc.pid if m.proc else "?"
@@ -282,12 +289,13 @@ class Supervisor:
         return int(ExitCode.OK)
 
     def stop(self) -> None:
-        """Workers first (they hold leases and reservations on the server), then the server."""
+        """The router first (it drains), workers next (they hold leases and reservations), then the server."""
         self.state = "stopping"
-        for kind in ("vllm", "metadata"):
+        for kind in ("router", "vllm", "metadata"):
             for m in self.procs:
                 if m.spec.kind == kind and m.proc is not None:
-                    terminate_group(m.proc.pid, grace_s=self.stop_grace_s)
+                    grace = m.spec.stop_grace_s if m.spec.stop_grace_s is not None else self.stop_grace_s
+                    terminate_group(m.proc.pid, grace_s=grace, sig=m.spec.stop_signal)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         m.proc.wait(timeout=1)
                     m.status = "stopped"
