@@ -177,8 +177,9 @@ def add_router(plan: ServePlan, manifest: Manifest, *, haproxy: str | None = Non
     if not backends(manifest):
         plan.blockers.append("serve.router is set but no host runs a vLLM instance: nothing to route to")
     taken = {p.port: p.name for p in plan.processes if p.port is not None}
-    taken.update({manifest.serve.vllm.port_base + i: f"vllm-{i}" for i in range(manifest.instances_on(
-        manifest.host(plan.host)))})
+    taken.update(
+        {manifest.serve.vllm.port_base + i: f"vllm-{i}" for i in range(manifest.instances_on(manifest.host(plan.host)))}
+    )
     if manifest.serve.metadata.rpc_port:
         taken.setdefault(manifest.serve.metadata.rpc_port, "metadata-server rpc")
     for field, port in (("port", router.port), ("stats_port", router.stats_port)):
