@@ -4,12 +4,15 @@ usage: router_backend.py PORT NAME
   GET  /health        200
   GET  /who           200, body NAME
   GET  /slow?s=SEC    sleeps SEC seconds, then 200, body NAME (a long generation, holding its connection)
-  POST /v1/completions  200, body NAME (the request body is read and ignored)
+  GET  /v1/models     the model list vLLM's OpenAI server gives (one model, "demo")
+  POST /v1/completions  one token, as vLLM answers a token-id prompt; header X-Backend: NAME
+  GET  /metrics       vLLM's prompt-token counter by source (zero)
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import sys
 import time
 import urllib.parse
@@ -21,6 +24,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
+        self.send_header("X-Backend", self.name)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -36,12 +40,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             seconds = float(urllib.parse.parse_qs(url.query).get("s", ["1"])[0])
             time.sleep(min(seconds, 30.0))
             self._answer(200, self.name.encode())
+        elif url.path == "/v1/models":
+            self._answer(200, json.dumps({"data": [{"id": "demo"}]}).encode())
+        elif url.path == "/metrics":
+            self._answer(200, b'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 0.0\n')
         else:
             self._answer(404, b"")
 
     def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self._answer(200, self.name.encode())
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        answer = {"choices": [{"token_ids": [7]}], "usage": {"prompt_tokens": len(request.get("prompt", []))}}
+        self._answer(200, json.dumps(answer).encode())
 
     def log_message(self, *args: object) -> None:
         return

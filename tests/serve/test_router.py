@@ -288,3 +288,19 @@ def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> Non
     assert slow and slow[0][0] == 200
     router.proc.wait(timeout=10)  # and then exits on its own
     router.status = "stopped"
+
+
+def test_bench_serve_via_router_times_the_front_door_beside_the_direct_path(front: Front) -> None:
+    from belugactl.workflows.serve import bench_serve
+
+    _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
+    doc = bench_serve.run(front.base, front.base + 1, lengths=[64], rounds=2, settle_s=0.0, router_port=front.port)
+    assert doc["router_port"] == front.port
+    row = doc["rows"][0]
+    routed = row["via_router"]
+    assert len(routed["samples"]["recompute_s"]) == len(routed["samples"]["pool_hit_s"]) == 2
+    assert all(t > 0 for t in routed["samples"]["pool_hit_s"])
+    assert routed["router_cost_pool_hit_s"] == pytest.approx(routed["ttft_pool_hit_s"] - row["ttft_pool_hit_s"])
+    assert row["same_tokens"] is True
+    without = bench_serve.run(front.base, front.base + 1, lengths=[64], rounds=1, settle_s=0.0)
+    assert "via_router" not in without["rows"][0] and without["router_port"] is None
