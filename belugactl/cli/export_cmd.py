@@ -1,4 +1,4 @@
-"""`belugactl export systemd`: a boot unit that re-applies what a reboot resets."""
+"""`belugactl export systemd|prometheus|grafana`: configuration for the tools that run next to belugactl."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    export = typer.Typer(help="Export configuration for other tools (systemd).", no_args_is_help=True)
+    export = typer.Typer(
+        help="Export configuration for other tools (systemd, Prometheus, Grafana).", no_args_is_help=True
+    )
 
     @export.command("systemd")
     def systemd_cmd(
@@ -44,7 +46,51 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(text)
         else:
             output.write_text(text)
-            print(f"wrote {output}; enable with: systemctl daemon-reload && systemctl enable {output.name}",
-                  file=sys.stderr)
+            print(
+                f"wrote {output}; enable with: systemctl daemon-reload && systemctl enable {output.name}",
+                file=sys.stderr,
+            )
+
+    @export.command("prometheus")
+    def prometheus_cmd(
+        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write prometheus.yml here (default: stdout)."),
+        interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape interval, e.g. 15s."),
+    ) -> None:
+        """A Prometheus scrape config for every metadata server, vLLM instance and router of the rack.
+
+        Example:  belugactl export prometheus -f rack.yaml -o /etc/prometheus/prometheus.yml
+        Dashboard: belugactl export grafana -o belugactl.json (import it in Grafana)."""
+        import re
+
+        from belugactl.errors import UsageError
+        from belugactl.model.manifest import load_manifest
+        from belugactl.workflows.export_prometheus import render_yaml, scrape_config
+
+        if not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h)", interval):
+            raise UsageError(f"--scrape-interval {interval!r} is not a duration", fix="e.g. 15s, 1m, 500ms")
+        manifest = load_manifest(file)
+        doc, warnings = scrape_config(manifest, interval=interval)
+        for warning in warnings:
+            print(f"export prometheus: warning: {warning}", file=sys.stderr)
+        _write(render_yaml(doc, manifest.name), output, "start Prometheus with --config.file " + str(output))
+
+    @export.command("grafana")
+    def grafana_cmd(
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write the dashboard here (default: stdout)."),
+    ) -> None:
+        """The Grafana dashboard for `export prometheus`'s targets: pool, hit ratio, RPC latency, TTFT per instance."""
+        from importlib.resources import files
+
+        text = files("belugactl").joinpath("data/grafana/belugactl.json").read_text()
+        _write(text, output, "import it in Grafana (Dashboards > New > Import) and pick the Prometheus data source")
 
     app.add_typer(export, name="export")
+
+
+def _write(text: str, output: Path | None, next_step: str) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.write_text(text)
+    print(f"wrote {output}; {next_step}", file=sys.stderr)

@@ -269,6 +269,13 @@ def test_a_killed_instance_is_marked_down_and_requests_still_succeed(front: Fron
     _wait_status(front, {"cpu-demo-vllm-0": "DOWN", "cpu-demo-vllm-1": "UP"})
     code, body = _get(f"http://127.0.0.1:{front.stats}/metrics")
     assert code == 200 and "haproxy_server_status" in body
+    # The shipped dashboard's router panels read names this haproxy really exports.
+    import re
+    from importlib.resources import files
+
+    used = set(re.findall(r"haproxy_[a-z_]+", files("belugactl").joinpath("data/grafana/belugactl.json").read_text()))
+    exported = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line.startswith("haproxy_")}
+    assert used and used <= exported, used - exported
 
 
 def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> None:
