@@ -17,19 +17,26 @@ def register(app: typer.Typer) -> None:
     def systemd_cmd(
         file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
         host: str | None = typer.Option(None, "--host", help="The manifest host (default: this hostname's)."),
-        output: Path | None = typer.Option(None, "-o", "--output", help="Write the unit here (default: stdout)."),
+        output: Path | None = typer.Option(
+            None,
+            "-o",
+            "--output",
+            help="A directory for both units, or the setup unit's path (the serve unit goes beside it). "
+            "Default: both on stdout.",
+        ),
         command: str | None = typer.Option(
             None, "--command", help="How the unit starts belugactl (default: this interpreter with -m belugactl)."
         ),
     ) -> None:
-        """Write a systemd unit that re-applies hugepages, THP, DDIO, MTRR and device permissions at boot.
+        """Write the boot units: belugactl-setup.service re-applies hugepages, THP, DDIO, MTRR and device
+        permissions; belugactl-serve.service runs `belugactl serve` after it.
 
-        Install:  belugactl export systemd -f /etc/belugactl/rack.yaml -o /etc/systemd/system/belugactl-setup.service
-                  systemctl daemon-reload && systemctl enable belugactl-setup.service"""
+        Install:  belugactl export systemd -f /etc/belugactl/rack.yaml -o /etc/systemd/system/
+                  systemctl daemon-reload && systemctl enable belugactl-setup.service belugactl-serve.service"""
         import shlex
 
         from belugactl.model.manifest import load_manifest
-        from belugactl.workflows.setup.systemd import unit_text
+        from belugactl.workflows.setup.systemd import SERVE_UNIT_NAME, UNIT_NAME, serve_unit_text, unit_text
         from belugactl.workflows.setup.target import default_host_name
 
         manifest = load_manifest(file)
@@ -41,15 +48,21 @@ def register(app: typer.Typer) -> None:
 
             raise UsageError(f"no host named {name!r} in the manifest", fix="pass --host with a manifest host name")
         argv = shlex.split(command) if command else [sys.executable, "-m", "belugactl"]
-        text = unit_text(str(file.resolve()), name, argv)
+        manifest_path = str(file.resolve())
+        setup_text = unit_text(manifest_path, name, argv)
+        serve_text = serve_unit_text(manifest_path, name, argv)
         if output is None:
-            sys.stdout.write(text)
-        else:
-            output.write_text(text)
-            print(
-                f"wrote {output}; enable with: systemctl daemon-reload && systemctl enable {output.name}",
-                file=sys.stderr,
-            )
+            sys.stdout.write(f"# ---- {UNIT_NAME}\n{setup_text}\n# ---- {SERVE_UNIT_NAME}\n{serve_text}")
+            return
+        setup_path = output / UNIT_NAME if output.is_dir() else output
+        serve_path = setup_path.parent / SERVE_UNIT_NAME
+        setup_path.write_text(setup_text)
+        serve_path.write_text(serve_text)
+        print(
+            f"wrote {setup_path} and {serve_path}; enable with: systemctl daemon-reload && "
+            f"systemctl enable {setup_path.name} {serve_path.name}",
+            file=sys.stderr,
+        )
 
     @export.command("prometheus")
     def prometheus_cmd(
