@@ -21,14 +21,10 @@ from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok,
 
 
 def default_run_dir() -> Path:
-    """One serve per host: $BELUGACTL_RUN_DIR, else /run/belugactl/serve as root, else the user's state dir."""
-    env = os.environ.get("BELUGACTL_RUN_DIR")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0 and Path("/run").is_dir():
-        return Path("/run/belugactl/serve")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "belugactl" / "serve"
+    """$BELUGACTL_RUN_DIR, else one per user (workflows/serve/sharing.py)."""
+    from belugactl.workflows.serve.sharing import per_user_run_dir
+
+    return per_user_run_dir()
 
 
 def default_pool_path(manifest: Any) -> str:
