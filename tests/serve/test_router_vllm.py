@@ -83,7 +83,9 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     venv = Path(os.environ.get("BELUGA_VLLM_VENV", REPO / ".venv-vllm"))
-    _need((venv / "bin" / "python").exists(), f"the vLLM venv is missing ({venv}); create it with scripts/bootstrap-vllm")
+    _need(
+        (venv / "bin" / "python").exists(), f"the vLLM venv is missing ({venv}); create it with scripts/bootstrap-vllm"
+    )
     _need(shutil.which("haproxy") is not None, "haproxy is not installed (scripts/bootstrap installs it)")
     _need(shutil.which("prometheus") is not None, "prometheus is not installed (scripts/bootstrap installs it)")
     tmp = tmp_path_factory.mktemp("front-door")
