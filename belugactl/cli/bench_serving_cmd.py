@@ -56,6 +56,9 @@ def serve(
     rounds: int = typer.Option(3, "--rounds", help="Prompts per length (median)."),
     run_dir: str = typer.Option(None, "--run-dir", help="Use the serve running there, else start one there."),
     vllm: str = typer.Option(None, "--vllm", help="The vllm program (as for serve)."),
+    via_router: bool = typer.Option(
+        False, "--via-router", help="Also time every prompt through the front door (serve.router), side by side."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:
     """TTFT on instance B with the pool hit vs recompute, side by side (paper: 89.6 % lower; target >= 5x)."""
@@ -84,11 +87,13 @@ def serve(
     supervisor = None
     if current["running"]:
         ports = [p["port"] for p in current["processes"] if p["kind"] == "vllm"]
+        routers = [p["port"] for p in current["processes"] if p["kind"] == "router"]
         say(f"bench serve: using the serve running in {current['run_dir']}")
     else:
         prepared = prepare(rack, run_dir=run_dir, vllm=vllm, create_pool=create_pool)
         plan = prepared.plan
         ports = [p.port for p in plan.processes if p.kind == "vllm" and p.port is not None]
+        routers = [p.port for p in plan.processes if p.kind == "router"]
         supervisor = Supervisor(plan, say=say)
         say("bench serve: starting the metadata server and vLLM (engine start takes a while on CPU)")
         supervisor.install_signal_handlers()
@@ -101,7 +106,14 @@ def serve(
             say("bench serve: one instance only: A and B are the same instance (the hit still comes from the pool)")
         loaded = rack.manifest
         block = loaded.block_size_on(loaded.hosts[0]) if len(loaded.hosts) == 1 else 16
-        doc = bench_serve.run(port_a, port_b, lengths=sizes, rounds=rounds, block_size=block, say=say)
+        if via_router and not routers:
+            raise UsageError(
+                "--via-router: no router runs on this host", fix="add serve.router to the manifest (docs/serving.md)"
+            )
+        router_port = routers[0] if via_router else None
+        doc = bench_serve.run(
+            port_a, port_b, lengths=sizes, rounds=rounds, block_size=block, router_port=router_port, say=say
+        )
     finally:
         if supervisor is not None:
             supervisor.stop()
@@ -114,4 +126,10 @@ def serve(
             f"{row['prompt_tokens']:>8} {row['ttft_recompute_s']:>10.3f}s {row['ttft_pool_hit_s']:>9.3f}s "
             f"{row['speedup']:>7.1f}x {row['ttft_reduction_pct']:>9.1f}%  {row['same_tokens']}"
         )
+        routed = row.get("via_router")
+        if routed:
+            print(
+                f"{'  router':>8} {routed['ttft_recompute_s']:>10.3f}s {routed['ttft_pool_hit_s']:>9.3f}s "
+                f"  (the front door adds {routed['router_cost_pool_hit_s'] * 1000:+.1f} ms to a pool hit)"
+            )
     print("paper (Beluga, GPU, CXL): 89.6 % lower TTFT; target here: >= 5x")

@@ -92,13 +92,14 @@ def compact_list(values: list[int]) -> str:
 
 
 def render_snapshot(snap: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
     from rich.tree import Tree
 
+    from belugactl.cli.render import stdout_console
+
     # Markup and emoji off: device names such as 0000:ab:00.0 or "[none]" must print as they are.
-    console = Console(highlight=False, emoji=False, markup=False)
+    console = stdout_console(markup=False)  # wide when piped, cells fold: never `0x1000000…`
 
     def heading(text: str, rest: str = "") -> Text:
         return Text.assemble((text, "bold"), rest)

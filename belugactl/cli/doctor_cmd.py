@@ -157,5 +157,32 @@ def render_report(report: Any, *, verbose: bool = False) -> None:
         )
     elif summary["warn"]:
         console.print(Text("! No failures; see the warnings above.", style="yellow"))
+    elif any(o.status.value == "skip" for o in report.outcomes):
+        _print_unchecked(console, report)
     else:
         console.print(Text("✓ No issues found.", style="green"))
+
+
+def _print_unchecked(console: Any, report: Any) -> None:
+    """No failure, but checks were skipped: say what that means instead of a bare "No issues found"."""
+    from collections import Counter
+
+    from rich.text import Text
+
+    skipped = [o for o in report.outcomes if o.status.value == "skip"]
+    ran = len(report.outcomes) - len(skipped)
+    if any(note.startswith("no CXL") for note in report.notes):
+        console.print(
+            Text(
+                "- No CXL found on this host (no CXL bus, memory devices or adapters): nothing CXL could be "
+                "checked, so this says nothing about serving a pool here.",
+                style="yellow",
+            )
+        )
+    topics = Counter(o.topic for o in skipped)
+    console.print(Text(f"  not checked: {', '.join(f'{t} ({n})' for t, n in topics.items())}", style="dim"))
+    if report.manifest is None:
+        console.print(
+            Text("  no manifest: pass -f rack.yaml --host H to check this host against its entry", style="dim")
+        )
+    console.print(Text(f"✓ No issues found in the {ran} checks that ran ({len(skipped)} skipped).", style="green"))

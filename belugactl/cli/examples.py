@@ -41,7 +41,9 @@ EXAMPLES: dict[str, list[str]] = {
     "rack serve": ["belugactl rack serve -f rack.yaml --dry-run"],
     "rack status": ["belugactl rack status -f rack.yaml --json"],
     "rack stop": ["belugactl rack stop -f rack.yaml"],
-    "export systemd": ["belugactl export systemd -f rack.yaml --host gpu01"],
+    "export systemd": ["belugactl export systemd -f rack.yaml --host gpu01 -o /etc/systemd/system/"],
+    "export prometheus": ["belugactl export prometheus -f rack.yaml -o prometheus.yml"],
+    "export grafana": ["belugactl export grafana -o belugactl.json"],
 }
 
 

@@ -1,4 +1,4 @@
-"""`belugactl export systemd`: a boot unit that re-applies what a reboot resets."""
+"""`belugactl export systemd|prometheus|grafana`: configuration for the tools that run next to belugactl."""
 
 from __future__ import annotations
 
@@ -11,34 +11,93 @@ from belugactl.cli.options import file_option, host_option
 
 
 def register(app: typer.Typer) -> None:
-    export = typer.Typer(help="Export configuration for other tools (systemd).", no_args_is_help=True)
+    export = typer.Typer(
+        help="Export configuration for other tools (systemd, Prometheus, Grafana).", no_args_is_help=True
+    )
 
     @export.command("systemd")
     def systemd_cmd(
         file: Path = file_option(),
         host: str | None = host_option("The manifest host (default: this hostname's)."),
-        output: Path | None = typer.Option(None, "-o", "--output", help="Write the unit here (default: stdout)."),
+        output: Path | None = typer.Option(
+            None,
+            "-o",
+            "--output",
+            help="A directory for both units, or the setup unit's path (the serve unit goes beside it). "
+            "Default: both on stdout.",
+        ),
         command: str | None = typer.Option(
             None, "--command", help="How the unit starts belugactl (default: this interpreter with -m belugactl)."
         ),
     ) -> None:
-        """Write a systemd unit that re-applies hugepages, THP, DDIO, MTRR and device permissions at boot.
+        """Write the boot units: belugactl-setup.service re-applies hugepages, THP, DDIO, MTRR and device
+        permissions; belugactl-serve.service runs `belugactl serve` after it.
 
-        Install:  belugactl export systemd -f /etc/belugactl/rack.yaml -o /etc/systemd/system/belugactl-setup.service
-                  systemctl daemon-reload && systemctl enable belugactl-setup.service"""
+        Install:  belugactl export systemd -f /etc/belugactl/rack.yaml -o /etc/systemd/system/
+                  systemctl daemon-reload && systemctl enable belugactl-setup.service belugactl-serve.service"""
         import shlex
 
         from belugactl.cli.load_rack import rack_context
-        from belugactl.workflows.setup.systemd import unit_text
+        from belugactl.workflows.setup.systemd import SERVE_UNIT_NAME, UNIT_NAME, serve_unit_text, unit_text
 
         name = rack_context(file, host=host).host_name
         argv = shlex.split(command) if command else [sys.executable, "-m", "belugactl"]
-        text = unit_text(str(file.resolve()), name, argv)
+        manifest_path = str(file.resolve())
+        setup_text = unit_text(manifest_path, name, argv)
+        serve_text = serve_unit_text(manifest_path, name, argv)
         if output is None:
-            sys.stdout.write(text)
-        else:
-            output.write_text(text)
-            print(f"wrote {output}; enable with: systemctl daemon-reload && systemctl enable {output.name}",
-                  file=sys.stderr)
+            sys.stdout.write(f"# ---- {UNIT_NAME}\n{setup_text}\n# ---- {SERVE_UNIT_NAME}\n{serve_text}")
+            return
+        setup_path = output / UNIT_NAME if output.is_dir() else output
+        serve_path = setup_path.parent / SERVE_UNIT_NAME
+        setup_path.write_text(setup_text)
+        serve_path.write_text(serve_text)
+        print(
+            f"wrote {setup_path} and {serve_path}; enable with: systemctl daemon-reload && "
+            f"systemctl enable {setup_path.name} {serve_path.name}",
+            file=sys.stderr,
+        )
+
+    @export.command("prometheus")
+    def prometheus_cmd(
+        file: Path = file_option(),
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write prometheus.yml here (default: stdout)."),
+        interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape interval, e.g. 15s."),
+    ) -> None:
+        """A Prometheus scrape config for every metadata server, vLLM instance and router of the rack.
+
+        Example:  belugactl export prometheus -f rack.yaml -o /etc/prometheus/prometheus.yml
+        Dashboard: belugactl export grafana -o belugactl.json (import it in Grafana)."""
+        import re
+
+        from belugactl.cli.load_rack import rack_context
+        from belugactl.errors import UsageError
+        from belugactl.workflows.export_prometheus import render_yaml, scrape_config
+
+        if not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h)", interval):
+            raise UsageError(f"--scrape-interval {interval!r} is not a duration", fix="e.g. 15s, 1m, 500ms")
+        manifest = rack_context(file).manifest
+        doc, warnings = scrape_config(manifest, interval=interval)
+        for warning in warnings:
+            print(f"export prometheus: warning: {warning}", file=sys.stderr)
+        _write(render_yaml(doc, manifest.name), output, "start Prometheus with --config.file " + str(output))
+
+    @export.command("grafana")
+    def grafana_cmd(
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write the dashboard here (default: stdout)."),
+    ) -> None:
+        """The Grafana dashboard for `export prometheus`'s targets: pool, hit ratio, RPC latency, TTFT per instance."""
+        from importlib.resources import files
+
+        text = files("belugactl").joinpath("data/grafana/belugactl.json").read_text()
+        _write(text, output, "import it in Grafana (Dashboards > New > Import) and pick the Prometheus data source")
 
     app.add_typer(export, name="export")
+
+
+def _write(text: str, output: Path | None, next_step: str) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.write_text(text)
+    print(f"wrote {output}; {next_step}", file=sys.stderr)

@@ -45,14 +45,44 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
-def stdout_console():  # -> rich.console.Console, imported lazily to keep --help fast
+# Piped or redirected output (| less, > file, a CI log) has no width to fit: rich would assume 80
+# columns and cut cells (`0x1000000…`). Tables then take their natural width instead, up to this.
+PIPED_WIDTH = 1000
+
+
+def output_width(stream: Any = None) -> int | None:
+    """The width to render for: None on a terminal (rich asks it), $COLUMNS if set, else PIPED_WIDTH."""
+    import os
+
+    stream = stream if stream is not None else sys.stdout
+    isatty = getattr(stream, "isatty", None)
+    if callable(isatty) and isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
+
+
+def stdout_console(*, markup: bool = True):  # -> rich.console.Console, imported lazily to keep --help fast
     from rich.console import Console
+    from rich.table import Table
+
+    class FoldingConsole(Console):
+        """A table too wide for the terminal folds its cells onto more lines: identifiers, addresses
+        and numbers are never cut to `0x1000000…`."""
+
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            for obj in objects:
+                if isinstance(obj, Table):
+                    for column in obj.columns:
+                        if column.overflow == "ellipsis":
+                            column.overflow = "fold"
+            super().print(*objects, **kwargs)
 
     # emoji off: PCI addresses such as 0000:ab:00.0 must not become pictures
-    return Console(highlight=False, emoji=False)
+    return FoldingConsole(highlight=False, emoji=False, markup=markup, width=output_width())
 
 
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, emoji=False)
+    return Console(stderr=True, highlight=False, emoji=False, width=output_width(sys.stderr))

@@ -122,6 +122,9 @@ def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
         print(f"\n# {p.name}: log {p.log_file}" + (f", ready when {p.health_url} answers 200" if p.health_url else ""))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items()))
         print((f"env {env} " if env else "") + shlex.join(p.argv))
+        for path, text in p.files:  # written just before the start, e.g. the router's HAProxy config
+            body = "\n".join(f"#   {line}" if line else "#" for line in text.splitlines())
+            print(f"# {path} (written at start):\n{body}")
     for note in plan.notes:
         print(f"\n# note: {note}")
     for blocker in plan.blockers:

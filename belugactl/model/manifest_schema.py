@@ -531,9 +531,38 @@ class Vllm(Strict):
         return value
 
 
+class RouterServe(Strict):
+    """The front door: HAProxy, least-connections over every vLLM instance of the rack (workflows/serve/router.py)."""
+
+    hosts: list[str] = []  # where it runs; empty: the metadata server's host, else the first host
+    bind: str = "127.0.0.1"  # loopback unless the manifest opens it to the network
+    port: Int = 8090
+    stats_port: Int = 8404  # on `bind`: /metrics (Prometheus), /stats (HAProxy's page), /healthz
+    check_interval_ms: Int = 2000  # GET /health on every instance this often; 2 failures mark it down
+    drain_timeout_s: Int = 30  # on stop: in-flight requests get this long before the hard stop
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        return MetadataServe._bind(value)
+
+    @field_validator("port", "stats_port")
+    @classmethod
+    def _ports(cls, value: int) -> int:
+        return _port(value)
+
+    @field_validator("check_interval_ms", "drain_timeout_s")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("must be a positive integer")
+        return value
+
+
 class Serve(Strict):
     metadata: MetadataServe = MetadataServe()
     vllm: Vllm
+    router: RouterServe | None = None  # absent: no front door
 
 
 class Manifest(Strict):

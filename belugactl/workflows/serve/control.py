@@ -18,6 +18,7 @@ from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.connector_report import read_connector_stats, summarize
 from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
+from belugactl.workflows.serve.router import add_router, check_router
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
 
 if TYPE_CHECKING:
@@ -25,14 +26,10 @@ if TYPE_CHECKING:
 
 
 def default_run_dir() -> Path:
-    """One serve per host: $BELUGACTL_RUN_DIR, else /run/belugactl/serve as root, else the user's state dir."""
-    env = os.environ.get("BELUGACTL_RUN_DIR")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0 and Path("/run").is_dir():
-        return Path("/run/belugactl/serve")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "belugactl" / "serve"
+    """$BELUGACTL_RUN_DIR, else one per user (workflows/serve/sharing.py)."""
+    from belugactl.workflows.serve.sharing import per_user_run_dir
+
+    return per_user_run_dir()
 
 
 @dataclass
@@ -63,6 +60,7 @@ def prepare(
 
             snapshot = discover(Host.local())
     plan = build_serve_plan(rack, run_dir=run_dir or default_run_dir(), tools=Tools.find(vllm), snapshot=snapshot)
+    add_router(plan, rack.manifest)  # the front door, where serve.router puts it
     prepared = Prepared(plan)
     if not check:
         return prepared
@@ -74,6 +72,7 @@ def prepare(
         )
     _check_not_running(Path(plan.run_dir))
     preflight.check_vllm(plan)
+    check_router(plan)
     manifest = rack.manifest
     if manifest.serve is not None and manifest.instances_on(host):
         from belugactl.workflows.serve.plan import resolve_model
@@ -222,9 +221,13 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
         stopped.append("supervisor")
     # Whatever is still alive (a supervisor killed with SIGKILL leaves its children behind).
     state = read_state(run) or state
-    for kind in ("vllm", "metadata"):
+    for kind in ("router", "vllm", "metadata"):
         for p in state.get("processes", []):
-            if p.get("kind") == kind and is_running(_recorded(p)) and terminate(_recorded(p)):
+            if (
+                p.get("kind") == kind
+                and is_running(_recorded(p))
+                and terminate(_recorded(p), sig=getattr(signal, p.get("stop_signal", "SIGTERM")))
+            ):
                 stopped.append(p["name"])
     _record_stopped(run, state)
     return {"run_dir": str(run), "stopped": stopped, "nothing_running": not stopped, "skipped": skipped}

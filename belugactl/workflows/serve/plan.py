@@ -37,6 +37,9 @@ class ProcessSpec:
     gpus: tuple[int, ...] = ()
     numa_node: int | None = None
     stats_prefix: str | None = None  # the connector's stats files start with this path
+    files: tuple[tuple[str, str], ...] = ()  # (path, text) written before every start (the router's config)
+    stop_signal: str = "SIGTERM"  # the router drains on SIGUSR1
+    stop_grace_s: float | None = None  # wait this long after stop_signal before SIGKILL (default: the supervisor's)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -88,9 +88,13 @@ def check_ports(ports: Iterable[tuple[str, int]]) -> None:
     busy = [(name, port) for name, port in ports if not port_free(port)]
     if busy:
         what = ", ".join(f"{port} ({name})" for name, port in busy)
+        from belugactl.workflows.serve.sharing import port_holders
+
+        holders = port_holders(port for _, port in busy)
+        held = "; ".join(f"{port} is held by {holders[port]}" for _, port in busy if port in holders)
         raise EnvironmentProblem(
             f"port{'s' if len(busy) > 1 else ''} in use: {what}",
-            why="another process listens there (a previous serve still running?)",
+            why=held or "another process listens there (a previous serve still running?)",
             fix="`belugactl status` / `belugactl stop`, or change serve.vllm.port_base / serve.metadata ports",
         )
 

@@ -146,12 +146,15 @@ def signal_group(identity: ProcessIdentity | None, sig: int) -> bool:
     return True
 
 
-def terminate(identity: ProcessIdentity | None, *, grace_s: float = 20.0, poll_s: float = 0.1) -> bool:
-    """SIGTERM our process group, wait up to `grace_s` for its leader, then SIGKILL what is left.
+def terminate(
+    identity: ProcessIdentity | None, *, grace_s: float = 20.0, poll_s: float = 0.1, sig: int = signal.SIGTERM
+) -> bool:
+    """Signal our process group (SIGTERM, or SIGUSR1 for HAProxy's drain), wait up to `grace_s` for its
+    leader, then SIGKILL what is left.
 
     Returns whether anything was signalled. Nothing is ever sent to a pid that is not provably ours.
     """
-    if identity is None or not signal_group(identity, signal.SIGTERM):
+    if identity is None or not signal_group(identity, sig):
         return False
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and is_running(identity):

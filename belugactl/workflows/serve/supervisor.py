@@ -123,6 +123,7 @@ class Managed:
             "health_url": self.spec.health_url,
             "log_file": self.spec.log_file,
             "stats_prefix": self.spec.stats_prefix,
+            "stop_signal": self.spec.stop_signal,
             "status": self.status,
             "restarts": self.restarts,
         }
@@ -187,6 +188,9 @@ class Supervisor:
             m.log = open(m.spec.log_file, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         m.log.write(f"\n=== belugactl serve: starting {m.spec.name}: {' '.join(m.spec.argv)}\n".encode())
         m.log.flush()
+        for path, text in m.spec.files:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
         env = {**os.environ, **m.spec.env}
         try:
             m.proc = subprocess.Popen(  # noqa: S603 - argv list built by the plan, never a shell
@@ -207,7 +211,7 @@ class Supervisor:
         m.status = "starting"
         self.write_state()
 
-    def _terminate(self, m: Managed, grace_s: float) -> None:
+    def _terminate(self, m: Managed, grace_s: float, sig: int = signal.SIGTERM) -> None:
         """Stop m's process group: through its recorded identity, never a bare pid."""
         if m.proc is None:
             return
@@ -216,7 +220,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(m.proc.pid, signal.SIGKILL)
             return
-        terminate(m.identity, grace_s=grace_s)
+        terminate(m.identity, grace_s=grace_s, sig=sig)
 
     def _wait_ready(self, group: list[Managed]) -> None:
         deadline = {m.spec.name: time.monotonic() + m.spec.ready_timeout_s for m in group}
@@ -251,9 +255,10 @@ class Supervisor:
         """Start everything and wait until all are ready; on any failure stop what started and raise."""
         self.write_state()
         try:
-            metadata = [m for m in self.procs if m.spec.kind == "metadata"]
-            others = [m for m in self.procs if m.spec.kind != "metadata"]
-            for group in (metadata, others):
+            # The router last: it should not answer before there is an instance to route to.
+            groups = [[m for m in self.procs if m.spec.kind == k] for k in ("metadata", "vllm", "router")]
+            groups[1] += [m for m in self.procs if m.spec.kind not in ("metadata", "vllm", "router")]
+            for group in groups:
                 for m in group:
                     self._spawn(m)
                     pid = m.proc.pid if m.proc else "?"
@@ -338,12 +343,13 @@ class Supervisor:
         return int(ExitCode.OK)
 
     def stop(self) -> None:
-        """Workers first (they hold leases and reservations on the server), then the server."""
+        """The router first (it drains), workers next (they hold leases and reservations), then the server."""
         self.state = "stopping"
-        for kind in ("vllm", "metadata"):
+        for kind in ("router", "vllm", "metadata"):
             for m in self.procs:
                 if m.spec.kind == kind and m.proc is not None:
-                    self._terminate(m, self.stop_grace_s)
+                    grace = m.spec.stop_grace_s if m.spec.stop_grace_s is not None else self.stop_grace_s
+                    self._terminate(m, grace, sig=getattr(signal, m.spec.stop_signal))
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         m.proc.wait(timeout=1)
                     m.status = "stopped"

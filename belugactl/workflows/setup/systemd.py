@@ -1,8 +1,14 @@
-"""The boot-time unit: re-apply what a reboot resets (hugepages, THP, DDIO, MTRR, permissions).
+"""The boot units: re-apply what a reboot resets, then serve.
 
-The region, namespace and header live on the device and in its label area, so they survive; the
-rest is kernel state that starts from defaults at every boot. Like nvidia-mig-manager's unit, the
-service is a oneshot that runs the same idempotent `setup`, limited to those topics.
+`belugactl-setup.service`: the region, namespace and header live on the device and in its label
+area, so they survive; the rest (hugepages, THP, DDIO, MTRR, permissions) is kernel state that starts
+from defaults at every boot. Like nvidia-mig-manager's unit, it is a oneshot that runs the same
+idempotent `setup`, limited to those topics.
+
+`belugactl-serve.service`: `belugactl serve` in the foreground (the supervisor), after the pool unit
+and only if it succeeded. KillMode=mixed: systemd signals the supervisor alone, which stops its
+children in order (the router drains, vLLM next, the metadata server last); whatever is left after
+TimeoutStopSec is killed.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from collections.abc import Sequence
 from belugactl.workflows.setup.topics import boot_topic_ids
 
 UNIT_NAME = "belugactl-setup.service"
+SERVE_UNIT_NAME = "belugactl-serve.service"
+# The router's drain (30 s by default), vLLM's 20 s each, the metadata server's: with room to spare.
+SERVE_STOP_TIMEOUT_S = 180
 
 
 def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Sequence[str] | None = None) -> str:
@@ -24,16 +33,44 @@ def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Seq
         "# Written by `belugactl export systemd`. Re-applies the pool host settings a reboot resets.\n"
         "[Unit]\n"
         f"Description=belugactl: re-apply {', '.join(topics)} for the CXL pool on {host}\n"
-        "Documentation=man:belugactl(1)\n"
         "After=local-fs.target systemd-modules-load.service systemd-udevd.service\n"
         "Wants=systemd-modules-load.service\n"
-        "Before=belugactl-serve.service\n"
+        f"Before={SERVE_UNIT_NAME}\n"
         "ConditionPathExists=" + manifest_path + "\n"
         "\n"
         "[Service]\n"
         "Type=oneshot\n"
         "RemainAfterExit=yes\n"
         f"ExecStart={exec_start}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def serve_unit_text(
+    manifest_path: str, host: str, command: Sequence[str], *, run_dir: str = "/run/belugactl/serve"
+) -> str:
+    argv = [*command, "serve", "-f", manifest_path, "--host", host, "--run-dir", run_dir]
+    exec_start = " ".join(shlex.quote(a) for a in argv)
+    return (
+        "# Written by `belugactl export systemd`. Serves this host's part of the rack after the pool unit.\n"
+        "[Unit]\n"
+        f"Description=belugactl: metadata server, vLLM workers and router of this rack on {host}\n"
+        "After=network-online.target " + UNIT_NAME + "\n"
+        "Wants=network-online.target\n"
+        f"Requires={UNIT_NAME}\n"
+        "ConditionPathExists=" + manifest_path + "\n"
+        "\n"
+        "[Service]\n"
+        "Type=simple\n"
+        f"ExecStart={exec_start}\n"
+        "KillMode=mixed\n"
+        f"TimeoutStopSec={SERVE_STOP_TIMEOUT_S}\n"
+        "Restart=on-failure\n"
+        "RestartSec=10\n"
+        "RuntimeDirectory=belugactl\n"
+        "LimitNOFILE=65536\n"
         "\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"
