@@ -128,7 +128,7 @@ def _worker(spec: dict[str, Any]) -> int:
     """One writer or reader, until its deadline or SIGTERM. Never raises for a server fault."""
     from belugactl.dataplane.client import connect
     from belugactl.dataplane.errors import MetadataError
-    from belugactl.dataplane.pool import PoolMapping
+    from belugactl.pool.mapping import PoolMapping
 
     stop = False
 
