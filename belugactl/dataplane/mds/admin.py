@@ -29,6 +29,7 @@ class _Collector:
         snap = self.server.snapshot
         idx = snap.get("index", {})
         req = snap.get("requests", {})
+        tcp = snap.get("tcp", {})
         g = GaugeMetricFamily("beluga_mds_pool_bytes", "Shared KV area bytes by state", labels=["state"])
         g.add_metric(["used"], idx.get("bytes_used", 0))
         g.add_metric(["free"], idx.get("bytes_free", 0))
@@ -54,6 +55,15 @@ class _Collector:
             ),
             ("beluga_mds_pool_full", "Reservations refused for lack of space", idx.get("pool_full", 0)),
             ("beluga_mds_bad_slots", "CXL-RPC slots rejected (magic, sequence, length)", req.get("bad_slots", 0)),
+            (
+                "beluga_mds_foreign_refused",
+                "COMMIT/ABORT/RELEASE of another ring's or connection's token or lease, refused",
+                req.get("foreign_refused", 0),
+            ),
+            ("beluga_mds_tcp_refused", "TCP connections closed over the cap", tcp.get("refused_over_cap", 0)),
+            ("beluga_mds_tcp_closed_idle", "TCP connections closed after the idle timeout", tcp.get("closed_idle", 0)),
+            ("beluga_mds_tcp_closed_oversize", "TCP connections closed: oversize frame", tcp.get("closed_oversize", 0)),
+            ("beluga_mds_tcp_accept_backoffs", "accept() out of descriptors: pauses", tcp.get("accept_backoffs", 0)),
         ):
             c = CounterMetricFamily(name, help_)
             c.add_metric([], value)

@@ -83,7 +83,7 @@ class BestEffortIndex:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
             name = type(exc).__name__
-            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected"):
+            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected", "NotOwner"):
                 raise
             if name == "StaleEpoch":
                 # The server restarted: our leases and reservations are void; start over.
@@ -124,11 +124,17 @@ class BestEffortIndex:
         with contextlib.suppress(Exception):  # the server reclaims it after its timeout anyway
             self._call("abort", None, lambda c: c.abort(token))
 
-    def release(self, lease_ids: Sequence[int]) -> None:
+    def release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> int | None:
+        """How many of the leases were still live (None: unknown, the server did not answer).
+
+        `handed_over`: the scheduler got these leases and passed them to this worker."""
         if not lease_ids:
-            return
-        with contextlib.suppress(Exception):  # leases expire on their own
-            self._call("release", None, lambda c: c.release(list(lease_ids)))
+            return 0
+        try:
+            return self._call("release", None, lambda c: c.release(list(lease_ids), handed_over=handed_over))
+        except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
+            self.stats.add("release_failed")
+            return None
 
     def close(self) -> None:
         if self._client is not None:

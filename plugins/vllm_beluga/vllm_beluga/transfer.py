@@ -52,11 +52,12 @@ class PoolTransfer:
         `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
         (holding their leases); else each key is looked up here. Block ids without a key are failed.
         """
+        handed_over = locations is not None  # the scheduler's leases, passed to us
         if locations is None:
             locations = [locate(self.index, self.namespace, key) for key in keys]
         leases = [loc[1] for loc in locations if loc is not None]
         if self.engine is None:
-            self.index.release(leases)
+            self.index.release(leases, handed_over=handed_over)
             self.stats.add("load_errors", len(block_ids))
             return list(block_ids)
         started = time.perf_counter()
@@ -78,7 +79,13 @@ class PoolTransfer:
             log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
             failed.extend(b for b, _ in batch)
         finally:
-            self.index.release(leases)
+            live = self.index.release(leases, handed_over=handed_over)
+        if live is not None and live < len([x for x in leases if x]) and batch:
+            # A lease ended before we released it: its block may have been evicted and its extents
+            # written by someone else while we copied. Recompute the batch rather than trust it.
+            log.warning("Beluga: %d leases expired during a load: %d blocks recomputed", len(leases) - live, len(batch))
+            self.stats.add("leases_expired_in_load", len(leases) - live)
+            failed.extend(b for b, _ in batch if b not in failed)
         self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
         if failed:
             log.warning("Beluga: %d blocks not loaded (gone from the pool, or a failed copy): recomputed", len(failed))
