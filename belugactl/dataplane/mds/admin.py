@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
+
+ADMIN_TIMEOUT_S = 5.0  # per request: reading it and writing the answer
+ADMIN_MAX_CLIENTS = 16  # handler threads at once; more connections are closed at once
 
 
 class _Collector:
@@ -150,7 +154,33 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
 
     class Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        # A bounded number of handler threads, each with a socket timeout: an idle or slow client
+        # costs one thread for ADMIN_TIMEOUT_S at most, and a flood is closed, not queued.
+        _slots = threading.BoundedSemaphore(ADMIN_MAX_CLIENTS)
 
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self._slots.acquire(blocking=False):
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self._slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self._slots.release()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            exc = sys.exc_info()[1]
+            if isinstance(exc, OSError):  # the client went away or timed out: not the server's problem
+                return
+            print(f"metadata server: admin request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+
+    Handler.timeout = ADMIN_TIMEOUT_S
     httpd = Server((bind, port), Handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)

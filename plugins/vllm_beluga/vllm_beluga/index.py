@@ -113,6 +113,14 @@ class BestEffortIndex:
             self.stats.add("save_skipped_exists" if name == "AlreadyPresent" else "save_skipped_" + name.lower())
             return None
 
+    def writable(self, reservation: Any) -> bool:
+        """May we still write into this reservation (deadline not passed, same epoch)? See fencing."""
+        client = self._client
+        try:
+            return client is not None and bool(client.writable(reservation))
+        except Exception:  # noqa: BLE001 - when in doubt, do not write
+            return False
+
     def commit(self, token: Any) -> bool:
         try:
             return bool(self._call("commit", False, lambda c: (c.commit(token), True)[1]))

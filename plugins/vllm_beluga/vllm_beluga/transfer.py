@@ -103,7 +103,15 @@ class PoolTransfer:
             reservation = self.index.reserve(self.namespace, key, nbytes)
             if reservation is None:
                 continue
-            reserved.append((reservation.token, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+            reserved.append((reservation, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+        # Fencing: write only into reservations whose deadline has not passed under the same epoch;
+        # the others may belong to someone else by now (docs/dataplane.md, "Fencing").
+        stale = [r for r in reserved if not self.index.writable(r[0])]
+        for r in stale:
+            self.index.abort(r[0].token)
+        if stale:
+            self.stats.add("save_skipped_fenced", len(stale))
+        reserved = [(r.token, b, e) for r, b, e in reserved if r not in stale]
         committed = 0
         if reserved:
             try:
