@@ -7,10 +7,12 @@ housekeeping tick, ~100 ms) plus plain integer counters, so it never races the i
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 ADMIN_TIMEOUT_S = 5.0  # per request: reading it and writing the answer
 ADMIN_MAX_CLIENTS = 16  # handler threads at once; more connections are closed at once
+ADMIN_ACCEPT_BACKOFF_S = 0.2
 
 
 class _Collector:
@@ -173,6 +176,14 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
                 super().process_request_thread(request, client_address)
             finally:
                 self._slots.release()
+
+        def get_request(self) -> Any:
+            try:
+                return super().get_request()
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(ADMIN_ACCEPT_BACKOFF_S)  # out of descriptors: wait, do not spin
+                raise
 
         def handle_error(self, request: Any, client_address: Any) -> None:
             exc = sys.exc_info()[1]
