@@ -20,7 +20,7 @@ from belugactl.dataplane.pool import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, start_mds, write_block
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
-TTL = "2"  # seconds: the writer window, so the quarantine is short
+TTL = "5"  # seconds: the writer window, so the quarantine is short
 
 
 def test_stale_writer_after_sigkill_restart_never_overwrites_a_new_block(manifest_path, pool_path) -> None:
@@ -33,6 +33,7 @@ def test_stale_writer_after_sigkill_restart_never_overwrites_a_new_block(manifes
     old_writes = []
     with start_mds(manifest_path, pool_path, "--reservation-ttl", TTL) as first:
         old = connect(first.tcp, timeout_s=5)
+        reserved_at = time.monotonic()
         r_old = old.reserve(NS, key, n)
 
         def stale_writer() -> None:
@@ -47,7 +48,9 @@ def test_stale_writer_after_sigkill_restart_never_overwrites_a_new_block(manifes
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(timeout=10)
     with start_mds(manifest_path, pool_path, "--reservation-ttl", TTL) as second:
-        assert second.record["reserve_quarantine_s"] > 0
+        # Quarantined, unless starting took longer than the window (a loaded machine): then the
+        # old writer's deadline has passed already and the checks below hold all the same.
+        assert second.record["reserve_quarantine_s"] > 0 or time.monotonic() - reserved_at > float(TTL)
         new = connect(second.cxl(1), pool=pool, timeout_s=5)
         deadline = time.monotonic() + 15
         r_new = None
