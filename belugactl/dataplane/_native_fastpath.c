@@ -199,6 +199,82 @@ static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
     return bad ? -1 : 0;
 }
 
+/* What one fast_serve burst shares with the per-opcode handlers below. */
+struct fast_ctx {
+    FastIndex *fi;
+    struct logbuf *log;
+    const uint32_t *lkeys;
+    unsigned long long *lease_next;
+    uint32_t epoch32, ns_count;
+    size_t maxp;
+    uint64_t ring; /* the owner of the leases granted */
+    int flush;
+};
+
+/* GET, hits only: a miss, or an entry without a stored reply, is Python's (it counts NOT_FOUND).
+ * 0: answered; -1: Python's. */
+static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
+    const char *pl = slot + HDR;
+    if (h->length < 6) return -1;
+    uint32_t ns; uint16_t klen;
+    memcpy(&ns, pl, 4); memcpy(&klen, pl + 4, 2);
+    if (ns == 0 || ns > c->ns_count || klen == 0 || klen > FI_KEY || 6 + (size_t)klen > h->length) return -1;
+    uint8_t key[FI_KEY];
+    memcpy(key, pl + 6, klen);
+    fi_slot *e = fi_find(c->fi, ns, key, klen, fi_hash(ns, key, klen));
+    if (!e || !e->get_reply || e->get_len > c->maxp || e->get_len > 4096) return -1;
+    if (log_reserve(c->log, 3) < 0) return -1;
+    uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
+    log_push(c->log, (int64_t)lseq); log_push(c->log, 1); log_push(c->log, e->id);
+    uint8_t tmp[4096];
+    memcpy(tmp, e->get_reply, e->get_len);
+    memcpy(tmp, &lease, 8);
+    publish(slot, h->seq, c->epoch32, OP_GET, 0, (const char *)tmp, e->get_len, ST_RESP, c->flush);
+    return 0;
+}
+
+static int fast_ping(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
+    uint8_t tmp[4096];
+    if (h->length > sizeof tmp) return -1;
+    memcpy(tmp, slot + HDR, h->length);
+    publish(slot, h->seq, c->epoch32, OP_PING, 0, (const char *)tmp, h->length, ST_RESP, c->flush);
+    return 0;
+}
+
+/* LOOKUP_PREFIX: -1 Python's; else how many leading keys are present (a lease granted if > 0). */
+static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h, int64_t *ids) {
+    const char *pl = slot + HDR;
+    if (h->length < 8) return -1;
+    uint32_t ns; uint16_t count, klen;
+    memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
+    if (ns == 0 || ns > c->ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
+        8 + (size_t)count * klen > h->length) return -1;
+    uint8_t keys[4096];
+    size_t kbytes = (size_t)count * klen;
+    if (kbytes > sizeof keys) return -1;
+    memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
+    uint32_t n = 0;
+    for (; n < count; n++) {
+        const uint8_t *k = keys + (size_t)n * klen;
+        fi_slot *e = fi_find(c->fi, ns, k, klen, fi_hash(ns, k, klen));
+        if (!e) break;
+        ids[n] = e->id;
+    }
+    uint64_t lease = 0;
+    if (n && log_reserve(c->log, 2 + (size_t)n) < 0) return -1; /* out of memory: Python's */
+    if (n) {
+        uint64_t lseq = (*c->lease_next)++;
+        lease = lease_encode(c->lkeys, lseq, c->ring);
+        log_push(c->log, (int64_t)lseq); log_push(c->log, (int64_t)n);
+        for (uint32_t q = 0; q < n; q++) log_push(c->log, ids[q]);
+    }
+    uint8_t reply[16];
+    uint32_t zero = 0;
+    memcpy(reply, &n, 4); memcpy(reply + 4, &zero, 4); memcpy(reply + 8, &lease, 8);
+    publish(slot, h->seq, c->epoch32, OP_LOOKUP_PREFIX, 0, (const char *)reply, sizeof reply, ST_RESP, c->flush);
+    return (int)n;
+}
+
 #define FAST_LINGER_NS 50000ull
 
 /* Answers LOOKUP_PREFIX, GET (hits) and PING.
@@ -278,64 +354,13 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         memcpy(&h, slot, sizeof h);
         if (h.magic != RPC_MAGIC || (int64_t)(h.seq % (uint64_t)S) != cursors[found] || h.epoch != epoch32 ||
             h.length > maxp || (h.op != OP_LOOKUP_PREFIX && h.op != OP_PING && h.op != OP_GET)) { stop = found; break; }
-        uint8_t reply[16];
-        size_t rlen;
-        char *pl = slot + HDR;
-        if (h.op == OP_GET) {
-            /* Hits only: a miss, or an entry without a stored reply, is Python's (it counts NOT_FOUND). */
-            if (h.length < 6) { stop = found; break; }
-            uint32_t ns; uint16_t klen;
-            memcpy(&ns, pl, 4); memcpy(&klen, pl + 4, 2);
-            if (ns == 0 || ns > ns_count || klen == 0 || klen > FI_KEY || 6 + (size_t)klen > h.length) { stop = found; break; }
-            uint8_t key[FI_KEY];
-            memcpy(key, pl + 6, klen);
-            fi_slot *e = fi_find(fi, ns, key, klen, fi_hash(ns, key, klen));
-            if (!e || !e->get_reply || e->get_len > maxp || e->get_len > 4096) { stop = found; break; }
-            if (log_reserve(&log, 3) < 0) { stop = found; break; }
-            uint64_t lseq = lease_next++, lease = lease_encode(lkeys, lseq, (uint64_t)found);
-            log_push(&log, (int64_t)lseq); log_push(&log, 1); log_push(&log, e->id);
-            uint8_t tmp[4096];
-            memcpy(tmp, e->get_reply, e->get_len);
-            memcpy(tmp, &lease, 8);
-            publish(slot, h.seq, epoch32, OP_GET, 0, (const char *)tmp, e->get_len, ST_RESP, flush);
-            gets++;
-        } else if (h.op == OP_PING) {
-            uint8_t tmp[4096];
-            if (h.length > sizeof tmp) { stop = found; break; }
-            memcpy(tmp, pl, h.length);
-            publish(slot, h.seq, epoch32, OP_PING, 0, (const char *)tmp, h.length, ST_RESP, flush);
-        } else {
-            if (h.length < 8) { stop = found; break; }
-            uint32_t ns; uint16_t count, klen;
-            memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
-            if (ns == 0 || ns > ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
-                8 + (size_t)count * klen > h.length) { stop = found; break; }
-            uint8_t keys[4096];
-            size_t kbytes = (size_t)count * klen;
-            if (kbytes > sizeof keys) { stop = found; break; }
-            memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
-            uint32_t n = 0;
-            for (; n < count; n++) {
-                const uint8_t *k = keys + (size_t)n * klen;
-                fi_slot *e = fi_find(fi, ns, k, klen, fi_hash(ns, k, klen));
-                if (!e) break;
-                ids[n] = e->id;
-            }
-            uint64_t lease = 0;
-            if (n && log_reserve(&log, 2 + (size_t)n) < 0) { stop = found; break; } /* out of memory: Python's */
-            lookups++;
-            if (n) {
-                uint64_t lseq = lease_next++;
-                lease = lease_encode(lkeys, lseq, (uint64_t)found);
-                hits++;
-                log_push(&log, (int64_t)lseq); log_push(&log, (int64_t)n);
-                for (uint32_t q = 0; q < n; q++) log_push(&log, ids[q]);
-            }
-            uint32_t zero = 0;
-            memcpy(reply, &n, 4); memcpy(reply + 4, &zero, 4); memcpy(reply + 8, &lease, 8);
-            rlen = 16;
-            publish(slot, h.seq, epoch32, OP_LOOKUP_PREFIX, 0, (const char *)reply, rlen, ST_RESP, flush);
-        }
+            /* Each handler answers the slot, or returns -1 to leave it to Python (nothing written). */
+        struct fast_ctx ctx = {fi, &log, lkeys, &lease_next, epoch32, ns_count, maxp, (uint64_t)found, flush};
+        int rc;
+        if (h.op == OP_GET) { rc = fast_get(&ctx, slot, &h); gets += rc == 0; }
+        else if (h.op == OP_PING) rc = fast_ping(&ctx, slot, &h);
+        else { rc = fast_lookup(&ctx, slot, &h, ids); lookups += rc >= 0; hits += rc > 0; }
+        if (rc < 0) { stop = found; break; }
         int64_t c = cursors[found] + 1;
         if (c >= S) c = 0;
         cursors[found] = c;

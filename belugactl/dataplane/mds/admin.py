@@ -109,6 +109,49 @@ class _Collector:
         yield ready
 
 
+class _AdminServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with bounded threads, EMFILE back-off and quiet client errors."""
+
+    # A bounded number of handler threads, each with a socket timeout: an idle or slow client
+    # costs one thread for ADMIN_TIMEOUT_S at most, and a flood is closed, not queued.
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(ADMIN_MAX_CLIENTS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(ADMIN_ACCEPT_BACKOFF_S)  # out of descriptors: wait, do not spin
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # the client went away or timed out: not the server's problem
+            return
+        print(f"metadata server: admin request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+
+
 def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPServer:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -155,45 +198,8 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
             else:
                 self._send(404, b'{"error": "not found"}')
 
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        # A bounded number of handler threads, each with a socket timeout: an idle or slow client
-        # costs one thread for ADMIN_TIMEOUT_S at most, and a flood is closed, not queued.
-        _slots = threading.BoundedSemaphore(ADMIN_MAX_CLIENTS)
-
-        def process_request(self, request: Any, client_address: Any) -> None:
-            if not self._slots.acquire(blocking=False):
-                self.shutdown_request(request)
-                return
-            try:
-                super().process_request(request, client_address)
-            except BaseException:
-                self._slots.release()
-                raise
-
-        def process_request_thread(self, request: Any, client_address: Any) -> None:
-            try:
-                super().process_request_thread(request, client_address)
-            finally:
-                self._slots.release()
-
-        def get_request(self) -> Any:
-            try:
-                return super().get_request()
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    time.sleep(ADMIN_ACCEPT_BACKOFF_S)  # out of descriptors: wait, do not spin
-                raise
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            exc = sys.exc_info()[1]
-            if isinstance(exc, OSError):  # the client went away or timed out: not the server's problem
-                return
-            print(f"metadata server: admin request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
-
     Handler.timeout = ADMIN_TIMEOUT_S
-    httpd = Server((bind, port), Handler)
-    httpd.daemon_threads = True
+    httpd = _AdminServer((bind, port), Handler)
     thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)
     thread.start()
     return httpd
