@@ -165,7 +165,7 @@ class KVIndexClient:
             raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
         epoch, _pid, max_payload, window_ms = p.decode_hello_reply(payload)
         t.adopt(epoch, max_payload)
-        self.writer_window_s = window_ms / 1000
+        self.writer_window_s = (window_ms or p.DEFAULT_WRITER_WINDOW_MS) / 1000
         self.epoch = epoch
         self._epoch32 = epoch & 0xFFFFFFFF
         self._ns.clear()

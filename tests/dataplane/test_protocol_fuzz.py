@@ -109,3 +109,10 @@ def test_get_many_answers_in_order_and_stops_where_the_reply_is_full() -> None:
     code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4 + 2 * (18 + 16))
     assert code == 0 and len(p.decode_get_many_reply(rep)) == 2
     assert len(s.index.leases) == leases_before + 2
+
+
+def test_hello_reply_of_an_older_server_reads_as_an_unknown_writer_window() -> None:
+    import struct
+
+    assert p.decode_hello_reply(struct.pack("<QII", 5, 42, 224)) == (5, 42, 224, 0)
+    assert p.decode_hello_reply(p.encode_hello_reply(5, 42, 224, 30000)) == (5, 42, 224, 30000)

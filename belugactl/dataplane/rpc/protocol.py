@@ -153,8 +153,15 @@ def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms:
 
 
 def decode_hello_reply(data) -> tuple[int, int, int, int]:
+    """(epoch, pid, max payload, writer window ms); a server from before writer windows answers 16
+    bytes: window 0, which clients read as "unknown" (they then assume DEFAULT_WRITER_WINDOW_MS)."""
+    if len(data) == _HELLO_REP.size - 4:
+        return (*struct.unpack_from("<QII", data, 0), 0)
     _need(data, _HELLO_REP.size, "HELLO reply")
     return _HELLO_REP.unpack_from(data, 0)
+
+
+DEFAULT_WRITER_WINDOW_MS = 30_000  # the reservation TTL servers have always defaulted to
 
 
 def encode_name(name: str) -> bytes:
