@@ -31,7 +31,7 @@ class OptionalBuildExt(build_ext):
 def _warn(exc: BaseException) -> None:
     bar = "!" * 78
     print(
-        f"\n{bar}\nWARNING: belugactl's native helper (belugactl/dataplane/_native.c) did not build:\n  {exc}\n"
+        f"\n{bar}\nWARNING: belugactl's native helper (belugactl/dataplane/_native_*.c) did not build:\n  {exc}\n"
         "belugactl installs and works on a single host without it, but multi-host CXL coherence\n"
         "(cache-line flushes, non-temporal stores) needs it or an uncacheable (MTRR UC) pool.\n"
         f"Install a C compiler and the Python headers (python3-dev), then reinstall.\n{bar}\n",
@@ -39,13 +39,44 @@ def _warn(exc: BaseException) -> None:
     )
 
 
+NATIVE_DIR = "belugactl/dataplane"
+# One extension from several C files, one concern each (see _native_module.c).
+NATIVE_SOURCES = sorted(
+    f"{NATIVE_DIR}/{name}" for name in os.listdir(NATIVE_DIR) if name.startswith("_native") and name.endswith(".c")
+)
+NATIVE_HEADERS = sorted(
+    f"{NATIVE_DIR}/{name}" for name in os.listdir(NATIVE_DIR) if name.startswith("_native") and name.endswith(".h")
+)
+
+
+def _write_wire_header() -> None:
+    """Regenerate _native_wire.h from rpc/protocol.py, so the C constants cannot drift from Python.
+
+    The committed copy is used when the generator cannot run (a test checks the two agree)."""
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from belugactl.dataplane.rpc.wire_header import render
+
+        text = render()
+    except Exception as exc:  # noqa: BLE001 - fall back to the committed header
+        print(f"setup.py: could not regenerate {NATIVE_DIR}/_native_wire.h ({exc}); using the committed one")
+        return
+    path = f"{NATIVE_DIR}/_native_wire.h"
+    old = open(path).read() if os.path.exists(path) else None
+    if old != text:
+        with open(path, "w") as fh:
+            fh.write(text)
+
+
 ext_modules = []
 if os.environ.get("BELUGACTL_NO_NATIVE") != "1":
+    _write_wire_header()
     ext_modules.append(
         Extension(
             "belugactl.dataplane._native",
-            sources=["belugactl/dataplane/_native.c"],
-            extra_compile_args=["-O2", "-std=gnu11"],
+            sources=NATIVE_SOURCES,
+            depends=NATIVE_HEADERS,
+            extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
             optional=True,
         )
     )

@@ -37,7 +37,22 @@ def metadata_server(
     ),
     no_tcp: bool = typer.Option(False, "--no-tcp", help="Serve CXL-RPC only."),
     fence_grace: float = typer.Option(
-        2.0, "--fence-grace", help="Seconds after start during which only HELLO is served (stale writers drain)."
+        0.0,
+        "--fence-grace",
+        help="Seconds after start during which only HELLO is served. Not needed for safety: RESERVE is "
+        "fenced until the previous incarnation's writers' deadlines pass (docs/dataplane.md, Fencing).",
+    ),
+    tcp_max_connections: int | None = typer.Option(
+        None, "--tcp-max-connections", help="TCP connections served at once (default: manifest, 256)."
+    ),
+    tcp_idle_timeout: float | None = typer.Option(
+        None, "--tcp-idle-timeout", help="Close a TCP connection idle this many seconds (default: manifest, 300)."
+    ),
+    tcp_max_buffered: str | None = typer.Option(
+        None, "--tcp-max-buffered", help="Bytes one TCP connection may buffer (default: manifest, 256KiB)."
+    ),
+    tcp_accept_backoff_ms: int | None = typer.Option(
+        None, "--tcp-accept-backoff-ms", help="Pause accepting this long when out of descriptors (default: 200)."
     ),
     lease_ttl: float = typer.Option(10.0, "--lease-ttl", help="Read lease lifetime, seconds."),
     reservation_ttl: float = typer.Option(30.0, "--reservation-ttl", help="Uncommitted reservation lifetime, seconds."),
@@ -82,6 +97,15 @@ def metadata_server(
     if restart_policy not in ("start-empty", "journal"):
         raise UsageError(f"unknown restart policy {restart_policy!r}", fix="use start-empty or journal")
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
+    for name, port in (("--admin-port", admin_port), ("--rpc-port", rpc_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise UsageError(f"{name} {port} is not a TCP port", fix=f"pass {name} in 1..65535 (0: any free port)")
+    limits = _tcp_limits(ms, tcp_max_connections, tcp_idle_timeout, tcp_max_buffered, tcp_accept_backoff_ms)
+    for name, value in (("--lease-ttl", lease_ttl), ("--reservation-ttl", reservation_ttl)):
+        if not 0 < value <= 86400:
+            raise UsageError(f"{name} {value:g} is outside (0, 86400] seconds", fix=f"pass e.g. {name} 30")
+    if not 0 <= fence_grace <= 3600:
+        raise UsageError(f"--fence-grace {fence_grace:g} is outside [0, 3600] seconds", fix="pass e.g. --fence-grace 0")
     config = ServerConfig(
         rpc_bind=rpc_bind or bind or getattr(ms, "rpc_bind", None) or default_bind,
         rpc_port=None if no_tcp else (rpc_port if rpc_port is not None else (ms.rpc_port if ms else 9471)),
@@ -89,6 +113,7 @@ def metadata_server(
         admin_port=admin_port if admin_port is not None else (ms.admin_port if ms else 9470),
         fence_grace_s=fence_grace,
         restart_policy=restart_policy,
+        tcp=limits,
         index=IndexConfig(
             lease_ttl_s=lease_ttl,
             reservation_ttl_s=reservation_ttl,
@@ -123,6 +148,8 @@ def metadata_server(
         "restored_entries": server.restored_entries,
         "native_helper": server.snapshot["pool"]["native_helper"],
         "fence_grace_s": fence_grace,
+        "reserve_quarantine_s": round(server.fencing.quarantine_s, 3),
+        "tcp_limits": vars(limits),
     }
     if json_out:
         print(json.dumps(record), flush=True)
@@ -150,3 +177,41 @@ def _interleave(manifest: object) -> dict[str, int]:
         return {}
     chunk = 2 << 20  # the allocator places whole 2 MiB chunks: round a finer granularity up
     return {"interleave_ways": stripes.ways, "interleave_granularity": -(-stripes.granularity // chunk) * chunk}
+
+
+def _tcp_limits(
+    ms: object | None,
+    max_connections: int | None,
+    idle_timeout: float | None,
+    max_buffered: str | None,
+    accept_backoff_ms: int | None,
+) -> object:
+    """The TCP listener's limits: flags over the manifest's serve.metadata, range-checked the same way."""
+    from belugactl.dataplane.mds.listener_tcp import TcpLimits
+    from belugactl.errors import UsageError
+    from belugactl.model.manifest_schema import TCP_LIMIT_RANGES
+    from belugactl.units import SizeParseError, parse_size
+
+    def pick(flag: str, field: str, value: float | None, default: float) -> float:
+        chosen = value if value is not None else getattr(ms, field, default)
+        lo, hi = TCP_LIMIT_RANGES[field]
+        if not lo <= chosen <= hi:
+            raise UsageError(f"{flag} {chosen:g} is outside {lo}..{hi}", fix=f"pass a value in {lo}..{hi}")
+        return chosen
+
+    buffered: int | None = None
+    if max_buffered is not None:
+        try:
+            buffered = parse_size(max_buffered)
+        except SizeParseError as exc:
+            raise UsageError(f"--tcp-max-buffered {max_buffered!r}: {exc}", fix="write e.g. 256KiB") from None
+    defaults = TcpLimits()
+    return TcpLimits(
+        max_connections=int(pick("--tcp-max-connections", "tcp_max_connections", max_connections, 256)),
+        idle_timeout_s=pick("--tcp-idle-timeout", "tcp_idle_timeout_s", idle_timeout, defaults.idle_timeout_s),
+        max_buffered=int(pick("--tcp-max-buffered", "tcp_max_buffered", buffered, defaults.max_buffered)),
+        accept_backoff_s=pick(
+            "--tcp-accept-backoff-ms", "tcp_accept_backoff_ms", accept_backoff_ms, defaults.accept_backoff_s * 1000
+        )
+        / 1000,
+    )

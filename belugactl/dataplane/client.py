@@ -7,9 +7,10 @@
     loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes) or None
     locs = c.get_many("qwen32b/tp0", hashes[:n])   # the same for many keys, few round trips
     ... read loc.extents from the pool ...
-    c.release([loc.lease_id])
-    r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes)
-    ... write the block into r.extents (flush/non-temporal on a shared pool) ...
+    c.release([loc.lease_id])                      # -> how many leases it ended
+    r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes, deadline, epoch)
+    if c.writable(r):                              # before each batch of writes (fencing)
+        ... write the block into r.extents (flush/non-temporal on a shared pool) ...
     c.commit(r.token)                              # now visible to every client
 
 Semantics (the server's; see docs/dataplane.md):
@@ -17,6 +18,11 @@ Semantics (the server's; see docs/dataplane.md):
 - `reserve` hands out extents in the shared KV area; the block is invisible until `commit`. A
   reservation not committed within the server's reservation TTL (30 s by default) is reclaimed and
   a late `commit` raises `ReservationExpired`. `abort` gives the space back at once.
+- Fencing: write into a reservation only while `writable(r)` is true (checked before each batch):
+  past its deadline (90 % of the server's writer window after the request was sent) or once the
+  pool's epoch moved, abandon it (`abort`, ignoring errors). See docs/dataplane.md, "Fencing".
+- Ownership: tokens and lease ids are bound to the ring or connection that got them; another
+  client's COMMIT/ABORT/RELEASE raises `NotOwner` and changes nothing.
 - `lookup_prefix` and `get` grant read leases (10 s by default): a leased block is never evicted or
   freed, so its bytes stay valid while you copy them. `release` ends leases early; they also expire.
   A block deleted while leased disappears from lookups at once and is freed when its leases end.
@@ -29,16 +35,16 @@ Semantics (the server's; see docs/dataplane.md):
 
 from __future__ import annotations
 
-import os
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from belugactl.dataplane.errors import (
     AlreadyPresent,
     MetadataUnavailable,
+    NotOwner,
     PoolFull,
     RequestRejected,
     ReservationExpired,
@@ -46,8 +52,7 @@ from belugactl.dataplane.errors import (
 )
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op
-from belugactl.dataplane.rpc.transport import FENCED, CxlTransport, TcpTransport, TransportError
-from belugactl.errors import UsageError
+from belugactl.dataplane.rpc.transport import FENCED, ClientTransport, TransportError, transport_for
 
 if TYPE_CHECKING:
     from belugactl.pool.mapping import PoolMapping
@@ -69,32 +74,22 @@ class BlockLocation:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Space reserved for one block: write `nbytes` across `extents` (in order), then commit(token)."""
+    """Space reserved for one block: write `nbytes` across `extents` (in order), then commit(token).
+
+    Writes are allowed only before `deadline` (time.monotonic()) and under `epoch`: see
+    `KVIndexClient.writable`.
+    """
 
     token: int
     extents: list[Extent]
     nbytes: int
+    deadline: float = float("inf")
+    epoch: int = 0
 
 
-def parse_address(address: str) -> tuple[str, str, int]:
-    """("cxl", pool path, ring) or ("tcp", host, port)."""
-    parts = urlsplit(address)
-    if parts.scheme == "cxl":
-        path = (parts.netloc + parts.path) if parts.netloc else parts.path
-        if not path or not parts.fragment.isdigit():
-            raise UsageError(
-                f"bad CXL-RPC address {address!r}", fix="write cxl://<pool path>#<ring>, e.g. cxl:///dev/dax0.0#3"
-            )
-        return "cxl", path, int(parts.fragment)
-    if parts.scheme == "tcp":
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None:
-            raise UsageError(f"bad TCP address {address!r}", fix="write tcp://<host>:<port>, e.g. tcp://127.0.0.1:9471")
-        return "tcp", parts.hostname, port
-    raise UsageError(f"unknown address scheme in {address!r}", fix="use cxl://<pool path>#<ring> or tcp://<host>:<port>")
+# A writer stops at this fraction of the server's writer window: the server reclaims only after
+# the whole window from when it granted, which is after the client sent; the rest is clock slack.
+WRITER_WINDOW_SHARE = 0.9
 
 
 def connect(
@@ -106,30 +101,22 @@ def connect(
 ) -> KVIndexClient:
     """Connect to the metadata server and learn its epoch.
 
-    `address` is "cxl://<pool path>#<ring index>" or "tcp://host:port". For CXL, pass an open
-    `pool` to share one mapping (otherwise the pool path is mapped here, geometry from its header).
-    Raises MetadataUnavailable when the server does not answer within `timeout_s`.
+    `address` is "cxl://<pool path>#<ring index>" or "tcp://host:port" (any scheme registered in
+    rpc/transport.py). For CXL, pass an open `pool` to share one mapping (otherwise the pool path is
+    mapped here, geometry from its header). Raises MetadataUnavailable when the server does not
+    answer within `timeout_s`, UsageError for a malformed address.
     """
-    kind, where, num = parse_address(address)
-    owned_pool = None
+    cls = transport_for(address)
     try:
-        if kind == "cxl":
-            if pool is None:
-                from belugactl.pool.mapping import PoolMapping
-
-                pool = owned_pool = PoolMapping.open(where)
-            transport: CxlTransport | TcpTransport = CxlTransport(pool, num)
-            cid = num if client_id is None else client_id
-        else:
-            transport = TcpTransport(where, num, timeout_s=timeout_s)
-            cid = os.getpid() if client_id is None else client_id
+        transport = cls.open(address, pool=pool, timeout_s=timeout_s)
     except TransportError as exc:
         raise MetadataUnavailable(
             f"metadata server at {address} is unreachable",
             why=str(exc),
             fix="start it: belugactl metadata-server -f rack.yaml",
         ) from None
-    client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s, owned_pool=owned_pool)
+    cid = transport.default_client_id() if client_id is None else client_id
+    client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s)
     try:
         client.reconnect()
     except BaseException:
@@ -141,24 +128,23 @@ def connect(
 class KVIndexClient:
     def __init__(
         self,
-        transport: CxlTransport | TcpTransport,
+        transport: ClientTransport,
         *,
         address: str,
         client_id: int,
         timeout_s: float,
-        owned_pool: PoolMapping | None = None,
     ) -> None:
         self.transport = transport
         self.address = address
         self.client_id = client_id
         self.timeout_s = timeout_s
         self._timeout_ns = int(timeout_s * 1e9)
-        self._owned_pool = owned_pool
         self.epoch = 0
         self._epoch32 = 0
         self._ns: dict[str, int] = {}
         self._stale = False
-        self._pool = transport.pool if isinstance(transport, CxlTransport) else None
+        self._pool = transport.pool
+        self.writer_window_s = 0.0  # from HELLO: how long a writer may use a reservation
         self._lookup_cap: dict[int, int] = {}
 
     # --- connection ---------------------------------------------------------------------------
@@ -167,20 +153,19 @@ class KVIndexClient:
 
         Call after StaleEpoch (having dropped every lease id and token) or MetadataUnavailable.
         """
-        cxl = isinstance(self.transport, CxlTransport)
+        t = self.transport
         try:
-            if self.transport.broken or self._stale or self.epoch:
-                self.transport.reset()
-            if cxl:
-                self.transport.fence_epoch = None  # HELLO is how we learn the new epoch
-            code, _e, payload = self.transport.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
+            if t.broken or self._stale or self.epoch:
+                t.reset()
+            t.forget_epoch()  # HELLO is how we learn the new epoch
+            code, _e, payload = t.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         if code != Code.OK:
             raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
-        epoch, _pid, _maxp = p.decode_hello_reply(payload)
-        if cxl:
-            self.transport.fence_epoch = epoch
+        epoch, _pid, max_payload, window_ms = p.decode_hello_reply(payload)
+        t.adopt(epoch, max_payload)
+        self.writer_window_s = (window_ms or p.DEFAULT_WRITER_WINDOW_MS) / 1000
         self.epoch = epoch
         self._epoch32 = epoch & 0xFFFFFFFF
         self._ns.clear()
@@ -237,6 +222,8 @@ class KVIndexClient:
             return PoolFull(what, why="no space in the shared KV area, even after eviction")
         if code == Code.EXISTS:
             return AlreadyPresent(what, why="the key is committed, or another client is writing it")
+        if code == Code.NOT_OWNER:
+            return NotOwner(what, why="the token or lease was granted to another ring or connection")
         if code == Code.NO_RESERVATION:
             return ReservationExpired(what, why="the reservation timed out and was reclaimed, or was never issued")
         if code == Code.TOO_BIG:
@@ -320,8 +307,21 @@ class KVIndexClient:
 
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Reservation:
         ns = self._ns_id(namespace)
+        asked = time.monotonic()  # before sending: the server's clock for this reservation starts later
         token, extents = p.decode_reserve_reply(self._call(Op.RESERVE, p.encode_reserve(ns, key, nbytes)))
-        return Reservation(token, extents, nbytes)
+        return Reservation(token, extents, nbytes, asked + WRITER_WINDOW_SHARE * self.writer_window_s, self.epoch)
+
+    def writable(self, r: Reservation) -> bool:
+        """May the caller (still) write into `r`'s extents? Check before each batch of writes.
+
+        False once its deadline passed or the server restarted (the pool's epoch moved, read from
+        the pool header where the transport can see it): the server may hand the extents to
+        someone else, so abandon the reservation without writing.
+        """
+        if time.monotonic() >= r.deadline or self._stale or r.epoch != self.epoch:
+            return False
+        current = self.transport.current_epoch()
+        return current is None or current == r.epoch
 
     def commit(self, token: int) -> None:
         self._call(Op.COMMIT, p.encode_u64(token))
@@ -329,11 +329,22 @@ class KVIndexClient:
     def abort(self, token: int) -> None:
         self._call(Op.ABORT, p.encode_u64(token))
 
-    def release(self, lease_ids: Sequence[int]) -> None:
+    def release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> int:
+        """End leases early; returns how many were still live (one that expired counts 0: its
+        block may have been evicted and its extents reused, so bytes copied under it are suspect).
+
+        Raises NotOwner if one of them was granted to another ring or connection (that request's
+        leases are then left alone), unless `handed_over`: the client that got them passed them
+        on (the vLLM scheduler to a worker) and this client is done with them.
+        """
         per_call = max(1, p.release_capacity(self.transport.max_payload))
         ids = [i for i in lease_ids if i]
+        flags = p.RELEASE_HANDED_OVER if handed_over else 0
+        released = 0
         for start in range(0, len(ids), per_call):
-            self._call(Op.RELEASE, p.encode_release(ids[start : start + per_call]))
+            reply = self._call(Op.RELEASE, p.encode_release(ids[start : start + per_call], flags))
+            released += p.decode_u32(reply, "RELEASE reply")
+        return released
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""
@@ -359,9 +370,6 @@ class KVIndexClient:
 
     def close(self) -> None:
         self.transport.close()
-        if self._owned_pool is not None:
-            self._owned_pool.close()
-            self._owned_pool = None
 
     def __enter__(self) -> KVIndexClient:
         return self

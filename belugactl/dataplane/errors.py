@@ -38,6 +38,10 @@ class ReservationExpired(MetadataError):
     """`commit`/`abort` of a token the server no longer knows (timed out and reclaimed, or never issued)."""
 
 
+class NotOwner(MetadataError):
+    """`commit`/`abort`/`release` of a token or lease another ring or connection got: refused, nothing changed."""
+
+
 class RequestRejected(MetadataError):
     """The server refused a malformed request (bad length, opcode, arguments)."""
 

@@ -13,9 +13,18 @@ import re
 import uuid as uuid_mod
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from belugactl.units import MiB, SizeParseError, is_power_of_two, parse_size
+from belugactl.units import KiB, MiB, SizeParseError, is_power_of_two, parse_size
 
 SUPPORTED_VERSIONS = (1,)
 MAX_HOSTS = 16  # one CXL switch domain in Beluga
@@ -418,6 +427,14 @@ def _port(value: int) -> int:
     return value
 
 
+TCP_LIMIT_RANGES: dict[str, tuple[int, int]] = {
+    "tcp_max_connections": (1, 65536),
+    "tcp_idle_timeout_s": (1, 86400),
+    "tcp_max_buffered": (4 * KiB, 64 * MiB),
+    "tcp_accept_backoff_ms": (1, 60000),
+}
+
+
 class MetadataServe(Strict):
     host: str | None = None  # defaults to the host with the metadata role
     admin_bind: str = "127.0.0.1"
@@ -435,6 +452,20 @@ class MetadataServe(Strict):
     def _max_ns(cls, value: int) -> int:
         if not 1 <= value <= 1 << 20:
             raise ValueError("max_namespaces must be between 1 and 1048576")
+        return value
+
+    # TCP listener limits (a client cannot make the server run out of memory or descriptors).
+    tcp_max_connections: Int = 256
+    tcp_idle_timeout_s: Int = 300
+    tcp_max_buffered: Size = 256 * KiB  # per connection: one frame's bytes, so also the TCP max payload
+    tcp_accept_backoff_ms: Int = 200  # accept() failing with EMFILE/ENFILE: pause accepting this long
+
+    @field_validator("tcp_max_connections", "tcp_idle_timeout_s", "tcp_max_buffered", "tcp_accept_backoff_ms")
+    @classmethod
+    def _tcp_limits(cls, value: int, info: ValidationInfo) -> int:
+        lo, hi = TCP_LIMIT_RANGES[info.field_name]
+        if not lo <= value <= hi:
+            raise ValueError(f"{info.field_name} must be between {lo} and {hi}, got {value}")
         return value
 
     @field_validator("admin_bind", "rpc_bind")

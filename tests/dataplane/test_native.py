@@ -8,6 +8,7 @@ from array import array
 import pytest
 
 from belugactl.dataplane import native
+from tests.dataplane.conftest import native_param
 
 IMPLS = [
     pytest.param(
@@ -24,23 +25,7 @@ IMPLS = [
         id="python",
     )
 ]
-if native._native is not None:
-    n = native._native
-    IMPLS.append(
-        pytest.param(
-            {
-                "load64": n.load64,
-                "store64": n.store64,
-                "cas64": n.cas64,
-                "fetch_add64": n.fetch_add64,
-                "wait64": n.wait64,
-                "flush": n.flush,
-                "copy": n.copy,
-                "gather": n.gather,
-            },
-            id="native",
-        )
-    )
+IMPLS.append(native_param())
 
 
 @pytest.fixture
@@ -82,9 +67,8 @@ def test_out_of_range_is_refused(impl, shared) -> None:
         impl["gather"](shared, bytearray(100), array("q", [0, size - 1, 2]), False)
 
 
+@pytest.mark.native
 def test_native_rejects_unaligned_words(shared) -> None:
-    if native._native is None:
-        pytest.skip("native helper not built")
     with pytest.raises(ValueError):
         native._native.load64(shared, 4)
 
@@ -138,16 +122,14 @@ def _check_nt_copies() -> None:
             assert dst[:doff] == b"\xee" * doff and dst[doff + size :] == b"\xee" * (200 - doff)
 
 
+@pytest.mark.native
 def test_nontemporal_copy_is_exact_around_every_kernel_step() -> None:
-    if native._native is None:
-        pytest.skip("native helper not built")
     _check_nt_copies()
 
 
+@pytest.mark.native
 def test_sse2_kernel_is_exact_too() -> None:
     """The kernel for CPUs without AVX2, forced on this one in a fresh process."""
-    if native._native is None:
-        pytest.skip("native helper not built")
     import subprocess
     import sys
     from pathlib import Path
@@ -165,8 +147,7 @@ def test_sse2_kernel_is_exact_too() -> None:
 
 
 GATHER_BLOCKS = [pytest.param(native._py_gather_blocks, id="python")]
-if native._native is not None:
-    GATHER_BLOCKS.append(pytest.param(native._native.gather_blocks, id="native"))
+GATHER_BLOCKS.append(native_param(lambda *a: native._native.gather_blocks(*a)))
 
 # Three pieces per block: two from a [K|V][block][piece] region (K and V a whole region apart)
 # and one from a [block][piece] region; 6 blocks.

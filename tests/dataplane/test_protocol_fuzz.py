@@ -53,11 +53,13 @@ def test_reply_that_does_not_fit_the_slot_gives_the_space_back() -> None:
     s = MetadataService(KVIndex(Allocator(CHUNK, 64 * CHUNK)), epoch=1)
     ns = p.decode_u32(s.handle(Op.OPEN_NS, 1, p.encode_name("ns"), 64)[1], "ns")
     # Fragment the area so a big block needs many extents, then ask for it with a tiny reply budget.
+    tokens = []
     for i in range(60):
-        s.handle(Op.RESERVE, 1, p.encode_reserve(ns, bytes([i]) * 8, CHUNK), 4096)
+        _code, rep = s.handle(Op.RESERVE, 1, p.encode_reserve(ns, bytes([i]) * 8, CHUNK), 4096)
+        tokens.append(p.decode_reserve_reply(rep)[0])
     used = s.index.alloc.used
-    for i in range(0, 60, 2):
-        s.index.abort(i + 1)
+    for token in tokens[::2]:
+        s.index.abort(token)
     code, _ = s.handle(Op.RESERVE, 1, p.encode_reserve(ns, b"big" * 4, 20 * CHUNK), 64)
     assert code == Code.TOO_BIG
     assert s.index.alloc.used == used - 30 * CHUNK
@@ -107,3 +109,10 @@ def test_get_many_answers_in_order_and_stops_where_the_reply_is_full() -> None:
     code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4 + 2 * (18 + 16))
     assert code == 0 and len(p.decode_get_many_reply(rep)) == 2
     assert len(s.index.leases) == leases_before + 2
+
+
+def test_hello_reply_of_an_older_server_reads_as_an_unknown_writer_window() -> None:
+    import struct
+
+    assert p.decode_hello_reply(struct.pack("<QII", 5, 42, 224)) == (5, 42, 224, 0)
+    assert p.decode_hello_reply(p.encode_hello_reply(5, 42, 224, 30000)) == (5, 42, 224, 30000)

@@ -179,8 +179,9 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
         assert lo.returncode == 0, lo.stderr
         t0 = time.monotonic()
         log, pidfile = f"{GUEST_SHARE}/rpc-mds.log", f"{GUEST_SHARE}/rpc-mds.pid"
-        start = rack.sh("lab-1", sys.executable, "-c", LAUNCH, log, pidfile, "belugactl", "metadata-server",
-                        "-f", MANIFEST, "--pool", DAX, "--fence-grace", "1", "--json")  # fmt: skip
+        # `python -m belugactl`, not the console script: the code under test, whatever is installed.
+        start = rack.sh("lab-1", sys.executable, "-c", LAUNCH, log, pidfile, sys.executable, "-m", "belugactl",
+                        "metadata-server", "-f", MANIFEST, "--pool", DAX, "--fence-grace", "1", "--json")  # fmt: skip
         assert start.returncode == 0, start.stderr
         rack.server_pid = int(start.stdout.strip())
         # lab-2 joins while the server starts (as a worker joins a running rack): its setup verifies

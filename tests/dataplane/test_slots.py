@@ -92,7 +92,7 @@ def test_requests_left_by_a_dead_server_are_answered_stale_by_the_next(pool_path
     t.submit(Op.PING, server.epoch, b"orphan")  # the server dies before serving it
     server.close()  # as a killed process would, it lets go of the pool lock
     pool2, server2 = make_server(pool_path)
-    assert server2.epoch == server.epoch + 1 and server2.stale_fenced == 1
+    assert server2.epoch == server.epoch + 1 and server2.ring.stale_fenced == 1
     assert t.collect(NS)[0] == Code.STALE_EPOCH
     server2.close()
     pool2.close()
@@ -153,8 +153,8 @@ def test_flush_mode_round_trips(pool_path: Path, fast: bool) -> None:
     server.index.commit(token)
     for _ in range(2 * pool.geometry.slots_per_ring):
         t.submit(Op.LOOKUP_PREFIX, server.epoch, p.encode_lookup(ns, [b"k" * 32]))
-        if fast and server._fast is not None:
-            served, stop = server._fast_burst(0, NS)
+        if fast and server.ring._fast is not None:
+            served, stop = server.ring.fast_burst(0, NS)
             assert served == 1 and stop == -1
         else:
             assert server.poll_once(NS)
@@ -212,7 +212,7 @@ def test_a_ring_out_of_step_is_resynced_by_housekeeping(pool_path: Path) -> None
     t.submit(Op.PING, server.epoch, b"lost")
     assert not server.poll_once(0)  # nobody watches slot 5
     server.housekeeping()
-    assert server.rings_resynced == 1
+    assert server.ring.rings_resynced == 1
     assert server.poll_once(NS) and t.collect(NS)[2] == b"lost"
     server.close()
     pool.close()

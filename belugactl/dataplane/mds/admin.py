@@ -7,14 +7,21 @@ housekeeping tick, ~100 ms) plus plain integer counters, so it never races the i
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
+
+ADMIN_TIMEOUT_S = 5.0  # per request: reading it and writing the answer
+ADMIN_MAX_CLIENTS = 16  # handler threads at once; more connections are closed at once
+ADMIN_ACCEPT_BACKOFF_S = 0.2
 
 
 class _Collector:
@@ -29,6 +36,7 @@ class _Collector:
         snap = self.server.snapshot
         idx = snap.get("index", {})
         req = snap.get("requests", {})
+        tcp = snap.get("tcp", {})
         g = GaugeMetricFamily("beluga_mds_pool_bytes", "Shared KV area bytes by state", labels=["state"])
         g.add_metric(["used"], idx.get("bytes_used", 0))
         g.add_metric(["free"], idx.get("bytes_free", 0))
@@ -54,6 +62,15 @@ class _Collector:
             ),
             ("beluga_mds_pool_full", "Reservations refused for lack of space", idx.get("pool_full", 0)),
             ("beluga_mds_bad_slots", "CXL-RPC slots rejected (magic, sequence, length)", req.get("bad_slots", 0)),
+            (
+                "beluga_mds_foreign_refused",
+                "COMMIT/ABORT/RELEASE of another ring's or connection's token or lease, refused",
+                req.get("foreign_refused", 0),
+            ),
+            ("beluga_mds_tcp_refused", "TCP connections closed over the cap", tcp.get("refused_over_cap", 0)),
+            ("beluga_mds_tcp_closed_idle", "TCP connections closed after the idle timeout", tcp.get("closed_idle", 0)),
+            ("beluga_mds_tcp_closed_oversize", "TCP connections closed: oversize frame", tcp.get("closed_oversize", 0)),
+            ("beluga_mds_tcp_accept_backoffs", "accept() out of descriptors: pauses", tcp.get("accept_backoffs", 0)),
         ):
             c = CounterMetricFamily(name, help_)
             c.add_metric([], value)
@@ -90,6 +107,49 @@ class _Collector:
         ready = GaugeMetricFamily("beluga_mds_ready", "1 when the server accepts index operations")
         ready.add_metric([], 1 if snap.get("ready") else 0)
         yield ready
+
+
+class _AdminServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with bounded threads, EMFILE back-off and quiet client errors."""
+
+    # A bounded number of handler threads, each with a socket timeout: an idle or slow client
+    # costs one thread for ADMIN_TIMEOUT_S at most, and a flood is closed, not queued.
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(ADMIN_MAX_CLIENTS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(ADMIN_ACCEPT_BACKOFF_S)  # out of descriptors: wait, do not spin
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # the client went away or timed out: not the server's problem
+            return
+        print(f"metadata server: admin request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
 
 
 def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPServer:
@@ -138,11 +198,8 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
             else:
                 self._send(404, b'{"error": "not found"}')
 
-    class Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-
-    httpd = Server((bind, port), Handler)
-    httpd.daemon_threads = True
+    Handler.timeout = ADMIN_TIMEOUT_S
+    httpd = _AdminServer((bind, port), Handler)
     thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)
     thread.start()
     return httpd

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from belugactl.dataplane.mds.allocator import Allocation, Allocator
+from belugactl.dataplane.mds.ownership import new_token
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
 
@@ -57,6 +58,7 @@ class Pending:
     key: Key
     alloc: Allocation
     deadline: float
+    owner: int = 0  # the ring or connection that reserved it (mds/ownership.py)
 
 
 class _LeaseBurst:
@@ -109,6 +111,7 @@ class Counters:
     pool_full: int = 0
     hits: int = 0
     misses: int = 0
+    foreign_refused: int = 0  # COMMIT/ABORT/RELEASE of another owner's token or lease
 
 
 class KVIndex:
@@ -141,7 +144,6 @@ class KVIndex:
         # instead of scanning every live lease.
         self._lease_q: deque[tuple[float, int]] = deque()
         self._pending_q: deque[tuple[float, int]] = deque()
-        self._tokens = itertools.count(1)
         self.next_lease = 1  # shared with the native fast path, which grants leases too
         # Leases granted by the native fast path, one record per burst, in id (and deadline) order.
         self._bursts: list[_LeaseBurst] = []
@@ -347,7 +349,7 @@ class KVIndex:
             self._free(e.alloc)
 
     # --- writes -------------------------------------------------------------------------------
-    def reserve(self, ns: int, key: bytes, nbytes: int) -> tuple[int, Allocation]:
+    def reserve(self, ns: int, key: bytes, nbytes: int, owner: int = 0) -> tuple[int, Allocation]:
         self._check_ns(ns)
         k = (ns, key)
         if k in self.entries:
@@ -364,19 +366,28 @@ class KVIndex:
         if a is None:
             self.counters.pool_full += 1
             raise IndexError_("POOL_FULL", "no space, and evicting unleased blocks would not make room")
-        token = next(self._tokens)
+        token = new_token(self.pending)
         deadline = self.clock() + self.config.reservation_ttl_s
-        self.pending[token] = Pending(k, a, deadline)
+        self.pending[token] = Pending(k, a, deadline, owner)
         self._pending_q.append((deadline, token))
         self.pending_keys[k] = token
         self._ns_add(ns)
         return token, a
 
-    def commit(self, token: int) -> None:
-        p = self.pending.pop(token, None)
+    def _take_pending(self, token: int, owner: int | None) -> Pending:
+        """The reservation `token` names, if `owner` (None: the server itself) may finish it."""
+        p = self.pending.get(token)
         if p is None:
             raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
+        if owner is not None and p.owner != owner:
+            self.counters.foreign_refused += 1
+            raise IndexError_("NOT_OWNER", f"reservation {token} belongs to another ring or connection")
+        del self.pending[token]
         del self.pending_keys[p.key]
+        return p
+
+    def commit(self, token: int, owner: int | None = None) -> None:
+        p = self._take_pending(token, owner)
         e = Entry(p.key, p.alloc, id=next(self._entry_ids))
         if self.journal is not None:
             self.journal.committed(e)  # on media before anyone hears "committed"
@@ -391,11 +402,8 @@ class KVIndex:
         if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
             self.evict()
 
-    def abort(self, token: int) -> None:
-        p = self.pending.pop(token, None)
-        if p is None:
-            raise IndexError_("NO_RESERVATION", f"reservation {token} is unknown or was reclaimed")
-        del self.pending_keys[p.key]
+    def abort(self, token: int, owner: int | None = None) -> None:
+        p = self._take_pending(token, owner)
         self.counters.aborts += 1
         self._ns_sub(p.key[0])
         self._free(p.alloc)

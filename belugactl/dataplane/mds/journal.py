@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 from belugactl.dataplane import native
 
 if TYPE_CHECKING:
-    from belugactl.dataplane.mds.index import Entry
+    from belugactl.dataplane.mds.allocator import Allocator
+    from belugactl.dataplane.mds.index import Entry, KVIndex
     from belugactl.pool.mapping import PoolMapping
 
 MAGIC = b"BLGJRNL1"
@@ -177,3 +178,77 @@ class Journal:
         native.store64(self.pool.buf, self.offset + 8, self.generation << 1 | half, self.pool.needs_flush)
         self.half = half
         self.compactions += 1
+
+
+# --- the server's use of the journal (restart policy "journal") -----------------------------------
+class JournalKeeper:
+    """Rebuilds the index from the journal at start, then journals every commit and removal.
+
+    The index calls `committed(entry)` / `removed(entry)` (it holds this object as `index.journal`).
+    If the journal overflows, journaling stops and the journal on media is invalidated: a stale
+    one could restore blocks whose space was handed out again after it stopped.
+    """
+
+    def __init__(self, pool: PoolMapping, offset: int, size: int, index: KVIndex, allocator: Allocator) -> None:
+        self.pool = pool
+        self.offset = offset
+        self.index = index
+        self.allocator = allocator
+        self.journal: Journal | None = Journal(pool, offset, size)
+        self.note = ""
+        self.restored_entries = 0
+
+    def rebuild(self) -> None:
+        """Replay the journal into the (empty) index, compact it, and journal from now on."""
+        journal = self.journal
+        assert journal is not None
+        live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
+        for rec in journal.read():
+            if rec.kind == COMMIT:
+                live[(rec.ns, rec.key)] = (rec.nbytes, [(int(s), int(o)) for s, o in rec.blocks or []])
+            else:
+                live.pop((rec.ns, rec.key), None)
+        try:
+            allocs = self.allocator.restore(list(live.values()))
+        except ValueError as exc:
+            self.note = f"journal inconsistent ({exc}); started empty"
+            allocs, live = [], {}
+        self.index.restore([(ns, key, a) for (ns, key), a in zip(live, allocs, strict=True)])
+        self.restored_entries = len(live)
+        try:
+            journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
+        except JournalFull as exc:
+            self.off(f"{exc}; journaling disabled")
+            return
+        self.index.journal = self
+
+    def committed(self, e: Entry) -> None:
+        names = self.index.ns_names
+        self._append(encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks))
+
+    def removed(self, e: Entry) -> None:
+        self._append(encode_remove(self.index.ns_names[e.key[0]], e.key[1]))
+
+    def _append(self, body: bytes) -> None:
+        if self.journal is None:
+            return
+        index = self.index
+        try:
+            self.journal.append(body, lambda: list(index.entries.values()), index.ns_names)
+        except JournalFull as exc:
+            self.off(f"{exc}; journaling disabled, the next start will be empty")
+
+    def off(self, why: str) -> None:
+        self.pool.write(self.offset, bytes(len(MAGIC)))
+        self.index.journal = None
+        self.journal = None
+        self.note = why
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "active": self.journal is not None,
+            "restored_entries": self.restored_entries,
+            "records_written": self.journal.records_written if self.journal else 0,
+            "compactions": self.journal.compactions if self.journal else 0,
+            "note": self.note,
+        }

@@ -14,6 +14,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from belugactl.dataplane.mds.index import IndexError_, KVIndex
+from belugactl.dataplane.mds.ownership import LeaseCodec
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op, ProtocolError
 
@@ -45,8 +46,18 @@ _LOOKUP_HDR = struct.Struct("<IHH")
 
 
 class MetadataService:
-    def __init__(self, index: KVIndex, *, epoch: int, ready: bool = True) -> None:
+    def __init__(
+        self, index: KVIndex, *, epoch: int, ready: bool = True, leases: LeaseCodec | None = None
+    ) -> None:
         self.index = index
+        # Lease ids on the wire are leases.encode(sequence, owner); the index counts in sequences.
+        self.leases = leases or LeaseCodec()
+        # Set by fencing: RESERVE answers NOT_READY while an earlier epoch's writers may still write.
+        self.reserve_blocked = ""
+        self.on_reserve: Callable[[], None] | None = None  # fencing records the writers' deadline
+        self.released_handed_over = 0  # leases released by a client they were handed to
+        # How long a writer may write into a reservation, from before it asked (HELLO tells it).
+        self.writer_window_ms = int(index.config.reservation_ttl_s * 1000)
         self.epoch = epoch
         self.epoch32 = epoch & 0xFFFFFFFF
         # A plain flag (the server flips it when the fencing grace ends): checked on every request.
@@ -63,7 +74,7 @@ class MetadataService:
         self.pid = os.getpid()
         names = {int(o): o.name for o in Op}
         self._names = names
-        self._dispatch: dict[int, Callable[[memoryview | bytes, int], tuple[int, bytes]]] = {
+        self._dispatch: dict[int, Callable[[memoryview | bytes, int, int], tuple[int, bytes]]] = {
             Op.HELLO: self._hello,
             Op.OPEN_NS: self._open_ns,
             Op.LOOKUP_PREFIX: self._lookup,
@@ -84,8 +95,10 @@ class MetadataService:
         self.errors[code.name] = self.errors.get(code.name, 0) + 1
         return int(code), b""
 
-    def handle(self, op: int, req_epoch: int, payload: memoryview | bytes, max_reply: int) -> tuple[int, bytes]:
-        """Serve one request; never raises for anything the client controls."""
+    def handle(
+        self, op: int, req_epoch: int, payload: memoryview | bytes, max_reply: int, owner: int = 0
+    ) -> tuple[int, bytes]:
+        """Serve one request from `owner` (its ring or connection); never raises for anything the client controls."""
         self.requests += 1
         fn = self._dispatch.get(op)
         if fn is None:
@@ -97,7 +110,7 @@ class MetadataService:
             if not self.ready:
                 return self.error(Code.NOT_READY)
         try:
-            code, reply = fn(payload, max_reply)
+            code, reply = fn(payload, max_reply, owner)
         except ProtocolError as exc:
             return self.error(exc.code)
         except IndexError_ as exc:
@@ -111,33 +124,36 @@ class MetadataService:
         return code, reply
 
     # --- handlers -----------------------------------------------------------------------------
-    def _hello(self, data, max_reply: int) -> tuple[int, bytes]:
+    def _hello(self, data, max_reply: int, _owner: int) -> tuple[int, bytes]:
         p.decode_hello(data)
-        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply)
+        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms)
 
-    def _open_ns(self, data, _max: int) -> tuple[int, bytes]:
+    def _open_ns(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, p.encode_u32(self.index.open_namespace(p.decode_name(data)))
 
-    def _lookup(self, data, _max: int) -> tuple[int, bytes]:
+    def _lease_id(self, seq: int, owner: int) -> int:
+        return self.leases.encode(seq, owner) if seq else 0
+
+    def _lookup(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         # The hot request: a one-key lookup skips the general decoder's list building.
         if len(data) >= 8:
             ns, count, klen = _LOOKUP_HDR.unpack_from(data, 0)
             if count == 1 and 0 < klen <= p.MAX_KEY and len(data) >= 8 + klen:
                 count, lease = self.index.lookup_prefix(ns, (bytes(data[8 : 8 + klen]),))
-                return 0, p.encode_lookup_reply(count, lease)
+                return 0, p.encode_lookup_reply(count, self._lease_id(lease, owner))
         ns, keys = p.decode_lookup(data)
         count, lease = self.index.lookup_prefix(ns, keys)
-        return 0, p.encode_lookup_reply(count, lease)
+        return 0, p.encode_lookup_reply(count, self._lease_id(lease, owner))
 
-    def _get(self, data, max_reply: int) -> tuple[int, bytes]:
+    def _get(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
         ns, key = p.decode_key(data, "GET")
         found = self.index.get(ns, key)
         if found is None:
             return int(Code.NOT_FOUND), b""
         entry, lease = found
-        return 0, p.encode_get_reply(lease, entry.alloc.nbytes, entry.alloc.extents)
+        return 0, p.encode_get_reply(self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents)
 
-    def _get_many(self, data, max_reply: int) -> tuple[int, bytes]:
+    def _get_many(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
         """Locations of several keys (same LOOKUP_PREFIX request layout), as many as fit the reply;
         the client asks again for the rest. An absent key answers lease 0 and no extents."""
         ns, keys = p.decode_lookup(data)
@@ -150,7 +166,7 @@ class MetadataService:
                 item = p.encode_get_many_item(0, 0, ())
             else:
                 entry, lease = found
-                item = p.encode_get_many_item(lease, entry.alloc.nbytes, entry.alloc.extents)
+                item = p.encode_get_many_item(self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents)
                 if size + len(item) > max_reply:
                     index.release([lease])  # not answered: do not keep it leased
                     break
@@ -162,9 +178,13 @@ class MetadataService:
             return int(Code.TOO_BIG), b""
         return 0, struct.pack("<HH", len(items), 0) + b"".join(items)
 
-    def _reserve(self, data, max_reply: int) -> tuple[int, bytes]:
+    def _reserve(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
+        if self.reserve_blocked:
+            return int(Code.NOT_READY), b""
         ns, key, nbytes = p.decode_reserve(data)
-        token, alloc = self.index.reserve(ns, key, nbytes)
+        token, alloc = self.index.reserve(ns, key, nbytes, owner)
+        if self.on_reserve is not None:
+            self.on_reserve()
         if len(alloc.extents) > p.extents_capacity(max_reply):
             # The reply could not carry the extents: give the space back rather than leak it.
             self.index.abort(token)
@@ -172,28 +192,43 @@ class MetadataService:
             return int(Code.TOO_BIG), b""
         return 0, p.encode_reserve_reply(token, alloc.extents)
 
-    def _commit(self, data, _max: int) -> tuple[int, bytes]:
-        self.index.commit(p.decode_u64(data, "COMMIT"))
+    def _commit(self, data, _max: int, owner: int) -> tuple[int, bytes]:
+        self.index.commit(p.decode_u64(data, "COMMIT"), owner)
         return 0, b""
 
-    def _abort(self, data, _max: int) -> tuple[int, bytes]:
-        self.index.abort(p.decode_u64(data, "ABORT"))
+    def _abort(self, data, _max: int, owner: int) -> tuple[int, bytes]:
+        self.index.abort(p.decode_u64(data, "ABORT"), owner)
         return 0, b""
 
-    def _release(self, data, _max: int) -> tuple[int, bytes]:
-        return 0, p.encode_u32(self.index.release(p.decode_release(data)))
+    def _release(self, data, _max: int, owner: int) -> tuple[int, bytes]:
+        """All or nothing: one id granted to another owner refuses the whole request (NOT_OWNER),
+        unless the client says the leases were handed to it (RELEASE_HANDED_OVER, counted)."""
+        lease_ids, flags = p.decode_release_flags(data)
+        handed_over = bool(flags & p.RELEASE_HANDED_OVER)
+        seqs = []
+        foreign = 0
+        for lease_id in lease_ids:
+            seq, lease_owner = self.leases.decode(lease_id)
+            if lease_owner != owner:
+                foreign += 1
+                if not handed_over:
+                    self.index.counters.foreign_refused += 1
+                    return int(Code.NOT_OWNER), b""
+            seqs.append(seq)
+        self.released_handed_over += foreign
+        return 0, p.encode_u32(self.index.release(seqs))
 
-    def _delete(self, data, _max: int) -> tuple[int, bytes]:
+    def _delete(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         ns, key = p.decode_key(data, "DELETE")
         return (0 if self.index.delete(ns, key) else int(Code.NOT_FOUND)), b""
 
-    def _clear(self, data, _max: int) -> tuple[int, bytes]:
+    def _clear(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, p.encode_u64(self.index.clear_namespace(p.decode_u32(data, "CLEAR_NS")))
 
-    def _stats(self, data, _max: int) -> tuple[int, bytes]:
+    def _stats(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, p.encode_stats(self.stats_counters())
 
-    def _ping(self, data, _max: int) -> tuple[int, bytes]:
+    def _ping(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, bytes(data)
 
     @property

@@ -41,6 +41,10 @@ TCP_MAX_PAYLOAD = 1 << 20
 MAX_KEY = 255
 MAX_NAMESPACE = 255
 
+# A lease id is a keyed permutation of (sequence << LEASE_OWNER_BITS | owner): the owner is the
+# ring index (CXL) or a connection number (TCP) the lease was granted to (mds/ownership.py).
+LEASE_OWNER_BITS = 20
+
 
 class Op(IntEnum):
     HELLO = 1
@@ -74,7 +78,8 @@ class Code(IntEnum):
     BAD_SEQ = 12
     INTERNAL = 13
     UNKNOWN_NS = 14
-    NS_LIMIT = 15  # max_namespaces namespaces are open and none is idle and empty
+    NOT_OWNER = 15  # COMMIT/ABORT/RELEASE of a token or lease another ring/connection got
+    NS_LIMIT = 16  # max_namespaces namespaces are open and none is idle and empty
 
 
 OPS = frozenset(int(o) for o in Op)
@@ -96,7 +101,7 @@ def pack_header(buf, offset: int, *, status: int, seq: int, epoch: int, op: int,
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HELLO_REQ = struct.Struct("<II")  # client_id, flags
-_HELLO_REP = struct.Struct("<QII")  # full epoch, server pid, max payload
+_HELLO_REP = struct.Struct("<QIII")  # full epoch, server pid, max payload, writer window (ms)
 _LOOKUP_REQ = struct.Struct("<IHH")  # ns, count, key length
 _LOOKUP_REP = struct.Struct("<IIQ")  # present count, pad, lease id
 _KEY_REQ = struct.Struct("<IH")  # ns, key length
@@ -104,7 +109,10 @@ _RESERVE_REQ = struct.Struct("<IHHQ")  # ns, key length, pad, nbytes
 _GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, pad, pad
 _RESERVE_REP = struct.Struct("<QHHI")  # token, extent count, pad, pad
 _EXTENT = struct.Struct("<QQ")
-_RELEASE_REQ = struct.Struct("<HHI")  # count, pad, pad
+_RELEASE_REQ = struct.Struct("<HHI")  # count, flags, pad
+# RELEASE flag: the leases were handed to this client by the one that got them (the vLLM scheduler
+# looks blocks up, a worker copies and releases). Without it a lease of another owner is refused.
+RELEASE_HANDED_OVER = 1
 
 STATS_FIELDS: tuple[str, ...] = (
     "epoch",
@@ -139,13 +147,22 @@ def decode_hello(data) -> tuple[int, int]:
     return _HELLO_REQ.unpack_from(data, 0)
 
 
-def encode_hello_reply(epoch: int, pid: int, max_payload: int) -> bytes:
-    return _HELLO_REP.pack(epoch, pid & 0xFFFFFFFF, max_payload)
+def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int) -> bytes:
+    """writer_window_ms: how long after sending RESERVE a writer may still write the extents it got
+    (the client abandons the reservation after that; docs/dataplane.md, "Fencing")."""
+    return _HELLO_REP.pack(epoch, pid & 0xFFFFFFFF, max_payload, writer_window_ms & 0xFFFFFFFF)
 
 
-def decode_hello_reply(data) -> tuple[int, int, int]:
+def decode_hello_reply(data) -> tuple[int, int, int, int]:
+    """(epoch, pid, max payload, writer window ms); a server from before writer windows answers 16
+    bytes: window 0, which clients read as "unknown" (they then assume DEFAULT_WRITER_WINDOW_MS)."""
+    if len(data) == _HELLO_REP.size - 4:
+        return (*struct.unpack_from("<QII", data, 0), 0)
     _need(data, _HELLO_REP.size, "HELLO reply")
     return _HELLO_REP.unpack_from(data, 0)
+
+
+DEFAULT_WRITER_WINDOW_MS = 30_000  # the reservation TTL servers have always defaulted to
 
 
 def encode_name(name: str) -> bytes:
@@ -313,16 +330,20 @@ def release_capacity(max_payload: int) -> int:
     return (max_payload - _RELEASE_REQ.size) // 8
 
 
-def encode_release(lease_ids: Sequence[int]) -> bytes:
-    return _RELEASE_REQ.pack(len(lease_ids), 0, 0) + b"".join(_U64.pack(x) for x in lease_ids)
+def encode_release(lease_ids: Sequence[int], flags: int = 0) -> bytes:
+    return _RELEASE_REQ.pack(len(lease_ids), flags, 0) + b"".join(_U64.pack(x) for x in lease_ids)
 
 
 def decode_release(data) -> list[int]:
+    return decode_release_flags(data)[0]
+
+
+def decode_release_flags(data) -> tuple[list[int], int]:
     _need(data, _RELEASE_REQ.size, "RELEASE")
-    count = _RELEASE_REQ.unpack_from(data, 0)[0]
+    count, flags, _pad = _RELEASE_REQ.unpack_from(data, 0)
     end = _RELEASE_REQ.size + 8 * count
     _need(data, end, "RELEASE")
-    return list(struct.unpack_from(f"<{count}Q", data, _RELEASE_REQ.size))
+    return list(struct.unpack_from(f"<{count}Q", data, _RELEASE_REQ.size)), flags
 
 
 def encode_stats(values: dict[str, int]) -> bytes:

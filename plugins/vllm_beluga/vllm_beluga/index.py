@@ -83,7 +83,7 @@ class BestEffortIndex:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
             name = type(exc).__name__
-            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected"):
+            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected", "NotOwner"):
                 raise
             if name == "StaleEpoch":
                 # The server restarted: our leases and reservations are void; start over.
@@ -113,6 +113,14 @@ class BestEffortIndex:
             self.stats.add("save_skipped_exists" if name == "AlreadyPresent" else "save_skipped_" + name.lower())
             return None
 
+    def writable(self, reservation: Any) -> bool:
+        """May we still write into this reservation (deadline not passed, same epoch)? See fencing."""
+        client = self._client
+        try:
+            return client is not None and bool(client.writable(reservation))
+        except Exception:  # noqa: BLE001 - when in doubt, do not write
+            return False
+
     def commit(self, token: Any) -> bool:
         try:
             return bool(self._call("commit", False, lambda c: (c.commit(token), True)[1]))
@@ -124,11 +132,17 @@ class BestEffortIndex:
         with contextlib.suppress(Exception):  # the server reclaims it after its timeout anyway
             self._call("abort", None, lambda c: c.abort(token))
 
-    def release(self, lease_ids: Sequence[int]) -> None:
+    def release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> int | None:
+        """How many of the leases were still live (None: unknown, the server did not answer).
+
+        `handed_over`: the scheduler got these leases and passed them to this worker."""
         if not lease_ids:
-            return
-        with contextlib.suppress(Exception):  # leases expire on their own
-            self._call("release", None, lambda c: c.release(list(lease_ids)))
+            return 0
+        try:
+            return self._call("release", None, lambda c: c.release(list(lease_ids), handed_over=handed_over))
+        except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
+            self.stats.add("release_failed")
+            return None
 
     def close(self) -> None:
         if self._client is not None:

@@ -52,11 +52,12 @@ class PoolTransfer:
         `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
         (holding their leases); else each key is looked up here. Block ids without a key are failed.
         """
+        handed_over = locations is not None  # the scheduler's leases, passed to us
         if locations is None:
             locations = [locate(self.index, self.namespace, key) for key in keys]
         leases = [loc[1] for loc in locations if loc is not None]
         if self.engine is None:
-            self.index.release(leases)
+            self.index.release(leases, handed_over=handed_over)
             self.stats.add("load_errors", len(block_ids))
             return list(block_ids)
         started = time.perf_counter()
@@ -78,7 +79,13 @@ class PoolTransfer:
             log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
             failed.extend(b for b, _ in batch)
         finally:
-            self.index.release(leases)
+            live = self.index.release(leases, handed_over=handed_over)
+        if live is not None and live < len([x for x in leases if x]) and batch:
+            # A lease ended before we released it: its block may have been evicted and its extents
+            # written by someone else while we copied. Recompute the batch rather than trust it.
+            log.warning("Beluga: %d leases expired during a load: %d blocks recomputed", len(leases) - live, len(batch))
+            self.stats.add("leases_expired_in_load", len(leases) - live)
+            failed.extend(b for b, _ in batch if b not in failed)
         self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
         if failed:
             log.warning("Beluga: %d blocks not loaded (gone from the pool, or a failed copy): recomputed", len(failed))
@@ -96,7 +103,15 @@ class PoolTransfer:
             reservation = self.index.reserve(self.namespace, key, nbytes)
             if reservation is None:
                 continue
-            reserved.append((reservation.token, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+            reserved.append((reservation, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+        # Fencing: write only into reservations whose deadline has not passed under the same epoch;
+        # the others may belong to someone else by now (docs/dataplane.md, "Fencing").
+        stale = [r for r in reserved if not self.index.writable(r[0])]
+        for r in stale:
+            self.index.abort(r[0].token)
+        if stale:
+            self.stats.add("save_skipped_fenced", len(stale))
+        reserved = [(r.token, b, e) for r, b, e in reserved if r not in stale]
         committed = 0
         if reserved:
             try:

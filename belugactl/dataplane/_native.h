@@ -1,0 +1,114 @@
+/* Shared by the native helper's C files (one extension, several translation units): includes,
+ * CPU features, fences, cache-line flushes, clocks and the bounds-checked argument helpers.
+ * Small hot helpers are static inline here so every file gets them inlined. */
+#ifndef BELUGA_NATIVE_H
+#define BELUGA_NATIVE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sched.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BELUGA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define BELUGA_X86 0
+#endif
+
+#define LINE 64
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+/* CPU features, set once by detect_cpu() at import (_native_module.c). */
+extern HIDDEN int have_clflushopt, have_clwb, have_sse2, have_avx2, have_clflush, nt_avx2;
+
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* After this long spinning, yield the CPU between polls: on a machine with more runnable
+ * threads than cores, the peer we wait for may need our core to answer at all. */
+#define SPIN_BEFORE_YIELD_NS 20000ull
+
+static inline void cpu_relax(void) {
+#if BELUGA_X86
+    _mm_pause();
+#endif
+}
+
+static inline void full_fence(void) {
+#if BELUGA_X86
+    _mm_mfence();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+static inline void store_fence(void) {
+#if BELUGA_X86
+    _mm_sfence();
+#else
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
+
+/* Write back (and for readers, invalidate) every line of [p, p+n). clwb keeps the line cached,
+ * which is right for a writer; a reader must evict the line, so it never uses clwb. */
+static inline void flush_range(const char *p, size_t n, int for_read) {
+#if BELUGA_X86
+    if (n == 0) return;
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(LINE - 1);
+    uintptr_t end = (uintptr_t)p + n;
+    if (!for_read && have_clwb) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clwb %0" : "+m"(*(volatile char *)a));
+    } else if (have_clflushopt) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clflushopt %0" : "+m"(*(volatile char *)a));
+    } else if (have_clflush) {
+        for (uintptr_t a = start; a < end; a += LINE) __asm__ volatile("clflush %0" : "+m"(*(volatile char *)a));
+    }
+#else
+    (void)p; (void)n; (void)for_read;
+#endif
+}
+
+/* ---- argument helpers ------------------------------------------------------------------- */
+
+static inline int get_range(Py_buffer *view, Py_ssize_t off, Py_ssize_t n, char **out) {
+    if (off < 0 || n < 0 || off > view->len || n > view->len - off) {
+        PyErr_Format(PyExc_ValueError, "range [%zd, +%zd) outside a buffer of %zd bytes", off, n, view->len);
+        return -1;
+    }
+    *out = (char *)view->buf + off;
+    return 0;
+}
+
+static inline int get_word(Py_buffer *view, Py_ssize_t off, uint64_t **out) {
+    char *p;
+    if (get_range(view, off, 8, &p) < 0) return -1;
+    if (((uintptr_t)p & 7) != 0) {
+        PyErr_Format(PyExc_ValueError, "offset %zd is not 8-byte aligned in memory", off);
+        return -1;
+    }
+    *out = (uint64_t *)p;
+    return 0;
+}
+
+/* Non-temporal copy (_native_copy.c). */
+HIDDEN void nt_memcpy(char *dst, const char *src, size_t n);
+
+/* The Python entry points, one group per file; the method table is in _native_module.c. */
+#define PYFN(name) HIDDEN PyObject *name(PyObject *self, PyObject *args)
+PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_blocks);          /* copy */
+PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);
+PYFN(py_wait_any);                                                                               /* atomics */
+PYFN(py_rpc_post); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
+PYFN(py_rpc_burst); PYFN(py_lease_encode);                                                       /* ring */
+PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */
+
+#endif

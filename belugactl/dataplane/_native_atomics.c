@@ -1,0 +1,100 @@
+/* 64-bit atomics on mapped memory and bounded spin-waits on status words. */
+#include "_native.h"
+
+PyObject *py_load64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "y*n", &v, &off)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(x);
+}
+
+PyObject *py_store64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long x; int flush = 0; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nK|p", &v, &off, &x, &flush)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    __atomic_store_n(w, (uint64_t)x, __ATOMIC_RELEASE);
+    if (flush) { flush_range((char *)w, 8, 0); full_fence(); }
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_cas64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long expected, desired; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nKK", &v, &off, &expected, &desired)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t e = expected;
+    __atomic_compare_exchange_n(w, &e, (uint64_t)desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(e); /* the value seen: equals `expected` on success */
+}
+
+PyObject *py_fetch_add64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long add; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "w*nK", &v, &off, &add)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t old = __atomic_fetch_add(w, (uint64_t)add, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(old);
+}
+
+/* Spin until the word at `off` equals `value` or `timeout_ns` passes; return the last value
+ * seen. With `flush`, evict the line before each load (a reader on a non-coherent pool). */
+PyObject *py_wait64(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off; unsigned long long value, timeout_ns; int flush = 0; uint64_t *w;
+    if (!PyArg_ParseTuple(args, "y*nKK|p", &v, &off, &value, &timeout_ns, &flush)) return NULL;
+    if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
+    uint64_t x;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
+    unsigned spins = 0;
+    for (;;) {
+        if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+        x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        if (x == value) break;
+        if ((++spins & 63) == 0) {
+            uint64_t t = now_ns();
+            if (t >= deadline) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+        }
+        cpu_relax();
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(x);
+}
+
+/* Spin over a set of word offsets (int64 buffer) until one equals `value`; return its index,
+ * or -1 after `timeout_ns`. The metadata server keeps one offset per ring (its cursor slot). */
+PyObject *py_wait_any(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long value, timeout_ns; int flush = 0;
+    if (!PyArg_ParseTuple(args, "y*y*KK|p", &v, &ov, &value, &timeout_ns, &flush)) return NULL;
+    PyObject *result = NULL;
+    if (ov.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "offsets must be int64"); goto done; }
+    Py_ssize_t count = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - 8 || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "word offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            goto done;
+        }
+    }
+    Py_ssize_t found = -1;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t deadline = now_ns() + timeout_ns;
+    for (;;) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint64_t *w = (uint64_t *)((char *)v.buf + offs[i]);
+            if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+            if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == value) { found = i; break; }
+        }
+        if (found >= 0 || now_ns() >= deadline) break;
+        cpu_relax();
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(found);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return result;
+}

@@ -1,0 +1,398 @@
+#include "_native_ring.h"
+
+/* The metadata server's lookup fast path.
+ * A C mirror of the index's visible keys ((namespace id, key) -> entry id), kept in step by the
+ * Python index on every commit and removal, lets `fast_serve` answer LOOKUP_PREFIX and PING
+ * requests straight from the rings without entering Python. Anything else (another opcode, a
+ * reconnecting client, a malformed slot, a key longer than FI_KEY) stops the burst and is handed
+ * back to the Python server, which answers it the slow, general way. Leases granted here are
+ * appended to a log the Python index applies before it does anything else, so eviction always
+ * sees them. */
+
+#define FI_KEY 64
+
+typedef struct {
+    uint64_t hash;
+    int64_t id;
+    uint32_t ns;
+    uint16_t klen;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
+    uint8_t key[FI_KEY];
+    uint8_t *get_reply; /* the GET reply payload (lease id at bytes 0..8 patched per request), or NULL */
+    uint32_t get_len;
+} fi_slot;
+
+typedef struct {
+    fi_slot *slots;
+    size_t cap; /* power of two */
+    size_t used;
+    size_t tombs;
+} FastIndex;
+
+static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull ^ ns;
+    for (size_t i = 0; i < n; i++) { h ^= k[i]; h *= 0x100000001b3ull; }
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdull; h ^= h >> 33;
+    return h | 1; /* never 0 */
+}
+
+static fi_slot *fi_find(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, uint64_t h) {
+    size_t mask = fi->cap - 1;
+    for (size_t i = h & mask, probes = 0; probes < fi->cap; i = (i + 1) & mask, probes++) {
+        fi_slot *s = &fi->slots[i];
+        if (s->state == 0) return NULL;
+        if (s->state == 1 && s->hash == h && s->ns == ns && s->klen == n && memcmp(s->key, k, n) == 0) return s;
+    }
+    return NULL;
+}
+
+static int fi_grow(FastIndex *fi, size_t cap) {
+    fi_slot *old = fi->slots;
+    size_t oldcap = fi->cap;
+    fi_slot *fresh = calloc(cap, sizeof(fi_slot));
+    if (!fresh) return -1;
+    fi->slots = fresh; fi->cap = cap; fi->used = 0; fi->tombs = 0;
+    for (size_t i = 0; i < oldcap; i++) {
+        if (old[i].state != 1) continue;
+        size_t mask = cap - 1, j = old[i].hash & mask;
+        while (fresh[j].state) j = (j + 1) & mask;
+        fresh[j] = old[i];
+        fi->used++;
+    }
+    free(old);
+    return 0;
+}
+
+static void fi_free(PyObject *cap) {
+    FastIndex *fi = PyCapsule_GetPointer(cap, "belugactl.fastindex");
+    if (fi) {
+        for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
+        free(fi->slots);
+        free(fi);
+    }
+}
+
+static FastIndex *fi_get(PyObject *cap) {
+    return (FastIndex *)PyCapsule_GetPointer(cap, "belugactl.fastindex");
+}
+
+PyObject *py_fi_new(PyObject *self, PyObject *noargs) {
+    FastIndex *fi = calloc(1, sizeof(FastIndex));
+    if (!fi) return PyErr_NoMemory();
+    fi->cap = 1024;
+    fi->slots = calloc(fi->cap, sizeof(fi_slot));
+    if (!fi->slots) { free(fi); return PyErr_NoMemory(); }
+    return PyCapsule_New(fi, "belugactl.fastindex", fi_free);
+}
+
+/* fi_put(fi, ns, key, id, get_reply=b"") -> True, or False for a key too long to mirror.
+ * get_reply: the GET reply payload for this entry (its first 8 bytes, the lease id, are patched
+ * per request); empty means GETs of it go to Python. */
+PyObject *py_fi_put(PyObject *self, PyObject *args) {
+    PyObject *cap; unsigned int ns; Py_buffer k; long long id; Py_buffer g = {0};
+    if (!PyArg_ParseTuple(args, "OIy*L|y*", &cap, &ns, &k, &id, &g)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    uint8_t *blob = NULL;
+    if (!fi) goto done;
+    if (k.len <= 0 || k.len > FI_KEY) { r = Py_False; Py_INCREF(r); goto done; }
+    if (g.buf && g.len >= 8) {
+        blob = malloc((size_t)g.len);
+        if (!blob) { PyErr_NoMemory(); goto done; }
+        memcpy(blob, g.buf, (size_t)g.len);
+    }
+    if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
+        size_t want = fi->cap;
+        while ((fi->used + 1) * 2 > want / 2) want *= 2; /* keep the load under a quarter after growth */
+        if (fi_grow(fi, want) < 0) { PyErr_NoMemory(); goto done; }
+    }
+    uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
+    fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h);
+    if (!s) {
+        size_t mask = fi->cap - 1, i = h & mask;
+        while (fi->slots[i].state == 1) i = (i + 1) & mask;
+        s = &fi->slots[i];
+        if (s->state == 2) fi->tombs--;
+        fi->used++;
+    }
+    if (s->state == 1) free(s->get_reply); /* a re-put replaces the old entry */
+    s->state = 1; s->hash = h; s->ns = ns; s->klen = (uint16_t)k.len; s->id = id;
+    memcpy(s->key, k.buf, (size_t)k.len);
+    s->get_reply = blob; s->get_len = blob ? (uint32_t)g.len : 0;
+    blob = NULL;
+    r = Py_True; Py_INCREF(r);
+done:
+    free(blob);
+    PyBuffer_Release(&k);
+    if (g.buf) PyBuffer_Release(&g);
+    return r;
+}
+
+PyObject *py_fi_del(PyObject *self, PyObject *args) {
+    PyObject *cap; unsigned int ns; Py_buffer k;
+    if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    if (fi) {
+        fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
+        if (s) { s->state = 2; free(s->get_reply); s->get_reply = NULL; s->get_len = 0; fi->used--; fi->tombs++; }
+        r = PyBool_FromLong(s != NULL);
+    }
+    PyBuffer_Release(&k);
+    return r;
+}
+
+PyObject *py_fi_len(PyObject *self, PyObject *cap) {
+    FastIndex *fi = fi_get(cap);
+    if (!fi) return NULL;
+    return PyLong_FromSize_t(fi->used);
+}
+
+struct logbuf { int64_t *v; size_t n, cap; };
+
+static int log_push(struct logbuf *l, int64_t x) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        int64_t *v = realloc(l->v, cap * sizeof(int64_t));
+        if (!v) return -1;
+        l->v = v; l->cap = cap;
+    }
+    l->v[l->n++] = x;
+    return 0;
+}
+
+static int log_reserve(struct logbuf *l, size_t extra) {
+    if (l->n + extra <= l->cap) return 0;
+    size_t cap = l->cap ? l->cap : 256;
+    while (cap < l->n + extra) cap *= 2;
+    int64_t *v = realloc(l->v, cap * sizeof(int64_t));
+    if (!v) return -1;
+    l->v = v; l->cap = cap;
+    return 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* From a lease log ((lease, n, ids...) records), the distinct entry ids with how many leases each
+ * got: (id, count) pairs. The Python index then touches each entry once per burst. */
+static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
+    size_t total = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1]) total += (size_t)log->v[i + 1];
+    if (total == 0) return 0;
+    int64_t *ids = malloc(total * sizeof(int64_t));
+    if (!ids) return -1;
+    size_t k = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1])
+        for (int64_t q = 0; q < log->v[i + 1]; q++) ids[k++] = log->v[i + 2 + q];
+    qsort(ids, total, sizeof(int64_t), cmp_i64);
+    int bad = 0;
+    for (size_t i = 0; i < total && !bad;) {
+        size_t j = i;
+        while (j < total && ids[j] == ids[i]) j++;
+        bad = log_push(out, ids[i]) || log_push(out, (int64_t)(j - i));
+        i = j;
+    }
+    free(ids);
+    return bad ? -1 : 0;
+}
+
+/* What one fast_serve burst shares with the per-opcode handlers below. */
+struct fast_ctx {
+    FastIndex *fi;
+    struct logbuf *log;
+    const uint32_t *lkeys;
+    unsigned long long *lease_next;
+    uint32_t epoch32, ns_count;
+    size_t maxp;
+    uint64_t ring; /* the owner of the leases granted */
+    int flush;
+};
+
+/* GET, hits only: a miss, or an entry without a stored reply, is Python's (it counts NOT_FOUND).
+ * 0: answered; -1: Python's. */
+static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
+    const char *pl = slot + HDR;
+    if (h->length < 6) return -1;
+    uint32_t ns; uint16_t klen;
+    memcpy(&ns, pl, 4); memcpy(&klen, pl + 4, 2);
+    if (ns == 0 || ns > c->ns_count || klen == 0 || klen > FI_KEY || 6 + (size_t)klen > h->length) return -1;
+    uint8_t key[FI_KEY];
+    memcpy(key, pl + 6, klen);
+    fi_slot *e = fi_find(c->fi, ns, key, klen, fi_hash(ns, key, klen));
+    if (!e || !e->get_reply || e->get_len > c->maxp || e->get_len > 4096) return -1;
+    if (log_reserve(c->log, 3) < 0) return -1;
+    uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
+    log_push(c->log, (int64_t)lseq); log_push(c->log, 1); log_push(c->log, e->id);
+    uint8_t tmp[4096];
+    memcpy(tmp, e->get_reply, e->get_len);
+    memcpy(tmp, &lease, 8);
+    publish(slot, h->seq, c->epoch32, OP_GET, 0, (const char *)tmp, e->get_len, ST_RESP, c->flush);
+    return 0;
+}
+
+static int fast_ping(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
+    uint8_t tmp[4096];
+    if (h->length > sizeof tmp) return -1;
+    memcpy(tmp, slot + HDR, h->length);
+    publish(slot, h->seq, c->epoch32, OP_PING, 0, (const char *)tmp, h->length, ST_RESP, c->flush);
+    return 0;
+}
+
+/* LOOKUP_PREFIX: -1 Python's; else how many leading keys are present (a lease granted if > 0). */
+static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h, int64_t *ids) {
+    const char *pl = slot + HDR;
+    if (h->length < 8) return -1;
+    uint32_t ns; uint16_t count, klen;
+    memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
+    if (ns == 0 || ns > c->ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
+        8 + (size_t)count * klen > h->length) return -1;
+    uint8_t keys[4096];
+    size_t kbytes = (size_t)count * klen;
+    if (kbytes > sizeof keys) return -1;
+    memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
+    uint32_t n = 0;
+    for (; n < count; n++) {
+        const uint8_t *k = keys + (size_t)n * klen;
+        fi_slot *e = fi_find(c->fi, ns, k, klen, fi_hash(ns, k, klen));
+        if (!e) break;
+        ids[n] = e->id;
+    }
+    uint64_t lease = 0;
+    if (n && log_reserve(c->log, 2 + (size_t)n) < 0) return -1; /* out of memory: Python's */
+    if (n) {
+        uint64_t lseq = (*c->lease_next)++;
+        lease = lease_encode(c->lkeys, lseq, c->ring);
+        log_push(c->log, (int64_t)lseq); log_push(c->log, (int64_t)n);
+        for (uint32_t q = 0; q < n; q++) log_push(c->log, ids[q]);
+    }
+    uint8_t reply[16];
+    uint32_t zero = 0;
+    memcpy(reply, &n, 4); memcpy(reply + 4, &zero, 4); memcpy(reply + 8, &lease, 8);
+    publish(slot, h->seq, c->epoch32, OP_LOOKUP_PREFIX, 0, (const char *)reply, sizeof reply, ST_RESP, c->flush);
+    return (int)n;
+}
+
+#define FAST_LINGER_NS 50000ull
+
+/* Answers LOOKUP_PREFIX, GET (hits) and PING.
+ * fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
+ *            start, lease_next, max_n, bounds_ns, hist, lease_keys)
+ *   -> (served, stop_index, lease_next, lease_log bytes, lookups, hits, lookup service ns,
+ *       per-entry lease counts: (entry id, count) int64 pairs, GETs served)
+ * offs: int64[2R] (cursor slot of each ring, then slot 0 of each ring), updated as cursors move;
+ * cursors: int64[R]; bounds_ns/hist: service-time histogram (hist has len(bounds)+1 counters).
+ * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out.
+ * lease_keys: 16 bytes, the four round keys of the lease id permutation (see _native_ring.h); the
+ * lease log records sequence numbers, the replies carry lease_encode(seq, ring). */
+PyObject *py_fast_serve(PyObject *self, PyObject *args) {
+    PyObject *cap; Py_buffer v, ov, cv, bv, hv, kv;
+    Py_ssize_t S, slot_size, start, max_n; unsigned int epoch32, ns_count; int flush;
+    unsigned long long timeout_ns, lease_next;
+    if (!PyArg_ParseTuple(args, "Ow*w*w*nnIIpKnKny*w*y*", &cap, &v, &ov, &cv, &S, &slot_size, &epoch32, &ns_count,
+                          &flush, &timeout_ns, &start, &lease_next, &max_n, &bv, &hv, &kv))
+        return NULL;
+    uint32_t lkeys[4] = {0, 0, 0, 0};
+    if (kv.len == 16) memcpy(lkeys, kv.buf, 16);
+    PyObject *result = NULL;
+    FastIndex *fi = fi_get(cap);
+    struct logbuf log = {0}, agg = {0};
+    int agg_failed = 0;
+    if (!fi) goto done;
+    Py_ssize_t R = cv.len / 8;
+    Py_ssize_t nb = bv.len / 8;
+    if (ov.len != 2 * R * 8 || R == 0 || S <= 0 || slot_size < HDR + 16 || hv.len != (nb + 1) * 8 || kv.len != 16) {
+        PyErr_SetString(PyExc_ValueError, "fast_serve: inconsistent ring arrays");
+        goto done;
+    }
+    int64_t *offs = (int64_t *)ov.buf, *cursors = (int64_t *)cv.buf, *hist = (int64_t *)hv.buf;
+    const int64_t *bounds = (const int64_t *)bv.buf;
+    for (Py_ssize_t i = 0; i < 2 * R; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - slot_size || ((uintptr_t)v.buf + offs[i]) & 7) {
+            PyErr_SetString(PyExc_ValueError, "fast_serve: slot offset outside the pool"); goto done;
+        }
+    }
+    for (Py_ssize_t r = 0; r < R; r++) {
+        if (cursors[r] < 0 || cursors[r] >= S || offs[R + r] + (S - 1) * slot_size > v.len - slot_size) {
+            PyErr_SetString(PyExc_ValueError, "fast_serve: cursor outside the ring"); goto done;
+        }
+    }
+    if (start < 0 || start >= R) start = 0;
+    Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0, gets = 0;
+    size_t maxp = (size_t)(slot_size - HDR);
+    int64_t ids[256];
+    uint64_t sum_ns = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns, last_served = t0;
+    unsigned spins = 0;
+    for (;;) {
+        Py_ssize_t found = -1;
+        for (Py_ssize_t j = 0; j < 2 * R; j++) {
+            Py_ssize_t i = start + j; if (i >= 2 * R) i -= 2 * R;
+            char *slot = (char *)v.buf + offs[i];
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { found = i; break; }
+        }
+        if (found < 0) {
+            if ((++spins & 15) == 0) {
+                uint64_t t = now_ns();
+                /* After serving, linger a little for the next request (a QD1 client is about to
+                 * send it) before going back to Python for its bookkeeping, TCP and timers. */
+                if (t >= deadline || (served > 0 && t - last_served > FAST_LINGER_NS)) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS && (served == 0 || t - last_served > SPIN_BEFORE_YIELD_NS)) sched_yield();
+            }
+            cpu_relax();
+            continue;
+        }
+        if (found >= R) { stop = found; break; } /* a (re)connecting client: Python's job */
+        uint64_t ts = now_ns();
+        char *slot = (char *)v.buf + offs[found];
+        if (flush) { flush_range(slot, slot_size, 1); full_fence(); }
+        struct slot_hdr h;
+        memcpy(&h, slot, sizeof h);
+        if (h.magic != RPC_MAGIC || (int64_t)(h.seq % (uint64_t)S) != cursors[found] || h.epoch != epoch32 ||
+            h.length > maxp || (h.op != OP_LOOKUP_PREFIX && h.op != OP_PING && h.op != OP_GET)) { stop = found; break; }
+            /* Each handler answers the slot, or returns -1 to leave it to Python (nothing written). */
+        struct fast_ctx ctx = {fi, &log, lkeys, &lease_next, epoch32, ns_count, maxp, (uint64_t)found, flush};
+        int rc;
+        if (h.op == OP_GET) { rc = fast_get(&ctx, slot, &h); gets += rc == 0; }
+        else if (h.op == OP_PING) rc = fast_ping(&ctx, slot, &h);
+        else { rc = fast_lookup(&ctx, slot, &h, ids); lookups += rc >= 0; hits += rc > 0; }
+        if (rc < 0) { stop = found; break; }
+        int64_t c = cursors[found] + 1;
+        if (c >= S) c = 0;
+        cursors[found] = c;
+        offs[found] = offs[R + found] + c * slot_size;
+        uint64_t te = now_ns(); /* one clock read serves the histogram and the linger timer */
+        if (h.op == OP_LOOKUP_PREFIX) {
+            uint64_t dt = te - ts;
+            Py_ssize_t b = 0;
+            while (b < nb && (int64_t)dt > bounds[b]) b++;
+            hist[b]++;
+            sum_ns += dt;
+        }
+        served++;
+        start = found;
+        last_served = te;
+        if (served >= max_n || te >= deadline) break;
+    }
+    agg_failed = aggregate_log(&log, &agg);
+    Py_END_ALLOW_THREADS
+    if (agg_failed) { PyErr_NoMemory(); goto done; }
+    {
+        PyObject *logb = PyBytes_FromStringAndSize((const char *)log.v, (Py_ssize_t)(log.n * sizeof(int64_t)));
+        PyObject *aggb = PyBytes_FromStringAndSize((const char *)agg.v, (Py_ssize_t)(agg.n * sizeof(int64_t)));
+        if (logb && aggb)
+            result = Py_BuildValue("(nnKNnnKNn)", served, stop, lease_next, logb, lookups, hits,
+                                   (unsigned long long)sum_ns, aggb, gets);
+        else { Py_XDECREF(logb); Py_XDECREF(aggb); }
+    }
+done:
+    free(log.v);
+    free(agg.v);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&cv); PyBuffer_Release(&bv); PyBuffer_Release(&hv);
+    PyBuffer_Release(&kv);
+    return result;
+}

@@ -1,0 +1,92 @@
+/*
+ * belugactl.dataplane._native: the few instructions Python cannot issue.
+ *
+ * CXL 2.0 gives no coherence between hosts, so software publishes data by writing it with
+ * non-temporal stores (or flushing the lines it wrote) and fencing before it flips a status
+ * word, and consumes it by flushing the lines before loading them. This module provides exactly
+ * that, plus 64-bit atomics on mapped memory, bounded spin-waits on a status word, and a
+ * gather/scatter copy of many pieces in one call.
+ *
+ * The sources, by concern: _native_copy.c (flushes, non-temporal and gather copies),
+ * _native_atomics.c (64-bit atomics and waits), _native_ring.c (the CXL-RPC slot ring),
+ * _native_fastpath.c (the server's lookup mirror and fast path); _native_wire.h is generated
+ * from rpc/protocol.py.
+ *
+ * Every function takes a Python buffer (an mmap, a memoryview, a bytearray) and byte offsets,
+ * and bounds-checks them: a bad offset raises ValueError, it never touches memory outside the
+ * buffer. Long operations release the GIL.
+ */
+#include "_native.h"
+
+int have_clflushopt = 0;
+int have_clwb = 0;
+int have_sse2 = 0;
+int have_avx2 = 0;
+int have_clflush = 0;
+/* The non-temporal copy's kernel: AVX2 where cpuid has it, unless BELUGACTL_NATIVE_AVX2=0 (tests
+ * of the SSE2 kernel on an AVX2 machine). */
+int nt_avx2 = 0;
+
+static void detect_cpu(void) {
+#if BELUGA_X86
+    unsigned int a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        have_clflush = (d >> 19) & 1;
+        have_sse2 = (d >> 26) & 1;
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        have_avx2 = (b >> 5) & 1;
+        have_clflushopt = (b >> 23) & 1;
+        have_clwb = (b >> 24) & 1;
+    }
+#endif
+}
+
+static PyObject *py_features(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:s,s:s}",
+        "x86", BELUGA_X86 ? Py_True : Py_False,
+        "clflush", have_clflush ? Py_True : Py_False,
+        "clflushopt", have_clflushopt ? Py_True : Py_False,
+        "clwb", have_clwb ? Py_True : Py_False,
+        "sse2", have_sse2 ? Py_True : Py_False,
+        "avx2", have_avx2 ? Py_True : Py_False,
+        "flush", !BELUGA_X86 ? "none" : have_clwb ? "clwb" : have_clflushopt ? "clflushopt" : have_clflush ? "clflush" : "none",
+        "nt_copy", !BELUGA_X86 ? "memcpy" : nt_avx2 ? "avx2" : "sse2");
+}
+
+static PyMethodDef methods[] = {
+    {"features", py_features, METH_NOARGS, "CPU features detected with cpuid, and the flush instruction in use."},
+    {"flush", py_flush, METH_VARARGS, "flush(buf, off, n, for_read=False): write back/evict the lines of a range, then mfence."},
+    {"fence", py_fence, METH_NOARGS, "mfence."},
+    {"copy", py_copy, METH_VARARGS, "copy(dst, dst_off, src, src_off, n, nontemporal=False)."},
+    {"gather", py_gather, METH_VARARGS, "gather(dst, src, pieces_int64_triples, nontemporal=False) -> bytes copied."},
+    {"gather_blocks", py_gather_blocks, METH_VARARGS, "gather_blocks(pool, tensors, template_triples, block_pairs, save, nontemporal) -> bytes copied."},
+    {"load64", py_load64, METH_VARARGS, "load64(buf, off) -> int (acquire)."},
+    {"store64", py_store64, METH_VARARGS, "store64(buf, off, value, flush=False) (release; optional line flush + fence)."},
+    {"cas64", py_cas64, METH_VARARGS, "cas64(buf, off, expected, desired) -> value seen (== expected on success)."},
+    {"fetch_add64", py_fetch_add64, METH_VARARGS, "fetch_add64(buf, off, add) -> old value."},
+    {"wait64", py_wait64, METH_VARARGS, "wait64(buf, off, value, timeout_ns, flush=False) -> last value seen."},
+    {"wait_any", py_wait_any, METH_VARARGS, "wait_any(buf, offsets_int64, value, timeout_ns, flush=False) -> index or -1."},
+    {"rpc_post", py_rpc_post, METH_VARARGS, "rpc_post(buf, off, seq, epoch, op, payload, flush=False): write a request, publish REQ_READY."},
+    {"rpc_wait_reply", py_rpc_wait_reply, METH_VARARGS, "rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush=False) -> (code, epoch, payload) | None."},
+    {"rpc_take", py_rpc_take, METH_VARARGS, "rpc_take(buf, offsets, start, max_payload, timeout_ns, flush=False) -> (i, seq, magic, epoch, op, length, payload|None) | None."},
+    {"rpc_reply", py_rpc_reply, METH_VARARGS, "rpc_reply(buf, off, seq, epoch, op, code, payload, flush=False): write a reply, publish RESP_READY."},
+    {"rpc_call", py_rpc_call, METH_VARARGS, "rpc_call(...): a client's whole QD1 round trip; see the source."},
+    {"rpc_burst", py_rpc_burst, METH_VARARGS, "rpc_burst(...): C load generator for bench rpc; see the source."},
+    {"lease_encode", py_lease_encode, METH_VARARGS, "lease_encode(keys16, seq, owner) -> lease id (the fast path's)."},
+    {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
+    {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
+    {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
+    {"fi_len", py_fi_len, METH_O, "fi_len(fi) -> keys mirrored."},
+    {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Coherence helpers for a CXL pool.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    detect_cpu();
+    const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
+    nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
+    return PyModule_Create(&module);
+}

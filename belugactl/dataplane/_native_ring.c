@@ -1,0 +1,262 @@
+/* CXL-RPC slot operations (the hot path; see rpc/slots.py for the Python twins). */
+#include "_native_ring.h"
+
+/* Wait for a slot's RESP_READY: spin briefly with the GIL held (the common, fast answer), then
+ * release the GIL and poll until the deadline, yielding once the wait grows long. Returns the
+ * last status seen (ST_RESP, or anything else on timeout). Called with the GIL held. */
+static uint64_t wait_for_reply(struct slot_hdr *h, char *slot, int flush, unsigned long long timeout_ns) {
+    uint64_t st;
+    unsigned spins = 0;
+    for (;;) {
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+        if (st == ST_RESP || ++spins > 2000) break;
+        cpu_relax();
+    }
+    if (st != ST_RESP) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
+        for (;;) {
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
+            if (st == ST_RESP) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t >= deadline) break;
+                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    return st;
+}
+
+static int get_slot(Py_buffer *v, Py_ssize_t off, Py_ssize_t need, char **out) {
+    if (get_range(v, off, need, out) < 0) return -1;
+    if (((uintptr_t)*out & 7) != 0) { PyErr_SetString(PyExc_ValueError, "slot is not 8-byte aligned"); return -1; }
+    return 0;
+}
+
+/* rpc_post(buf, off, seq, epoch, op, payload, flush) */
+PyObject *py_rpc_post(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off; unsigned long long seq; unsigned int epoch, op; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIy*|p", &v, &off, &seq, &epoch, &op, &pl, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (get_slot(&v, off, HDR + pl.len, &slot) == 0) {
+        publish(slot, seq, epoch, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+        r = Py_None; Py_INCREF(r);
+    }
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush) -> (code, epoch, payload) | None */
+PyObject *py_rpc_wait_reply(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t off, maxp; unsigned long long seq, timeout_ns; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKnK|p", &v, &off, &seq, &maxp, &timeout_ns, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (maxp < 0 || get_slot(&v, off, HDR + maxp, &slot) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "negative max_payload");
+        goto done;
+    }
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
+    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
+                     (unsigned long long)h->seq, seq, h->length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        goto done;
+    }
+    r = Py_BuildValue("(IIy#)", (unsigned)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
+    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+done:
+    PyBuffer_Release(&v);
+    return r;
+}
+
+/* rpc_take(buf, offsets_int64, start, max_payload, timeout_ns, flush)
+ *   -> (index, seq, magic, epoch, op, length, payload | None) | None */
+PyObject *py_rpc_take(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; Py_ssize_t start, maxp; unsigned long long timeout_ns; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*nnK|p", &v, &ov, &start, &maxp, &timeout_ns, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (ov.len % 8 != 0 || maxp < 0) { PyErr_SetString(PyExc_ValueError, "bad offsets or max_payload"); goto done; }
+    Py_ssize_t count = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - HDR - maxp || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            goto done;
+        }
+    }
+    if (count == 0) { r = Py_None; Py_INCREF(r); goto done; }
+    if (start < 0 || start >= count) start = 0;
+    Py_ssize_t found = -1;
+    unsigned spins = 0;
+    uint64_t deadline = 0, t0 = 0;
+    int released = 0;
+    PyThreadState *ts = NULL;
+    for (;;) {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Py_ssize_t i = start + j; if (i >= count) i -= count;
+            char *slot = (char *)v.buf + offs[i];
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { found = i; break; }
+        }
+        if (found >= 0) break;
+        ++spins;
+        if (spins == 256 && !released) { ts = PyEval_SaveThread(); released = 1; t0 = now_ns(); deadline = t0 + timeout_ns; }
+        if (released && (spins & 15) == 0) {
+            uint64_t t = now_ns();
+            if (t >= deadline) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+        }
+        if (!released && timeout_ns == 0) break;
+        cpu_relax();
+    }
+    if (released) PyEval_RestoreThread(ts);
+    if (found < 0) { r = Py_None; Py_INCREF(r); goto done; }
+    char *slot = (char *)v.buf + offs[found];
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    struct slot_hdr h;
+    memcpy(&h, slot, sizeof h); /* one snapshot: the client could scribble while we read */
+    if (h.length <= (uint64_t)maxp)
+        r = Py_BuildValue("(nKIIIIy#)", found, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op,
+                          h.length, slot + HDR, (Py_ssize_t)h.length);
+    else
+        r = Py_BuildValue("(nKIIIIO)", found, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op,
+                          h.length, Py_None);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* rpc_reply(buf, off, seq, epoch, op, code, payload, flush) */
+PyObject *py_rpc_reply(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off; unsigned long long seq; unsigned int epoch, op, code; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIIy*|p", &v, &off, &seq, &epoch, &op, &code, &pl, &flush)) return NULL;
+    PyObject *r = NULL;
+    if (get_slot(&v, off, HDR + pl.len, &slot) == 0) {
+        publish(slot, seq, epoch, (uint16_t)op, (uint16_t)code, pl.buf, (size_t)pl.len, ST_RESP, flush);
+        r = Py_None; Py_INCREF(r);
+    }
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* rpc_call(buf, off, seq, epoch32, op, payload, max_payload, timeout_ns, flush, epoch_off, expected_epoch)
+ *   -> (code, epoch, payload) | None on timeout
+ * The client's whole QD1 round trip in one call. With epoch_off >= 0, first compare the pool
+ * header's epoch word with expected_epoch and return code -1 without sending if it moved (the
+ * server restarted: fenced). Code -2: the slot is still REQ_READY from an abandoned request. */
+PyObject *py_rpc_call(PyObject *self, PyObject *args) {
+    Py_buffer v, pl; Py_ssize_t off, maxp, epoch_off; unsigned long long seq, timeout_ns, expected;
+    unsigned int epoch32, op; int flush = 0; char *slot;
+    if (!PyArg_ParseTuple(args, "w*nKIIy*nKpnK", &v, &off, &seq, &epoch32, &op, &pl, &maxp, &timeout_ns, &flush,
+                          &epoch_off, &expected))
+        return NULL;
+    PyObject *r = NULL;
+    if (maxp < 0 || pl.len > maxp) { PyErr_SetString(PyExc_ValueError, "payload larger than the slot"); goto done; }
+    if (get_slot(&v, off, HDR + maxp, &slot) < 0) goto done;
+    if (epoch_off >= 0) {
+        uint64_t *ew;
+        if (get_word(&v, epoch_off, &ew) < 0) goto done;
+        if (flush) { flush_range((char *)ew, 8, 1); full_fence(); }
+        if (__atomic_load_n(ew, __ATOMIC_ACQUIRE) != expected) { r = Py_BuildValue("(iIy#)", -1, 0u, "", (Py_ssize_t)0); goto done; }
+    }
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_REQ) { r = Py_BuildValue("(iIy#)", -2, 0u, "", (Py_ssize_t)0); goto done; }
+    publish(slot, seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
+    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
+                     (unsigned long long)h->seq, seq, h->length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        goto done;
+    }
+    r = Py_BuildValue("(iIy#)", (int)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
+    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* rpc_burst(buf, slot_offsets_int64[S], seq_start, epoch32, op, payload, qd, total, timeout_ns, flush)
+ *   -> (completed, elapsed_ns)
+ * A load generator in C: keeps `qd` requests in flight on one ring until `total` completed, to
+ * measure what the server sustains without a Python client in the way (bench rpc). */
+PyObject *py_rpc_burst(PyObject *self, PyObject *args) {
+    Py_buffer v, ov, pl; unsigned long long seq0, timeout_ns; unsigned int epoch32, op; Py_ssize_t qd, total; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIy*nnKp", &v, &ov, &seq0, &epoch32, &op, &pl, &qd, &total, &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL;
+    Py_ssize_t S = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    if (S == 0 || qd < 1 || qd > S || total < 0) { PyErr_SetString(PyExc_ValueError, "bad ring or queue depth"); goto done; }
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - HDR - pl.len || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_SetString(PyExc_ValueError, "slot offset outside the buffer"); goto done;
+        }
+    }
+    Py_ssize_t done_n = 0, posted = 0, failed = 0;
+    uint64_t t_start, t_end;
+    Py_BEGIN_ALLOW_THREADS
+    t_start = now_ns();
+    uint64_t last_progress = t_start;
+    while (done_n < total && !failed) {
+        while (posted < total && posted - done_n < qd) {
+            uint64_t seq = seq0 + (uint64_t)posted;
+            publish((char *)v.buf + offs[seq % (uint64_t)S], seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+            posted++;
+        }
+        uint64_t seq = seq0 + (uint64_t)done_n;
+        struct slot_hdr *h = (struct slot_hdr *)((char *)v.buf + offs[seq % (uint64_t)S]);
+        unsigned spins = 0;
+        for (;;) {
+            if (flush) { flush_range((char *)h, 8, 1); full_fence(); }
+            if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_RESP) break;
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t - last_progress > timeout_ns) { failed = 1; break; }
+                if (t - last_progress > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+        }
+        if (failed) break;
+        if (h->seq != seq || h->code != 0) failed = 2;
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        done_n++;
+        last_progress = now_ns();
+    }
+    t_end = now_ns();
+    Py_END_ALLOW_THREADS
+    if (failed == 1) { PyErr_SetString(PyExc_TimeoutError, "no reply within the timeout"); goto done; }
+    if (failed == 2) { PyErr_SetString(PyExc_RuntimeError, "a reply carried an error code or the wrong sequence"); goto done; }
+    r = Py_BuildValue("(nK)", done_n, (unsigned long long)(t_end - t_start));
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&pl);
+    return r;
+}
+
+/* lease_encode(keys16, seq, owner) -> the lease id the fast path hands out (tests compare it with
+ * the Python codec). */
+PyObject *py_lease_encode(PyObject *self, PyObject *args) {
+    Py_buffer kv; unsigned long long seq, owner;
+    if (!PyArg_ParseTuple(args, "y*KK", &kv, &seq, &owner)) return NULL;
+    PyObject *r = NULL;
+    if (kv.len != 16) PyErr_SetString(PyExc_ValueError, "lease keys must be 16 bytes");
+    else {
+        uint32_t keys[4];
+        memcpy(keys, kv.buf, 16);
+        r = PyLong_FromUnsignedLongLong(lease_encode(keys, seq, owner));
+    }
+    PyBuffer_Release(&kv);
+    return r;
+}

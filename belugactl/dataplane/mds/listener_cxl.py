@@ -1,0 +1,210 @@
+"""The CXL-RPC listener: polls the client slot rings in the pool's metadata area.
+
+One ring per client; each ring's slots are used in order, so the listener watches one status
+word per ring (the slot at its cursor) plus slot 0 of every ring (where a reconnecting client
+starts). With the native helper built it lets C answer LOOKUP_PREFIX/GET/PING bursts straight
+from the rings (`fast_serve`, GIL released) and takes everything else through Python. The owner
+of a request (for token and lease ownership) is its ring index.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from belugactl.dataplane import native
+from belugactl.dataplane.mds.listener import Listener, register_listener
+from belugactl.dataplane.rpc import slots
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, Code, Op, encode_get_reply
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.mds.server import MetadataServer
+
+
+@register_listener
+class RingListener(Listener):
+    scheme = "cxl"
+    spins = True
+
+    def __init__(self, server: MetadataServer) -> None:
+        super().__init__(server)
+        g = server.geometry
+        self.geometry = g
+        self.buf = server.pool.buf
+        self.flush = server.flush
+        self.max_payload = g.slot_size - HEADER_SIZE
+        R = g.ring_count
+        self._cursor = array("q", [0] * R)
+        # The native wait watches 2R words: each ring's cursor slot, then each ring's slot 0.
+        self._offs = array("q", [g.slot_offset(r, 0) for r in range(R)] * 2)
+        self._start = 0
+        self._fast = None
+        if server.config.fast_path and native.fast_serve is not None:
+            self._fast = native.fi_new()
+            server.index.attach_mirror(
+                self._fast,
+                native.fi_put,
+                native.fi_del,
+                lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents),
+            )
+        self.fast_requests = 0
+        self.rings_resynced = 0
+        self.bad_slots = 0
+        self.stale_fenced = 0
+
+    @classmethod
+    def from_config(cls, server: MetadataServer) -> list[Listener]:
+        return [cls(server)] if server.geometry.ring_count > 0 else []
+
+    # --- start-up -----------------------------------------------------------------------------
+    def after_epoch(self) -> None:
+        """Answer requests left in the rings by the previous incarnation with STALE_EPOCH."""
+        g = self.geometry
+        epoch32 = self.server.service.epoch32
+        for r in range(g.ring_count):
+            ready = []
+            for s in range(g.slots_per_ring):
+                off = g.slot_offset(r, s)
+                if native.load64(self.buf, off) == REQ_READY:
+                    _st, seq, _magic, _epoch, op, _c, _n = HEADER.unpack_from(self.buf, off)
+                    ready.append((seq, off, op))
+            for seq, off, op in sorted(ready):
+                slots.reply(self.buf, off, seq, epoch32, op, int(Code.STALE_EPOCH), b"", self.flush)
+                self.stale_fenced += 1
+            self._set_cursor(r, 0)
+
+    def _set_cursor(self, ring: int, slot: int) -> None:
+        self._cursor[ring] = slot
+        self._offs[ring] = self.geometry.slot_offset(ring, slot)
+
+    # --- serving ------------------------------------------------------------------------------
+    def serve(self, spin_ns: int) -> int:
+        served = 0
+        if self._fast is not None and self.server.service.ready:
+            served, stop = self.fast_burst(self._start, spin_ns)
+            # stop >= 0: a ready slot the fast path leaves to Python
+            t = slots.take(self.buf, self._offs, stop, self.max_payload, 0, self.flush) if stop >= 0 else None
+        else:
+            t = slots.take(self.buf, self._offs, self._start, self.max_payload, spin_ns, self.flush)
+        if t is not None:
+            self._start = self.serve_taken(t)
+            served += 1
+        return served
+
+    def rotate(self) -> None:
+        """Fairness between rings: look at the next ring first next time."""
+        self._start = self._start + 1 if self._start + 1 < self.geometry.ring_count else 0
+
+    def fast_burst(self, start: int, spin_ns: int) -> tuple[int, int]:
+        """Let the native helper answer lookups/pings until something else shows up; (served, stop)."""
+        server = self.server
+        index = server.index
+        service = server.service
+        hist = service.latency_by_op[Op.LOOKUP_PREFIX]
+        assert hist is not None
+        first_lease = index.next_lease
+        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets = native.fast_serve(
+            self._fast, self.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
+            self.geometry.slot_size, service.epoch32, index.ns_id_bound, self.flush, spin_ns,
+            start, index.next_lease, 256, hist.bounds_ns, hist.counts, service.leases.key_bytes,
+        )  # fmt: skip
+        if served:
+            index.next_lease = lease_next
+            granted = lease_next - first_lease
+            if granted:  # before anything else can evict or delete
+                index.apply_lease_burst(first_lease, lease_next - 1, granted, log, per_entry)
+            index.counters.hits += hits + gets
+            index.counters.misses += lookups - hits
+            service.requests += served
+            service._op_counts[Op.LOOKUP_PREFIX] += lookups
+            service._op_counts[Op.GET] += gets
+            service._op_counts[Op.PING] += served - lookups - gets
+            hist.total += sum_ns / 1e9
+            hist.n += lookups
+            self.requests += served
+            self.fast_requests += served
+        return served, stop
+
+    def poll_once(self, timeout_ns: int = 0) -> bool:
+        """Serve at most one ring request (tests drive the server with this, without a loop)."""
+        t = slots.take(self.buf, self._offs, 0, self.max_payload, timeout_ns, self.flush)
+        if t is None:
+            return False
+        self.serve_taken(t)
+        return True
+
+    def serve_taken(self, t: slots.Taken) -> int:
+        """Validate and answer one taken slot; return the ring to look at first next time."""
+        i, seq, magic, epoch, op, _length, payload = t
+        g = self.geometry
+        R = g.ring_count
+        ring = i if i < R else i - R
+        buf = self.buf
+        offs = self._offs
+        if i >= R and self._cursor[ring] != 0:
+            if native.load64(buf, offs[ring]) == REQ_READY:
+                return ring  # the cursor slot is ready too: serve in order, slot 0 comes later
+            self._set_cursor(ring, 0)  # a client (re)started its ring
+        slot = self._cursor[ring]
+        off = offs[ring]
+        service = self.server.service
+        t0 = time.perf_counter()
+        if magic != MAGIC:
+            code, rep = service.error(Code.BAD_MAGIC)
+            self.bad_slots += 1
+        elif seq % g.slots_per_ring != slot:
+            code, rep = service.error(Code.BAD_SEQ)
+            self.bad_slots += 1
+        elif payload is None:
+            code, rep = service.error(Code.BAD_LENGTH)
+            self.bad_slots += 1
+        else:
+            code, rep = service.handle(op, epoch, payload, self.max_payload, ring)
+        slots.reply(buf, off, seq, service.epoch32, op & 0xFFFF, code, rep, self.flush)
+        lat = service.latency_by_op
+        if op < len(lat):
+            h = lat[op]
+            if h is not None:
+                h.observe(time.perf_counter() - t0)
+        self.requests += 1
+        self._set_cursor(ring, slot + 1 if slot + 1 < g.slots_per_ring else 0)
+        return ring
+
+    def housekeeping(self, now: float) -> None:
+        self.resync()
+
+    def resync(self) -> int:
+        """Safety net: a ring whose cursor slot is idle while other slots wait gets its cursor moved
+        to the oldest waiting request (a client that pipelined after a reset without HELLO, or one
+        that scribbled). Clients post in order, so this never reorders a well-behaved ring."""
+        g = self.geometry
+        buf = self.buf
+        moved = 0
+        for r in range(g.ring_count):
+            if native.load64(buf, self._offs[r]) == REQ_READY:
+                continue
+            waiting = []
+            for slot in range(g.slots_per_ring):
+                off = g.slot_offset(r, slot)
+                if native.load64(buf, off) == REQ_READY:
+                    waiting.append((HEADER.unpack_from(buf, off)[1], slot))
+            if waiting:
+                self._set_cursor(r, min(waiting)[1])
+                moved += 1
+        self.rings_resynced += moved
+        return moved
+
+    def stats(self) -> dict[str, Any]:
+        g = self.geometry
+        return {
+            "rings": g.ring_count,
+            "slots_per_ring": g.slots_per_ring,
+            "slot_size": g.slot_size,
+            "native_fast_path": self._fast is not None,
+            "requests": self.requests,
+            "fast_requests": self.fast_requests,
+            "bad_slots": self.bad_slots,
+            "rings_resynced": self.rings_resynced,
+            "stale_fenced_at_start": self.stale_fenced,
+        }

@@ -1,0 +1,272 @@
+"""The TCP listener: the same messages, length-prefixed, for clients outside the CXL domain.
+
+Frames are `u32 length` + a 32-byte protocol header + payload. Non-blocking sockets on the
+server's selector, so one slow client never stalls the loop (or the CXL rings). Limits, each in
+the manifest's `serve.metadata` and a `metadata-server` flag:
+- `max_connections`: a connection over the cap is accepted and closed at once (counted);
+- `idle_timeout_s`: a connection with no complete request for this long is closed;
+- `max_buffered`: the bytes one connection may have buffered toward one frame (a frame longer
+  than this is refused and the connection closed); HELLO tells the client the payload this
+  leaves, and replies queued for a client that does not read are capped at 4x this;
+- `accept_backoff_s`: when accept() fails for lack of descriptors or memory (EMFILE, ENFILE,
+  ENOBUFS, ENOMEM) the listening socket leaves the selector for this long instead of spinning.
+The owner of a request (token and lease ownership) is a number given to its connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import selectors
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from belugactl.dataplane.mds.listener import Listener, register_listener
+from belugactl.dataplane.mds.ownership import TcpOwners
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD, Code
+from belugactl.errors import EnvironmentProblem
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.mds.server import MetadataServer
+
+_FRAME = struct.Struct("<I")
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+@dataclass
+class TcpLimits:
+    max_connections: int = 256
+    idle_timeout_s: float = 300.0
+    max_buffered: int = 256 << 10
+    accept_backoff_s: float = 0.2
+
+    @property
+    def max_payload(self) -> int:
+        return max(0, min(TCP_MAX_PAYLOAD, self.max_buffered - 4 - HEADER_SIZE))
+
+
+class _Conn:
+    __slots__ = ("sock", "rx", "tx", "owner", "last_active")
+
+    def __init__(self, sock: socket.socket, owner: int, now: float) -> None:
+        self.sock = sock
+        self.rx = bytearray()
+        self.tx = bytearray()  # replies the client has not taken yet
+        self.owner = owner
+        self.last_active = now
+
+
+@register_listener
+class TcpListener(Listener):
+    scheme = "tcp"
+
+    def __init__(self, server: MetadataServer, bind: str, port: int, limits: TcpLimits | None = None) -> None:
+        super().__init__(server)
+        self.bind_address = bind
+        self.want_port = port
+        self.limits = limits or server.config.tcp
+        self.sock: socket.socket | None = None
+        self.port: int | None = None
+        self.conns: dict[int, _Conn] = {}
+        self.owners = TcpOwners(server.geometry.ring_count)
+        self._paused_until = 0.0
+        self.refused_over_cap = 0
+        self.closed_idle = 0
+        self.closed_oversize = 0
+        self.accept_errors = 0
+        self.accept_backoffs = 0
+
+    @classmethod
+    def from_config(cls, server: MetadataServer) -> list[Listener]:
+        c = server.config
+        out: list[Listener] = [] if c.rpc_port is None else [cls(server, c.rpc_bind, c.rpc_port)]
+        return out + super().from_config(server)
+
+    @classmethod
+    def from_url(cls, server: MetadataServer, url: str) -> Listener:
+        from belugactl.dataplane.rpc.transport_tcp import parse_tcp_url
+
+        host, port = parse_tcp_url(url)
+        return cls(server, host, port)
+
+    def bind(self) -> None:
+        self.sock = listen(self.bind_address, self.want_port, "RPC (TCP)")
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.server.selector.register(self.sock, selectors.EVENT_READ, self._on_listen)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.conns)
+
+    # --- accept -------------------------------------------------------------------------------
+    def _on_listen(self, _events: int) -> None:
+        assert self.sock is not None
+        try:
+            sock, _addr = self.sock.accept()
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.accept_errors += 1
+            if exc.errno in _OUT_OF_DESCRIPTORS:
+                self._pause_accepting()
+            return
+        if len(self.conns) >= self.limits.max_connections:
+            self.refused_over_cap += 1
+            sock.close()
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)  # never let one slow client stall the loop (and the CXL rings)
+        conn = _Conn(sock, self.owners.next(), time.monotonic())
+        self.conns[sock.fileno()] = conn
+        self.server.selector.register(sock, selectors.EVENT_READ, lambda ev, c=conn: self._on_conn(c, ev))
+
+    def _pause_accepting(self) -> None:
+        """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
+        assert self.sock is not None
+        with contextlib.suppress(KeyError, ValueError):
+            self.server.selector.unregister(self.sock)
+        self._paused_until = time.monotonic() + self.limits.accept_backoff_s
+        self.accept_backoffs += 1
+
+    def housekeeping(self, now: float) -> None:
+        if self._paused_until and now >= self._paused_until and self.sock is not None:
+            self._paused_until = 0.0
+            self.server.selector.register(self.sock, selectors.EVENT_READ, self._on_listen)
+        limit = self.limits.idle_timeout_s
+        for conn in [c for c in self.conns.values() if now - c.last_active > limit]:
+            self.closed_idle += 1
+            self._drop(conn)
+
+    # --- one connection -----------------------------------------------------------------------
+    def _on_conn(self, conn: _Conn, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush_tx(conn)
+        if events & selectors.EVENT_READ and conn.sock.fileno() >= 0:
+            self._read(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.server.selector.unregister(conn.sock)
+        self.conns.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+
+    def _flush_tx(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.tx)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return
+        del conn.tx[:sent]
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.tx else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self.server.selector.modify(conn.sock, want, lambda ev, c=conn: self._on_conn(c, ev))
+
+    def _read(self, conn: _Conn) -> None:
+        limits = self.limits
+        try:
+            data = conn.sock.recv(min(1 << 16, limits.max_buffered))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        rx = conn.rx
+        rx += data
+        service = self.server.service
+        max_frame = min(HEADER_SIZE + TCP_MAX_PAYLOAD, limits.max_buffered - 4)
+        out = bytearray()
+        perf = time.perf_counter
+        while len(rx) >= 4:
+            (size,) = _FRAME.unpack_from(rx, 0)
+            if not HEADER_SIZE <= size <= max_frame:
+                service.error(Code.BAD_LENGTH)
+                self.closed_oversize += 1
+                self._drop(conn)  # framing is lost (or the frame is over the limit): close
+                return
+            if len(rx) < 4 + size:
+                break
+            _st, seq, magic, epoch, op, _code, length = HEADER.unpack_from(rx, 4)
+            payload = bytes(rx[4 + HEADER_SIZE : 4 + size])
+            del rx[: 4 + size]
+            t0 = perf()
+            if magic != MAGIC:
+                code, rep = service.error(Code.BAD_MAGIC)
+            elif length != size - HEADER_SIZE:
+                code, rep = service.error(Code.BAD_LENGTH)
+            else:
+                code, rep = service.handle(op, epoch, payload, limits.max_payload, conn.owner)
+            frame = bytearray(4 + HEADER_SIZE + len(rep))
+            _FRAME.pack_into(frame, 0, HEADER_SIZE + len(rep))
+            HEADER.pack_into(frame, 4, 0, seq, MAGIC, service.epoch32, op & 0xFFFF, code, len(rep))
+            frame[4 + HEADER_SIZE :] = rep
+            out += frame
+            h = service.latency.get(service._names.get(op, ""))
+            if h is not None:
+                h.observe(perf() - t0)
+            self.requests += 1
+            conn.last_active = time.monotonic()
+        if out:
+            conn.tx += out
+            if len(conn.tx) > 4 * limits.max_buffered:
+                self._drop(conn)  # a client that does not read its replies
+                return
+            self._flush_tx(conn)
+
+    def stats(self) -> dict[str, Any]:
+        lim = self.limits
+        return {
+            "bind": self.bind_address,
+            "port": self.port,
+            "connections": len(self.conns),
+            "requests": self.requests,
+            "limits": {
+                "max_connections": lim.max_connections,
+                "idle_timeout_s": lim.idle_timeout_s,
+                "max_buffered": lim.max_buffered,
+                "accept_backoff_s": lim.accept_backoff_s,
+            },
+            "refused_over_cap": self.refused_over_cap,
+            "closed_idle": self.closed_idle,
+            "closed_oversize": self.closed_oversize,
+            "accept_errors": self.accept_errors,
+            "accept_backoffs": self.accept_backoffs,
+            "buffered_bytes": sum(len(c.rx) + len(c.tx) for c in self.conns.values()),
+        }
+
+    def close(self) -> None:
+        for conn in list(self.conns.values()):
+            self._drop(conn)
+        if self.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.server.selector.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+
+
+def listen(bind: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise port_problem(bind, port, what, exc) from None
+    return sock
+
+
+def port_problem(bind: str, port: int, what: str, exc: OSError) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"cannot listen for {what} on {bind}:{port}: {exc.strerror or exc}",
+        why="another process holds the port, or the address is not on this host",
+        fix=f"stop the other process (`ss -ltnp 'sport = :{port}'`) or pick another port",
+    )

@@ -1,0 +1,80 @@
+"""Who may COMMIT, ABORT and RELEASE what: owners, unguessable tokens and lease ids.
+
+Every request reaches the service with an owner: the ring index for CXL-RPC (a ring belongs to
+one client), or a connection number for TCP (numbers start above the ring count, so the two
+never collide). A reservation token is 64 random bits stored with its owner. A lease id is a
+keyed permutation (a 4-round Feistel network over two 32-bit halves, keys drawn at start) of
+`sequence << LEASE_OWNER_BITS | owner`: ids do not follow one another, and decoding one gives
+back the owner it was granted to, with no table, which the native fast path needs (it grants
+leases in C and only logs their sequence numbers). The C twin is `lease_encode` in
+`_native_ring.h`; a test checks they agree.
+
+What this buys: an off-by-one or a stale id from another client is refused with NOT_OWNER (and
+counted) instead of committing or releasing somebody else's block. It is not cryptography: the
+permutation's keys are secret and per server start, which is enough against guessing, not
+against a client that can read the server's memory.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+
+from belugactl.dataplane.rpc.protocol import LEASE_OWNER_BITS
+
+M32 = 0xFFFFFFFF
+OWNER_MASK = (1 << LEASE_OWNER_BITS) - 1
+MAX_SEQ = (1 << (64 - LEASE_OWNER_BITS)) - 1
+
+
+def _round(x: int, k: int) -> int:
+    x ^= k
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & M32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & M32
+    return x ^ (x >> 16)
+
+
+class LeaseCodec:
+    """lease id <-> (sequence number, owner)."""
+
+    def __init__(self, keys: tuple[int, int, int, int] | None = None) -> None:
+        self.keys = keys or tuple(secrets.randbits(32) for _ in range(4))  # type: ignore[assignment]
+        self.key_bytes = struct.pack("<4I", *self.keys)  # what the native fast path takes
+
+    def encode(self, seq: int, owner: int) -> int:
+        v = (seq << LEASE_OWNER_BITS) | (owner & OWNER_MASK)
+        left, right = v >> 32, v & M32
+        for k in self.keys:
+            left, right = right, left ^ _round(right, k)
+        return (left << 32) | right
+
+    def decode(self, lease_id: int) -> tuple[int, int]:
+        left, right = (lease_id >> 32) & M32, lease_id & M32
+        for k in reversed(self.keys):
+            left, right = right ^ _round(left, k), left
+        v = (left << 32) | right
+        return v >> LEASE_OWNER_BITS, v & OWNER_MASK
+
+
+def new_token(live: dict[int, object]) -> int:
+    """A reservation token: 64 random bits, never 0, not one in use."""
+    while True:
+        token = secrets.randbits(64)
+        if token and token not in live:
+            return token
+
+
+class TcpOwners:
+    """Owner numbers for TCP connections: above the ring numbers, wrapping within the id's owner bits."""
+
+    def __init__(self, ring_count: int) -> None:
+        self.base = ring_count
+        self.span = OWNER_MASK + 1 - ring_count
+        self._next = 0
+
+    def next(self) -> int:
+        owner = self.base + self._next
+        self._next = (self._next + 1) % self.span
+        return owner

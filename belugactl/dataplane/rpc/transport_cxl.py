@@ -1,0 +1,194 @@
+"""The CXL-RPC client transport: one client ring in the pool's metadata area (`cxl://<pool>#<ring>`)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from belugactl.dataplane import native
+from belugactl.dataplane.rpc import slots
+from belugactl.dataplane.rpc.protocol import FREE, HEADER_SIZE, REQ_READY
+from belugactl.dataplane.rpc.transport import FENCED, ClientTransport, Reply, TransportError, register_transport
+from belugactl.errors import UsageError
+
+if TYPE_CHECKING:
+    from belugactl.pool.mapping import PoolMapping
+
+_rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
+
+
+def parse_cxl_url(address: str) -> tuple[str, int]:
+    parts = urlsplit(address)
+    path = (parts.netloc + parts.path) if parts.netloc else parts.path
+    if parts.scheme != "cxl" or not path or not parts.fragment.isdigit():
+        raise UsageError(
+            f"bad CXL-RPC address {address!r}", fix="write cxl://<pool path>#<ring>, e.g. cxl:///dev/dax0.0#3"
+        )
+    return path, int(parts.fragment)
+
+
+@register_transport
+class CxlTransport(ClientTransport):
+    """One client ring in the pool's metadata area."""
+
+    scheme = "cxl"
+    kind = "cxl"
+    example = "cxl://<pool path>#<ring>"
+    owned_pool: PoolMapping | None = None
+
+    @classmethod
+    def open(cls, address: str, *, pool: PoolMapping | None, timeout_s: float) -> CxlTransport:
+        path, ring = parse_cxl_url(address)
+        owned = None
+        if pool is None:
+            from belugactl.pool.mapping import PoolMapping
+
+            pool = owned = PoolMapping.open(path)
+        try:
+            t = cls(pool, ring)
+        except BaseException:
+            if owned is not None:
+                owned.close()
+            raise
+        t.owned_pool = owned
+        return t
+
+    def default_client_id(self) -> int:
+        return self.ring
+
+    def forget_epoch(self) -> None:
+        self.fence_epoch = None
+
+    def adopt(self, epoch: int, max_payload: int) -> None:
+        self.fence_epoch = epoch
+
+    def current_epoch(self) -> int | None:
+        return self.pool.epoch()
+
+    def __init__(self, pool: PoolMapping, ring: int, *, flush: bool | None = None) -> None:
+        g = pool.geometry
+        if not 0 <= ring < g.ring_count:
+            raise ValueError(f"ring {ring} outside 0..{g.ring_count - 1} (the layout has {g.ring_count} rings)")
+        self.pool = pool
+        self.ring = ring
+        self.buf = pool.buf
+        self.flush = pool.needs_flush if flush is None else flush
+        self.slots_per_ring = g.slots_per_ring
+        self.max_payload = g.slot_size - HEADER_SIZE
+        self._offsets = [g.slot_offset(ring, s) for s in range(g.slots_per_ring)]
+        self._inflight: deque[int] = deque()
+        self.broken = False
+        # The epoch the client adopted: a call first checks the header's epoch word against it.
+        self.fence_epoch: int | None = None
+        from belugactl.pool.header import EPOCH_OFFSET
+
+        self._epoch_off = EPOCH_OFFSET
+        self.reset()
+
+    def reset(self) -> None:
+        """Take the ring over: every slot FREE, and the next request in slot 0, where the server looks
+        for a (re)connecting client."""
+        for off in self._offsets:
+            native.store64(self.buf, off, FREE, self.flush)
+        # A random base (a multiple of the ring size) so a reply left over from an earlier
+        # incarnation of this client can never match a sequence number we wait for.
+        self._seq = self.slots_per_ring * random.randrange(1, 1 << 40)
+        self._inflight.clear()
+        self.broken = False
+
+    def submit(self, op: int, epoch: int, payload: bytes) -> int:
+        if len(payload) > self.max_payload:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds the slot's {self.max_payload}")
+        if len(self._inflight) >= self.slots_per_ring:
+            raise TransportError("every slot of the ring is in flight")
+        seq = self._seq
+        off = self._offsets[seq % self.slots_per_ring]
+        if native.load64(self.buf, off) == REQ_READY:
+            # A slot still busy from a request we gave up on: the ring is out of step with the server.
+            # (RESP_READY there is a late reply to an abandoned request: ours to overwrite.)
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        self._seq = seq + 1
+        slots.post(self.buf, off, seq, epoch, op, payload, self.flush)
+        self._inflight.append(seq)
+        return seq
+
+    def collect(self, timeout_ns: int) -> Reply:
+        """The reply to the oldest request in flight."""
+        seq = self._inflight[0]
+        off = self._offsets[seq % self.slots_per_ring]
+        try:
+            r = slots.wait_reply(self.buf, off, seq, self.max_payload, timeout_ns, self.flush)
+        except ValueError as exc:
+            self.broken = True
+            raise TransportError(str(exc)) from None
+        if r is None:
+            self.broken = True
+            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+        self._inflight.popleft()
+        return r
+
+    def call(self, op: int, epoch: int, payload: bytes, timeout_ns: int) -> Reply:
+        """One round trip (the QD1 path, kept short: it is most of a lookup's client-side cost)."""
+        if self._inflight:
+            self.submit(op, epoch, payload)
+            while len(self._inflight) > 1:
+                self.collect(timeout_ns)
+            return self.collect(timeout_ns)
+        if len(payload) > self.max_payload:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds the slot's {self.max_payload}")
+        seq = self._seq
+        off = self._offsets[seq % self.slots_per_ring]
+        buf = self.buf
+        fence = self.fence_epoch
+        if _rpc_call is not None:
+            # The whole round trip in one native call, the header epoch check included.
+            try:
+                r = _rpc_call(buf, off, seq, epoch, op, payload, self.max_payload, timeout_ns, self.flush,
+                              self._epoch_off if fence is not None else -1, fence or 0)  # fmt: skip
+            except ValueError as exc:
+                self.broken = True
+                raise TransportError(str(exc)) from None
+            if r is None:
+                self._seq = seq + 1
+                self.broken = True
+                raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+            code = r[0]
+            if code >= 0:
+                self._seq = seq + 1
+                return r
+            if code == FENCED:
+                return r
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        if fence is not None and native.load64(buf, self._epoch_off) != fence:
+            return FENCED, 0, b""
+        if native.load64(buf, off) == REQ_READY:
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        self._seq = seq + 1
+        slots.post(buf, off, seq, epoch, op, payload, self.flush)
+        try:
+            r = slots.wait_reply(buf, off, seq, self.max_payload, timeout_ns, self.flush)
+        except ValueError as exc:
+            self.broken = True
+            raise TransportError(str(exc)) from None
+        if r is None:
+            self.broken = True
+            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+        return r
+
+    def status_of_next(self) -> int:
+        return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])
+
+    def close(self) -> None:
+        self._inflight.clear()
+        if self.owned_pool is not None:
+            self.owned_pool.close()
+            self.owned_pool = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._inflight)

@@ -1,0 +1,87 @@
+"""Tokens and leases belong to the ring or connection that got them; RELEASE's result reaches the caller."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from belugactl.dataplane.client import KVIndexClient, connect
+from belugactl.dataplane.errors import NotOwner, ReservationExpired
+from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
+from belugactl.pool.mapping import PoolMapping
+
+NS = "m/tp0"
+
+
+@pytest.fixture
+def running(pool_path: Path) -> Iterator[tuple[MetadataServer, PoolMapping]]:
+    pool = PoolMapping.open(pool_path)
+    server = MetadataServer(pool, ServerConfig(rpc_port=0, admin_port=None))
+    server.start()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, pool
+    server.stop()
+    thread.join(10)
+    pool.close()
+
+
+def clients(server: MetadataServer, pool: PoolMapping) -> list[KVIndexClient]:
+    return [
+        connect(f"cxl://{pool.path}#1", pool=pool, timeout_s=5),
+        connect(f"cxl://{pool.path}#2", pool=pool, timeout_s=5),
+        connect(f"tcp://127.0.0.1:{server.tcp_port}", timeout_s=5),
+        connect(f"tcp://127.0.0.1:{server.tcp_port}", timeout_s=5),
+    ]
+
+
+PAIRS = {"cxl-cxl": (0, 1), "cxl-cxl2": (1, 0), "tcp-tcp": (2, 3), "cxl-tcp": (0, 2), "tcp-cxl": (3, 1)}
+
+
+@pytest.mark.parametrize("pair", list(PAIRS.values()), ids=list(PAIRS))
+def test_only_the_owner_commits_aborts_and_releases(running, pair) -> None:
+    server, pool = running
+    cs = clients(server, pool)
+    owner, other = cs[pair[0]], cs[pair[1]]
+    r = owner.reserve(NS, b"k" * 32, 4096)
+    with pytest.raises(NotOwner):
+        other.commit(r.token)
+    with pytest.raises(NotOwner):
+        other.abort(r.token)
+    assert other.get(NS, b"k" * 32) is None  # nothing became visible
+    owner.commit(r.token)
+    loc = other.get(NS, b"k" * 32)
+    assert loc is not None and loc.lease_id
+    with pytest.raises(NotOwner):
+        owner.release([loc.lease_id])
+    assert other.release([loc.lease_id]) == 1
+    assert other.release([loc.lease_id]) == 0  # already ended: the caller learns it
+    assert server.index.counters.foreign_refused == 3
+    for c in cs:
+        c.close()
+
+
+def test_handed_over_leases_are_released_by_the_receiver(running) -> None:
+    server, pool = running
+    scheduler, worker = clients(server, pool)[:2]
+    r = worker.reserve(NS, b"h" * 32, 4096)
+    worker.commit(r.token)
+    loc = scheduler.get(NS, b"h" * 32)
+    assert loc is not None
+    assert worker.release([loc.lease_id], handed_over=True) == 1
+    assert server.service.released_handed_over == 1 and server.index.counters.foreign_refused == 0
+
+
+def test_tokens_are_random_and_a_guess_commits_nothing(running) -> None:
+    server, pool = running
+    c = clients(server, pool)[0]
+    tokens = [c.reserve(NS, bytes([i]) * 32, 4096).token for i in range(8)]
+    assert len(set(tokens)) == 8 and all(abs(a - b) > 1 << 16 for a, b in zip(tokens, tokens[1:], strict=False))
+    for guess in (tokens[0] + 1, tokens[-1] + 1, 1, 2):
+        with pytest.raises(ReservationExpired):
+            c.commit(guess)
+    for t in tokens:
+        c.abort(t)

@@ -1,0 +1,158 @@
+"""Hostile clients against a real `metadata-server` process on 127.0.0.1.
+
+Every attack is bounded in count and time. After each one the tests check the three things a KV
+cache must keep: the server still serves a well-behaved client, its memory stays bounded (RSS via
+psutil), and readers get exactly the bytes their writer committed.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.dataplane.conftest import SMALL_RACK
+
+NS = "m/tp0"
+# Small limits so each attack reaches them quickly.
+LIMITS = ("--tcp-max-connections", "32", "--tcp-idle-timeout", "2", "--tcp-max-buffered", "64KiB",
+          "--tcp-accept-backoff-ms", "100")  # fmt: skip
+
+
+@pytest.fixture
+def manifest_path(tmp_path: Path) -> Path:
+    path = tmp_path / "rack.yaml"
+    path.write_text(SMALL_RACK)
+    return path
+
+
+@pytest.fixture
+def pool_path(tmp_path: Path, manifest_path: Path) -> Path:
+    from belugactl.model.manifest import load_manifest
+    from belugactl.pool.file_pool import create_file_pool
+
+    return create_file_pool(tmp_path / "pool.bin", load_manifest(manifest_path))
+
+
+class Mds:
+    """A running metadata-server process and what it printed at start."""
+
+    def __init__(self, proc: subprocess.Popen, record: dict, pool_path: Path) -> None:
+        self.proc = proc
+        self.record = record
+        self.pool_path = pool_path
+        self.ps = psutil.Process(proc.pid)
+
+    @property
+    def tcp(self) -> str:
+        return self.record["rpc"]
+
+    @property
+    def port(self) -> int:
+        return int(self.tcp.rsplit(":", 1)[1])
+
+    def cxl(self, ring: int) -> str:
+        return f"cxl://{self.pool_path}#{ring}"
+
+    def rss(self) -> int:
+        return self.ps.memory_info().rss
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def admin(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.record["admin"] + path, timeout=5) as r:  # noqa: S310 - loopback
+            return r.read()
+
+    def stats(self) -> dict:
+        return json.loads(self.admin("/stats"))
+
+    def stderr(self) -> str:
+        self.proc.wait(timeout=15)
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+@contextmanager
+def start_mds(manifest_path: Path, pool_path: Path, *extra: str, nofile: int | None = None) -> Iterator[Mds]:
+    argv = [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest_path), "--pool", str(pool_path),
+            "--rpc-port", "0", "--admin-port", "0", "--json", *LIMITS, *extra]  # fmt: skip
+
+    def limit_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_files)  # noqa: S603, PLW1509
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, proc.stderr.read() if proc.stderr else "no output"
+        yield Mds(proc, json.loads(line), pool_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture
+def mds(manifest_path: Path, pool_path: Path) -> Iterator[Mds]:
+    with start_mds(manifest_path, pool_path) as m:
+        yield m
+        assert m.proc.poll() is None, "the server died under attack"
+
+
+def content(key: bytes, n: int, tag: bytes = b"") -> bytes:
+    """A block's bytes, derived from its key (and a writer tag): any other bytes are wrong bytes."""
+    seed = (tag + key) * (n // max(1, len(tag + key)) + 1)
+    return seed[:n]
+
+
+def write_block(pool, extents, data: bytes) -> None:
+    pos = 0
+    for off, n in extents:
+        pool.write(off, data[pos : pos + n])
+        pos += n
+
+
+def read_block(pool, extents) -> bytes:
+    return b"".join(pool.read(off, n) for off, n in extents)
+
+
+def well_behaved_round_trip(address: str, pool, key: bytes, n: int = 8192) -> None:
+    """A good client puts a block and reads it back byte for byte."""
+    from belugactl.dataplane.client import connect
+
+    c = connect(address, pool=pool if address.startswith("cxl") else None, timeout_s=5)
+    try:
+        r = c.reserve(NS, key, n)
+        assert c.writable(r)
+        write_block(pool, r.extents, content(key, n))
+        c.commit(r.token)
+        loc = c.get(NS, key)
+        assert loc is not None and read_block(pool, loc.extents) == content(key, n)
+        assert c.release([loc.lease_id]) == 1
+    finally:
+        c.close()
+
+
+def until(pred: Callable[[], bool], timeout_s: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
