@@ -12,8 +12,8 @@ import pytest
 from host_fixtures import snapshot, tree, without_root
 
 from belugactl.host import read_tools
+from belugactl.host.command_runner import CommandResult, RecordedRunner, RecordingRunner
 from belugactl.host.host import Host
-from belugactl.host.runner import CommandResult, RecordedRunner, RecordingRunner
 from belugactl.workflows.discover import TOPICS, discover
 
 

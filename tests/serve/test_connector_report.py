@@ -9,7 +9,7 @@ from pathlib import Path
 
 from belugactl.cli.app import run
 from belugactl.workflows.serve.connector_report import describe, summarize, wait_for_connectors
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import Supervisor
 
 FAKE = str(Path(__file__).with_name("fake_service.py"))

@@ -24,7 +24,7 @@ import yaml
 
 from belugactl.cli.app import run
 from belugactl.model.manifest import load_manifest, load_manifest_text
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.router import add_router, backends, haproxy_config, router_hosts, router_process
 from belugactl.workflows.serve.supervisor import Supervisor, pid_alive
 

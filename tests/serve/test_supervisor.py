@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.workflows.serve.control import read_state, status, stop
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import StartFailed, Supervisor, pid_alive
 
 FAKE = str(Path(__file__).with_name("fake_service.py"))
@@ -131,7 +131,7 @@ def test_stop_command_cleans_up_after_a_supervisor_that_is_gone(tmp_path: Path) 
 
 SUPERVISE = """
 import sys
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import Supervisor
 import json
 specs = [ProcessSpec(**d) for d in json.loads(sys.argv[1])]

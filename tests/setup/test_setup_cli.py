@@ -8,7 +8,7 @@ from pathlib import Path
 from setup_fakehost import LAB, FakeMachine
 
 from belugactl.cli.app import run
-from belugactl.host.runner import RecordingRunner
+from belugactl.host.command_runner import RecordingRunner
 from belugactl.workflows.discover import discover
 
 

@@ -8,7 +8,7 @@ import pytest
 from setup_fakehost import FakeMachine, lab_target
 
 from belugactl.errors import EnvironmentProblem
-from belugactl.host.write_state import SetupLocked, setup_lock
+from belugactl.host.setup_state import SetupLocked, setup_lock
 from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import ForceRequired, SetupFailed, run_setup, run_teardown
 from belugactl.workflows.setup.topics.header import HeaderMismatch
