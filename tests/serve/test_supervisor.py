@@ -12,8 +12,9 @@ import pytest
 from belugactl.workflows.serve.control import read_state, status, stop
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import StartFailed, Supervisor, pid_alive
+from tests.support import FAKE_SERVICE
 
-FAKE = str(Path(__file__).with_name("fake_service.py"))
+FAKE = str(FAKE_SERVICE)
 
 
 def _port() -> int:

@@ -8,13 +8,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.errors import InputError
 from belugactl.model.setup_plan import Step, WriteAttr
 from belugactl.workflows.setup import force, topics
 from belugactl.workflows.setup.applier import run_setup, run_teardown
 from belugactl.workflows.setup.force import ForceRequired
+from tests.support.fake_machine import lab_target
 
 SETUP = Path(topics.__file__).resolve().parents[1]
 

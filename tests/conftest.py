@@ -1,10 +1,17 @@
-"""Fixtures for the pool tests: a small two-host rack manifest and a file pool made from it."""
+"""Fixtures shared across test folders. Helpers live in tests.support and are imported explicitly;
+a folder's own conftest.py adds fixtures only that folder uses.
+
+- a small two-host rack manifest and a file pool made from it (pool, data-plane tests)
+- fake machines `lab1` and `lab2` sharing one pool file (setup tests, `belugactl setup` CLI tests)
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from tests.support.fake_machine import FakeMachine
 
 SMALL_RACK = """\
 version: 1
@@ -61,3 +68,18 @@ def pool_path(tmp_path: Path, manifest) -> Path:
     from belugactl.pool.file_pool import create_file_pool
 
     return create_file_pool(tmp_path / "pool.bin", manifest)
+
+
+@pytest.fixture
+def pool_file(tmp_path: Path) -> Path:
+    return tmp_path / "pool.raw"
+
+
+@pytest.fixture
+def lab1(tmp_path: Path, pool_file: Path) -> FakeMachine:
+    return FakeMachine(tmp_path / "lab-1", pool_file, hostname="lab-1")
+
+
+@pytest.fixture
+def lab2(tmp_path: Path, pool_file: Path) -> FakeMachine:
+    return FakeMachine(tmp_path / "lab-2", pool_file, hostname="lab-2")
