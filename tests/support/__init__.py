@@ -5,6 +5,7 @@ them live in the conftest.py of the folder that uses them.
     fixture_trees     the captured host trees under tests/fixtures and their snapshots (discovery)
     doctor_snapshots  snapshots built in code for single doctor checks
     fake_machine      a stand-in machine (sysfs tree, kernel, tools) for setup tests
+    small_rack        a small two-host rack manifest (pool, data-plane, hostile tests)
     lab               running the CLI against QEMU guests (lab-marked tests)
     dashboard_names   metric names in the Grafana dashboard and in each exporter
     fake_service.py, router_backend.py   small HTTP servers the serve tests start as subprocesses
