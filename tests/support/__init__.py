@@ -1,6 +1,7 @@
 """Helpers shared by the tests, imported explicitly as `tests.support.<module>`; fixtures built on
 them live in the conftest.py of the folder that uses them.
 
+    paths             the repository, example manifests, the lab guest fixture tree
     manifests         example and minimal manifests, the broken-manifest corpus (model tests)
     fixture_trees     the captured host trees under tests/fixtures and their snapshots (discovery)
     doctor_snapshots  snapshots built in code for single doctor checks
