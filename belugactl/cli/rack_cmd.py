@@ -333,7 +333,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from belugactl.cli.load_rack import rack_context
         from belugactl.cli.render import print_json
-        from belugactl.workflows.rack.agent import host_info
+        from belugactl.workflows.rack.host_tasks import host_info
 
         print_json(host_info(rack_context(manifest, host=host)))
 
@@ -347,9 +347,9 @@ def register(app: typer.Typer) -> None:
         ) -> None:
             from belugactl.cli.load_rack import rack_context
             from belugactl.cli.render import print_json
-            from belugactl.workflows.rack import agent as rack_agent
+            from belugactl.workflows.rack import host_tasks
 
-            run = rack_agent.probe_write if verb == "probe-write" else rack_agent.probe_read
+            run = host_tasks.probe_write if verb == "probe-write" else host_tasks.probe_read
             print_json(run(rack_context(manifest, host=host, pool=pool), nonce))
 
         command.__doc__ = doc

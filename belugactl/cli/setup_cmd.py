@@ -44,7 +44,7 @@ def _topics(only: str | None) -> list[str] | None:
     return chosen
 
 
-def _confirm(plan, yes: bool, verb: str) -> None:  # plan: belugactl.model.plan.Plan
+def _confirm(plan, yes: bool, verb: str) -> None:  # plan: belugactl.model.setup_plan.Plan
     from belugactl.errors import UsageError
 
     risky = plan.destructive

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from belugactl import __version__
 from belugactl.errors import InputError, UsageError
+from belugactl.host.command_runner import RecordingRunner
 from belugactl.host.host import CAPTURE_COMMANDS, CAPTURE_META, Host
 from belugactl.host.read_dax import DEVNODES_FILE
-from belugactl.host.runner import RecordingRunner
 from belugactl.host.snapshot import HostSnapshot
 
 # A sysfs attribute is at most a page; PCI config space is 4 KiB. Anything bigger is not ours.

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from belugactl.host.runner import CommandResult, RecordedRunner, Runner, SubprocessRunner
+from belugactl.host.command_runner import CommandResult, RecordedRunner, Runner, SubprocessRunner
 
 # Where a captured tree keeps the recorded tool outputs, relative to its root.
 CAPTURE_COMMANDS = ".belugactl/commands.json"

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
+from belugactl.host.command_runner import CommandResult, Runner
 from belugactl.host.host import Host
-from belugactl.host.runner import CommandResult, Runner
 
 MAX_WORKERS = 8
 

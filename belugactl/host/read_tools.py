@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from belugactl.errors import EnvironmentProblem, ToolOutputError
+from belugactl.host.command_runner import CommandResult
 from belugactl.host.host import CAPTURE_META, Host
-from belugactl.host.runner import CommandResult
 from belugactl.host.snapshot import ToolInfo
 
 # Seconds a listing may take; `cxl list` on a large rack walks many sysfs files.

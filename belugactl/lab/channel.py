@@ -1,6 +1,6 @@
 """The host side of the exec channel: put a request into a guest's spool, stream its output back.
 
-See `belugactl.lab.agent` for the spool layout. Output is streamed while the command runs; its
+See `belugactl.lab.guest_agent` for the spool layout. Output is streamed while the command runs; its
 exit status comes back unchanged (a command killed by signal N reports 128+N, a timeout 124).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from belugactl.errors import BelugaError, EnvironmentProblem
-from belugactl.host.runner import CommandResult
+from belugactl.host.command_runner import CommandResult
 
 RC_TIMEOUT = 124
 # How long past the command's own timeout the host waits for the agent to report it.
@@ -182,7 +182,7 @@ class GuestChannel:
 
 
 class GuestRunner:
-    """A `belugactl.host.runner.Runner` whose commands run inside a lab guest."""
+    """A `belugactl.host.command_runner.Runner` whose commands run inside a lab guest."""
 
     def __init__(self, channel: GuestChannel, *, env: dict[str, str] | None = None) -> None:
         self.channel = channel

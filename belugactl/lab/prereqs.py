@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from belugactl.errors import EnvironmentProblem
-from belugactl.host.runner import Runner
+from belugactl.host.command_runner import Runner
 
 QEMU = "qemu-system-x86_64"
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from belugactl.host.runner import RC_NOT_FOUND, RC_TIMEOUT, CommandResult
+from belugactl.host.command_runner import RC_NOT_FOUND, RC_TIMEOUT, CommandResult
 
 
 def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 600.0) -> CommandResult:

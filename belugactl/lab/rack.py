@@ -193,7 +193,7 @@ def prepare(*, install: bool = False, refresh: bool = False, progress: Progress 
     """Packages (checked, or installed with `install`), the guest kernel and the initramfs, cached."""
     installed: list[str] = []
     if install:
-        from belugactl.host.runner import SubprocessRunner
+        from belugactl.host.command_runner import SubprocessRunner
 
         installed = prereqs.install(SubprocessRunner())
     prereqs.require()
@@ -224,7 +224,7 @@ def _guest_path(venv: Path) -> str:
 def _guest_env(
     kernel: kernel_mod.GuestKernel, name: str, venv: Path, repo: Path, root_cache: str, ssh: bool = False
 ) -> str:
-    agent = Path(__file__).with_name("agent.py").resolve()
+    agent = Path(__file__).with_name("guest_agent.py").resolve()
     modules = GUEST_MODULES + (ssh_mod.NET_MODULES if ssh else ())
     values = {
         "LAB_HOSTNAME": name,

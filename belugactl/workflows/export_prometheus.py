@@ -70,7 +70,7 @@ def _vllm_bind(extra_args: list[str]) -> str:
 def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
     """Every metrics endpoint of the rack, and warnings about the ones a remote Prometheus cannot reach."""
     from belugactl.errors import InputError
-    from belugactl.workflows.serve.plan import metadata_host
+    from belugactl.workflows.serve.launch_plan import metadata_host
     from belugactl.workflows.serve.router import router_hosts
 
     if manifest.serve is None:

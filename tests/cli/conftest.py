@@ -5,19 +5,12 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from belugactl.cli.app import build_app
 from belugactl.errors import BelugaError
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
-LAB = EXAMPLES / "lab.yaml"
-CPU_DEMO = EXAMPLES / "cpu-demo.yaml"
-LAB_GUEST = REPO / "tests" / "fixtures" / "lab-guest"
 
 
 @dataclass

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from belugactl.cli.completion import setup_topic_ids
-
-from .conftest import LAB
+from tests.support.paths import LAB
 
 
 def _complete(cli, words: str) -> list[str]:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from belugactl.errors import ExitCode
-
-from .conftest import CPU_DEMO, LAB, LAB_GUEST
+from tests.support.paths import CPU_DEMO, LAB, LAB_GUEST
 
 
 @pytest.mark.parametrize("flag", ["-f", "--file", "--manifest"])

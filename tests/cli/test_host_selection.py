@@ -15,8 +15,7 @@ import pytest
 from belugactl.errors import ExitCode, UsageError
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.rack_context import select_host
-
-from .conftest import LAB, LAB_GUEST
+from tests.support.paths import LAB, LAB_GUEST
 
 
 def _fqdn_lab(tmp_path: Path) -> Path:

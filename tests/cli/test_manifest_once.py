@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.pool.file_pool import create_file_pool
-
-from .conftest import CPU_DEMO, LAB, LAB_GUEST
+from tests.support.paths import CPU_DEMO, LAB, LAB_GUEST
 
 
 @pytest.fixture

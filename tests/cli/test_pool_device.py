@@ -14,8 +14,7 @@ import pytest
 from belugactl.errors import ExitCode
 from belugactl.model.manifest import load_manifest
 from belugactl.pool.device import PoolDeviceUndecided, device_name, device_path, is_device, pool_device
-
-from .conftest import CPU_DEMO, LAB
+from tests.support.paths import CPU_DEMO, LAB
 
 
 def test_device_names_and_paths():
@@ -91,8 +90,7 @@ def test_a_region_pools_device_is_found_by_setups_own_finder():
     """Through the real finder (no stand-in): the lab guest's namespace is dax0.0; a host without CXL has none."""
     from belugactl.host.host import Host
     from belugactl.workflows.rack_context import RackContext
-
-    from .conftest import REPO
+    from tests.support.paths import REPO
 
     fixtures = REPO / "tests" / "fixtures"
     rack = RackContext(load_manifest(LAB), str(LAB), wanted_host="lab-1")

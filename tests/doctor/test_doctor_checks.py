@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from doctor_snapshots import CXL_NODE, POOL_SIZE, REGION_BASE, beluga_like, ctx, expectations, nocxl
 
 from belugactl.host.snapshot import (
     CpuInfo,
@@ -21,6 +20,7 @@ from belugactl.host.snapshot import (
 from belugactl.units import GiB, MiB
 from belugactl.workflows.doctor import CheckResult, Status, builtin_registry
 from belugactl.workflows.doctor.context import HugepageWant
+from tests.support.doctor_snapshots import CXL_NODE, POOL_SIZE, REGION_BASE, beluga_like, ctx, expectations, nocxl
 
 REGISTRY = builtin_registry()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from doctor_snapshots import beluga_like, ctx, nocxl
 
 from belugactl.errors import ExitCode, UsageError
 from belugactl.workflows.doctor import (
@@ -17,6 +16,7 @@ from belugactl.workflows.doctor import (
     validate_ignores,
 )
 from belugactl.workflows.doctor.registry import TOPIC_ORDER, Check
+from tests.support.doctor_snapshots import beluga_like, ctx, nocxl
 
 
 def tiny_registry() -> Registry:

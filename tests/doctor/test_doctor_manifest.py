@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from doctor_snapshots import UUID, beluga_like
 
 from belugactl.errors import ExitCode, UsageError
 from belugactl.host.host import Host
@@ -16,6 +15,7 @@ from belugactl.units import MiB
 from belugactl.workflows.doctor import DoctorContext, Status, builtin_registry, run_doctor
 from belugactl.workflows.doctor.expectations import from_manifest, pick_host
 from belugactl.workflows.rack_context import load_rack_context
+from tests.support.doctor_snapshots import UUID, beluga_like
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "examples" / "lab.yaml"

@@ -8,12 +8,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from host_fixtures import ALL_TREES, host, snapshot, tree, without_root
 
 from belugactl.errors import InputError, UsageError
 from belugactl.host.capture import open_root, redact_cmdline
 from belugactl.host.host import Host
 from belugactl.workflows.discover import capture, discover
+from tests.support.fixture_trees import ALL_TREES, host, snapshot, tree, without_root
 
 
 @pytest.mark.parametrize("name", ALL_TREES)

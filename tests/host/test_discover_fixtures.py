@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from host_fixtures import TREES, snapshot
+
+from tests.support.fixture_trees import TREES, snapshot
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from host_fixtures import snapshot, tree, without_root
 
 from belugactl.host import read_tools
+from belugactl.host.command_runner import CommandResult, RecordedRunner, RecordingRunner
 from belugactl.host.host import Host
-from belugactl.host.runner import CommandResult, RecordedRunner, RecordingRunner
 from belugactl.workflows.discover import TOPICS, discover
+from tests.support.fixture_trees import snapshot, tree, without_root
 
 
 class SlowRunner:

@@ -75,9 +75,8 @@ def test_pci_paths_and_classes() -> None:
 
 
 def test_udev_is_only_asked_on_the_live_root() -> None:
-    from host_fixtures import host
-
     from belugactl.host.read_udev import dax_devnames, has_udev_db
+    from tests.support.fixture_trees import host
 
     problems: list[str] = []
     fixture = host("beluga-intel")

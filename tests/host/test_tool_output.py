@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from host_fixtures import tree
 
 from belugactl.errors import ExitCode, ToolOutputError
+from belugactl.host.command_runner import CommandResult, RecordedRunner
 from belugactl.host.host import Host
 from belugactl.host.read_cxl import parse_cxl_list
 from belugactl.host.read_dax import parse_daxctl_list
 from belugactl.host.read_nd import NDCTL_LIST, parse_ndctl_list, read_nd
 from belugactl.host.read_tools import as_hex, as_size, parse_list_output, parse_version
-from belugactl.host.runner import CommandResult, RecordedRunner
 from belugactl.workflows.discover import discover
+from tests.support.fixture_trees import tree
 
 MiB = 1 << 20
 

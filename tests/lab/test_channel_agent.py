@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.lab import agent as agent_mod
+from belugactl.lab import guest_agent as agent_mod
 from belugactl.lab.channel import GuestChannel, GuestRunner, GuestUnavailable
 
 

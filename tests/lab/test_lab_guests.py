@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_support import REPO, our_qemus, run_cli, unavailable
 
 import belugactl
 from belugactl.lab import kernel, prereqs
 from belugactl.lab.paths import STATE_ENV, cache_root
+from tests.support.lab import REPO, our_qemus, run_cli, unavailable
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 

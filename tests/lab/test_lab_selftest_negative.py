@@ -9,9 +9,9 @@ import os
 import signal
 
 import pytest
-from lab_support import our_qemus, run_cli, unavailable
 
 from belugactl.lab.paths import STATE_ENV
+from tests.support.lab import our_qemus, run_cli, unavailable
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 

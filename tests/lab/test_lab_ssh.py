@@ -5,10 +5,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from lab_support import unavailable
-
 from belugactl.lab import initramfs, qemu, rack, ssh
 from belugactl.lab.paths import LabPaths
+from tests.support.lab import unavailable
 
 
 def _spec(tmp_path: Path, **kw) -> qemu.GuestSpec:

@@ -8,13 +8,13 @@ import zlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_support import EXAMPLES, MINIMAL
 
 from belugactl.errors import InputError
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest, load_manifest_text
 from belugactl.pool import header as hdr
 from belugactl.pool.header import CLAIM_OFFSET, EPOCH_OFFSET, FIXED_SIZE, PoolHeader, diff
+from tests.support.manifests import EXAMPLES, MINIMAL
 
 
 def _header(path=EXAMPLES / "beluga-rack.yaml", **kwargs) -> PoolHeader:

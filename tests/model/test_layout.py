@@ -3,12 +3,12 @@
 import dataclasses
 
 import pytest
-from model_support import EXAMPLES, MINIMAL
 
 from belugactl.model.layout import RING_ALIGN, LayoutDoesNotFit, resolve_layout
 from belugactl.model.manifest import load_manifest, load_manifest_text
 from belugactl.pool.geometry import PoolGeometry
 from belugactl.units import MiB
+from tests.support.manifests import EXAMPLES, MINIMAL
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 

@@ -4,10 +4,10 @@ as `line:column: field.path: message (hint)`. Trailing comments do not move any 
 from pathlib import Path
 
 import pytest
-from model_support import BROKEN
 
 from belugactl.errors import ManifestError
 from belugactl.model.manifest import load_manifest
+from tests.support.manifests import BROKEN
 
 CORPUS = sorted(BROKEN.glob("*.yaml"))
 

@@ -1,11 +1,11 @@
 """Good paths: the shipped examples, defaults, units, and the loader's own edge cases."""
 
 import pytest
-from model_support import EXAMPLES, MINIMAL
 
 from belugactl.errors import ExitCode, ManifestError
 from belugactl.model.manifest import format_path, load_manifest, load_manifest_text
 from belugactl.units import GiB, MiB, TiB
+from tests.support.manifests import EXAMPLES, MINIMAL
 
 
 def test_lab_example_describes_the_emulated_lab():

@@ -5,11 +5,11 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from model_support import MINIMAL
 
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.pool_svg import proportional_widths, render_svg
+from tests.support.manifests import MINIMAL
 
 
 @given(st.lists(st.integers(0, 1 << 45), min_size=1, max_size=40), st.integers(40, 2000), st.integers(1, 4))

@@ -8,7 +8,7 @@ it live), and Prometheus's own `up`.
 
 from __future__ import annotations
 
-from dashboard_names import (
+from tests.support.dashboard_names import (
     PROMETHEUS_BUILTINS,
     dashboard,
     label_values,

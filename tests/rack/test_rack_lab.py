@@ -10,7 +10,6 @@ fail in CI (CI=true) and are skipped elsewhere, saying why.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,13 +25,9 @@ from belugactl.errors import EnvironmentProblem
 from belugactl.lab import kernel, prereqs
 from belugactl.lab import ssh as lab_ssh
 from belugactl.lab.paths import STATE_ENV, cache_root
+from tests.support import lab as lab_support
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-_spec = importlib.util.spec_from_file_location("lab_support", Path(__file__).parents[1] / "lab" / "lab_support.py")
-assert _spec is not None and _spec.loader is not None
-lab_support = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lab_support)
 
 LAB = "rack-tests"
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from belugactl.cli.app import run
 from belugactl.workflows.serve.connector_report import describe, summarize, wait_for_connectors
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import Supervisor
+from tests.support import FAKE_SERVICE
 
-FAKE = str(Path(__file__).with_name("fake_service.py"))
+FAKE = str(FAKE_SERVICE)
 
 
 def _doc(role: str, *, healthy: bool = True, **counters: int) -> dict:

@@ -12,7 +12,7 @@ from belugactl.host.host import Host
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.discover import discover
 from belugactl.workflows.rack_context import RackContext, load_rack_context
-from belugactl.workflows.serve.plan import Tools, build_serve_plan
+from belugactl.workflows.serve.launch_plan import Tools, build_serve_plan
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = Tools(vllm="/opt/vllm/bin/vllm", belugactl=("/opt/bin/belugactl",), numactl="/usr/bin/numactl")

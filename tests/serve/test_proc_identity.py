@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.workflows.serve.control import read_state, status, stop
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.proc_identity import (
     ProcessIdentity,
     is_running,

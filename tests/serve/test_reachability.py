@@ -11,7 +11,7 @@ import pytest
 
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.rack_context import RackContext
-from belugactl.workflows.serve.plan import Tools, build_serve_plan
+from belugactl.workflows.serve.launch_plan import Tools, build_serve_plan
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = Tools(vllm="vllm", belugactl=("belugactl",), numactl=None)

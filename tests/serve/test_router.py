@@ -24,12 +24,13 @@ import yaml
 
 from belugactl.cli.app import run
 from belugactl.model.manifest import load_manifest, load_manifest_text
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.router import add_router, backends, haproxy_config, router_hosts, router_process
 from belugactl.workflows.serve.supervisor import Supervisor, pid_alive
+from tests.support import ROUTER_BACKEND
 
 REPO = Path(__file__).resolve().parents[2]
-BACKEND = str(Path(__file__).with_name("router_backend.py"))
+BACKEND = str(ROUTER_BACKEND)
 
 
 def _haproxy() -> str:

@@ -44,11 +44,8 @@ def _need(condition: bool, message: str) -> None:
 
 
 def _free_ports(n: int) -> list[int]:
-    sys.path.insert(0, str(HERE))
-    try:
-        from test_e2e_vllm import _free_ports as free
-    finally:
-        sys.path.remove(str(HERE))
+    from tests.serve.test_e2e_vllm import _free_ports as free
+
     return free(n)
 
 
@@ -140,12 +137,9 @@ def test_requests_through_the_front_door_reach_both_instances(stack: Stack) -> N
 
 
 def test_prometheus_scrapes_every_target_and_the_dashboard_names_exist(stack: Stack) -> None:
-    sys.path.insert(0, str(REPO / "tests" / "ops"))
-    try:
-        from dashboard_names import dashboard, metric_names, queries, recorded_names
-        from test_export_prometheus import query, start_prometheus, wait_all_up
-    finally:
-        sys.path.remove(str(REPO / "tests" / "ops"))
+    from tests.ops.test_export_prometheus import query, start_prometheus, wait_all_up
+    from tests.support.dashboard_names import dashboard, metric_names, queries, recorded_names
+
     config = stack.tmp / "prometheus.yml"
     out = _belugactl("export", "prometheus", "-f", str(stack.manifest), "-o", str(config), "--scrape-interval", "1s",
                      timeout=60)  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import StartFailed, Supervisor, exit_why
 
 

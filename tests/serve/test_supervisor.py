@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from belugactl.workflows.serve.control import read_state, status, stop
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import StartFailed, Supervisor, pid_alive
+from tests.support import FAKE_SERVICE
 
-FAKE = str(Path(__file__).with_name("fake_service.py"))
+FAKE = str(FAKE_SERVICE)
 
 
 def _port() -> int:
@@ -131,7 +132,7 @@ def test_stop_command_cleans_up_after_a_supervisor_that_is_gone(tmp_path: Path) 
 
 SUPERVISE = """
 import sys
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import Supervisor
 import json
 specs = [ProcessSpec(**d) for d in json.loads(sys.argv[1])]

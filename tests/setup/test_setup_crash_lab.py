@@ -27,17 +27,14 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
-from lab_support import BELUGACTL, REPO, our_qemus, run_cli, unavailable  # noqa: E402
-
-from belugactl.pool import header as hdr  # noqa: E402
+from belugactl.pool import header as hdr
+from tests.support.lab import BELUGACTL, REPO, our_qemus, run_cli, unavailable
 
 pytestmark = pytest.mark.lab
 

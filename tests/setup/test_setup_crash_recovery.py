@@ -10,7 +10,6 @@ import functools
 from pathlib import Path
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.errors import StepFailed
 from belugactl.host.host import Host
@@ -18,6 +17,7 @@ from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.topics import header as header_topic
 from belugactl.workflows.setup.topics.header import judge, write_or_verify_header
+from tests.support.fake_machine import lab_target
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"  # examples/lab.yaml pool.namespace.uuid
 

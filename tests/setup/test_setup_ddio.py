@@ -11,7 +11,7 @@ from belugactl.errors import EnvironmentProblem, StepFailed
 from belugactl.host.host import Host
 from belugactl.host.snapshot import CpuInfo, CxlMemdev, CxlState, HostSnapshot, KernelInfo, PciDevice, RootPort
 from belugactl.host.write_pci import rmw_config_byte
-from belugactl.model.plan import PciConfigRmw
+from belugactl.model.setup_plan import PciConfigRmw
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import PoolTarget, SetupTarget
 from belugactl.workflows.setup.topic import Planned

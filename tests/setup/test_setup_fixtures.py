@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.errors import EnvironmentProblem, InputError
 from belugactl.host.host import Host
@@ -13,6 +12,7 @@ from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.setup.applier import run_setup
 from belugactl.workflows.setup.target import target_from_manifest
+from tests.support.fake_machine import lab_target
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

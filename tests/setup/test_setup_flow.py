@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from setup_fakehost import FakeMachine, lab_target
 
 from belugactl.errors import EnvironmentProblem
-from belugactl.host.write_state import SetupLocked, setup_lock
+from belugactl.host.setup_state import SetupLocked, setup_lock
 from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import ForceRequired, SetupFailed, run_setup, run_teardown
 from belugactl.workflows.setup.topics.header import HeaderMismatch
+from tests.support.fake_machine import FakeMachine, lab_target
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
 

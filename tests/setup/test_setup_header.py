@@ -6,12 +6,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.errors import StepFailed
 from belugactl.host.host import Host
 from belugactl.pool import header as hdr
 from belugactl.workflows.setup.topics.header import HeaderMismatch, judge, write_or_verify_header
+from tests.support.fake_machine import lab_target
 
 MiB = 1 << 20
 

@@ -4,12 +4,12 @@ without --force, and says what it would destroy (issue 11, item 6)."""
 from __future__ import annotations
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.force import ForceRequired
 from belugactl.workflows.setup.topics.header import judge
+from tests.support.fake_machine import lab_target
 
 AREA = hdr.HEADER_REGION
 

@@ -8,13 +8,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from setup_fakehost import lab_target
 
 from belugactl.errors import InputError
-from belugactl.model.plan import Step, WriteAttr
+from belugactl.model.setup_plan import Step, WriteAttr
 from belugactl.workflows.setup import force, topics
 from belugactl.workflows.setup.applier import run_setup, run_teardown
 from belugactl.workflows.setup.force import ForceRequired
+from tests.support.fake_machine import lab_target
 
 SETUP = Path(topics.__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ NEW_TOPIC = '''
 from dataclasses import dataclass
 from typing import ClassVar
 
-from belugactl.model.plan import Step, WriteAttr
+from belugactl.model.setup_plan import Step, WriteAttr
 from belugactl.workflows.setup.topic import Planned, SetupTopic
 
 PATH = "/proc/sys/vm/demo_knob"

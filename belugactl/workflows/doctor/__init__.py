@@ -9,10 +9,10 @@ Checks live in `checks/` (one module per topic) and register in `registry.REGIST
 failure, and applies `--ignore`.
 """
 
+from belugactl.workflows.doctor.check_runner import run_checks, validate_ignores
 from belugactl.workflows.doctor.context import DoctorContext, Expectations, HugepageWant
 from belugactl.workflows.doctor.registry import REGISTRY, Check, Registry
 from belugactl.workflows.doctor.result import CheckOutcome, CheckResult, DoctorReport, Severity, Status
-from belugactl.workflows.doctor.runner import run_checks, validate_ignores
 from belugactl.workflows.doctor.workflow import builtin_registry, run_doctor
 
 __all__ = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from belugactl.workflows.doctor.check_runner import run_checks, validate_ignores
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY, Registry
 from belugactl.workflows.doctor.result import DoctorReport
-from belugactl.workflows.doctor.runner import run_checks, validate_ignores
 
 if TYPE_CHECKING:
     from belugactl.host.host import Host

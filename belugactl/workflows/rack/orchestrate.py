@@ -178,7 +178,7 @@ class RackDoctorReport:
 
 
 def _skew(target: RackTarget, infos: dict[str, NodeResult]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    from belugactl.workflows.rack.agent import host_info
+    from belugactl.workflows.rack.host_tasks import host_info
 
     local = host_info(target.rack)
     rows: dict[str, dict[str, Any]] = {}

@@ -16,7 +16,7 @@ from belugactl.errors import EnvironmentProblem, InputError, UsageError
 from belugactl.pool.device import is_device
 from belugactl.workflows.serve import preflight
 from belugactl.workflows.serve.connector_report import read_connector_stats, summarize
-from belugactl.workflows.serve.plan import ServePlan, Tools, build_serve_plan
+from belugactl.workflows.serve.launch_plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
 from belugactl.workflows.serve.router import add_router, check_router
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
@@ -75,7 +75,7 @@ def prepare(
     check_router(plan)
     manifest = rack.manifest
     if manifest.serve is not None and manifest.instances_on(host):
-        from belugactl.workflows.serve.plan import resolve_model
+        from belugactl.workflows.serve.launch_plan import resolve_model
 
         preflight.check_model(resolve_model(manifest.serve.vllm.model, rack.path), manifest_path=rack.file)
     preflight.check_ports((p.name, p.port) for p in plan.processes if p.port is not None)

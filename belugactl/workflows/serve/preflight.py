@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from belugactl.errors import EnvironmentProblem, InputError, StepFailed
-from belugactl.workflows.serve.plan import ServePlan
+from belugactl.workflows.serve.launch_plan import ServePlan
 
 if TYPE_CHECKING:
     from belugactl.workflows.rack_context import RackContext

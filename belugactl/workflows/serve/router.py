@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Host, Manifest, RouterServe
-    from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+    from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 
 CONFIG_NAME = "haproxy.cfg"
 BACKEND = "vllm"
@@ -136,7 +136,7 @@ def find_haproxy() -> str:
 
 
 def router_process(manifest: Manifest, host: Host, run_dir: str | Path, *, haproxy: str | None = None) -> ProcessSpec:
-    from belugactl.workflows.serve.plan import ProcessSpec
+    from belugactl.workflows.serve.launch_plan import ProcessSpec
 
     assert manifest.serve is not None and manifest.serve.router is not None
     router = manifest.serve.router

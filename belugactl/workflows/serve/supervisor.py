@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from belugactl.errors import BelugaError, EnvironmentProblem, ExitCode
-from belugactl.workflows.serve.plan import ProcessSpec, ServePlan
+from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, terminate
 
 STATE_FILE = "state.json"

@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from belugactl.errors import BelugaError, StepFailed
 from belugactl.host.host import Host
-from belugactl.host.write_state import load_state, save_state, setup_lock
-from belugactl.model.plan import Plan, Step
+from belugactl.host.setup_state import load_state, save_state, setup_lock
+from belugactl.model.setup_plan import Plan, Step
 from belugactl.workflows.setup import topics
 from belugactl.workflows.setup.execute import execute
 from belugactl.workflows.setup.facts import Discover, SetupFacts

@@ -11,7 +11,7 @@ from belugactl.errors import EnvironmentProblem, StepFailed
 from belugactl.host.write_pci import rmw_config_byte
 from belugactl.host.write_sysfs import write_attr
 from belugactl.host.write_udev import remove_file, set_ownership, write_config_file
-from belugactl.model.plan import (
+from belugactl.model.setup_plan import (
     Action,
     PciConfigRmw,
     RemoveFile,

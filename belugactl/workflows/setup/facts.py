@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from belugactl.host.host import Host
+from belugactl.host.setup_state import empty_state
 from belugactl.host.snapshot import HostSnapshot
-from belugactl.host.write_state import empty_state
 
 Discover = Callable[[Host], HostSnapshot]
 

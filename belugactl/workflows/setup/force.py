@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from belugactl.errors import BelugaError
-from belugactl.model.plan import Step
+from belugactl.model.setup_plan import Step
 
 
 class ForceRequired(BelugaError):

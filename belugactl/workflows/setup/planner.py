@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from belugactl.errors import UsageError
-from belugactl.model.plan import Plan
+from belugactl.model.setup_plan import Plan
 from belugactl.workflows.setup import force as force_gate
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from belugactl.host.host import Host
-from belugactl.model.plan import Action, Skip, Step, WriteAttr
+from belugactl.model.setup_plan import Action, Skip, Step, WriteAttr
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
 
-State = dict[str, Any]  # the state file (host/write_state.py), changed in place
+State = dict[str, Any]  # the state file (host/setup_state.py), changed in place
 
 
 @dataclass

@@ -8,10 +8,10 @@ from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for the
     cxl,
     dax,
     discovery,
-    kernel,
+    kernel_facts,
     memory,
     numa,
     pci,
-    pool,
+    pool_header,
     tools,
 )

@@ -17,7 +17,7 @@ from belugactl.model.ddio import (
     USE_ALLOCATING_FLOW_WR,
     os_toggle,
 )
-from belugactl.model.plan import PciConfigRmw, Skip, Step
+from belugactl.model.setup_plan import PciConfigRmw, Skip, Step
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import pool_memdevs
 from belugactl.workflows.setup.target import SetupTarget

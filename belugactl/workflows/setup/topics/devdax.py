@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from belugactl.errors import EnvironmentProblem, InputError
 from belugactl.host.snapshot import NdNamespace
-from belugactl.model.plan import RunCommand, Step
+from belugactl.model.setup_plan import RunCommand, Step
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import find_pool_namespace, find_pool_region, nd_region_for, pool_dax

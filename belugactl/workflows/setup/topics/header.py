@@ -16,7 +16,7 @@ from typing import Any
 
 from belugactl.errors import BelugaError, InputError, StepFailed
 from belugactl.host.host import Host
-from belugactl.model.plan import Skip, Step, WritePoolHeader
+from belugactl.model.setup_plan import Skip, Step, WritePoolHeader
 from belugactl.pool import header as hdr
 from belugactl.pool.device import device_path
 from belugactl.pool.mapping import PoolMapping

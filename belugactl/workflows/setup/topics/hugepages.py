@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from belugactl.errors import EnvironmentProblem, StepFailed
 from belugactl.host.write_sysfs import node_hugepages_path
-from belugactl.model.plan import Skip, Step, WriteAttr
+from belugactl.model.setup_plan import Skip, Step, WriteAttr
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from belugactl.errors import EnvironmentProblem, StepFailed
 from belugactl.host.host import Host
+from belugactl.host.setup_state import boot_id
 from belugactl.host.snapshot import MtrrEntry
 from belugactl.host.write_mtrr import add_mtrr, read_mtrr, remove_mtrr, variable_mtrr_count
-from belugactl.host.write_state import boot_id
-from belugactl.model.plan import MtrrAdd, MtrrRemove, Skip, Step
+from belugactl.model.setup_plan import MtrrAdd, MtrrRemove, Skip, Step
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import find_pool_region, pool_dax

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from belugactl.host.host import Host
 from belugactl.host.write_udev import RULE_FILE, rule_text
-from belugactl.model.plan import RemoveFile, SetOwnership, Step, WriteFile
+from belugactl.model.setup_plan import RemoveFile, SetOwnership, Step, WriteFile
 from belugactl.pool.device import device_path
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import pool_dax

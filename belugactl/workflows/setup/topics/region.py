@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from belugactl.errors import EnvironmentProblem, InputError
-from belugactl.model.plan import RunCommand, Skip, Step
+from belugactl.model.setup_plan import RunCommand, Skip, Step
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import find_pool_region, natural_key, pool_memdevs

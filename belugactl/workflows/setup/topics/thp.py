@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from belugactl.errors import StepFailed
 from belugactl.host.write_sysfs import THP_ENABLED, bracketed_choice
-from belugactl.model.plan import Skip, Step, WriteAttr
+from belugactl.model.setup_plan import Skip, Step, WriteAttr
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
 from belugactl.workflows.setup.topic import Planned, SetupTopic, State

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from belugactl.host.command_runner import RC_NOT_FOUND, CommandResult
 from belugactl.host.host import Host
-from belugactl.host.runner import RC_NOT_FOUND, CommandResult
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.setup.target import SetupTarget, target_from_manifest

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from setup_fakehost import LAB, FakeMachine
-
 from belugactl.cli.app import run
-from belugactl.host.runner import RecordingRunner
+from belugactl.host.command_runner import RecordingRunner
 from belugactl.workflows.discover import discover
+from tests.support.fake_machine import LAB, FakeMachine
 
 
 def recorded_tree(machine: FakeMachine) -> Path:
@@ -91,7 +90,7 @@ def test_host_defaults_to_the_manifest_entry_matching_the_hostname(monkeypatch):
 
 
 def test_host_tuning_overrides_the_rack_field_by_field():
-    from setup_fakehost import lab_target
+    from tests.support.fake_machine import lab_target
 
     # lab-2 (the last host) gets its own THP; the rack's hugepages still apply to it.
     anchor = "    gpus: {count: 0}\n\ntuning:"

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from host_fixtures import snapshot, tree, without_root
 
 from belugactl.cli.app import run
+from tests.support.fixture_trees import snapshot, tree, without_root
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict, str]:

@@ -6,11 +6,11 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from model_support import BROKEN, EXAMPLES
 
 from belugactl.cli.app import run
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
+from tests.support.manifests import BROKEN, EXAMPLES
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 

@@ -1,6 +1,6 @@
 """The guest agent: runs commands that the host drops into the spool, and hands back their results.
 
-It runs inside each guest (chrooted into the host's root) as `python3 -I -S agent.py`, so it uses
+It runs inside each guest (chrooted into the host's root) as `python3 -I -S guest_agent.py`, so it uses
 the standard library only and imports nothing from belugactl. The spool is a directory the host
 exports read-write over 9p; one request is one folder, so requests never share a file:
 

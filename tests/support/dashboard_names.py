@@ -9,7 +9,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+OPS = Path(__file__).resolve().parents[1] / "ops"  # where the recorded name lists live
 # Metric-like words the dashboard may use that no exporter of ours defines.
 PROMETHEUS_BUILTINS = {"up"}
 _PREFIXES = ("beluga_", "vllm:", "haproxy_")
@@ -90,5 +90,5 @@ def metadata_server_names() -> tuple[set[str], dict[str, set[str]]]:
 
 
 def recorded_names(file: str) -> set[str]:
-    lines = (HERE / file).read_text().splitlines()
+    lines = (OPS / file).read_text().splitlines()
     return {line.strip() for line in lines if line.strip() and not line.startswith("#")}

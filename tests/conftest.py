@@ -1,0 +1,56 @@
+"""Fixtures shared across test folders. Helpers live in tests.support and are imported explicitly;
+a folder's own conftest.py adds fixtures only that folder uses.
+
+- a small two-host rack manifest and a file pool made from it (pool, data-plane tests)
+- fake machines `lab1` and `lab2` sharing one pool file (setup tests, `belugactl setup` CLI tests)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_machine import FakeMachine
+from tests.support.small_rack import SMALL_RACK
+
+
+@pytest.fixture
+def rack_text() -> str:
+    return SMALL_RACK
+
+
+@pytest.fixture
+def manifest_path(tmp_path: Path) -> Path:
+    path = tmp_path / "rack.yaml"
+    path.write_text(SMALL_RACK)
+    return path
+
+
+@pytest.fixture
+def manifest(manifest_path: Path):
+    from belugactl.model.manifest import load_manifest
+
+    return load_manifest(manifest_path)
+
+
+@pytest.fixture
+def pool_path(tmp_path: Path, manifest) -> Path:
+    from belugactl.pool.file_pool import create_file_pool
+
+    return create_file_pool(tmp_path / "pool.bin", manifest)
+
+
+@pytest.fixture
+def pool_file(tmp_path: Path) -> Path:
+    return tmp_path / "pool.raw"
+
+
+@pytest.fixture
+def lab1(tmp_path: Path, pool_file: Path) -> FakeMachine:
+    return FakeMachine(tmp_path / "lab-1", pool_file, hostname="lab-1")
+
+
+@pytest.fixture
+def lab2(tmp_path: Path, pool_file: Path) -> FakeMachine:
+    return FakeMachine(tmp_path / "lab-2", pool_file, hostname="lab-2")
