@@ -144,3 +144,12 @@ class StepFailed(BelugaError):
 
 class Interrupted(BelugaError):
     exit_code = ExitCode.INTERRUPTED
+
+
+# The pool's own errors (belugactl/pool/ raises them; setup, doctor, serve and the data plane see them).
+class PoolMismatch(InputError):
+    """The pool's on-media header disagrees with the manifest, or the header is not a pool header."""
+
+
+class PoolMissing(EnvironmentProblem):
+    """The pool file or device is absent, unreadable or too small."""

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from belugactl.dataplane.errors import (
+from belugactl.dataplane.metadata_errors import (
     AlreadyPresent,
     MetadataUnavailable,
     NotOwner,

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from belugactl.dataplane.errors import PoolMismatch, PoolMissing
+from belugactl.errors import PoolMismatch, PoolMissing
 from belugactl.pool.header import PoolHeader
 from belugactl.pool.mapping import load_manifest_arg
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from belugactl.dataplane.errors import PoolMismatch
+from belugactl.errors import PoolMismatch
 
 if TYPE_CHECKING:
     from belugactl.model.layout import PoolLayout

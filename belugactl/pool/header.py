@@ -47,8 +47,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from belugactl.dataplane.errors import PoolMismatch
-from belugactl.errors import InputError
+from belugactl.errors import InputError, PoolMismatch
 from belugactl.model.layout import FORMAT_VERSION, PoolLayout
 from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
 from belugactl.pool.geometry import PoolGeometry

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane import native
-from belugactl.dataplane.errors import PoolMismatch, PoolMissing
-from belugactl.errors import EnvironmentProblem, InputError, StepFailed
+from belugactl.errors import EnvironmentProblem, InputError, PoolMismatch, PoolMissing, StepFailed
 from belugactl.pool import lock
 from belugactl.pool.header import EPOCH_OFFSET, MAX_HEADER_SIZE, PoolHeader, diff
 from belugactl.units import format_size

@@ -127,7 +127,7 @@ class WorkerCounts:
 def _worker(spec: dict[str, Any]) -> int:
     """One writer or reader, until its deadline or SIGTERM. Never raises for a server fault."""
     from belugactl.dataplane.client import connect
-    from belugactl.dataplane.errors import MetadataError
+    from belugactl.dataplane.metadata_errors import MetadataError
     from belugactl.pool.mapping import PoolMapping
 
     stop = False
@@ -214,7 +214,7 @@ def _write_one(
     stall: float,
     reservation_ttl: float,
 ) -> None:
-    from belugactl.dataplane.errors import AlreadyPresent, PoolFull
+    from belugactl.dataplane.metadata_errors import AlreadyPresent, PoolFull
 
     nbytes = size_of(key)
     t0 = time.monotonic()
@@ -379,7 +379,7 @@ def _cli(argv: list[str]) -> None:
 def _server_stats(address: str) -> dict[str, Any] | None:
     """The server's counters through a short-lived TCP client (None when it does not answer)."""
     from belugactl.dataplane.client import connect
-    from belugactl.dataplane.errors import MetadataError
+    from belugactl.dataplane.metadata_errors import MetadataError
 
     try:
         with connect(address, timeout_s=1.0) as c:
@@ -391,7 +391,7 @@ def _server_stats(address: str) -> dict[str, Any] | None:
 def _wait_ready(address: str, timeout_s: float) -> bool:
     """Until the server answers a request (past its fencing grace), or the timeout."""
     from belugactl.dataplane.client import connect
-    from belugactl.dataplane.errors import MetadataError
+    from belugactl.dataplane.metadata_errors import MetadataError
 
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.errors import PoolMismatch
+from belugactl.errors import PoolMismatch
 from belugactl.model.manifest import load_manifest, load_manifest_text
 from belugactl.pool.file_pool import create_file_pool
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.client import KVIndexClient, connect
-from belugactl.dataplane.errors import NotOwner, ReservationExpired
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
+from belugactl.dataplane.metadata_errors import NotOwner, ReservationExpired
 from belugactl.pool.mapping import PoolMapping
 
 NS = "m/tp0"

@@ -42,11 +42,7 @@ from belugactl.lab.paths import STATE_ENV, cache_root
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.pool.header import EPOCH_OFFSET
-
-# The lab tests' shared helpers live next to them (tests/lab has no package; pytest puts it on
-# sys.path only when it collects a test there first).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
-from lab_support import REPO, our_qemus, run_cli, unavailable  # noqa: E402
+from tests.support.lab import REPO, our_qemus, run_cli, unavailable
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 

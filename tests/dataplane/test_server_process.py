@@ -19,7 +19,13 @@ import pytest
 
 from belugactl.cli.app import run
 from belugactl.dataplane.client import connect
-from belugactl.dataplane.errors import AlreadyPresent, MetadataUnavailable, PoolFull, ReservationExpired, StaleEpoch
+from belugactl.dataplane.metadata_errors import (
+    AlreadyPresent,
+    MetadataUnavailable,
+    PoolFull,
+    ReservationExpired,
+    StaleEpoch,
+)
 from belugactl.pool.mapping import PoolMapping
 
 pytestmark = pytest.mark.timeout(120)

@@ -191,7 +191,7 @@ def test_client_call_path_in_flush_mode_with_a_server_thread(pool_path: Path) ->
         assert client.lookup_prefix("m", [b"a" * 32]) == 1
         assert client.lookup_prefix("m", [b"a" * 32, b"b" * 32]) == 1
         pool.bump_epoch()  # as a restarted server would: the client is fenced before sending
-        from belugactl.dataplane.errors import StaleEpoch
+        from belugactl.dataplane.metadata_errors import StaleEpoch
 
         with pytest.raises(StaleEpoch):
             client.lookup_prefix("m", [b"a" * 32])

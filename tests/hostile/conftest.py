@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.dataplane.conftest import SMALL_RACK
+from tests.support.small_rack import SMALL_RACK
 
 NS = "m/tp0"
 # Small limits so each attack reaches them quickly.

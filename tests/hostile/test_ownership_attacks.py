@@ -8,7 +8,7 @@ import random
 import pytest
 
 from belugactl.dataplane.client import connect
-from belugactl.dataplane.errors import NotOwner, ReservationExpired
+from belugactl.dataplane.metadata_errors import NotOwner, ReservationExpired
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, well_behaved_round_trip, write_block
 

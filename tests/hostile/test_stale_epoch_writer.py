@@ -15,7 +15,7 @@ import time
 import pytest
 
 from belugactl.dataplane.client import connect
-from belugactl.dataplane.errors import MetadataError
+from belugactl.dataplane.metadata_errors import MetadataError
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, start_mds, write_block
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.errors import PoolMismatch
-from belugactl.errors import ExitCode
+from belugactl.errors import ExitCode, PoolMismatch
 from belugactl.model.layout import resolve_layout
 from belugactl.pool.geometry import PoolGeometry
 from belugactl.pool.header import CLAIM_OFFSET, EPOCH_OFFSET, PoolHeader

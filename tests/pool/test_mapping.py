@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.errors import PoolMismatch, PoolMissing
-from belugactl.errors import ExitCode
+from belugactl.errors import ExitCode, PoolMismatch, PoolMissing
 from belugactl.pool.file_pool import create_file_pool
 from belugactl.pool.header import EPOCH_OFFSET
 from belugactl.pool.mapping import PoolMapping

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.dataplane.errors import PoolMismatch
-from belugactl.errors import EnvironmentProblem, StepFailed
+from belugactl.errors import EnvironmentProblem, PoolMismatch, StepFailed
 from belugactl.host.host import Host
 from belugactl.pool import header as hdr
 from belugactl.pool.lock import ServerLock

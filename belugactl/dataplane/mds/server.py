@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from belugactl.dataplane import native
-from belugactl.dataplane.errors import PoolMismatch
 from belugactl.dataplane.mds.allocator import Allocator
 from belugactl.dataplane.mds.fencing import Fencing
 from belugactl.dataplane.mds.index import IndexConfig, KVIndex
@@ -49,6 +48,7 @@ from belugactl.dataplane.mds.listener import Listener, load_listeners
 from belugactl.dataplane.mds.listener_tcp import TcpLimits, TcpListener, port_problem
 from belugactl.dataplane.mds.service import MetadataService
 from belugactl.dataplane.rpc.protocol import HEADER_SIZE
+from belugactl.errors import PoolMismatch
 from belugactl.pool.lock import ServerLock
 from belugactl.pool.mapping import PoolMapping
 

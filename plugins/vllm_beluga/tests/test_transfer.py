@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import PoolTransfer
 

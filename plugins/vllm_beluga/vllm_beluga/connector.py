@@ -37,7 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for
-from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import Location, PoolTransfer, locate
 

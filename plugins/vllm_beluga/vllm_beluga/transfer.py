@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_beluga.index import BestEffortIndex
+from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 
 log = logging.getLogger("vllm.beluga")

@@ -46,11 +46,3 @@ class RequestRejected(MetadataError):
     """The server refused a malformed request (bad length, opcode, arguments)."""
 
     exit_code = InputError.exit_code
-
-
-class PoolMismatch(InputError):
-    """The pool's on-media header disagrees with the manifest, or the header is not a pool header."""
-
-
-class PoolMissing(EnvironmentProblem):
-    """The pool file or device is absent, unreadable or too small."""
