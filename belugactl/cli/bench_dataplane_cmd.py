@@ -19,7 +19,7 @@ def rpc(
 ) -> None:
     """One metadata server, the same 64 B lookup over CXL-RPC (file-backed pool) and TCP loopback."""
     from belugactl.cli.render import print_json
-    from belugactl.dataplane.bench import QDS, bench_rpc
+    from belugactl.workflows.bench.rpc_mds import QDS, bench_rpc
 
     result = bench_rpc(samples=samples, seconds=seconds, pin=pin, flush=flush)
     if json_out:
@@ -78,8 +78,8 @@ def mds(
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn, and
     bytes per zone with software interleave (pool.interleave.mode: software) against none."""
     from belugactl.cli.render import print_json
-    from belugactl.dataplane.bench import bench_mds
     from belugactl.errors import UsageError
+    from belugactl.workflows.bench.rpc_mds import bench_mds
 
     if not 1 <= ways <= 64:
         raise UsageError(f"--ways {ways} is out of range", fix="pass a number of zones between 1 and 64")

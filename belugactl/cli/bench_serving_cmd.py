@@ -22,7 +22,7 @@ def kv(
     """Save/load Qwen-32B-shaped KV blocks (128 x 32 KiB pieces) vs one contiguous copy and a per-piece loop."""
     from belugactl.cli.render import print_json
     from belugactl.errors import UsageError
-    from belugactl.workflows.serve import bench_kv
+    from belugactl.workflows.bench import kv_copy as bench_kv
 
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device {device}: expected cpu or cuda")
@@ -66,7 +66,7 @@ def serve(
 
     from belugactl.cli.render import print_json
     from belugactl.errors import UsageError
-    from belugactl.workflows.serve import bench_serve
+    from belugactl.workflows.bench import serving as bench_serve
     from belugactl.workflows.serve.control import prepare, status
     from belugactl.workflows.serve.supervisor import Supervisor
 

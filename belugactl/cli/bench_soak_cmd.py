@@ -37,7 +37,7 @@ def soak(
 ) -> None:
     """Run the soak; exit 1 if any reader was served a wrong byte."""
     from belugactl.cli.render import print_json
-    from belugactl.workflows.bench_soak import SoakConfig, run_soak
+    from belugactl.workflows.bench.soak import SoakConfig, run_soak
 
     cfg = SoakConfig(
         seconds=seconds, ops=ops, writers=writers, readers=readers, keys=keys, kv_mib=kv_mib,

@@ -41,7 +41,7 @@ Extent = tuple[int, int]  # (pool offset, length)
 # From this many bytes per batch on, stores bypass the cache (as glibc's memcpy does for large copies,
 # from 114 MiB on the dev VM): skipping the read-for-ownership of every destination line is worth
 # 30 to 50 % once the batch no longer fits in the caches. Below it, plain stores keep the batch
-# cache-hot. Measured on the dev VM (bench_kv.run_cpu, paired ratios vs one memcpy, 3 runs each):
+# cache-hot. Measured on the dev VM (workflows/bench/kv_copy.run_cpu, paired ratios vs one memcpy, 3 runs each):
 # up to 16 MiB (4 blocks) plain stores did 0.94 to 1.0x and streaming 0.69 to 0.75x on save;
 # from 32 MiB (8 blocks) streaming did 1.0 to 1.4x and plain 0.65 to 1.1x. Saves with
 # `coherence: flush` always stream (that is what publishes them).

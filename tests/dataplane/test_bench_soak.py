@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from belugactl.cli.app import run
-from belugactl.workflows.bench_soak import SIZES, SoakConfig, block_bytes, key_of, run_soak, size_of, wrong_bytes
+from belugactl.workflows.bench.soak import SIZES, SoakConfig, block_bytes, key_of, run_soak, size_of, wrong_bytes
 
 pytestmark = pytest.mark.timeout(180)
 

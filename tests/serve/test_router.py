@@ -299,7 +299,7 @@ def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> Non
 
 
 def test_bench_serve_via_router_times_the_front_door_beside_the_direct_path(front: Front) -> None:
-    from belugactl.workflows.serve import bench_serve
+    from belugactl.workflows.bench import serving as bench_serve
 
     _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
     doc = bench_serve.run(front.base, front.base + 1, lengths=[64], rounds=2, settle_s=0.0, router_port=front.port)
