@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
-from belugactl.dataplane.rpc_probe import block_bytes
+from belugactl.lab.rpc_probe import block_bytes
 from belugactl.lab import kernel, prereqs
 from belugactl.lab.paths import STATE_ENV, cache_root
 from belugactl.model.layout import resolve_layout
@@ -126,7 +126,7 @@ class Rack:
         there, which saves seconds of Python imports per run under TCG)."""
         blocks = [f"--block={name}:{n}" for name, n in BLOCKS.items()]
         t0 = time.monotonic()
-        r = self.sh(host, sys.executable, "-m", "belugactl.dataplane.rpc_probe", action, "--pool", DAX,
+        r = self.sh(host, sys.executable, "-m", "belugactl.lab.rpc_probe", action, "--pool", DAX,
                     "--namespace", NAMESPACE, "--seed", str(self.seed), *blocks, *extra)  # fmt: skip
         self.timings[f"{host} {action} {' '.join(extra)}"] = time.monotonic() - t0
         assert r.stdout.strip(), f"{host} probe printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}"

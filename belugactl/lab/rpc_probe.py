@@ -1,10 +1,11 @@
-"""One KV-index client's round trips with every byte checked, as JSON: the cross-host probe of the lab.
+"""One KV-index client's round trips with every byte checked, as JSON: the lab's cross-host probe, run inside the
+guests by tests/dataplane/test_rpc_lab.py (it lives with the other in-guest tools, daxpoke and guest_agent).
 
-    python -m belugactl.dataplane.rpc_probe put   --pool /dev/dax0.0 -f rack.yaml --host lab-2 \\
+    python -m belugactl.lab.rpc_probe put   --pool /dev/dax0.0 -f rack.yaml --host lab-2 \\
         --namespace probe --block a:12288 --block b:2621440 --seed 7
-    python -m belugactl.dataplane.rpc_probe check --pool /dev/dax0.0 -f rack.yaml --host lab-1 \\
+    python -m belugactl.lab.rpc_probe check --pool /dev/dax0.0 -f rack.yaml --host lab-1 \\
         --namespace probe --block a:12288 --block b:2621440 --seed 7
-    python -m belugactl.dataplane.rpc_probe check --pool /dev/dax0.0 --address tcp://127.0.0.1:9471 ...
+    python -m belugactl.lab.rpc_probe check --pool /dev/dax0.0 --address tcp://127.0.0.1:9471 ...
 
 `put` reserves each block, writes its bytes into the returned extents through this process's own
 pool mapping, commits, then checks lookup_prefix, get and the bytes read back. `check` only looks
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m belugactl.dataplane.rpc_probe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m belugactl.lab.rpc_probe", description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["put", "check"])
     ap.add_argument("--pool", required=True, help="/dev/daxX.Y or a file pool (the bytes move through it)")
     ap.add_argument("-f", "--file", default=None, help="rack manifest (verifies the header; names the rings)")
