@@ -373,3 +373,20 @@ def test_the_manifest_bounds_max_namespaces() -> None:
     for bad in (0, -5, (1 << 20) + 1):
         with pytest.raises(ValidationError, match="max_namespaces"):
             MetadataServe(max_namespaces=bad)
+
+
+def test_saved_and_leased_bytes_count_what_moves() -> None:
+    """The dashboard's 'bytes saved and loaded' come from these counters: committed bytes, and the
+    bytes of every block a lease covers (a reader loads them), hits and misses beside them."""
+    idx, _, ns = make()
+    put(idx, ns, 1, 3000)
+    put(idx, ns, 2, 5000)
+    token, _ = idx.reserve(ns, key(3), 7000)
+    idx.abort(token)  # aborted: never saved
+    assert idx.counters.saved_bytes == 8000
+    assert idx.lookup_prefix(ns, [key(1), key(2), key(9)])[0] == 2
+    assert idx.get(ns, key(2)) is not None
+    assert idx.get(ns, key(9)) is None
+    assert idx.counters.leased_bytes == 3000 + 5000 + 5000
+    assert (idx.counters.hits, idx.counters.misses) == (2, 1)
+    assert idx.stats()["saved_bytes"] == 8000 and idx.stats()["leased_bytes"] == 13000

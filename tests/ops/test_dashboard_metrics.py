@@ -62,7 +62,8 @@ def test_the_dashboard_shows_what_operators_asked_for() -> None:
         'beluga_mds_pool_bytes{rack=~"$rack",state=~"used|free',  # pool bytes used and free
         "vllm:external_prefix_cache_hits_total",  # hit ratio
         "vllm:prompt_tokens_by_source_total",  # loaded (external_kv_transfer) vs computed
-        'op="commit"',  # saved blocks
+        "beluga_mds_saved_bytes_total",  # saved bytes
+        "beluga_mds_leased_bytes_total",  # loaded bytes
         "beluga_mds_request_seconds_bucket",  # RPC latency
         "beluga_mds_evictions_total",
         "beluga_mds_reservations_reclaimed_total",

@@ -112,6 +112,8 @@ class Counters:
     hits: int = 0
     misses: int = 0
     foreign_refused: int = 0  # COMMIT/ABORT/RELEASE of another owner's token or lease
+    saved_bytes: int = 0  # bytes of blocks committed (what writers saved into the pool)
+    leased_bytes: int = 0  # bytes of blocks leased to readers (what they load from the pool)
 
 
 class KVIndex:
@@ -242,9 +244,12 @@ class KVIndex:
 
     def _grant(self, found: list[Entry]) -> int:
         lru = self.lru
+        leased = 0
         for e in found:
             e.leases += 1
+            leased += e.alloc.nbytes
             lru.move_to_end(e.key)
+        self.counters.leased_bytes += leased
         lease = self.next_lease
         self.next_lease = lease + 1
         deadline = self.clock() + self.config.lease_ttl_s
@@ -294,10 +299,13 @@ class KVIndex:
         words = memoryview(per_entry).cast("q").tolist()
         move_to_end = self.lru.move_to_end
         by_id = self.by_id
+        leased = 0
         for i in range(0, len(words), 2):
             e = by_id[words[i]]
             e.leases += words[i + 1]
+            leased += words[i + 1] * e.alloc.nbytes
             move_to_end(e.key)
+        self.counters.leased_bytes += leased
         self._bursts.append(_LeaseBurst(first, last, self.clock() + self.config.lease_ttl_s, log, per_entry, count))
         self._burst_first.append(first)
         self.burst_leases += count
@@ -399,6 +407,7 @@ class KVIndex:
         ):
             self.mirror_misses += 1
         self.counters.commits += 1
+        self.counters.saved_bytes += p.alloc.nbytes
         if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
             self.evict()
 
