@@ -64,7 +64,11 @@ class _Collector:
             ("beluga_mds_hits", "Lookups and GETs that found their first block", idx.get("hits", 0)),
             ("beluga_mds_misses", "Lookups and GETs that found nothing", idx.get("misses", 0)),
             ("beluga_mds_saved_bytes", "Bytes of blocks committed (saved into the pool)", idx.get("saved_bytes", 0)),
-            ("beluga_mds_leased_bytes", "Bytes of blocks leased to readers (loaded from the pool)", idx.get("leased_bytes", 0)),
+            (
+                "beluga_mds_leased_bytes",
+                "Bytes of blocks leased to readers (loaded from the pool)",
+                idx.get("leased_bytes", 0),
+            ),
             ("beluga_mds_bad_slots", "CXL-RPC slots rejected (magic, sequence, length)", req.get("bad_slots", 0)),
             (
                 "beluga_mds_foreign_refused",
