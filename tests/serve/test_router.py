@@ -249,11 +249,22 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
     assert answers == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"}  # both serve
 
     slow: list[tuple[int, str]] = []
-    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=3"))))
+    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=10"))))
     holder.start()
-    time.sleep(0.5)  # the slow request holds one instance's connection
+    # Wait until haproxy itself counts the slow request on an instance (a fixed sleep was flaky on a
+    # loaded machine: the request had not reached haproxy yet when the quick ones went out).
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        body = _get(f"http://127.0.0.1:{front.stats}/metrics")[1]
+        held = [line for line in body.splitlines() if line.startswith("haproxy_server_current_sessions{")
+                and 'proxy="vllm"' in line and not line.rstrip().endswith(" 0")]  # fmt: skip
+        if held:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("haproxy never counted the slow request on an instance")
     quick = [_get(front.url("/who")) for _ in range(6)]
-    holder.join(timeout=20)
+    holder.join(timeout=30)
     assert slow and slow[0][0] == 200
     busy = slow[0][1]
     assert all(code == 200 for code, _ in quick)
