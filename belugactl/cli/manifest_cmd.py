@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from belugactl.cli.options import file_option, json_option
+
 
 def load_for_cli(file: Path, *, as_json: bool):  # -> Manifest (pydantic is imported lazily)
     """Load a manifest for a command; with --json its problems also go to stdout as a document."""
@@ -19,8 +21,8 @@ def register(app: typer.Typer) -> None:
 
     @manifest.command("check")
     def check(
-        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+        file: Path = file_option(),
+        as_json: bool = json_option(),
     ) -> None:
         """Validate FILE (every problem with file:line:column) and print the resolved pool layout."""
         from belugactl.cli.load_rack import rack_context

@@ -1,4 +1,4 @@
-"""Options several commands share, spelled once: `-f/--file`, `--host`, `--ignore`.
+"""Options several commands share, spelled once: `-f/--file`, `--json`, `--host`, `--ignore`.
 
 Each returns a fresh `typer.Option` (Typer reads it as the parameter's default).
 """
@@ -13,12 +13,17 @@ import typer
 from belugactl.cli.completion import complete_check, complete_host, complete_topic
 
 FILE_HELP = "The rack manifest (YAML)."
+JSON_HELP = "Print a JSON document on stdout."
 HOST_HELP = "This machine's host in the manifest (default: the one matching the hostname)."
 IGNORE_HELP = "Downgrade this doctor check's failure (repeat, or a comma list; `all`). See `belugactl doctor --list`."
 
 
 def file_option(help: str = FILE_HELP, *, required: bool = True) -> Any:
     return typer.Option(... if required else None, "-f", "--file", metavar="FILE", help=help)
+
+
+def json_option(help: str = JSON_HELP) -> Any:
+    return typer.Option(False, "--json", help=help)
 
 
 def host_option(help: str = HOST_HELP) -> Any:

@@ -7,6 +7,8 @@ from typing import Any
 
 import typer
 
+from belugactl.cli.options import file_option, json_option
+
 BAR_WIDTH = 72
 
 
@@ -15,8 +17,8 @@ def register(app: typer.Typer) -> None:
 
     @pool.command("show")
     def show(
-        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+        file: Path = file_option(),
+        as_json: bool = json_option(),
         svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
     ) -> None:
         """Print the pool map derived from FILE: every region's offset, end, size and owner."""
@@ -52,9 +54,9 @@ def register(app: typer.Typer) -> None:
     @pool.command("create-file")
     def create_file(
         path: Path = typer.Argument(..., help="The pool file to create (sparse, the manifest's pool size)."),
-        file: Path = typer.Option(..., "-f", "--file", help="The rack manifest (YAML)."),
+        file: Path = file_option(),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Keep an existing pool file whose header matches."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+        as_json: bool = json_option(),
     ) -> None:
         """Create a file-backed pool with a valid header, for development, CI and benchmarks.
 
@@ -97,13 +99,13 @@ def register(app: typer.Typer) -> None:
     @pool.command("inspect")
     def inspect(
         path: Path = typer.Argument(..., help="The pool: a devdax device (/dev/daxX.Y) or a pool file."),
-        file: Path | None = typer.Option(
-            None, "-f", "--file", help="The rack manifest (YAML): ring owners, and a check of the header against it."
+        file: Path | None = file_option(
+            "The rack manifest (YAML): ring owners, and a check of the header against it.", required=False
         ),
         admin: str | None = typer.Option(
             None, "--admin", help="The metadata server's admin URL (default: the manifest's, else 127.0.0.1:9470)."
         ),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON document on stdout."),
+        as_json: bool = json_option(),
     ) -> None:
         """What is on the pool now: header, epoch, claim word, hosts, rings, journal, shared-area usage.
 

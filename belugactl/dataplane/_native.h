@@ -77,6 +77,26 @@ static inline void flush_range(const char *p, size_t n, int for_read) {
 #endif
 }
 
+/* Poll the 64-bit word at `w` until it equals `value` or `timeout_ns` passes; return the last
+ * value seen. Checks the clock every 64 polls and yields once the wait grows long. With `flush`,
+ * evict the line before each load (a reader on a non-coherent pool). `spins` carries on a count
+ * the caller already started. Call with the GIL released. */
+static inline uint64_t spin_wait_u64(uint64_t *w, uint64_t value, int flush, uint64_t timeout_ns, unsigned spins) {
+    uint64_t x, t0 = now_ns(), deadline = t0 + timeout_ns;
+    for (;;) {
+        if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+        x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        if (x == value) break;
+        if ((++spins & 63) == 0) {
+            uint64_t t = now_ns();
+            if (t >= deadline) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
+        }
+        cpu_relax();
+    }
+    return x;
+}
+
 /* ---- argument helpers ------------------------------------------------------------------- */
 
 static inline int get_range(Py_buffer *view, Py_ssize_t off, Py_ssize_t n, char **out) {

@@ -47,19 +47,7 @@ PyObject *py_wait64(PyObject *self, PyObject *args) {
     if (get_word(&v, off, &w) < 0) { PyBuffer_Release(&v); return NULL; }
     uint64_t x;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
-    unsigned spins = 0;
-    for (;;) {
-        if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
-        x = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-        if (x == value) break;
-        if ((++spins & 63) == 0) {
-            uint64_t t = now_ns();
-            if (t >= deadline) break;
-            if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
-        }
-        cpu_relax();
-    }
+    x = spin_wait_u64(w, value, flush, timeout_ns, 0);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
     return PyLong_FromUnsignedLongLong(x);

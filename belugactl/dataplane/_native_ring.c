@@ -15,18 +15,7 @@ static uint64_t wait_for_reply(struct slot_hdr *h, char *slot, int flush, unsign
     }
     if (st != ST_RESP) {
         Py_BEGIN_ALLOW_THREADS
-        uint64_t t0 = now_ns(), deadline = t0 + timeout_ns;
-        for (;;) {
-            if (flush) { flush_range(slot, 8, 1); full_fence(); }
-            st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE);
-            if (st == ST_RESP) break;
-            if ((++spins & 63) == 0) {
-                uint64_t t = now_ns();
-                if (t >= deadline) break;
-                if (t - t0 > SPIN_BEFORE_YIELD_NS) sched_yield();
-            }
-            cpu_relax();
-        }
+        st = spin_wait_u64(&h->status, ST_RESP, flush, timeout_ns, spins);  /* status is the slot's first word */
         Py_END_ALLOW_THREADS
     }
     return st;
@@ -36,6 +25,26 @@ static int get_slot(Py_buffer *v, Py_ssize_t off, Py_ssize_t need, char **out) {
     if (get_range(v, off, need, out) < 0) return -1;
     if (((uintptr_t)*out & 7) != 0) { PyErr_SetString(PyExc_ValueError, "slot is not 8-byte aligned"); return -1; }
     return 0;
+}
+
+/* The client's side of a reply, shared by rpc_wait_reply and rpc_call: wait for RESP_READY,
+ * check the header belongs to request `seq`, copy out (code, epoch, payload) and free the slot.
+ * Returns a new reference: None on timeout, NULL (ValueError set, slot freed) on a malformed reply.
+ * `code` is a uint16 field, so it builds the same non-negative int as rpc_call's -1/-2 tuples. */
+static PyObject *take_reply(char *slot, uint64_t seq, Py_ssize_t maxp, uint64_t timeout_ns, int flush) {
+    struct slot_hdr *h = (struct slot_hdr *)slot;
+    if (wait_for_reply(h, slot, flush, timeout_ns) != ST_RESP) Py_RETURN_NONE;
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
+                     (unsigned long long)h->seq, (unsigned long long)seq, h->length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    PyObject *r = Py_BuildValue("(iIy#)", (int)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
+    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+    return r;
 }
 
 /* rpc_post(buf, off, seq, epoch, op, payload, flush) */
@@ -60,19 +69,7 @@ PyObject *py_rpc_wait_reply(PyObject *self, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "negative max_payload");
         goto done;
     }
-    struct slot_hdr *h = (struct slot_hdr *)slot;
-    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
-    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
-    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
-    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
-        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
-                     (unsigned long long)h->seq, seq, h->length);
-        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
-        goto done;
-    }
-    r = Py_BuildValue("(IIy#)", (unsigned)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
-    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
-    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+    r = take_reply(slot, seq, maxp, timeout_ns, flush);
 done:
     PyBuffer_Release(&v);
     return r;
@@ -168,21 +165,12 @@ PyObject *py_rpc_call(PyObject *self, PyObject *args) {
         if (flush) { flush_range((char *)ew, 8, 1); full_fence(); }
         if (__atomic_load_n(ew, __ATOMIC_ACQUIRE) != expected) { r = Py_BuildValue("(iIy#)", -1, 0u, "", (Py_ssize_t)0); goto done; }
     }
-    struct slot_hdr *h = (struct slot_hdr *)slot;
-    if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) == ST_REQ) { r = Py_BuildValue("(iIy#)", -2, 0u, "", (Py_ssize_t)0); goto done; }
-    publish(slot, seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
-    uint64_t st = wait_for_reply(h, slot, flush, timeout_ns);
-    if (st != ST_RESP) { r = Py_None; Py_INCREF(r); goto done; }
-    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
-    if (h->magic != RPC_MAGIC || h->seq != seq || h->length > (uint64_t)maxp) {
-        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", h->magic,
-                     (unsigned long long)h->seq, seq, h->length);
-        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&((struct slot_hdr *)slot)->status, __ATOMIC_ACQUIRE) == ST_REQ) {
+        r = Py_BuildValue("(iIy#)", -2, 0u, "", (Py_ssize_t)0);
         goto done;
     }
-    r = Py_BuildValue("(iIy#)", (int)h->code, (unsigned)h->epoch, slot + HDR, (Py_ssize_t)h->length);
-    __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
-    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+    publish(slot, seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
+    r = take_reply(slot, seq, maxp, timeout_ns, flush);
 done:
     PyBuffer_Release(&v); PyBuffer_Release(&pl);
     return r;

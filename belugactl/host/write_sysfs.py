@@ -30,22 +30,23 @@ def bracketed_choice(text: str | None) -> str | None:
     return None
 
 
+# The host, not the value, is at fault: (reason, fix) for the errors setup cannot get past itself.
+_CANNOT_WRITE: dict[type[OSError], tuple[str, str]] = {
+    PermissionError: ("permission denied", "run belugactl setup as root (it changes kernel settings)"),
+    FileNotFoundError: (
+        "the kernel does not provide it",
+        "check that the kernel has the feature (CONFIG option, loaded module) this setting needs",
+    ),
+}
+
+
 def write_attr(host: Host, path: str, value: str) -> str | None:
     """Write `value` to a kernel attribute; return what it reads back (None when unreadable)."""
     try:
         host.write_text(path, value + "\n")
-    except PermissionError as exc:
-        raise EnvironmentProblem(
-            f"cannot write {path}: permission denied",
-            why=str(exc),
-            fix="run belugactl setup as root (it changes kernel settings)",
-        ) from exc
-    except FileNotFoundError as exc:
-        raise EnvironmentProblem(
-            f"cannot write {path}: the kernel does not provide it",
-            why=str(exc),
-            fix="check that the kernel has the feature (CONFIG option, loaded module) this setting needs",
-        ) from exc
+    except (PermissionError, FileNotFoundError) as exc:
+        reason, fix = next(v for t, v in _CANNOT_WRITE.items() if isinstance(exc, t))
+        raise EnvironmentProblem(f"cannot write {path}: {reason}", why=str(exc), fix=fix) from exc
     except OSError as exc:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         raise StepFailed(f"the kernel refused `{value}` for {path} ({name})", why=str(exc)) from exc

@@ -82,17 +82,15 @@ def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
     warnings: list[str] = []
     targets: list[Target] = []
     single = len(manifest.hosts) == 1
+
+    def add(job: str, bind: str, host: Host, port: int, what: str, instance: str) -> None:
+        address = _target_address(bind, host, port, warnings=warnings, what=what, single_host=single)
+        targets.append(Target(job, address, host.name, instance))
+
     mds = metadata_host(manifest)
     if mds is not None:
-        address = _target_address(
-            serve.metadata.admin_bind,
-            mds,
-            serve.metadata.admin_port,
-            warnings=warnings,
-            what="the metadata server's admin HTTP",
-            single_host=single,
-        )
-        targets.append(Target("beluga-metadata", address, mds.name, "metadata-server"))
+        add("beluga-metadata", serve.metadata.admin_bind, mds, serve.metadata.admin_port,
+            "the metadata server's admin HTTP", "metadata-server")  # fmt: skip
     bind = _vllm_bind(list(serve.vllm.extra_args))
     try:
         ipaddress.ip_address(bind)
@@ -108,16 +106,8 @@ def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
             targets.append(Target("beluga-vllm", address, host.name, f"{host.name}-vllm-{i}"))
     if serve.router is not None:
         for name in router_hosts(manifest):
-            host = manifest.host(name)
-            address = _target_address(
-                serve.router.bind,
-                host,
-                serve.router.stats_port,
-                warnings=warnings,
-                what="the router's stats",
-                single_host=single,
-            )
-            targets.append(Target("beluga-router", address, host.name, f"{host.name}-router"))
+            add("beluga-router", serve.router.bind, manifest.host(name), serve.router.stats_port,
+                "the router's stats", f"{name}-router")  # fmt: skip
     return targets, list(dict.fromkeys(warnings))  # one per listener kind and host
 
 

@@ -16,10 +16,10 @@ new scheme is started for each `ServerConfig.listen` URL of that scheme (`from_u
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from belugactl.dataplane.scheme_registry import import_plugins, register_scheme
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
@@ -28,18 +28,12 @@ LISTENERS: dict[str, type[Listener]] = {}
 
 
 def register_listener(cls: type[Listener]) -> type[Listener]:
-    if cls.scheme in LISTENERS and LISTENERS[cls.scheme] is not cls:
-        raise ValueError(f"two listeners for scheme {cls.scheme!r}: {LISTENERS[cls.scheme]} and {cls}")
-    LISTENERS[cls.scheme] = cls
-    return cls
+    return register_scheme(LISTENERS, cls, "listeners")
 
 
 def load_listeners() -> dict[str, type[Listener]]:
     """Import every `listener_*` module of this package (each registers itself); return the registry."""
-    package = importlib.import_module(__package__ or "belugactl.dataplane.mds")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith("listener_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+    import_plugins(__package__ or "belugactl.dataplane.mds", "listener_")
     return LISTENERS
 
 

@@ -14,10 +14,10 @@ its server twin `mds/listener_<scheme>.py`; nothing else changes. Built in: `cxl
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from belugactl.dataplane.scheme_registry import import_plugins, register_scheme
 from belugactl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -85,17 +85,12 @@ TRANSPORTS: dict[str, type[ClientTransport]] = {}
 
 
 def register_transport(cls: type[ClientTransport]) -> type[ClientTransport]:
-    if cls.scheme in TRANSPORTS and TRANSPORTS[cls.scheme] is not cls:
-        raise ValueError(f"two transports for scheme {cls.scheme!r}")
-    TRANSPORTS[cls.scheme] = cls
-    return cls
+    return register_scheme(TRANSPORTS, cls, "transports")
 
 
 def load_transports() -> dict[str, type[ClientTransport]]:
-    package = importlib.import_module(__package__ or "belugactl.dataplane.rpc")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith("transport_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+    """Import every `transport_*` module of this package (each registers itself); return the registry."""
+    import_plugins(__package__ or "belugactl.dataplane.rpc", "transport_")
     return TRANSPORTS
 
 

@@ -118,7 +118,12 @@ class CxlTransport(ClientTransport):
     def collect(self, timeout_ns: int) -> Reply:
         """The reply to the oldest request in flight."""
         seq = self._inflight[0]
-        off = self._offsets[seq % self.slots_per_ring]
+        r = self._wait_reply(self._offsets[seq % self.slots_per_ring], seq, timeout_ns)
+        self._inflight.popleft()
+        return r
+
+    def _wait_reply(self, off: int, seq: int, timeout_ns: int) -> Reply:
+        """Take request `seq`'s reply from the slot at `off`; a malformed or missing one breaks the ring."""
         try:
             r = slots.wait_reply(self.buf, off, seq, self.max_payload, timeout_ns, self.flush)
         except ValueError as exc:
@@ -127,7 +132,6 @@ class CxlTransport(ClientTransport):
         if r is None:
             self.broken = True
             raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
-        self._inflight.popleft()
         return r
 
     def call(self, op: int, epoch: int, payload: bytes, timeout_ns: int) -> Reply:
@@ -170,15 +174,7 @@ class CxlTransport(ClientTransport):
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + 1
         slots.post(buf, off, seq, epoch, op, payload, self.flush)
-        try:
-            r = slots.wait_reply(buf, off, seq, self.max_payload, timeout_ns, self.flush)
-        except ValueError as exc:
-            self.broken = True
-            raise TransportError(str(exc)) from None
-        if r is None:
-            self.broken = True
-            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
-        return r
+        return self._wait_reply(off, seq, timeout_ns)
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])

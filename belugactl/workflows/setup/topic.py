@@ -25,6 +25,18 @@ from belugactl.workflows.setup.target import SetupTarget
 State = dict[str, Any]  # the state file (host/setup_state.py), changed in place
 
 
+def record_created(state: State, verb: str, key: str, made: Callable[[], str | None]) -> None:
+    """A topic's `record` for one thing setup creates: teardown forgets `key` in the state file's
+    "created"; setup stores what `made()` names (asked only then), or leaves the entry as it is."""
+    created = state.setdefault("created", {})
+    if verb == "teardown":
+        created.pop(key, None)
+        return
+    name = made()
+    if name is not None:
+        created[key] = name
+
+
 @dataclass
 class Planned:
     """What one topic contributes to a plan."""

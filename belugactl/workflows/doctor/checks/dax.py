@@ -198,7 +198,8 @@ def size_matches(ctx: DoctorContext) -> CheckResult:
     return CheckResult.ok(f"{dev.name} is {format_size(dev.size)}, as the manifest says")
 
 
-def _identity(ctx: DoctorContext, field: str) -> CheckResult:
+def _pinned_namespace(ctx: DoctorContext, field: str) -> tuple[NdNamespace, str] | CheckResult:
+    """The pool's namespace and the manifest's pinned `namespace_<field>`, or the verdict that ends the check."""
     exp = ctx.expect
     want = getattr(exp, f"namespace_{field}") if exp is not None else None
     if exp is None or want is None:
@@ -211,12 +212,26 @@ def _identity(ctx: DoctorContext, field: str) -> CheckResult:
     ns = _namespace_of(ctx, dev)
     if ns is None:
         return CheckResult.fail(f"{dev.name} is not on a libnvdimm namespace; the manifest pins one", setup_fix(ctx))
+    return ns, want
+
+
+def _identity_fix(ctx: DoctorContext, ns: NdNamespace) -> str:
+    return (
+        _reconfig_cmd(ctx, ns) + " (rewrites the namespace info block at the start of the shared region: "
+        "only while no host serves from the pool)"
+    )
+
+
+def _identity(ctx: DoctorContext, field: str) -> CheckResult:
+    pinned = _pinned_namespace(ctx, field)
+    if isinstance(pinned, CheckResult):
+        return pinned
+    ns, want = pinned
     have = getattr(ns, field)
     if (have or "").lower() != want.lower():
         return CheckResult.fail(
             f"{ns.dev} {field} is {have!r}, the manifest pins {want!r}: this host did not create the rack's namespace",
-            _reconfig_cmd(ctx, ns) + " (rewrites the namespace info block at the start of the shared region: "
-            "only while no host serves from the pool)",
+            _identity_fix(ctx, ns),
         )
     return CheckResult.ok(f"{ns.dev} {field} {have}")
 
@@ -227,22 +242,11 @@ _INFO_BLOCK_MODES = ("devdax", "fsdax", "sector")
 
 @REGISTRY.check("dax.namespace-uuid", "the namespace label uuid is the manifest's pinned one")
 def namespace_uuid(ctx: DoctorContext) -> CheckResult:
-    exp = ctx.expect
-    want = exp.namespace_uuid if exp is not None else None
-    if exp is None or want is None:
-        return CheckResult.skip("no namespace uuid pinned in a manifest")
-    if exp.source == "dax":
-        return CheckResult.skip("the pool is an existing dax device: no namespace to compare")
-    dev = _pool_or_skip(ctx)
-    if isinstance(dev, CheckResult):
-        return dev
-    ns = _namespace_of(ctx, dev)
-    if ns is None:
-        return CheckResult.fail(f"{dev.name} is not on a libnvdimm namespace; the manifest pins one", setup_fix(ctx))
-    fix = (
-        _reconfig_cmd(ctx, ns) + " (rewrites the namespace info block at the start of the shared region: "
-        "only while no host serves from the pool)"
-    )
+    pinned = _pinned_namespace(ctx, "uuid")
+    if isinstance(pinned, CheckResult):
+        return pinned
+    ns, want = pinned
+    fix = _identity_fix(ctx, ns)
     if ns.label_uuid is not None:
         if ns.label_uuid.lower() != want.lower():
             return CheckResult.fail(

@@ -16,7 +16,7 @@ from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import find_pool_namespace, find_pool_region, nd_region_for, pool_dax
 from belugactl.workflows.setup.target import SetupTarget
-from belugactl.workflows.setup.topic import Planned, SetupTopic, State
+from belugactl.workflows.setup.topic import Planned, SetupTopic, State, record_created
 
 ID = "devdax"
 
@@ -254,13 +254,7 @@ def teardown(target: SetupTarget, facts: SetupFacts) -> Planned:
 
 
 def record(step: Step, target: SetupTarget, facts: SetupFacts, state: State, verb: str) -> None:
-    created = state.setdefault("created", {})
-    if verb == "teardown":
-        created.pop("namespace", None)
-        return
-    ns = find_pool_namespace(target, facts)
-    if ns is not None:
-        created["namespace"] = ns.dev
+    record_created(state, verb, "namespace", lambda: getattr(find_pool_namespace(target, facts), "dev", None))
 
 
 TOPIC = SetupTopic(

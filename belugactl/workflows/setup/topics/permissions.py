@@ -9,7 +9,7 @@ from belugactl.pool.device import device_path
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import pool_dax
 from belugactl.workflows.setup.target import SetupTarget
-from belugactl.workflows.setup.topic import Planned, SetupTopic, State
+from belugactl.workflows.setup.topic import Planned, SetupTopic, State, record_created
 
 ID = "permissions"
 
@@ -75,11 +75,8 @@ def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
 
 
 def record(step: Step, target: SetupTarget, facts: SetupFacts, state: State, verb: str) -> None:
-    created = state.setdefault("created", {})
-    if verb == "teardown":
-        created.pop("udev_rule", None)
-    elif any(isinstance(a, WriteFile) for a in step.actions):
-        created["udev_rule"] = RULE_FILE
+    wrote = any(isinstance(a, WriteFile) for a in step.actions)
+    record_created(state, verb, "udev_rule", lambda: RULE_FILE if wrote else None)
 
 
 TOPIC = SetupTopic(

@@ -15,7 +15,7 @@ from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.pool_lookup import find_pool_region, natural_key, pool_memdevs
 from belugactl.workflows.setup.target import SetupTarget
-from belugactl.workflows.setup.topic import Planned, SetupTopic, State
+from belugactl.workflows.setup.topic import Planned, SetupTopic, State, record_created
 
 ID = "region"
 RAM_MIN_NDCTL = 77
@@ -158,13 +158,7 @@ def discovery(target: SetupTarget, state: State) -> frozenset[str]:
 
 
 def record(step: Step, target: SetupTarget, facts: SetupFacts, state: State, verb: str) -> None:
-    created = state.setdefault("created", {})
-    if verb == "teardown":
-        created.pop("region", None)
-        return
-    region = find_pool_region(target, facts)
-    if region is not None:
-        created["region"] = region.name
+    record_created(state, verb, "region", lambda: getattr(find_pool_region(target, facts), "name", None))
 
 
 TOPIC = SetupTopic(
