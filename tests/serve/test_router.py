@@ -249,7 +249,7 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
     assert answers == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"}  # both serve
 
     slow: list[tuple[int, str]] = []
-    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=10"))))
+    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=6"), timeout=30)))
     holder.start()
     # Wait until haproxy itself counts the slow request on an instance (a fixed sleep was flaky on a
     # loaded machine: the request had not reached haproxy yet when the quick ones went out).

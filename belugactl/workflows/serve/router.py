@@ -98,6 +98,9 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
         f"    timeout server {SERVER_TIMEOUT_S}s",
         "    timeout http-request 30s",
         "    timeout queue 60s",
+        # A busy engine can answer /health slower than the check interval: without this the read
+        # timeout of a check is `inter`, and a loaded instance flaps DOWN while it is serving.
+        "    timeout check 2s",
         # An instance that died since the last check refuses the connection: try another one.
         "    retries 3",
         "    option redispatch 1",
