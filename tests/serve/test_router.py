@@ -7,6 +7,7 @@ without it, and fail in CI (CI=true), where it must be present.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -288,6 +289,45 @@ def test_a_killed_instance_is_marked_down_and_requests_still_succeed(front: Fron
     used = set(re.findall(r"haproxy_[a-z_]+", files("belugactl").joinpath("data/grafana/belugactl.json").read_text()))
     exported = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line.startswith("haproxy_")}
     assert used and used <= exported, used - exported
+
+
+def _post(url: str, body: dict, timeout: float = 20.0) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - loopback test URLs
+            return resp.status, resp.headers.get("X-Backend", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def test_an_instance_dying_with_queued_connections_costs_a_retry_not_an_error(front: Front) -> None:
+    """A SIGKILLed vLLM keeps its listening socket while the kernel tears down its memory: handshakes
+    complete into the backlog, HAProxy sends the request, then the socket closes and resets it. Those
+    requests (a POST with a body among them) must be replayed on the other instance, not answered 502."""
+    _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
+    front.sup.procs[0].status = "failed"  # keep the supervisor from restarting it during the test
+    assert _get(f"http://127.0.0.1:{front.base}/die-slowly?s=1.5") == (200, "dying")
+    results: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        if i % 2:
+            answer = _post(front.url("/v1/completions"), {"model": "demo", "prompt": list(range(300))})
+        else:
+            answer = _get(front.url("/who"), timeout=20)
+        with lock:
+            results.append(answer)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]  # at once: leastconn spreads them
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == 8
+    assert all(code == 200 for code, _ in results), results
+    assert {who for _, who in results} == {"cpu-demo-vllm-1"}
+    log = (Path(front.sup.plan.run_dir) / "logs" / "router.log").read_text()
+    assert "/+" in log, log[-2000:]  # redispatched requests are logged (retries field "+N")
 
 
 def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> None:

@@ -7,15 +7,22 @@ usage: router_backend.py PORT NAME
   GET  /v1/models     the model list vLLM's OpenAI server gives (one model, "demo")
   POST /v1/completions  one token, as vLLM answers a token-id prompt; header X-Backend: NAME
   GET  /metrics       vLLM's prompt-token counter by source (zero)
+  GET  /die-slowly?s=SEC  200, then stops accepting but keeps its listening socket for SEC seconds and
+                      exits: how a killed vLLM dies (the kernel completes handshakes into the backlog while
+                      the dying process tears its memory down, then resets them when its files close)
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import sys
+import threading
 import time
 import urllib.parse
+
+SERVER: http.server.ThreadingHTTPServer | None = None
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,6 +47,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             seconds = float(urllib.parse.parse_qs(url.query).get("s", ["1"])[0])
             time.sleep(min(seconds, 30.0))
             self._answer(200, self.name.encode())
+        elif url.path == "/die-slowly":
+            seconds = float(urllib.parse.parse_qs(url.query).get("s", ["1"])[0])
+            self._answer(200, b"dying")
+            self.wfile.flush()
+            threading.Thread(target=_die_slowly, args=(min(seconds, 30.0),), daemon=True).start()
         elif url.path == "/v1/models":
             self._answer(200, json.dumps({"data": [{"id": "demo"}]}).encode())
         elif url.path == "/metrics":
@@ -56,10 +68,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return
 
 
+def _die_slowly(seconds: float) -> None:
+    assert SERVER is not None
+    SERVER.shutdown()  # the accept loop ends; the listening socket stays open, so connections queue
+    time.sleep(seconds)
+    os._exit(1)  # closing the socket resets every queued connection
+
+
 def main() -> None:
+    global SERVER
     port, name = int(sys.argv[1]), sys.argv[2]
     Handler.name = name
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = SERVER = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     print(f"backend {name} on {port}", flush=True)
     server.serve_forever()

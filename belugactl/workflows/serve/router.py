@@ -89,10 +89,17 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
         "    maxconn 4096",
         f"    stats socket {run / 'haproxy.sock'} mode 600 level admin",
         f"    hard-stop-after {router.drain_timeout_s}s",
+        # To stderr, which the supervisor keeps in logs/router.log; with dontlog-normal below only
+        # requests that failed, were retried or redispatched are logged (one line each, with the
+        # termination state that says why).
+        "    log stderr format raw daemon info",
         "",
         "defaults",
         "    mode http",
+        "    log global",
+        "    option httplog",
         "    option dontlognull",
+        "    option dontlog-normal",
         "    timeout connect 5s",
         f"    timeout client {SERVER_TIMEOUT_S}s",
         f"    timeout server {SERVER_TIMEOUT_S}s",
@@ -101,10 +108,14 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
         # A busy engine can answer /health slower than the check interval: without this the read
         # timeout of a check is `inter`, and a loaded instance flaps DOWN while it is serving.
         "    timeout check 2s",
-        # An instance that died since the last check refuses the connection: try another one.
+        # An instance that died since the last check refuses the connection, or (killed while the
+        # kernel still completed handshakes for its listening socket) resets it after the request
+        # was sent: try another one. L7 retries replay the request from HAProxy's buffer, so wait
+        # for the whole request before connecting.
         "    retries 3",
         "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
+        "    option http-buffer-request",
+        "    retry-on conn-failure empty-response junk-response 503",
         "",
         "frontend beluga",
         f"    bind {_hostport(router.bind, router.port)}",
