@@ -11,7 +11,6 @@ from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
 
 
-
 @REGISTRY.check("pool.header", "the pool header is present and matches the manifest's layout")
 def pool_header(ctx: DoctorContext) -> CheckResult:
     if (skip := skip_without_cxl(ctx)) is not None:
