@@ -5,7 +5,7 @@ from __future__ import annotations
 from belugactl.errors import BelugaError, EnvironmentProblem, InputError
 from belugactl.pool.device import device_path
 from belugactl.units import MiB
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -13,7 +13,7 @@ from belugactl.workflows.doctor.result import CheckResult
 
 @REGISTRY.check("pool.header", "the pool header is present and matches the manifest's layout")
 def pool_header(ctx: DoctorContext) -> CheckResult:
-    if (skip := skip_without_cxl(ctx)) is not None:
+    if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
     dev = ctx.pool_dax()
     if dev is None:
@@ -47,13 +47,12 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         found = header_mod.PoolHeader.unpack(data)
     except InputError as exc:
         if header_mod.is_blank(data):
-            if ctx.expect is None:
-                return CheckResult.skip("pool not provisioned yet: no header at offset 0")
             return CheckResult.fail("the pool has no header yet: it was never initialized", setup_fix(ctx))
-        occupied = header_mod.occupied_reason(data) if data[: len(header_mod.MAGIC)] == bytes(8) else None
-        if occupied is not None and header_mod.read_claim(data) == 0:
+        no_magic = data[: len(header_mod.MAGIC)] == bytes(len(header_mod.MAGIC))
+        if no_magic and header_mod.read_claim(data) == 0:  # and not blank: someone's data, no pool
             return CheckResult.fail(
-                f"{path} is not a blank pool: {occupied}; setup will refuse to write a header over it",
+                f"{path} is not a blank pool: {header_mod.occupied_reason(data)}; "
+                "setup will refuse to write a header over it",
                 f"check that {path} is the pool's device (pool.source in the manifest); if nothing on it is needed, "
                 "`belugactl setup -f MANIFEST --force` writes the header over it (DISCARDS that data)",
             )
