@@ -117,3 +117,13 @@ def test_a_callers_layout_is_used_not_resolved_again_and_still_verified(
     assert "shared_kv_size" in (err.value.why or "")
     with pytest.raises(TypeError, match="pass the manifest too"):
         PoolMapping.open(pool_path, layout=known)
+
+
+def test_create_file_pool_uses_the_callers_layout(tmp_path: Path, manifest, monkeypatch) -> None:
+    from belugactl.model import layout as layout_mod
+
+    known = layout_mod.resolve_layout(manifest)
+    monkeypatch.setattr(layout_mod, "resolve_layout", lambda _m: (_ for _ in ()).throw(AssertionError("resolved")))
+    created = create_file_pool(tmp_path / "pool.bin", manifest, layout=known)
+    with PoolMapping.open(created, manifest, layout=known, writable=False) as pool:
+        assert pool.header.layout_hash == known.layout_hash and pool.size == known.pool_size
