@@ -101,6 +101,9 @@ def mds(
         f"{a['alloc_failures']} failed allocations; {a['classes_in_use']} size classes in use"
     )
     il = result["interleave"]
+    held = ", ".join(f"{b / 2**20:.0f}" for b in i["zone_bytes"])
+    policy = f"software interleave ({il['ways']} zones)" if il["ways"] > 1 else "no interleave"
+    console.print(f"index on {policy}: MiB held per zone [{held}]")
     for name in ("software", "none"):
         z = il[name]
         placed = ", ".join(f"{b / 2**20:.0f}" for b in z["placed_zone_bytes"])

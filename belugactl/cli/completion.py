@@ -47,13 +47,12 @@ def complete_host(ctx: Any, incomplete: str) -> list[str]:
     file = _manifest_file(ctx)
     if not file:
         return []
-    try:
-        from belugactl.model.manifest import load_manifest
+    from belugactl.cli.load_rack import rack_context_quietly
 
-        names = load_manifest(file).host_names()
-    except Exception:  # noqa: BLE001 - completion must never print a traceback into the shell
+    rack = rack_context_quietly(file)
+    if rack is None:
         return []
-    return [n for n in names if n.startswith(incomplete)]
+    return [n for n in rack.manifest.host_names() if n.startswith(incomplete)]
 
 
 def complete_check(incomplete: str) -> list[tuple[str, str]]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,3 +27,17 @@ def rack_context(
 
             print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
         raise
+
+
+def rack_context_quietly(file: str | Path) -> RackContext | None:
+    """The rack context for shell completion: None on any problem, and nothing ever printed.
+
+    A completer runs inside the user's shell as they type; a manifest that is half-written, missing
+    or broken must complete nothing rather than write an error (or a warning) into their prompt."""
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return rack_context(file)
+    except Exception:  # noqa: BLE001 - completion must never print a traceback into the shell
+        return None

@@ -18,6 +18,7 @@ from belugactl.pool.header import PoolHeader
 from belugactl.pool.mapping import load_manifest_arg
 
 if TYPE_CHECKING:
+    from belugactl.model.layout import PoolLayout
     from belugactl.model.manifest_schema import Manifest
 
 
@@ -27,6 +28,7 @@ def create_file_pool(
     *,
     created_by: str | None = None,
     exist_ok: bool = False,
+    layout: PoolLayout | None = None,
 ) -> Path:
     """Write a sparse file of the manifest's pool size with a valid header (development and CI).
 
@@ -39,7 +41,7 @@ def create_file_pool(
 
     loaded = load_manifest_arg(manifest)
     assert loaded is not None
-    layout = resolve_layout(loaded)
+    layout = layout if layout is not None else resolve_layout(loaded)  # the caller's, when it has one
     header = PoolHeader.from_layout(loaded, layout, created_by=created_by or socket.gethostname()[:47] or "belugactl")
     target = Path(path)
     mode = loaded.pool.permissions.mode_bits if "permissions" in loaded.pool.model_fields_set else 0o600

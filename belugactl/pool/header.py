@@ -51,6 +51,7 @@ from belugactl.errors import InputError, PoolMismatch
 from belugactl.model.layout import FORMAT_VERSION, PoolLayout
 from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
 from belugactl.pool.geometry import PoolGeometry
+from belugactl.units import format_size
 
 MAGIC = b"BELUGAPL"
 MAGIC_OFFSET = 0
@@ -355,9 +356,28 @@ def claimed_by(claim: int, host_name: str) -> bool:
     return claim != 0 and claim >> 32 == claim_tag(host_name)
 
 
-def is_blank(buf: Any) -> bool:
-    """No header and no claim: the pool was never initialized."""
-    return bytes(buf[MAGIC_OFFSET : MAGIC_OFFSET + len(MAGIC)]) == bytes(len(MAGIC)) and read_claim(buf) == 0
+def occupied_reason(area: Any) -> str | None:
+    """None when every byte of `area` is zero; else what is there, for a message.
+
+    Pass the whole header area (HEADER_REGION bytes, or as much of it as the device maps): a device
+    whose magic and claim word are zero can still hold someone's data further in, and writing a
+    header over it would destroy that. Doctor and setup both judge "blank" with this one function."""
+    data = area if isinstance(area, bytes) else bytes(area)
+    nonzero = len(data) - data.count(0)  # one pass in C over at most the 2 MiB header area
+    if not nonzero:
+        return None
+    first = len(data) - len(data.lstrip(b"\0"))
+    sample = data[first : first + 16].hex(" ")
+    return (
+        f"no header, but {nonzero} of the first {format_size(len(data))} are not zero "
+        f"(the first at offset {first:#x}: {sample})"
+    )
+
+
+def is_blank(area: Any) -> bool:
+    """Never initialized and holding nothing: every byte of the header area is zero (no magic, no
+    claim, no data). See `occupied_reason` for why the whole area counts, not the first words."""
+    return occupied_reason(area) is None
 
 
 # ---- helpers --------------------------------------------------------------------------------

@@ -99,9 +99,16 @@ class PoolMapping:
         manifest: Manifest | str | os.PathLike[str] | None = None,
         *,
         writable: bool = True,
+        layout: PoolLayout | None = None,
     ) -> PoolMapping:
-        """Map and verify a pool; raise PoolMissing (exit 3) or PoolMismatch (exit 2) with the fix."""
+        """Map and verify a pool; raise PoolMissing (exit 3) or PoolMismatch (exit 2) with the fix.
+
+        `layout`: the manifest's resolved layout, when the caller already has it (a RackContext
+        does), so it is not resolved again; the header is still checked against it field by field.
+        It needs the manifest too (the pool uuid comes from there)."""
         path = Path(path_or_dev)
+        if layout is not None and manifest is None:
+            raise TypeError("PoolMapping.open: a layout is verified against its manifest; pass the manifest too")
         loaded = load_manifest_arg(manifest)
         if not path.exists():
             raise PoolMissing(
@@ -165,7 +172,7 @@ class PoolMapping:
         finally:
             os.close(fd)
 
-        layout = None
+        verified = None
         uncacheable = False
         # Without a manifest the header's host table says whether other hosts map this pool; the
         # memory type is unknown then, so assume write-back (a needless flush is only slower, a
@@ -173,7 +180,7 @@ class PoolMapping:
         shared = len(header.hosts) > 1
         if loaded is not None:
             try:
-                layout = verify_against_manifest(path, header, loaded)
+                verified = verify_against_manifest(path, header, loaded, layout)
             except PoolMismatch:
                 mm.close()
                 raise
@@ -181,7 +188,7 @@ class PoolMapping:
             shared = len(loaded.hosts) > 1
         # Flushes matter only for a write-back devdax pool that other hosts also map.
         needs_flush = devdax and not uncacheable and shared
-        return cls(path, mm, header, layout, is_devdax=devdax, needs_flush=needs_flush)
+        return cls(path, mm, header, verified, is_devdax=devdax, needs_flush=needs_flush)
 
     @classmethod
     def window(
@@ -345,11 +352,15 @@ class PoolMapping:
         }
 
 
-def verify_against_manifest(path: Path, header: PoolHeader, manifest: Manifest) -> PoolLayout:
-    """The layout this manifest implies, after checking the header agrees with it field by field."""
-    from belugactl.model.layout import resolve_layout
+def verify_against_manifest(
+    path: Path, header: PoolHeader, manifest: Manifest, layout: PoolLayout | None = None
+) -> PoolLayout:
+    """The layout this manifest implies (resolved here unless given), after checking the header
+    agrees with it field by field."""
+    if layout is None:
+        from belugactl.model.layout import resolve_layout
 
-    layout = resolve_layout(manifest)
+        layout = resolve_layout(manifest)
     expected = PoolHeader.from_layout(manifest, layout, created_by=header.created_by)
     problems = diff(expected, header)
     if problems:

@@ -41,3 +41,35 @@ def test_setup_topics_complete_the_last_item_of_a_comma_list(cli):
     assert _complete(cli, "belugactl setup --only hu") == ["hugepages"]
     assert _complete(cli, "belugactl plan --only region,h") == ["region,header", "region,hugepages"]
     assert set(setup_topic_ids()) >= {"region", "devdax", "header", "hugepages", "thp", "ddio", "mtrr"}
+
+
+def test_host_completion_loads_through_the_rack_context_loader_and_prints_nothing(monkeypatch, capsys, tmp_path):
+    from types import SimpleNamespace
+
+    from belugactl.cli import completion
+    from belugactl.workflows import rack_context as rack_mod
+
+    seen: list[str] = []
+    real = rack_mod.load_rack_context
+
+    def spy(file, **kwargs):
+        seen.append(str(file))
+        return real(file, **kwargs)
+
+    monkeypatch.setattr(rack_mod, "load_rack_context", spy)
+    assert completion.complete_host(SimpleNamespace(params={"file": str(LAB)}), "lab-") == ["lab-1", "lab-2"]
+    assert seen == [str(LAB)]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts: [")
+    missing = tmp_path / "none.yaml"
+    for file in (bad, missing):
+        assert completion.complete_host(SimpleNamespace(params={"manifest": str(file)}), "") == []
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_broken_manifest_writes_nothing_to_stderr_either(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nname: x\npool: {size: lots}\n")
+    env = {"_BELUGACTL_COMPLETE": "complete_bash", "COMP_WORDS": f"belugactl plan -f {bad} --host ", "COMP_CWORD": "5"}
+    result = cli(env=env)
+    assert result.code == 0 and result.stdout.split() == [] and result.stderr == ""

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from belugactl.dataplane.mds.allocator import CHUNK, SIZE_CLASSES, Allocator
+from belugactl.dataplane.mds.allocator import CHUNK, MIN_BLOCK, SIZE_CLASSES, Allocator
 
 BASE = 4 * CHUNK
 
@@ -300,3 +300,87 @@ def test_property_after_freeing_everything_any_size_fills_the_area(ops: list[tup
         assert count == 8 * (CHUNK // cls)  # every free chunk reusable by this size
     else:
         assert count * per_alloc > 8 * CHUNK - per_alloc - CHUNK
+
+
+# --- software interleave: the placement, pinned (issue 12 item 6) ------------------------------
+
+
+def _granule_zones(a: Allocator, got, granularity: int) -> list[set[int]]:
+    """The zones each successive `granularity` bytes of an allocation's bytes (in extent order) lie in."""
+    pieces: list[set[int]] = []
+    pos = 0
+    for off, n in got.extents:
+        for at in range(off, off + n, MIN_BLOCK):
+            index = (pos + at - off) // granularity
+            while len(pieces) <= index:
+                pieces.append(set())
+            pieces[index].add(a.zone_of(at))
+        pos += n
+    return pieces
+
+
+@pytest.mark.parametrize(("ways", "granularity"), [(2, CHUNK), (4, CHUNK), (4, 2 * CHUNK), (3, 4 * CHUNK)])
+def test_consecutive_granules_of_one_block_rotate_over_the_zones(ways: int, granularity: int) -> None:
+    a = Allocator(3 * CHUNK, 200 * CHUNK + 4096, ways=ways, granularity=granularity)
+    start = 0
+    for _ in range(2 * ways + 1):  # every starting zone, and around again
+        nbytes = 2 * ways * granularity + 300 * 1024  # two turns of whole granules, then a tail
+        got = a.alloc(nbytes)
+        assert got is not None and sum(n for _, n in got.extents) == nbytes
+        zones = _granule_zones(a, got, granularity)
+        # Each granule lies in one zone; granule g in zone (start + g) mod ways; the tail goes on.
+        assert zones == [{(start + g) % ways} for g in range(2 * ways + 1)]
+        # Spread evenly: every zone holds exactly two granules of this block.
+        per_zone = [0] * ways
+        for off, n in got.extents:
+            per_zone[a.zone_of(off)] += n
+        tail_zone = (start + 2 * ways) % ways
+        assert [b - (300 * 1024 if z == tail_zone else 0) for z, b in enumerate(per_zone)] == [2 * granularity] * ways
+        start = (start + 1) % ways
+
+
+@pytest.mark.parametrize(
+    ("base", "size", "ways", "granularity"),
+    [(3 * CHUNK, 19 * CHUNK + 777, 4, CHUNK), (3 * CHUNK, 50 * CHUNK, 4, 2 * CHUNK), (CHUNK, 97 * CHUNK, 3, 8 * CHUNK)],
+)
+def test_zones_are_equal_aligned_and_inside_the_area(base: int, size: int, ways: int, granularity: int) -> None:
+    a = Allocator(base, size, ways=ways, granularity=granularity)
+    ranges = a.zone_ranges()
+    assert len(ranges) == ways and {n for _, n in ranges} == {a.zone_size}
+    assert a.zone_size % granularity == 0 and a.zone_size > 0
+    assert all(start % granularity == 0 for start, _ in ranges)  # pool offsets, not offsets in the area
+    assert [s for s, _ in ranges] == [ranges[0][0] + z * a.zone_size for z in range(ways)]  # back to back
+    assert base <= ranges[0][0] and ranges[-1][0] + a.zone_size <= base + size
+    # What is left over is less than a granule in front and less than a granule per zone behind.
+    front, back = ranges[0][0] - base, base + size - (ranges[-1][0] + a.zone_size)
+    assert front < granularity and back < ways * granularity + CHUNK
+    assert a.capacity == ways * a.zone_size and a.unused_bytes == size - a.capacity == front + back
+    assert a.stats()["interleave"]["unused_bytes"] == a.unused_bytes
+    # Every chunk the allocator can hand out is inside a zone, and all of them can be handed out.
+    got = a.alloc(a.capacity)
+    assert got is not None and a.alloc(4096) is None
+    assert all(ranges[0][0] <= off and off + n <= ranges[-1][0] + a.zone_size for off, n in got.extents)
+    assert a.zone_bytes() == [a.zone_size] * ways
+
+
+def test_without_interleave_the_whole_area_is_one_zone_and_nothing_is_unused() -> None:
+    a = Allocator(3 * CHUNK, 19 * CHUNK + 777)
+    assert a.zone_ranges() == [(3 * CHUNK, 19 * CHUNK)] and a.unused_bytes == 777 and a.capacity == 19 * CHUNK
+    small = Allocator(3 * CHUNK, 3 * CHUNK, ways=4, granularity=2 * CHUNK)  # not a granule per way
+    assert small.ways == 1 and small.capacity == 3 * CHUNK
+
+
+def test_a_block_of_many_granules_is_spread_evenly_and_survives_a_restart() -> None:
+    a = Allocator(3 * CHUNK, 128 * CHUNK, ways=4, granularity=CHUNK)
+    first = a.alloc(CHUNK // 2)  # carve one chunk of zone 0: the zones' fresh pointers now differ
+    got = a.alloc(16 * CHUNK)
+    assert first is not None and got is not None
+    per_zone = [0] * 4
+    for off, n in got.extents:
+        per_zone[a.zone_of(off)] += n
+    assert per_zone == [4 * CHUNK] * 4
+    # A restart rebuilds the very same extents (the journal keeps the blocks in placement order).
+    again = Allocator(3 * CHUNK, 128 * CHUNK, ways=4, granularity=CHUNK)
+    restored = again.restore([(first.nbytes, first.blocks), (got.nbytes, got.blocks)])
+    assert [r.extents for r in restored] == [first.extents, got.extents]
+    assert again.zone_bytes() == a.zone_bytes()

@@ -19,6 +19,13 @@ def test_bench_mds_json(capsys) -> None:
     assert il["ways"] == 4 and len(il["software"]["placed_zone_bytes"]) == 4
     assert il["software"]["placed_min_over_max"] > 0.9 and il["none"]["placed_zone_bytes"][-1] == 0
     assert il["software"]["zones_spanned_by_16_consecutive_blocks"] == 4
+    # Zones are the allocator's own, equal; a 4 MiB block's two granules lie in consecutive zones.
+    assert {z["size"] for z in il["zones"]} == {(1 << 30) // 4} and il["unused_bytes"] == 0
+    first, second = il["software"]["zones_of_a_4mib_block_by_granule"]
+    assert second == (first + 1) % 4
+    # The index runs on an interleaved allocator too, and says how much it holds in each zone.
+    held = doc["index"]["zone_bytes"]
+    assert len(held) == 4 and min(held) > 0.9 * max(held)
 
 
 @pytest.mark.timeout(120)

@@ -114,7 +114,7 @@ def test_blank_pool_fails_with_manifest_and_skips_without(tmp_path):
     assert with_manifest.status is Status.FAIL and "never initialized" in with_manifest.reason
     assert "belugactl setup" in with_manifest.fix
     without = REGISTRY.get("pool.header").run(DoctorContext(beluga_like(), None, host))
-    assert without.status is Status.SKIP and "not provisioned" in without.reason
+    assert without.status is Status.SKIP and "no manifest names the pool's dax device" in without.reason
 
 
 def test_corrupted_or_claimed_header_fails_without_a_traceback(tmp_path):
@@ -131,3 +131,25 @@ def test_corrupted_or_claimed_header_fails_without_a_traceback(tmp_path):
 def test_pool_header_skips_when_the_device_cannot_be_mapped(tmp_path):
     result = REGISTRY.get("pool.header").run(_header_ctx(Host(tmp_path)))
     assert result.status is Status.SKIP and "cannot map" in result.reason
+
+
+def test_data_past_the_first_words_is_not_a_blank_pool_for_doctor_nor_setup(tmp_path):
+    # First 16 bytes (magic, version, length) zero, claim word zero, someone's bytes 64 KiB in: the old
+    # doctor check read 4 KiB and the first words and called this blank; setup refused it. One rule now.
+    from belugactl.pool import header as hdr
+    from belugactl.workflows.setup.topics.header import judge
+    from tests.support.fake_machine import lab_target
+
+    area = bytearray(hdr.HEADER_REGION)
+    area[64 << 10 : (64 << 10) + 4] = b"data"
+    assert not any(area[:16]) and hdr.read_claim(area) == 0
+    assert not hdr.is_blank(area) and "offset 0x10000: 64 61 74 61" in hdr.occupied_reason(area)
+    assert judge(lab_target().header, bytes(area)).state == "occupied"
+    host = _pool_tree(tmp_path, bytes(area))
+    result = REGISTRY.get("pool.header").run(_header_ctx(host))
+    assert result.status is Status.FAIL, result
+    assert "not a blank pool" in result.reason and "offset 0x10000" in result.reason
+    assert "--force" in result.fix
+    # The all-zero area, for contrast, is the never-initialized pool.
+    blank = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path / "blank", bytes(hdr.HEADER_REGION))))
+    assert blank.status is Status.FAIL and "never initialized" in blank.reason

@@ -93,3 +93,37 @@ def test_create_refuses_to_overwrite_and_is_sparse(pool_path: Path, manifest) ->
         create_file_pool(pool_path, manifest)
     assert pool_path.stat().st_blocks * 512 < pool_path.stat().st_size  # sparse
     assert EPOCH_OFFSET % 8 == 0
+
+
+def test_a_callers_layout_is_used_not_resolved_again_and_still_verified(
+    pool_path: Path, manifest, rack_text: str, monkeypatch
+) -> None:
+    from belugactl.model import layout as layout_mod
+    from belugactl.model.manifest import load_manifest_text
+
+    known = layout_mod.resolve_layout(manifest)
+    other_manifest = load_manifest_text(rack_text.replace("shared_kv: 40MiB", "shared_kv: 20MiB"))
+    other = layout_mod.resolve_layout(other_manifest)
+
+    def no_resolving(_manifest):
+        raise AssertionError("PoolMapping.open resolved the layout its caller passed")
+
+    monkeypatch.setattr(layout_mod, "resolve_layout", no_resolving)
+    with PoolMapping.open(pool_path, manifest, layout=known, writable=False) as pool:
+        assert pool.layout is known
+    # A layout that disagrees with the header is refused like a disagreeing manifest.
+    with pytest.raises(PoolMismatch) as err:
+        PoolMapping.open(pool_path, other_manifest, layout=other)
+    assert "shared_kv_size" in (err.value.why or "")
+    with pytest.raises(TypeError, match="pass the manifest too"):
+        PoolMapping.open(pool_path, layout=known)
+
+
+def test_create_file_pool_uses_the_callers_layout(tmp_path: Path, manifest, monkeypatch) -> None:
+    from belugactl.model import layout as layout_mod
+
+    known = layout_mod.resolve_layout(manifest)
+    monkeypatch.setattr(layout_mod, "resolve_layout", lambda _m: (_ for _ in ()).throw(AssertionError("resolved")))
+    created = create_file_pool(tmp_path / "pool.bin", manifest, layout=known)
+    with PoolMapping.open(created, manifest, layout=known, writable=False) as pool:
+        assert pool.header.layout_hash == known.layout_hash and pool.size == known.pool_size

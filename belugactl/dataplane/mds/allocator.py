@@ -14,11 +14,14 @@ Each class keeps its partly free chunks in a dict chunk -> free offsets, so allo
 return of an empty chunk are all O(1).
 
 Software interleave (manifest `pool.interleave.mode: software`): the area is split into `ways`
-equal zones (one per memory device laid end to end; chunks that do not divide evenly go to the
-last zone) and consecutive allocations start in consecutive zones, round-robin. A multi-chunk
+equal zones, each a whole number of granules and starting at a pool offset that is a multiple of
+`granularity`, and consecutive allocations start in consecutive zones, round-robin. A multi-chunk
 allocation changes zone every `granularity` bytes (its tail goes on in the zone after its last
-whole granule). When the zone whose turn it is has no room the
-next zone with room answers, so interleave never turns a fitting request into a failure.
+whole granule), so a block of `ways` granules puts one granule in every zone. Equal zones keep
+the rotation even; the area's ends that do not make a whole granule in every zone (less than
+`granularity` before the first zone, less than `ways` granules after the last) are left unused
+and reported (`stats()["interleave"]["unused_bytes"]`). When the zone whose turn it is has no
+room the next zone with room answers, so interleave never turns a fitting request into a failure.
 """
 
 from __future__ import annotations
@@ -91,8 +94,7 @@ class Allocator:
         if base % CHUNK:
             raise ValueError(f"shared KV area offset {base:#x} is not 2 MiB aligned")
         self.base = base
-        self.chunks = size // CHUNK
-        self.capacity = self.chunks * CHUNK
+        self.area_size = size
         self.used = 0  # bytes in blocks handed out (footprint)
         self.requested = 0  # bytes callers asked for
         self.chunks_returned = 0  # carved chunks given back to the free chunks when they emptied
@@ -106,18 +108,23 @@ class Allocator:
             raise ValueError(f"interleave granularity {granularity} is not a multiple of 2 MiB")
         if self.used:
             raise ValueError("the interleave of an allocator in use cannot change")
-        base = self.base
-        # More ways than chunks: one zone per chunk.
-        self.ways = max(1, min(ways, self.chunks))
+        area_end = self.base + self.area_size - self.area_size % CHUNK
+        start = min(-(-self.base // granularity) * granularity, area_end)  # the first granule boundary
+        granules = (area_end - start) // granularity
+        # Fewer granules than ways: as many zones as there are granules.
+        ways = min(ways, granules)
+        if ways <= 1:
+            ways, start, zone_size = 1, self.base, area_end - self.base  # one zone: the whole area
+        else:
+            zone_size = (granules // ways) * granularity
+        self.ways = ways
         self.granularity = granularity
-        self.zone_size = (self.chunks // self.ways) * CHUNK
-        self._zones = [
-            _Zone(
-                base + z * self.zone_size,
-                base + (z + 1) * self.zone_size if z < self.ways - 1 else base + self.capacity,
-            )
-            for z in range(self.ways)
-        ]
+        self.zone_size = zone_size
+        self.zones_start = start
+        self.chunks = ways * zone_size // CHUNK
+        self.capacity = self.chunks * CHUNK
+        self.unused_bytes = self.area_size - self.capacity  # the area's ends outside every zone
+        self._zones = [_Zone(start + z * zone_size, start + (z + 1) * zone_size) for z in range(ways)]
         self._rr = 0  # zone whose turn is next
         # Per class, per zone: chunk offset -> offsets of its free blocks (chunks with no free
         # block are in no dict; they come back on the first free).
@@ -142,7 +149,11 @@ class Allocator:
         return whole, (Allocator.class_for(tail) if tail else 0)
 
     def zone_of(self, offset: int) -> int:
-        return min((offset - self.base) // self.zone_size, self.ways - 1) if self.zone_size else 0
+        return min((offset - self.zones_start) // self.zone_size, self.ways - 1) if self.zone_size else 0
+
+    def zone_ranges(self) -> list[tuple[int, int]]:
+        """(start offset, size) of every interleave zone, in zone order."""
+        return [(z.start, z.end - z.start) for z in self._zones]
 
     def _chunk_of(self, offset: int) -> int:
         return offset - (offset - self.base) % CHUNK
@@ -196,10 +207,12 @@ class Allocator:
             if whole > self.free_chunk_count:
                 return None
             per_granule = self.granularity // CHUNK
-            for i in range(whole):
-                if i and i % per_granule == 0:
+            for first in range(0, whole, per_granule):
+                if first:
                     zone = (zone + 1) % self.ways
-                blocks.append((CHUNK, self._pop_chunk(zone)))  # type: ignore[arg-type]
+                # One granule's chunks, lowest first so that neighbours coalesce into one extent.
+                granule = sorted(self._pop_chunk(zone) for _ in range(min(per_granule, whole - first)))  # type: ignore[type-var]
+                blocks.extend((CHUNK, off) for off in granule)  # type: ignore[misc]
             if cls:
                 zone = (zone + 1) % self.ways if whole % per_granule == 0 else zone
         if cls:
@@ -218,7 +231,7 @@ class Allocator:
             zone_used[self.zone_of(off)] += size
         self.used += footprint
         self.requested += nbytes
-        return Allocation(_coalesce(blocks, nbytes), blocks, nbytes)
+        return Allocation(_coalesce(blocks, nbytes, in_order=self.ways > 1), blocks, nbytes)
 
     def free(self, allocation: Allocation) -> None:
         self._give_back(allocation.blocks)
@@ -270,12 +283,12 @@ class Allocator:
         allocations = [(n, [_upgrade(b, self.base) for b in blocks]) for n, blocks in allocations]
         chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
         taken: set[int] = set()
-        end = self.base + self.capacity
+        end = self.zones_start + self.capacity
         classes = set(SIZE_CLASSES)
         for _nbytes, blocks in allocations:
             for size, off in blocks:
                 chunk = self._chunk_of(off)
-                if not self.base <= off < end or (size != CHUNK and size not in classes) or off in taken:
+                if not self.zones_start <= off < end or (size != CHUNK and size not in classes) or off in taken:
                     raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
                 if (off - chunk) % size or off - chunk + size > CHUNK:
                     raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
@@ -297,7 +310,7 @@ class Allocator:
                 self._partial[size][self.zone_of(chunk)][chunk] = free
         restored = []
         for nbytes, blocks in allocations:
-            a = Allocation(_coalesce(list(blocks), nbytes), list(blocks), nbytes)
+            a = Allocation(_coalesce(list(blocks), nbytes, in_order=self.ways > 1), list(blocks), nbytes)
             self.used += a.footprint
             self.requested += nbytes
             for size, off in blocks:
@@ -325,7 +338,13 @@ class Allocator:
             "chunks_returned": self.chunks_returned,
             "carved_idle_bytes": carved_idle,
             "classes": {str(c): {"chunks": n, "free_blocks": free_blocks[c]} for c, n in self._carved.items() if n},
-            "interleave": {"ways": self.ways, "granularity": self.granularity, "zone_bytes": self.zone_bytes()},
+            "interleave": {
+                "ways": self.ways,
+                "granularity": self.granularity,
+                "zone_size": self.zone_size,
+                "zone_bytes": self.zone_bytes(),
+                "unused_bytes": self.unused_bytes,
+            },
         }
 
 
@@ -373,11 +392,17 @@ def _upgrade(block: Block, base: int) -> Block:
     return block
 
 
-def _coalesce(blocks: list[Block], nbytes: int) -> list[Extent]:
-    """Extents covering exactly `nbytes`, merging blocks that sit back to back."""
+def _coalesce(blocks: list[Block], nbytes: int, *, in_order: bool = False) -> list[Extent]:
+    """Extents covering exactly `nbytes`, merging blocks that sit back to back.
+
+    Without interleave the blocks are taken lowest offset first (the most merging). With it they
+    are taken in the order given, the order `alloc` placed them: the block's bytes then run through
+    the zones one granule at a time, so even a partial read of a block (one layer's pieces) is
+    spread over the devices. Sorting would put all of zone 0's granules first. The journal keeps
+    the blocks in this order, so a restart rebuilds the same extents."""
     extents: list[list[int]] = []
     remaining = nbytes
-    for size, off in sorted(blocks, key=lambda b: b[1]):
+    for size, off in blocks if in_order else sorted(blocks, key=lambda b: b[1]):
         take = min(size, remaining)
         remaining -= take
         if extents and extents[-1][0] + extents[-1][1] == off and extents[-1][1] % MIN_BLOCK == 0:

@@ -252,8 +252,11 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: 
 
     rng = random.Random(seed)
     area = 1 << 30
-    # Mix: 70 % prefix lookups of 8 keys, 15 % reserve+commit, 10 % get, 5 % release.
-    index = KVIndex(Allocator(2 << 20, area), IndexConfig(high_watermark=0.9, low_watermark=0.8))
+    # Mix: 70 % prefix lookups of 8 keys, 15 % reserve+commit, 10 % get, 5 % release. The index's
+    # allocator interleaves as the server's does with `pool.interleave.mode: software` (ways > 1).
+    index = KVIndex(
+        Allocator(2 << 20, area, ways=ways, granularity=granularity), IndexConfig(high_watermark=0.9, low_watermark=0.8)
+    )
     ns = index.open_namespace("bench")
     keys = [rng.randbytes(32) for _ in range(20000)]
     block = 160 << 10
@@ -318,6 +321,8 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: 
             "entries": index_stats["entries"],
             "evictions": index_stats["evictions"],
             "utilization": index_stats["allocator"]["utilization"],  # type: ignore[index]
+            # Bytes the index holds per interleave zone at the end (one zone when interleave is off).
+            "zone_bytes": index_stats["allocator"]["interleave"]["zone_bytes"],  # type: ignore[index]
         },
         "allocator_churn": {
             "area_bytes": area,
@@ -345,13 +350,32 @@ def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int
     runs = []
     for _ in range(400):
         runs.append((rng.choice([160 << 10, 327_680, 64 << 10, 2_621_440]), rng.randrange(8, 64)))
-    out: dict[str, Any] = {"ways": ways, "granularity": granularity}
+    # The zones are the software allocator's own (equal, granule-aligned), for both runs: the devices
+    # are the same whichever policy places the blocks. Bytes outside every zone count in none.
+    zoned = Allocator(2 << 20, area, ways=ways, granularity=granularity)
+    ranges = zoned.zone_ranges()
+    ways = zoned.ways
+    out: dict[str, Any] = {
+        "ways": ways,
+        "granularity": granularity,
+        "zones": [{"offset": o, "size": n} for o, n in ranges],
+        "unused_bytes": zoned.unused_bytes,
+    }
+
+    def zone_bytes(extents: list[tuple[int, int]], into: list[int]) -> None:
+        for off, n in extents:
+            # Cut at zone borders: without interleave a coalesced extent can span two zones.
+            while n:
+                z = zoned.zone_of(off)
+                start, size = ranges[z]
+                take = n if z == ways - 1 else min(n, start + size - off)
+                into[z] += take
+                off, n = off + take, n - take
+
     for name, w in (("software", ways), ("none", 1)):
         a = Allocator(2 << 20, area, ways=w, granularity=granularity)
         live: list[Any] = []
         picks = random.Random(7)
-        # Zone = ways equal parts of the area, for both runs (the devices are the same).
-        zone = (area // (2 << 20) // ways) * (2 << 20)
         placed = [0] * ways  # every byte ever handed out, by zone: what the placement policy decides
         for size, count in runs:
             for _ in range(count):
@@ -359,22 +383,36 @@ def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int
                 if got is None:
                     break
                 live.append(got)
-                for off, n in got.extents:
-                    placed[min((off - (2 << 20)) // zone, ways - 1)] += n
+                zone_bytes(got.extents, placed)
             while live and a.used > area // 2:  # stay half full: frees and reuse, not one fill
                 a.free(live.pop(picks.randrange(len(live))))
         per_zone = [0] * ways
         for g in live:
-            for off, n in g.extents:
-                per_zone[min((off - (2 << 20)) // zone, ways - 1)] += n
+            zone_bytes(g.extents, per_zone)
         # A request's first 16 blocks: how many zones they span (the devices a load reads in parallel).
         probe = [a.alloc(160 << 10) for _ in range(16)]
-        spread = len({min((g.extents[0][0] - (2 << 20)) // zone, ways - 1) for g in probe if g})
+        spread = len({zoned.zone_of(g.extents[0][0]) for g in probe if g})
+        # One Qwen-32B block (64 layers x K,V x 32 KiB = 4 MiB): the zones its first, second, ...
+        # granule lie in, in the order a layer-wise load reads them.
+        qwen = a.alloc(4 << 20)
+        granule_zones = _granule_zones(qwen.extents, granularity, zoned.zone_of) if qwen else []
         out[name] = {
             "placed_zone_bytes": placed,
             "placed_min_over_max": round(min(placed) / max(placed), 4) if max(placed) else 0.0,
             "zone_bytes": per_zone,  # live at the end (random frees add noise)
             "min_over_max": round(min(per_zone) / max(per_zone), 4) if max(per_zone) else 0.0,
             "zones_spanned_by_16_consecutive_blocks": spread,
+            "zones_of_a_4mib_block_by_granule": granule_zones,
         }
     return out
+
+
+def _granule_zones(extents: list[tuple[int, int]], granularity: int, zone_of: Any) -> list[int]:
+    """The zone of each successive `granularity` bytes of a block (the zone of its first byte)."""
+    zones: list[int] = []
+    pos = 0
+    for off, n in extents:
+        for at in range(-pos % granularity, n, granularity):
+            zones.append(zone_of(off + at))
+        pos += n
+    return zones

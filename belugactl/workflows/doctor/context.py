@@ -76,11 +76,15 @@ class DoctorContext:
     def pool_dax(self) -> DaxDevice | None:
         """The dax device that holds (or would hold) the pool.
 
-        The manifest's device name when it gives one; otherwise the one dax device on a CXL region
-        (the lab and Beluga hosts each have exactly one); None when there is none or it is ambiguous.
+        The manifest's device name when it gives one; with a manifest that builds the pool from a
+        region, the one dax device on a CXL region (setup made it); None when there is none, it is
+        ambiguous, or there is no manifest: without one nothing says which device is the pool, and
+        doctor never guesses (checks/common.py skip_without_manifest says so).
         """
         snap = self.snapshot
-        if self.expect is not None and self.expect.dax_device:
+        if self.expect is None:
+            return None
+        if self.expect.dax_device:
             return snap.dax_device(self.expect.dax_device)
         cxl_dax = self.cxl_dax_devices()
         if len(cxl_dax) == 1:

@@ -52,8 +52,8 @@ class CheckResult:
         return cls(Status.FAIL, reason, fix, details)
 
     @classmethod
-    def skip(cls, reason: str, **details: object) -> CheckResult:
-        return cls(Status.SKIP, reason, None, details)
+    def skip(cls, reason: str, *, fix: str | None = None, **details: object) -> CheckResult:
+        return cls(Status.SKIP, reason, fix, details)
 
 
 @dataclass(frozen=True)

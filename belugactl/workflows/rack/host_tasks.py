@@ -29,7 +29,7 @@ def probe_write(rack: RackContext, nonce: int) -> dict[str, Any]:
 
     name = rack.host_name
     path = rack.pool_path()
-    with PoolMapping.open(path, rack.manifest) as mapping:
+    with PoolMapping.open(path, rack.manifest, layout=rack.layout) as mapping:
         offsets = probe_offsets(mapping.layout)
         index = rack.manifest.host_names().index(name)
         mapping.write(offsets[name], ProbeRecord.new(index, name, nonce).pack())
@@ -42,7 +42,7 @@ def probe_read(rack: RackContext, nonce: int) -> dict[str, Any]:
     name = rack.host_name
     path = rack.pool_path()
     seen: dict[str, dict[str, Any]] = {}
-    with PoolMapping.open(path, rack.manifest, writable=False) as mapping:
+    with PoolMapping.open(path, rack.manifest, writable=False, layout=rack.layout) as mapping:
         offsets = probe_offsets(mapping.layout)
         for index, entry in enumerate(rack.manifest.hosts):
             raw = mapping.read(offsets[entry.name], PROBE_SIZE)

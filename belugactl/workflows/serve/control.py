@@ -86,7 +86,7 @@ def prepare(
     if create_pool and not Path(pool).exists():
         from belugactl.pool.file_pool import create_file_pool
 
-        create_file_pool(pool, manifest)
+        create_file_pool(pool, manifest, layout=rack.layout)
         plan.notes.append(f"created the file pool {pool}")
     preflight.check_pool(pool, rack)
     if is_file_pool:

@@ -109,7 +109,7 @@ def check_pool(pool_path: str, rack: RackContext) -> None:
             fix=f"belugactl setup -f {rack.file} (devdax); for development, a file pool: "
             f"belugactl serve -f {rack.file} --pool {pool_path} --create-pool",
         )
-    with PoolMapping.open(pool_path, rack.manifest, writable=False):
+    with PoolMapping.open(pool_path, rack.manifest, writable=False, layout=rack.layout):
         pass  # raises PoolMismatch (exit 2) when the header disagrees with the manifest
 
 

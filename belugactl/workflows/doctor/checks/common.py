@@ -16,6 +16,20 @@ def skip_without_cxl(ctx: DoctorContext) -> CheckResult | None:
     return None
 
 
+NO_MANIFEST_POOL = "no manifest names the pool's dax device, so the pool checks are skipped (pass -f rack.yaml)"
+NO_MANIFEST_FIX = "belugactl doctor -f rack.yaml (the rack's manifest names the pool's device)"
+
+
+def skip_without_manifest(ctx: DoctorContext) -> CheckResult | None:
+    """A skip for the checks of the pool's own device when no manifest says which device it is.
+
+    Without a manifest doctor never guesses the pool (the one CXL dax device, /dev/dax0.0): a wrong
+    guess would read, judge or advise a setup --force on a device that is somebody else's."""
+    if ctx.expect is None:
+        return CheckResult.skip(NO_MANIFEST_POOL, fix=NO_MANIFEST_FIX)
+    return None
+
+
 def setup_fix(ctx: DoctorContext) -> str:
     host = ctx.expect.host_name if ctx.expect is not None else "NAME"
     return SETUP_FIX.format(host=host)

@@ -7,7 +7,7 @@ import stat
 from belugactl.host.snapshot import DaxDevice, NdNamespace
 from belugactl.pool.device import device_path
 from belugactl.units import MiB, format_size
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -18,7 +18,7 @@ UDEV_RULE = '/etc/udev/rules.d/60-beluga-dax.rules: SUBSYSTEM=="dax", KERNEL=="{
 
 def _pool_or_skip(ctx: DoctorContext) -> DaxDevice | CheckResult:
     """The pool's dax device, or the skip/fail that says why there is none to check."""
-    if (skip := skip_without_cxl(ctx)) is not None:
+    if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
     dev = ctx.pool_dax()
     if dev is not None:
@@ -43,12 +43,13 @@ def _reconfig_cmd(ctx: DoctorContext, ns: NdNamespace) -> str:
 
 @REGISTRY.check("dax.device-present", "the pool's dax device and its /dev node exist")
 def device_present(ctx: DoctorContext) -> CheckResult:
-    if (skip := skip_without_cxl(ctx)) is not None:
+    if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
     exp = ctx.expect
+    assert exp is not None  # skip_without_manifest
     dev = ctx.pool_dax()
     if dev is None:
-        if exp is not None and exp.dax_device:
+        if exp.dax_device:
             return CheckResult.fail(f"the manifest's dax device {exp.dax_device} does not exist", setup_fix(ctx))
         cxl_dax = ctx.cxl_dax_devices()
         if len(cxl_dax) > 1:
@@ -56,12 +57,7 @@ def device_present(ctx: DoctorContext) -> CheckResult:
                 f"several CXL dax devices ({', '.join(d.name for d in cxl_dax)}); which one is the pool is unclear",
                 "name it in the manifest (pool.source.device) or destroy the extra ones",
             )
-        if exp is not None:
-            return CheckResult.fail("no dax device on the CXL memory yet: the pool is not set up", setup_fix(ctx))
-        return CheckResult.warn(
-            "CXL memory present but no dax device on it: no pool on this host yet",
-            "belugactl setup -f MANIFEST",
-        )
+        return CheckResult.fail("no dax device on the CXL memory yet: the pool is not set up", setup_fix(ctx))
     if dev.mode == "system-ram":
         return CheckResult.skip(f"{dev.name} is onlined as system-ram, so it has no /dev node (see dax.mode-devdax)")
     if not dev.dev_exists:

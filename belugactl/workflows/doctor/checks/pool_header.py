@@ -5,17 +5,15 @@ from __future__ import annotations
 from belugactl.errors import BelugaError, EnvironmentProblem, InputError
 from belugactl.pool.device import device_path
 from belugactl.units import MiB
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
 
-READ_BYTES = 4096  # the header record is at most 384 + 64 * 16 bytes
-
 
 @REGISTRY.check("pool.header", "the pool header is present and matches the manifest's layout")
 def pool_header(ctx: DoctorContext) -> CheckResult:
-    if (skip := skip_without_cxl(ctx)) is not None:
+    if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
     dev = ctx.pool_dax()
     if dev is None:
@@ -31,10 +29,13 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         return CheckResult.skip(f"no header reader in this build ({exc.name}): needs setup")
     path = dev.dev_path or device_path(dev.name)
     # A device-dax node can only be mapped, in multiples of its align; a plain pool file maps the same way.
-    length = max(dev.align or 2 * MiB, READ_BYTES)
+    # The record is at most 384 + 64 * 16 bytes, but "blank" is judged over the whole header area, as
+    # setup judges it (header_mod.occupied_reason): data past the first words is not a blank pool.
+    area = header_mod.HEADER_REGION
+    length = max(dev.align or 2 * MiB, area)
     try:
         with PoolMapping.window(ctx.host, path, length, writable=False) as window:
-            data = window.read(0, READ_BYTES)
+            data = window.read(0, area)
     except EnvironmentProblem as exc:
         return CheckResult.warn(
             f"cannot open {path} to read the header: {exc.why or exc.what}",
@@ -46,9 +47,15 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         found = header_mod.PoolHeader.unpack(data)
     except InputError as exc:
         if header_mod.is_blank(data):
-            if ctx.expect is None:
-                return CheckResult.skip("pool not provisioned yet: no header at offset 0")
             return CheckResult.fail("the pool has no header yet: it was never initialized", setup_fix(ctx))
+        no_magic = data[: len(header_mod.MAGIC)] == bytes(len(header_mod.MAGIC))
+        if no_magic and header_mod.read_claim(data) == 0:  # and not blank: someone's data, no pool
+            return CheckResult.fail(
+                f"{path} is not a blank pool: {header_mod.occupied_reason(data)}; "
+                "setup will refuse to write a header over it",
+                f"check that {path} is the pool's device (pool.source in the manifest); if nothing on it is needed, "
+                "`belugactl setup -f MANIFEST --force` writes the header over it (DISCARDS that data)",
+            )
         return CheckResult.fail(
             f"the pool header at offset 0 of {path} is not valid: {exc.what}",
             exc.fix

@@ -20,7 +20,6 @@ from belugactl.model.setup_plan import Skip, Step, WritePoolHeader
 from belugactl.pool import header as hdr
 from belugactl.pool.device import device_path
 from belugactl.pool.mapping import PoolMapping
-from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.force import ForceRequired
 from belugactl.workflows.setup.pool_lookup import pool_dax_device
@@ -77,16 +76,8 @@ def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
 
 def _blank_or_occupied(found: bytes) -> HeaderVerdict:
     """Blank means every byte of the header area is zero, not only the magic and the claim word."""
-    nonzero = len(found) - found.count(0)  # one pass in C over at most the 2 MiB header area
-    if not nonzero:
-        return HeaderVerdict("blank")
-    first = len(found) - len(found.lstrip(b"\0"))
-    sample = found[first : first + 16].hex(" ")
-    return HeaderVerdict(
-        "occupied",
-        reason=f"no header, but {nonzero} of the first {format_size(len(found))} are not zero "
-        f"(the first at offset {first:#x}: {sample})",
-    )
+    reason = hdr.occupied_reason(found)
+    return HeaderVerdict("blank") if reason is None else HeaderVerdict("occupied", reason=reason)
 
 
 def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
