@@ -280,3 +280,30 @@ def test_backing_positions_match_the_recorded_striping():
     assert got == [(0, 0), (1, 0), (0, 0x1000), (1, 0x1000), (1, 0x1008)]
     assert ramregion.backing_position(0x5000, 1, 4096) == (0, 0x5000)
     assert ramregion.backing_position(3 * 256 + 5, 4, 256) == (3, 5)
+
+
+def _elf(body: bytes) -> bytes:
+    """A 64-bit ELF header whose (empty) section table ends exactly at the end of the data."""
+    import struct
+
+    head = bytearray(64)
+    head[:5] = b"\x7fELF\x02"
+    size = 64 + len(body)
+    struct.pack_into("<Q", head, 0x28, size)  # e_shoff: right at the end
+    struct.pack_into("<HH", head, 0x3A, 64, 0)  # e_shentsize, e_shnum
+    return bytes(head) + body
+
+
+@pytest.mark.skipif(not __import__("shutil").which("zstd"), reason="needs the zstd program")
+def test_kernel_612s_zstd_payload_is_extracted_and_a_cut_one_is_not():
+    import subprocess
+
+    from belugactl.lab import kernel
+
+    elf = _elf(b"kernel text " * 100)
+    payload = subprocess.run(["zstd", "-c", "-q"], input=elf, capture_output=True, check=True).stdout
+    assert kernel.extract_vmlinux(b"setup" * 10 + payload + b"\x00trailer") == elf
+    # Truncated output (the section table beyond the data) is refused rather than booted.
+    short = _elf(b"x" * 32)[:-8]
+    cut = subprocess.run(["zstd", "-c", "-q"], input=short, capture_output=True, check=True).stdout
+    assert kernel.extract_vmlinux(b"setup" + cut) is None
