@@ -582,23 +582,21 @@ def restart(
                 why=before.detail,
                 fix=f"belugactl lab status --name {name}",
             )
-        if not paths.pool.is_file() or not g.lsa.is_file():
+        files = [Path(p) for p in record.backing] if record.profile == "ram" else [paths.pool, g.lsa]
+        if not files or not all(f.is_file() for f in files):
             raise EnvironmentProblem(
-                f"the pool or {host}'s label file is missing under {paths.dir}",
+                f"the pool file(s) or {host}'s label file is missing under {paths.dir}",
                 fix=f"belugactl lab down --name {name} && belugactl lab up --name {name}",
             )
-        if record.profile != "pmem":
-            raise UsageError(f"lab restart is not implemented for profile {record.profile} yet",
-                             fix=f"belugactl lab down --name {name} && belugactl lab up --name {name}")
         spec = _restart_spec(record, paths, grec)
         _reset_spool(g)
         # Keep the crashed boot's console for a look; the new boot gets a fresh one.
         for log in (g.console, g.qemu_log):
             if log.exists():
                 os.replace(log, log.with_name(log.stem + ".prev" + log.suffix))
-        progress(f"booting {host} again ({record.accel}) with pool {paths.pool} and labels {g.lsa}")
+        progress(f"booting {host} again ({record.accel}) with {', '.join(str(f) for f in files)}")
         start = time.monotonic()
-        grec.pid = _spawn(qemu.argv(spec), g)
+        grec.pid = _spawn(qemu.argv(spec, _qemu_binary(record)), g)
         grec.started_at = time.time()
         grec.boot_s = None
         _save(paths, record)
@@ -611,9 +609,21 @@ def restart(
         return RestartReport(name, host, before.state, grec.pid, grec.boot_s or 0.0)
 
 
+def _qemu_binary(record: LabRecord) -> str:
+    if record.profile != "ram":
+        return qemu.QEMU
+    stack = debstack.load(cache_root())
+    if stack is None:
+        raise EnvironmentProblem("the ram profile's QEMU is no longer in the cache",
+                                 fix="belugactl lab prepare --profile ram, then belugactl lab restart again")
+    return str(stack.qemu)
+
+
 def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu.GuestSpec:
     version = record.kernel.get("version")
-    kernel = next((k for k in kernel_mod.cached(cache_root()) if k.version == version), None)
+    stack = debstack.load(cache_root()) if record.profile == "ram" else None
+    kernels = [stack.kernel] if stack is not None else kernel_mod.cached(cache_root())
+    kernel = next((k for k in kernels if k.version == version), None)
     initramfs = Path(record.initramfs)
     if kernel is None or not initramfs.is_file():
         raise EnvironmentProblem(
@@ -621,9 +631,13 @@ def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu
             fix=f"belugactl lab down --name {record.name} && belugactl lab up --name {record.name}",
         )
     g = paths.guest(grec.name)
+    ram = None
+    if stack is not None:
+        ram = RamTopology(tuple(Path(p) for p in record.backing), record.pool_size // record.devices, record.switch)
     return qemu.GuestSpec(grec.name, grec.index, kernel_mod.boot_image(kernel), initramfs, paths.pool,
                           record.pool_size, g.lsa, g.spool, g.console, record.memory_mib, record.accel,
-                          repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port)
+                          repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port,
+                          profile=record.profile, ram=ram, firmware=stack.firmware if stack else None)
 
 
 def _reset_spool(g: GuestPaths) -> None:

@@ -307,3 +307,44 @@ def test_kernel_612s_zstd_payload_is_extracted_and_a_cut_one_is_not():
     short = _elf(b"x" * 32)[:-8]
     cut = subprocess.run(["zstd", "-c", "-q"], input=short, capture_output=True, check=True).stdout
     assert kernel.extract_vmlinux(b"setup" + cut) is None
+
+
+def test_restart_of_a_ram_guest_reuses_the_shared_device_files_and_the_stacks_qemu(tmp_path, monkeypatch):
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "state"))
+    tree = tmp_path / "cache" / "ram" / "tree"
+    stack = debstack.RamStack(tmp_path / "cache" / "ram", "6.12.1-amd64", "linux-image-6.12.1-amd64", ())
+    monkeypatch.setattr(debstack, "load", lambda cache: stack)
+    monkeypatch.setattr(rack.kernel_mod, "boot_image", lambda kern: kern.root / "vmlinux")
+    initramfs_file = tmp_path / "initramfs.cpio"
+    initramfs_file.write_bytes(b"x")
+    paths = rack.lab_paths("rr")
+    backing = [paths.dir / "pool-0.raw", paths.dir / "pool-1.raw"]
+    record = rack.LabRecord("rr", 1, 512 * MIB, 1024, "tcg", {"version": "6.12.1-amd64"}, str(initramfs_file), 0.0,
+                            "/repo", "/venv", [rack.GuestRecord("lab-1", 1, pid=999999999)], profile="ram",
+                            devices=2, switch=True, backing=[str(b) for b in backing])  # fmt: skip
+    g = paths.guest("lab-1")
+    for sub in ("req", "out", "cancel", "share"):
+        (g.spool / sub).mkdir(parents=True)
+    for b in backing:
+        b.write_bytes(b"shared")
+    paths.state_file.write_text(json.dumps(record.to_dict()))
+    spawned = []
+
+    def spawn(argv, guest):
+        spawned.append(argv)
+        (guest.spool / "ready").write_text(json.dumps({"hostname": guest.name, "uptime_s": 5.0}))
+        return 4242
+
+    monkeypatch.setattr(rack, "_spawn", spawn)
+    monkeypatch.setattr(rack, "_is_ours", lambda pid, guest: pid == 4242)
+    assert rack.restart("rr", "lab-1").pid == 4242
+    (argv,) = spawned
+    assert argv[:3] == [str(tree / "usr/bin/qemu-system-x86_64"), "-L", str(stack.firmware)]
+    joined = " ".join(argv)
+    assert all(f"mem-path={b},size={256 * MIB}" in joined for b in backing) and "cxl-upstream" in joined
+    assert "lsa" not in joined
+    backing[1].unlink()
+    (g.spool / "ready").unlink()
+    monkeypatch.setattr(rack, "_is_ours", lambda pid, guest: False)
+    with pytest.raises(EnvironmentProblem, match="pool file"):
+        rack.restart("rr", "lab-1")
