@@ -8,6 +8,11 @@ import sys
 import typer
 
 NAME_HELP = "Lab name: several labs can coexist, each under its own state directory."
+PROFILE_HELP = (
+    "pmem: Debian 12's QEMU 7.2 + kernel 6.1, one persistent device per guest. "
+    "ram: QEMU 10 + kernel 6.12 + cxl 81 from Debian packages (unpacked into the cache, never installed), "
+    "volatile devices, optionally behind a switch."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -20,15 +25,19 @@ def register(app: typer.Typer) -> None:
     def prepare_cmd(
         install: bool = typer.Option(False, "--install", help="apt-get install missing packages (root)."),
         refresh: bool = typer.Option(False, "--refresh", help="Download the kernel again even if cached."),
+        profile: str = typer.Option("pmem", "--profile", help=PROFILE_HELP),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Check/install packages, download and unpack the guest kernel, build the initramfs (cached)."""
         from belugactl.cli.render import print_json
         from belugactl.lab import rack
 
-        result = rack.prepare(install=install, refresh=refresh, progress=_progress)
+        result = rack.prepare(install=install, refresh=refresh, profile=profile, progress=_progress)
         if as_json:
             print_json(result)
+            return
+        if profile == "ram":
+            _print_ram_prepare(result)
             return
         kernel = result["kernel"]
         assert isinstance(kernel, dict)
@@ -54,10 +63,17 @@ def register(app: typer.Typer) -> None:
         ssh: bool = typer.Option(
             False, "--ssh", help="Give each guest sshd behind a forward from 127.0.0.1 (see `lab ssh-config`)."
         ),
+        profile: str = typer.Option("pmem", "--profile", help=PROFILE_HELP),
+        devices: int = typer.Option(
+            1, "--devices", help="ram: volatile type-3 devices per guest; each gets pool-size/N, shared by all guests."
+        ),
+        switch: bool = typer.Option(False, "--switch", help="ram: put the devices behind an emulated CXL switch."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
-        """Boot N guests in parallel, each with a CXL host bridge, two root ports and one type-3 device
-        backed by the same pool file. Guests come up bare (no region): `lab selftest` or `setup` go next."""
+        """Boot N guests in parallel. pmem: each with a CXL host bridge, two root ports and one type-3
+        device backed by the same pool file. ram: --devices volatile devices per guest (under root ports,
+        or behind a switch with --switch), device i backed by file i for every guest.
+        Guests come up bare (no region): `lab selftest` or `setup` go next."""
         from belugactl.cli.render import print_json
         from belugactl.errors import UsageError
         from belugactl.lab import rack
@@ -81,6 +97,9 @@ def register(app: typer.Typer) -> None:
             boot_timeout_s=boot_timeout,
             root_ports=root_ports,
             ssh=ssh,
+            profile=profile,
+            devices=devices,
+            switch=switch,
             progress=_progress,
         )
         if as_json:
@@ -239,6 +258,20 @@ def _progress(message: str) -> None:
     print(f"lab: {message}", file=sys.stderr, flush=True)
 
 
+def _print_ram_prepare(result: dict) -> None:
+    from belugactl.units import format_size
+
+    for p in result["packages"]:
+        print(f"fetched    {p['package']:<44} {p['version']:<32} {p['suite']:<18} {format_size(p['size']):>10}")
+    print(f"download   {len(result['packages'])} packages, {format_size(result['download_bytes'])}; "
+          f"unpacked tree {format_size(result['tree_bytes'])}")
+    print(f"qemu       {result['qemu']}  (-L {result['firmware']})")
+    print(f"kernel     {result['kernel']['version']}  {result['kernel']['vmlinuz']}")
+    print(f"boots      {result['boot_image']}")
+    print(f"initramfs  {result['initramfs']}  ({int(result['initramfs_size']) // 1024} KiB)")
+    print(f"cache      {result['cache']}  (ready in {result['seconds']} s)")
+
+
 def _print_lab(st) -> None:  # st: belugactl.lab.rack.LabStatus
     if st.kernel:
         print(f"  kernel  {st.kernel.get('version')}  ({st.kernel.get('vmlinuz')})")
@@ -246,6 +279,11 @@ def _print_lab(st) -> None:  # st: belugactl.lab.rack.LabStatus
     if st.pool:
         size = f"{st.pool_size // (1024 * 1024)} MiB, " if st.pool_size else ""
         print(f"  pool    {st.pool}  ({size}one backing file for every guest's CXL device)")
+    if st.backing:
+        where = "behind a CXL switch" if st.switch else "under root ports"
+        print(f"  devices {st.devices} volatile ({st.profile} profile, {where}); device i of every guest is file i:")
+        for path in st.backing:
+            print(f"          {path}")
     if st.ssh_config:
         print(f"  ssh     ssh -F {st.ssh_config} HOST  (each guest's sshd behind 127.0.0.1:PORT)")
     for g in st.guests:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import lzma
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from belugactl.lab import cpio, ssh
+from belugactl.errors import EnvironmentProblem
+from belugactl.lab import cpio, proc, ssh
 from belugactl.lab.kernel import GuestKernel, module_paths
 from belugactl.lab.prereqs import find_program
 
@@ -27,6 +30,11 @@ GUEST_SPOOL = "/run/belugactl-lab"
 HOSTROOT_TAG = "hostroot"
 SPOOL_TAG = "spool"
 REPO_TAG = "repo"
+# Profile ram: trixie's cxl/ndctl/daxctl 81 with their own glibc and loader, bound into the chroot here
+# and run through wrappers (the host's glibc is too old for them; the host's Python stays on its own).
+GUEST_TOOLS = "/opt/belugactl-cxl"
+RAM_TOOLS = ("cxl", "ndctl", "daxctl")
+LOADER = "ld-linux-x86-64.so.2"
 
 INIT_SCRIPT = r"""#!/bin/sh
 # belugactl lab guest init (PID 1). Written by belugactl.lab.initramfs; see that module for the why.
@@ -71,6 +79,9 @@ mount -t tmpfs tmpfs $R/dev/shm
 # The guest kernel's modules where modprobe looks for them.
 mkdir -p "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot create /lib/modules/$LAB_KERNEL_VERSION"
 mount --bind "/lower$LAB_MODULES_DIR" "$R/lib/modules/$LAB_KERNEL_VERSION" || die "cannot bind the guest modules"
+if [ -d @GUEST_TOOLS@ ]; then
+  mkdir -p $R@GUEST_TOOLS@ && mount --bind @GUEST_TOOLS@ $R@GUEST_TOOLS@ || die "cannot bind the CXL tools"
+fi
 echo "$LAB_HOSTNAME" > $R/etc/hostname
 # The host may be a container; the guest is not (only the overlay loses these, never the host).
 rm -f $R/.dockerenv $R/run/.containerenv
@@ -127,12 +138,82 @@ def init_script() -> str:
         .replace("@GUEST_ADDRESS@", ssh.GUEST_ADDRESS)
         .replace("@GATEWAY@", ssh.GATEWAY)
         .replace("@SSHD@", ssh.SSHD)
+        .replace("@GUEST_TOOLS@", GUEST_TOOLS)
     )
 
 
-def entries(kernel: GuestKernel, busybox: Path) -> tuple[list[cpio.Entry], tuple[str, ...]]:
+_LIST_RE = re.compile(r"=>\s*(/\S+)|^\s*(/\S+)\s+\(", re.MULTILINE)
+
+
+def parse_loader_list(text: str) -> list[str]:
+    """Library paths from `ld-linux-x86-64.so.2 --list` output; a missing library is an error."""
+    missing = [line.split("=>")[0].strip() for line in text.splitlines() if "not found" in line]
+    if missing:
+        raise EnvironmentProblem(f"the guest tools need libraries that are not unpacked: {', '.join(missing)}",
+                                 fix="belugactl lab prepare --profile ram --refresh")
+    return [a or b for a, b in _LIST_RE.findall(text)]
+
+
+@dataclass(frozen=True)
+class RamTools:
+    """cxl/ndctl/daxctl from an unpacked trixie tree: the binaries, their libraries, the loader."""
+
+    bindir: Path
+    libdir: Path  # where --library-path points: the tree's usr/lib/x86_64-linux-gnu
+    tools: tuple[str, ...] = RAM_TOOLS
+
+    def libraries(self) -> list[Path]:
+        """Every library the tools load, resolved inside the tree (never the host's)."""
+        loader = self.libdir / LOADER
+        found: dict[str, Path] = {}
+        for tool in self.tools:
+            listed = proc.run([str(loader), "--list", "--library-path", str(self.libdir), str(self.bindir / tool)],
+                              timeout=60)
+            if not listed.ok:
+                raise EnvironmentProblem(f"cannot resolve the libraries of {tool}", why=listed.describe())
+            for path in parse_loader_list(listed.stdout):
+                p = Path(path)
+                found.setdefault(p.name, p)
+        found[LOADER] = loader
+        usr = self.libdir.resolve().parent.parent
+        outside = [str(p) for p in found.values() if not p.resolve().is_relative_to(usr)]
+        if outside:
+            raise EnvironmentProblem(f"the guest tools resolved libraries outside the tree: {', '.join(outside)}",
+                                     fix="add the Debian package that holds them to belugactl.lab.debstack")
+        return sorted(found.values(), key=lambda p: p.name)
+
+
+def wrapper(tool: str) -> str:
+    """The script the chroot runs as `cxl` etc.: trixie's loader with trixie's libraries."""
+    return (f"#!/bin/sh\nexec {GUEST_TOOLS}/lib/{LOADER} --library-path {GUEST_TOOLS}/lib "
+            f"--argv0 {tool} {GUEST_TOOLS}/libexec/{tool} \"$@\"\n")
+
+
+def tool_entries(tools: RamTools) -> list[cpio.Entry]:
+    base = GUEST_TOOLS.lstrip("/")
+    items = [cpio.directory(d) for d in ("opt", base, f"{base}/bin", f"{base}/lib", f"{base}/libexec")]
+    for lib in tools.libraries():
+        items.append(cpio.file(f"{base}/lib/{lib.name}", lib.resolve().read_bytes(), 0o755))
+    for tool in tools.tools:
+        items.append(cpio.file(f"{base}/libexec/{tool}", (tools.bindir / tool).read_bytes(), 0o755))
+        items.append(cpio.file(f"{base}/bin/{tool}", wrapper(tool).encode(), 0o755))
+    return items
+
+
+def module_bytes(path: Path) -> tuple[str, bytes]:
+    """A module's name and contents as busybox insmod needs them: .ko.xz decompressed (kernel 6.12)."""
+    name = path.name
+    if name.endswith(".ko.xz"):
+        return name[: -len(".xz")], lzma.decompress(path.read_bytes())
+    return name, path.read_bytes()
+
+
+def entries(
+    kernel: GuestKernel, busybox: Path, tools: RamTools | None = None
+) -> tuple[list[cpio.Entry], tuple[str, ...]]:
     mods = module_paths(kernel.modules_dir, list(BOOT_MODULES))
-    names = tuple(os.path.basename(m) for m in mods)
+    loaded = [module_bytes(kernel.modules_dir / m) for m in mods]
+    names = tuple(name for name, _ in loaded)
     items = [
         cpio.directory(d)
         for d in ("bin", "dev", "etc", "proc", "sys", "lib", "lib/modules", "lib/modules/boot")
@@ -146,18 +227,20 @@ def entries(kernel: GuestKernel, busybox: Path) -> tuple[list[cpio.Entry], tuple
         cpio.file("init", init_script().encode(), 0o755),
         cpio.file("etc/boot-modules", ("\n".join(names) + "\n").encode()),
     ]
-    items += [cpio.file(f"lib/modules/boot/{os.path.basename(m)}", (kernel.modules_dir / m).read_bytes()) for m in mods]
+    items += [cpio.file(f"lib/modules/boot/{name}", data) for name, data in loaded]
+    if tools is not None:
+        items += tool_entries(tools)
     return items, names
 
 
-def build(kernel: GuestKernel, cache: Path, busybox: Path | None = None) -> Initramfs:
+def build(
+    kernel: GuestKernel, cache: Path, busybox: Path | None = None, tools: RamTools | None = None
+) -> Initramfs:
     """Build (or reuse) the initramfs for `kernel`; the file name carries a hash of every input."""
     busybox = busybox or find_program("busybox")
     if busybox is None:
-        from belugactl.errors import EnvironmentProblem
-
         raise EnvironmentProblem("busybox not found", fix="apt-get install -y busybox-static")
-    items, names = entries(kernel, busybox.resolve())
+    items, names = entries(kernel, busybox.resolve(), tools)
     buf = io.BytesIO()
     cpio.write(buf, items)
     data = buf.getvalue()

@@ -1,4 +1,7 @@
-"""The QEMU command line for one lab guest (QEMU 7.2, q35, one CXL type-3 pmem device).
+"""The QEMU command line for one lab guest: q35 plus the CXL devices of its profile.
+
+Profile `pmem` (QEMU 7.2, one persistent type-3 device) is built here; profile `ram` (QEMU 10,
+volatile devices, optionally behind a switch) takes its CXL part from `belugactl.lab.topology`.
 
 The topology is the one recorded in shared/reference/qemu-cxl-lab.md: one pxb-cxl host bridge with
 TWO cxl-rp root ports. With a single root port QEMU 7.2 silently drops every data write to the
@@ -12,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from belugactl.lab.initramfs import HOSTROOT_TAG, REPO_TAG, SPOOL_TAG
+from belugactl.lab.topology import RamTopology, cxl_args
 
 LSA_SIZE = 2 * 1024 * 1024
 # The CXL fixed memory window (CFMWS): room for the pool, whatever its size within reason.
 WINDOW_SIZE = "4G"
 ACCELS = ("tcg", "kvm")
+PROFILES = ("pmem", "ram")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,11 @@ class GuestSpec:
     root_ports: int = 2
     # With a port: a user-mode network whose only way in is 127.0.0.1:ssh_port -> the guest's port 22.
     ssh_port: int | None = None
+    profile: str = "pmem"
+    # Profile ram: the volatile devices (their files are shared by every guest; `pool`/`lsa` are unused)
+    # and QEMU's -L folder holding firmware new enough for QEMU 10.
+    ram: RamTopology | None = None
+    firmware: Path | None = None
 
 
 def _opt(path: Path | str) -> str:
@@ -50,17 +60,29 @@ def kernel_cmdline(spec: GuestSpec) -> str:
     return "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off"
 
 
-def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
+QEMU = "qemu-system-x86_64"
+
+
+def argv(spec: GuestSpec, qemu: str = QEMU) -> list[str]:
     if spec.accel not in ACCELS:
         raise ValueError(f"accel must be one of {ACCELS}")
+    if spec.profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}")
+    if spec.profile == "ram" and spec.ram is None:
+        raise ValueError("profile ram needs its topology (spec.ram)")
     mem = f"{spec.memory_mib}M"
-    accel = ["-accel", "tcg,thread=multi", "-cpu", "max"] if spec.accel == "tcg" else ["-accel", "kvm", "-cpu", "host"]
+    # Kernel 6.12 will not commit a region when the CPU reports a hypervisor it cannot ask to flush
+    # caches ("Failed to synchronize CPU cache state"): hide that CPUID bit from ram-profile guests.
+    cpu = "max,hypervisor=off" if spec.profile == "ram" else "max"
+    accel = ["-accel", "tcg,thread=multi", "-cpu", cpu] if spec.accel == "tcg" else ["-accel", "kvm", "-cpu", "host"]
+    firmware = ["-L", str(spec.firmware)] if spec.firmware is not None else []
     repo = [] if spec.repo is None else [
         "-fsdev", f"local,id=repo,path={_opt(spec.repo)},security_model=none,readonly=on,multidevs=remap",
         "-device", f"virtio-9p-pci,fsdev=repo,mount_tag={REPO_TAG}",
     ]  # fmt: skip
     return [
         qemu,
+        *firmware,
         "-name", f"{spec.name},process=belugactl-{spec.name}",
         "-machine", "q35,cxl=on",
         *accel,
@@ -82,6 +104,12 @@ def argv(spec: GuestSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
         *repo,
         *network(spec),
+        *(pmem_cxl_args(spec) if spec.profile == "pmem" else cxl_args(spec.ram)),  # type: ignore[arg-type]
+    ]  # fmt: skip
+
+
+def pmem_cxl_args(spec: GuestSpec) -> list[str]:
+    return [
         "-object", f"memory-backend-file,id=cxl-mem1,share=on,mem-path={_opt(spec.pool)},size={spec.pool_size}",
         "-object", f"memory-backend-file,id=cxl-lsa1,share=on,mem-path={_opt(spec.lsa)},size={LSA_SIZE}",
         "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1",

@@ -24,12 +24,13 @@ from pathlib import Path
 import belugactl
 from belugactl.errors import EnvironmentProblem, StepFailed, UsageError
 from belugactl.lab import accel as accel_mod
+from belugactl.lab import debstack, prereqs, proc, qemu
 from belugactl.lab import initramfs as initramfs_mod
 from belugactl.lab import kernel as kernel_mod
-from belugactl.lab import prereqs, proc, qemu
 from belugactl.lab import ssh as ssh_mod
 from belugactl.lab.channel import GuestChannel
 from belugactl.lab.paths import GuestPaths, LabPaths, cache_root, guest_name, state_root, valid_lab_name
+from belugactl.lab.topology import MAX_DEVICES, RamTopology
 from belugactl.units import format_size
 
 DEFAULT_NAME = "default"
@@ -42,6 +43,11 @@ POOL_MAX = 4 * 1024 * 1024 * 1024
 DEFAULT_BOOT_TIMEOUT_S = 240.0
 # Loaded in every guest at boot (no udev there to load them on demand).
 GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "nd_pmem", "dax_pmem", "device_dax", "kmem")
+# Profile ram: no kmem, so a new ram region's dax device stays driverless (not onlined as System RAM,
+# see trap 2 in qemu-cxl-lab-v2.md) until `daxctl reconfigure-device --mode=devdax` binds device_dax.
+RAM_GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "dax_cxl", "device_dax")
+PROFILES = qemu.PROFILES
+DEFAULT_PROFILE = "pmem"  # ram becomes the default once the whole ram path (setup, doctor, demo) runs
 HEARTBEAT_STALE_S = 30.0
 
 Progress = Callable[[str], None]
@@ -73,6 +79,10 @@ class LabRecord:
     guests: list[GuestRecord] = field(default_factory=list)
     root_ports: int = 2
     ssh: bool = False
+    profile: str = "pmem"
+    devices: int = 1  # ram: volatile type-3 devices per guest, each backed by its own shared file
+    switch: bool = False  # ram: the devices sit behind an emulated CXL switch
+    backing: list[str] = field(default_factory=list)  # ram: the device files, device 0 first
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -109,6 +119,10 @@ class LabStatus:
     accel: str | None
     guests: list[GuestStatus]
     ssh_config: str | None = None  # ssh -F THIS lab-1, when the lab was brought up with --ssh
+    profile: str = "pmem"
+    devices: int = 1
+    switch: bool = False
+    backing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -189,8 +203,14 @@ def _locked(paths: LabPaths) -> Iterator[None]:
 
 
 # --- prepare -----------------------------------------------------------------------------------
-def prepare(*, install: bool = False, refresh: bool = False, progress: Progress = _quiet) -> dict[str, object]:
+def prepare(
+    *, install: bool = False, refresh: bool = False, profile: str = DEFAULT_PROFILE, progress: Progress = _quiet
+) -> dict[str, object]:
     """Packages (checked, or installed with `install`), the guest kernel and the initramfs, cached."""
+    if profile not in PROFILES:
+        raise UsageError(f"--profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+    if profile == "ram":
+        return prepare_ram(refresh=refresh, progress=progress)
     installed: list[str] = []
     if install:
         from belugactl.host.command_runner import SubprocessRunner
@@ -216,16 +236,58 @@ def prepare(*, install: bool = False, refresh: bool = False, progress: Progress 
     }
 
 
+def ram_tools(stack: debstack.RamStack) -> initramfs_mod.RamTools:
+    return initramfs_mod.RamTools(stack.tree / "usr" / "bin", stack.libdir)
+
+
+def prepare_ram(*, refresh: bool = False, progress: Progress = _quiet) -> dict[str, object]:
+    """The ram profile: QEMU 10, seabios, kernel 6.12 and the CXL tools 81 unpacked from Debian packages."""
+    busybox = prereqs.find_program("busybox")
+    if busybox is None or not prereqs.is_static_elf(busybox.resolve()):
+        raise EnvironmentProblem("a static busybox is needed for the guests' initramfs",
+                                 fix="apt-get install -y busybox-static")
+    cache = cache_root()
+    start = time.monotonic()
+    stack = debstack.load(cache) if not refresh else None
+    if stack is None:
+        progress(f"fetching the ram profile's Debian packages into {debstack.stack_dir(cache)}")
+        stack = debstack.prepare(cache, refresh=refresh, progress=progress)
+    image = initramfs_mod.build(stack.kernel, cache, busybox, tools=ram_tools(stack))
+    boot = kernel_mod.boot_image(stack.kernel)
+    return {
+        "profile": "ram",
+        "boot_image": str(boot),
+        "installed_packages": [],
+        "cache": str(cache),
+        "kernel": stack.kernel.to_dict(),
+        "qemu": str(stack.qemu),
+        "firmware": str(stack.firmware),
+        "packages": stack.to_dict()["packages"],
+        "download_bytes": stack.to_dict()["download_bytes"],
+        "tree_bytes": stack.tree_size(),
+        "initramfs": str(image.path),
+        "initramfs_size": image.size,
+        "seconds": round(time.monotonic() - start, 2),
+    }
+
+
 # --- up ----------------------------------------------------------------------------------------
-def _guest_path(venv: Path) -> str:
-    return f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+def _guest_path(venv: Path, profile: str = "pmem") -> str:
+    tools = f"{initramfs_mod.GUEST_TOOLS}/bin:" if profile == "ram" else ""
+    return f"{tools}{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _guest_env(
-    kernel: kernel_mod.GuestKernel, name: str, venv: Path, repo: Path, root_cache: str, ssh: bool = False
+    kernel: kernel_mod.GuestKernel,
+    name: str,
+    venv: Path,
+    repo: Path,
+    root_cache: str,
+    ssh: bool = False,
+    profile: str = "pmem",
 ) -> str:
     agent = Path(__file__).with_name("guest_agent.py").resolve()
-    modules = GUEST_MODULES + (ssh_mod.NET_MODULES if ssh else ())
+    modules = (RAM_GUEST_MODULES if profile == "ram" else GUEST_MODULES) + (ssh_mod.NET_MODULES if ssh else ())
     values = {
         "LAB_HOSTNAME": name,
         "LAB_KERNEL_VERSION": kernel.version,
@@ -236,7 +298,7 @@ def _guest_env(
         "LAB_ROOT_CACHE": root_cache,
         "LAB_REPO": str(repo),
         "LAB_VENV": str(venv),
-        "LAB_PATH": _guest_path(venv),
+        "LAB_PATH": _guest_path(venv, profile),
         "LAB_SSH": "1" if ssh else "",
     }
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
@@ -258,7 +320,29 @@ def _spawn(argv: list[str], guest: GuestPaths) -> int:
     return child.pid
 
 
-def validate(hosts: int, pool_size: int, memory_mib: int, root_ports: int = 2) -> None:
+def validate(
+    hosts: int,
+    pool_size: int,
+    memory_mib: int,
+    root_ports: int = 2,
+    profile: str = DEFAULT_PROFILE,
+    devices: int = 1,
+    switch: bool = False,
+) -> None:
+    if profile not in PROFILES:
+        raise UsageError(f"--profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+    if profile == "pmem" and (devices != 1 or switch):
+        raise UsageError("--devices and --switch need --profile ram",
+                         why="the pmem profile (QEMU 7.2) emulates one persistent device per guest",
+                         fix="belugactl lab up --profile ram --devices N [--switch]")
+    if not 1 <= devices <= MAX_DEVICES:
+        raise UsageError(f"--devices must be between 1 and {MAX_DEVICES}, not {devices}")
+    if profile == "ram" and pool_size % (devices * POOL_UNIT):
+        raise UsageError(
+            f"--pool-size {format_size(pool_size)} does not split into {devices} devices of a multiple of 256 MiB",
+            why="each device gets pool-size / devices, and CXL decoders map memory in 256 MiB units",
+            fix=f"e.g. --pool-size {format_size(devices * POOL_UNIT)}",
+        )
     if not 1 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be between 1 and {MAX_HOSTS}, not {hosts}")
     if pool_size % POOL_UNIT or not POOL_UNIT <= pool_size <= POOL_MAX:
@@ -284,11 +368,15 @@ def up(
     root_cache: str = "loose",
     root_ports: int = 2,
     ssh: bool = False,
+    profile: str = DEFAULT_PROFILE,
+    devices: int = 1,
+    switch: bool = False,
     progress: Progress = _quiet,
 ) -> UpReport:
-    validate(hosts, pool_size, memory_mib, root_ports)
+    validate(hosts, pool_size, memory_mib, root_ports, profile, devices, switch)
     paths = lab_paths(name)
-    prereqs.require()
+    if profile == "pmem":
+        prereqs.require()
     keygen = ssh_mod.require()[1] if ssh else None
     with _locked(paths):
         existing = load(paths)
@@ -300,11 +388,15 @@ def up(
                 fix=f"belugactl lab status --name {name}; belugactl lab down --name {name}",
             )
         t0 = time.monotonic()
-        prep = prepare(progress=progress)
+        prep = prepare(profile=profile, progress=progress)
         prepared_s = time.monotonic() - t0
         cache = cache_root()
-        kernel = kernel_mod.find(cache)
+        stack = debstack.load(cache) if profile == "ram" else None
+        kernel = stack.kernel if stack is not None else kernel_mod.find(cache)
         assert kernel is not None  # prepare() made it
+        ram: RamTopology | None = None
+        if profile == "ram":
+            ram = RamTopology(tuple(paths.dir / f"pool-{i}.raw" for i in range(devices)), pool_size // devices, switch)
         image = Path(str(prep["initramfs"]))
         boot_image = Path(str(prep["boot_image"]))
         chosen = accel_mod.choose(accel)
@@ -323,9 +415,17 @@ def up(
             venv=str(venv),
             root_ports=root_ports,
             ssh=ssh,
+            profile=profile,
+            devices=devices,
+            switch=switch,
+            backing=[str(p) for p in ram.backing] if ram else [],
         )
         paths.dir.mkdir(parents=True)
-        _make_sparse(paths.pool, pool_size)
+        if ram is None:
+            _make_sparse(paths.pool, pool_size)
+        else:
+            for path in ram.backing:
+                _make_sparse(path, ram.device_size)
         ssh_files = ssh_mod.SshFiles(paths.ssh_dir)
         ports: dict[str, int] = {}
         if keygen is not None:
@@ -336,16 +436,18 @@ def up(
             g = paths.guest(gname)
             for d in (g.dir, g.spool, g.share, g.spool / "req", g.spool / "out", g.spool / "cancel"):
                 d.mkdir(parents=True, exist_ok=True)
-            _make_sparse(g.lsa, qemu.LSA_SIZE)
-            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache, ssh))
+            if ram is None:
+                _make_sparse(g.lsa, qemu.LSA_SIZE)
+            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache, ssh, profile))
             if keygen is not None:
                 ports[gname] = _unused_port(ports.values())
                 ssh_mod.install_guest(ssh_files, g.spool, f"{initramfs_mod.GUEST_SPOOL}/{ssh_mod.GUEST_SSH_DIR}",
-                                      {"PATH": _guest_path(venv), **guest_env(name, gname)})
+                                      {"PATH": _guest_path(venv, profile), **guest_env(name, gname)})
             specs.append(
                 (g, qemu.GuestSpec(gname, i, boot_image, image, paths.pool, pool_size, g.lsa, g.spool,
                                    g.console, memory_mib, chosen.chosen, repo=repo,
-                                   root_ports=root_ports, ssh_port=ports.get(gname)))
+                                   root_ports=root_ports, ssh_port=ports.get(gname), profile=profile, ram=ram,
+                                   firmware=stack.firmware if stack else None))
             )
             record.guests.append(GuestRecord(gname, i, ssh_port=ports.get(gname)))
         if ports:
@@ -354,7 +456,7 @@ def up(
         progress(f"booting {hosts} guest{'s' if hosts > 1 else ''} ({chosen.chosen}) from {paths.dir}")
         boot_start = time.monotonic()
         for (g, spec), grec in zip(specs, record.guests, strict=True):
-            grec.pid = _spawn(qemu.argv(spec), g)
+            grec.pid = _spawn(qemu.argv(spec, str(stack.qemu) if stack else qemu.QEMU), g)
             grec.started_at = time.time()
         _save(paths, record)
         try:
@@ -480,9 +582,10 @@ def restart(
                 why=before.detail,
                 fix=f"belugactl lab status --name {name}",
             )
-        if not paths.pool.is_file() or not g.lsa.is_file():
+        files = [Path(p) for p in record.backing] if record.profile == "ram" else [paths.pool, g.lsa]
+        if not files or not all(f.is_file() for f in files):
             raise EnvironmentProblem(
-                f"the pool or {host}'s label file is missing under {paths.dir}",
+                f"the pool file(s) or {host}'s label file is missing under {paths.dir}",
                 fix=f"belugactl lab down --name {name} && belugactl lab up --name {name}",
             )
         spec = _restart_spec(record, paths, grec)
@@ -491,9 +594,9 @@ def restart(
         for log in (g.console, g.qemu_log):
             if log.exists():
                 os.replace(log, log.with_name(log.stem + ".prev" + log.suffix))
-        progress(f"booting {host} again ({record.accel}) with pool {paths.pool} and labels {g.lsa}")
+        progress(f"booting {host} again ({record.accel}) with {', '.join(str(f) for f in files)}")
         start = time.monotonic()
-        grec.pid = _spawn(qemu.argv(spec), g)
+        grec.pid = _spawn(qemu.argv(spec, _qemu_binary(record)), g)
         grec.started_at = time.time()
         grec.boot_s = None
         _save(paths, record)
@@ -506,9 +609,21 @@ def restart(
         return RestartReport(name, host, before.state, grec.pid, grec.boot_s or 0.0)
 
 
+def _qemu_binary(record: LabRecord) -> str:
+    if record.profile != "ram":
+        return qemu.QEMU
+    stack = debstack.load(cache_root())
+    if stack is None:
+        raise EnvironmentProblem("the ram profile's QEMU is no longer in the cache",
+                                 fix="belugactl lab prepare --profile ram, then belugactl lab restart again")
+    return str(stack.qemu)
+
+
 def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu.GuestSpec:
     version = record.kernel.get("version")
-    kernel = next((k for k in kernel_mod.cached(cache_root()) if k.version == version), None)
+    stack = debstack.load(cache_root()) if record.profile == "ram" else None
+    kernels = [stack.kernel] if stack is not None else kernel_mod.cached(cache_root())
+    kernel = next((k for k in kernels if k.version == version), None)
     initramfs = Path(record.initramfs)
     if kernel is None or not initramfs.is_file():
         raise EnvironmentProblem(
@@ -516,9 +631,13 @@ def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu
             fix=f"belugactl lab down --name {record.name} && belugactl lab up --name {record.name}",
         )
     g = paths.guest(grec.name)
+    ram = None
+    if stack is not None:
+        ram = RamTopology(tuple(Path(p) for p in record.backing), record.pool_size // record.devices, record.switch)
     return qemu.GuestSpec(grec.name, grec.index, kernel_mod.boot_image(kernel), initramfs, paths.pool,
                           record.pool_size, g.lsa, g.spool, g.console, record.memory_mib, record.accel,
-                          repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port)
+                          repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port,
+                          profile=record.profile, ram=ram, firmware=stack.firmware if stack else None)
 
 
 def _reset_spool(g: GuestPaths) -> None:
@@ -563,6 +682,10 @@ def status(name: str = DEFAULT_NAME) -> LabStatus:
         record.accel if record else None,
         guests,
         str(paths.ssh_config) if record and record.ssh and paths.ssh_config.is_file() else None,
+        record.profile if record else "pmem",
+        record.devices if record else 1,
+        record.switch if record else False,
+        list(record.backing) if record else [],
     )
 
 
