@@ -12,8 +12,8 @@
  * Python API (all offsets bounds-checked like `copy`; the GIL is released for the work):
  *   crc32c(buf, off=0, n=-1, crc=0) -> int          chained like zlib.crc32: pass the last result
  *   copy_crc32c(dst, doff, src, soff, n, crc=0, nontemporal=False) -> int   CRC of the bytes copied
- *   gather_blocks_crc32c(pool, tensors, template, block_pairs, nontemporal=False) -> list[int]
- *       gather_blocks(save=True) with each block's CRC32C (pool order) computed while copying
+ *   gather_blocks_crc32c(pool, tensors, template, block_pairs, save, nontemporal=False) -> list[int]
+ *       gather_blocks with each block's CRC32C (pool order) computed while copying, either way
  */
 #include "_native.h"
 
@@ -241,13 +241,13 @@ PyObject *py_copy_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(~c);
 }
 
-/* gather_blocks(save=True) plus one CRC per block: template = int64 (offset of block 0's piece in
+/* gather_blocks plus one CRC per block of the bytes moved (save: tensors -> pool, else back): template = int64 (offset of block 0's piece in
  * tensors, stride between blocks, length) triples in pool order; blocks = int64 (block id, pool
  * offset) pairs, each block's pieces back to back from its pool offset. Everything is checked
  * before any byte moves. */
 PyObject *py_gather_blocks_crc32c(PyObject *self, PyObject *args) {
-    Py_buffer pool, ten, tv, bv; int nt = 0;
-    if (!PyArg_ParseTuple(args, "w*y*y*y*|p", &pool, &ten, &tv, &bv, &nt)) return NULL;
+    Py_buffer pool, ten, tv, bv; int save = 1, nt = 0;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*p|p", &pool, &ten, &tv, &bv, &save, &nt)) return NULL;
     PyObject *out = NULL;
     uint32_t *crcs = NULL;
     if (tv.len % 24 || bv.len % 16) {
@@ -292,8 +292,9 @@ PyObject *py_gather_blocks_crc32c(PyObject *self, PyObject *args) {
         uint32_t c = 0xFFFFFFFFu;
         for (Py_ssize_t k = 0; k < nseg; k++) {
             int64_t len = tpl[3 * k + 2];
-            c = copy_crc_raw(c, (unsigned char *)pool.buf + off, (const unsigned char *)ten.buf + tpl[3 * k] + id * tpl[3 * k + 1],
-                             (size_t)len, nt);
+            unsigned char *pp = (unsigned char *)pool.buf + off;
+            unsigned char *tp = (unsigned char *)ten.buf + tpl[3 * k] + id * tpl[3 * k + 1];
+            c = save ? copy_crc_raw(c, pp, tp, (size_t)len, nt) : copy_crc_raw(c, tp, pp, (size_t)len, nt);
             off += len;
         }
         crcs[i] = ~c;

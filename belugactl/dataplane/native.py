@@ -232,12 +232,22 @@ def _py_copy_crc32c(
     return _py_crc32c(data, 0, n, crc)
 
 
-def _py_gather_blocks_crc32c(pool: Any, tensors: Any, template: Any, blocks: Any, nontemporal: bool = False) -> list[int]:
-    _py_gather_blocks(pool, tensors, template, blocks, True, nontemporal)
+def _py_gather_blocks_crc32c(
+    pool: Any, tensors: Any, template: Any, blocks: Any, save: bool, nontemporal: bool = False
+) -> list[int]:
+    _py_gather_blocks(pool, tensors, template, blocks, save, nontemporal)
     tpl = list(memoryview(template).cast("B").cast("q"))
     blk = list(memoryview(blocks).cast("B").cast("q"))
     need = sum(tpl[i + 2] for i in range(0, len(tpl), 3))
-    return [_py_crc32c(pool, blk[i + 1], need) for i in range(0, len(blk), 2)]
+    if save:
+        return [_py_crc32c(pool, blk[i + 1], need) for i in range(0, len(blk), 2)]
+    out = []
+    for i in range(0, len(blk), 2):  # the bytes as they landed in the tensors, in pool order
+        crc = 0
+        for k in range(0, len(tpl), 3):
+            crc = _py_crc32c(tensors, tpl[k] + blk[i] * tpl[k + 1], tpl[k + 2], crc)
+        out.append(crc)
+    return out
 
 
 if _native is not None:
@@ -312,10 +322,13 @@ def gather_blocks(pool: Any, tensors: Any, template: Any, blocks: Any, *, save: 
     return _gather_blocks(pool, tensors, template, blocks, save, nontemporal)
 
 
-def gather_blocks_crc32c(pool: Any, tensors: Any, template: Any, blocks: Any, *, nontemporal: bool = False) -> list[int]:
-    """`gather_blocks(save=True)` that also returns each block's CRC32C (its bytes in pool order),
-    computed from the source words as they are copied: one pass over the bytes, not two."""
-    return _gather_blocks_crc32c(pool, tensors, template, blocks, nontemporal)
+def gather_blocks_crc32c(
+    pool: Any, tensors: Any, template: Any, blocks: Any, *, save: bool, nontemporal: bool = False
+) -> list[int]:
+    """`gather_blocks` that also returns each block's CRC32C (its bytes in pool order), computed
+    from the words as they are copied (one pass, not two): on save, of what was stored; on load,
+    of what landed in the tensors, so a load can be checked against its writer's checksum."""
+    return _gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal)
 
 
 def extents_crc32c(buf: Any, extents: Sequence[tuple[int, int]], nbytes: int) -> int:
