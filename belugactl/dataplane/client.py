@@ -119,7 +119,8 @@ def copy_verified(pool: object, loc: BlockLocation, dst: object, dst_off: int = 
         )
     if loc.checksum is not None and crc != loc.checksum:
         raise CorruptBlock(
-            f"block {key.hex() or '?'}: CRC32C {crc:08x} of its bytes is not the {loc.checksum:08x} its writer committed",
+            f"block {key.hex() or '?'}: CRC32C {crc:08x} of its bytes is not the {loc.checksum:08x} "
+            "its writer committed",
             why="its extents were overwritten after the commit (a writer stalled past its deadline)",
             fix="treat the block as a miss and delete the key; the next save writes it afresh",
         )

@@ -108,7 +108,9 @@ def test_gather_blocks_crc_both_ways(impl) -> None:
     blocks = array.array("q", [2, 0, 5, 1000])
     crcs = fn(pool, tensors, template, blocks, True)
     for (block, off), crc in zip([(2, 0), (5, 1000)], crcs, strict=True):
-        want = bytes(tensors[block * 1000 : block * 1000 + 300] + tensors[4000 + block * 1000 : 4000 + block * 1000 + 200])
+        want = bytes(
+            tensors[block * 1000 : block * 1000 + 300] + tensors[4000 + block * 1000 : 4000 + block * 1000 + 200]
+        )
         assert bytes(pool[off : off + 500]) == want and crc == native._py_crc32c(want)
     back = bytearray(len(tensors))
     assert fn(pool, back, template, blocks, False) == crcs

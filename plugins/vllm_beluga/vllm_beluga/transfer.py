@@ -104,7 +104,9 @@ class PoolTransfer:
             if batch:
                 crcs = self._copy(batch, save=False)
                 bad = {
-                    i for i, (want, got) in enumerate(zip(checksums, crcs, strict=True)) if want is not None and want != got
+                    i
+                    for i, (want, got) in enumerate(zip(checksums, crcs, strict=True))
+                    if want is not None and want != got
                 }
                 if bad:
                     # Overwritten after its commit (a stalled writer): recompute, and drop the key so
