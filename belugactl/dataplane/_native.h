@@ -132,6 +132,7 @@ PYFN(py_rpc_burst); PYFN(py_lease_encode);                                      
 PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                              /* crc */
 HIDDEN PyObject *py_crc32c_kernel(PyObject *self, PyObject *noargs);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);
+HIDDEN void crc_init(void);
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */
 
 #endif

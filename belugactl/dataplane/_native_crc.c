@@ -53,7 +53,8 @@ static uint32_t x8nmodp(size_t n) {
     return p;
 }
 
-static void crc_init(void) {
+/* Tables and kernel choice; run once at import (PyInit__native, GIL held), and defensively on use. */
+void crc_init(void) {
     if (crc_ready) return;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;

@@ -93,5 +93,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     detect_cpu();
     const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
     nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
+    crc_init();
     return PyModule_Create(&module);
 }
