@@ -64,7 +64,7 @@ def soak(
             f"{r['client_kills']}, evictions {r['evictions']:,}; client errors {r['client_errors']}"
         )
         verdict = "[green]0[/]" if not r["wrong_reads"] else f"[red]{r['wrong_bytes']:,} in {r['wrong_reads']} reads[/]"
-        console.print(f"wrong bytes served: {verdict}")
+        console.print(f"wrong bytes served: {verdict}; corrupt blocks detected (misses): {r['corrupt_detected']}")
         for line in r["wrong_examples"]:
             console.print(f"  {line}")
     if result["wrong_reads"]:

@@ -9,7 +9,8 @@
  *
  * The sources, by concern: _native_copy.c (flushes, non-temporal and gather copies),
  * _native_atomics.c (64-bit atomics and waits), _native_ring.c (the CXL-RPC slot ring),
- * _native_fastpath.c (the server's lookup mirror and fast path); _native_wire.h is generated
+ * _native_fastpath.c (the server's lookup mirror and fast path), _native_crc.c (CRC32C and
+ * copies fused with it); _native_wire.h is generated
  * from rpc/protocol.py.
  *
  * Every function takes a Python buffer (an mmap, a memoryview, a bytearray) and byte offsets,
@@ -74,6 +75,10 @@ static PyMethodDef methods[] = {
     {"rpc_call", py_rpc_call, METH_VARARGS, "rpc_call(...): a client's whole QD1 round trip; see the source."},
     {"rpc_burst", py_rpc_burst, METH_VARARGS, "rpc_burst(...): C load generator for bench rpc; see the source."},
     {"lease_encode", py_lease_encode, METH_VARARGS, "lease_encode(keys16, seq, owner) -> lease id (the fast path's)."},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, off=0, n=-1, crc=0) -> CRC32C of buf[off:off+n], chained from crc."},
+    {"copy_crc32c", py_copy_crc32c, METH_VARARGS, "copy_crc32c(dst, doff, src, soff, n, crc=0, nontemporal=False) -> CRC32C of the bytes copied."},
+    {"gather_blocks_crc32c", py_gather_blocks_crc32c, METH_VARARGS, "gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal=False) -> [CRC32C per block]."},
+    {"crc32c_kernel", py_crc32c_kernel, METH_NOARGS, "The CRC32C kernel in use: sse4.2-3way or table."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
@@ -88,5 +93,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     detect_cpu();
     const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
     nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
+    crc_init();
     return PyModule_Create(&module);
 }

@@ -4,14 +4,14 @@
     c = connect("cxl:///dev/dax0.0#3")            # ring 3 of the pool's CXL-RPC area
     c = connect("tcp://127.0.0.1:9471")            # same messages over TCP
     n = c.lookup_prefix("qwen32b/tp0", hashes)     # how many leading blocks are in the pool
-    loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes) or None
+    loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes, checksum) or None
     locs = c.get_many("qwen32b/tp0", hashes[:n])   # the same for many keys, few round trips
-    ... read loc.extents from the pool ...
+    copy_verified(pool.buf, loc, out)              # copy loc.extents out, checking the writer's CRC32C
     c.release([loc.lease_id])                      # -> how many leases it ended
     r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes, deadline, epoch)
     if c.writable(r):                              # before each batch of writes (fencing)
         ... write the block into r.extents (flush/non-temporal on a shared pool) ...
-    c.commit(r.token)                              # now visible to every client
+    c.commit(r.token, checksum=crc)                # now visible to every client (crc: CRC32C of the block)
 
 Semantics (the server's; see docs/dataplane.md):
 - Keys are bytes (vLLM block hashes, 1..255 bytes), inside a namespace string (model, layout, TP rank).
@@ -30,6 +30,10 @@ Semantics (the server's; see docs/dataplane.md):
   no reply within `timeout_s`), `PoolFull`, `StaleEpoch` (the server restarted: every lease id and
   reservation token you hold is void; call `reconnect()`), `AlreadyPresent`, `ReservationExpired`,
   `RequestRejected` (malformed request). A best-effort caller treats any `MetadataError` as a miss.
+- Checksums: `commit(token, checksum=crc)` stores the CRC32C of the block's bytes (extent order);
+  `get`/`get_many` return it as `BlockLocation.checksum` (None when the writer gave none), and
+  `copy_verified` copies a block out while checking it, raising `CorruptBlock` on a mismatch (a
+  stalled writer overwrote the extents after they were reused; docs/dataplane.md, "Checksums").
 - One client object is not thread-safe; give each thread (or vLLM process) its own ring/connection.
 """
 
@@ -41,8 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from belugactl.dataplane import native
 from belugactl.dataplane.metadata_errors import (
     AlreadyPresent,
+    CorruptBlock,
     MetadataUnavailable,
     NotOwner,
     PoolFull,
@@ -70,6 +76,7 @@ class BlockLocation:
     extents: list[Extent]
     lease_id: int
     nbytes: int
+    checksum: int | None = None  # CRC32C its writer committed (None: the writer gave none)
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,39 @@ class Reservation:
     nbytes: int
     deadline: float = float("inf")
     epoch: int = 0
+
+
+def copy_verified(pool: object, loc: BlockLocation, dst: object, dst_off: int = 0, *, key: bytes = b"") -> int:
+    """Copy the block at `loc` out of `pool` (a buffer over the whole pool) into `dst` at `dst_off`,
+    checking its CRC32C in the same pass; returns the bytes copied.
+
+    Raises CorruptBlock when the bytes differ from what their writer committed (then `dst` holds
+    them: do not use it). A block committed without a checksum is copied unchecked.
+    """
+    crc = 0
+    left = loc.nbytes
+    pos = dst_off
+    for off, length in loc.extents:
+        if left <= 0:
+            break
+        take = min(length, left)
+        crc = native.copy_crc32c(dst, pos, pool, off, take, crc)
+        pos += take
+        left -= take
+    if left > 0:
+        raise CorruptBlock(
+            f"block {key.hex() or '?'}: its extents hold fewer than {loc.nbytes} bytes",
+            why="the server's location is inconsistent",
+            fix="treat the block as a miss",
+        )
+    if loc.checksum is not None and crc != loc.checksum:
+        raise CorruptBlock(
+            f"block {key.hex() or '?'}: CRC32C {crc:08x} of its bytes is not the {loc.checksum:08x} "
+            "its writer committed",
+            why="its extents were overwritten after the commit (a writer stalled past its deadline)",
+            fix="treat the block as a miss and delete the key; the next save writes it afresh",
+        )
+    return loc.nbytes
 
 
 # A writer stops at this fraction of the server's writer window: the server reclaims only after
@@ -281,8 +321,8 @@ class KVIndexClient:
             if getattr(exc, "code", None) == Code.NOT_FOUND:
                 return None
             raise
-        lease, nbytes, extents = p.decode_get_reply(reply)
-        return BlockLocation(extents, lease, nbytes)
+        lease, nbytes, extents, checksum = p.decode_get_reply_ex(reply)
+        return BlockLocation(extents, lease, nbytes, checksum)
 
     def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[BlockLocation | None]:
         """`get` for several keys (same length) in as few round trips as the transport allows.
@@ -297,11 +337,11 @@ class KVIndexClient:
         pos = 0
         while pos < len(keys):
             chunk = keys[pos : pos + per_call]
-            items = p.decode_get_many_reply(self._call(Op.GET_MANY, p.encode_lookup(ns, chunk)))
+            items = p.decode_get_many_reply_ex(self._call(Op.GET_MANY, p.encode_lookup(ns, chunk)))
             if not items:
                 raise RequestRejected("GET_MANY answered no keys")
-            for lease, nbytes, extents in items:
-                out.append(BlockLocation(extents, lease, nbytes) if lease else None)
+            for lease, nbytes, extents, checksum in items:
+                out.append(BlockLocation(extents, lease, nbytes, checksum) if lease else None)
             pos += len(items)
         return out
 
@@ -323,8 +363,10 @@ class KVIndexClient:
         current = self.transport.current_epoch()
         return current is None or current == r.epoch
 
-    def commit(self, token: int) -> None:
-        self._call(Op.COMMIT, p.encode_u64(token))
+    def commit(self, token: int, checksum: int | None = None) -> None:
+        """Make the block visible. `checksum`: the CRC32C of its `nbytes` bytes in extent order
+        (native.crc32c / copy_crc32c), which readers check; None commits without one."""
+        self._call(Op.COMMIT, p.encode_commit(token, checksum))
 
     def abort(self, token: int) -> None:
         self._call(Op.ABORT, p.encode_u64(token))

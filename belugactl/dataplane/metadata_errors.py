@@ -42,6 +42,11 @@ class NotOwner(MetadataError):
     """`commit`/`abort`/`release` of a token or lease another ring or connection got: refused, nothing changed."""
 
 
+class CorruptBlock(MetadataError):
+    """A block's bytes do not match the CRC32C its writer committed: a stalled writer overwrote
+    its extents (docs/dataplane.md, "Checksums"). Treat it as a miss; never use the bytes."""
+
+
 class RequestRejected(MetadataError):
     """The server refused a malformed request (bad length, opcode, arguments)."""
 

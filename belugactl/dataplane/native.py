@@ -187,6 +187,69 @@ def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: boo
             return -1
 
 
+# --- CRC32C (Castagnoli): checksums of KV blocks (docs/dataplane.md, "Checksums") -------------
+# The stand-in is a byte-at-a-time table in Python: correct and slow (a few MB/s), fine for tests
+# and small pools; the helper's SSE4.2 kernel runs at tens of GB/s. If the PyPI `crc32c` package
+# happens to be installed it is used instead (same polynomial and chaining).
+_CRC_POLY = 0x82F63B78
+_CRC_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ _CRC_POLY if _c & 1 else _c >> 1
+    _CRC_TABLE.append(_c)
+del _i, _c
+
+try:  # an optional accelerator for the stand-in, used only when already installed
+    import crc32c as _crc32c_pkg  # type: ignore[import-not-found]
+except ImportError:
+    _crc32c_pkg = None
+
+
+def _py_crc32c(buf: Any, off: int = 0, n: int = -1, crc: int = 0) -> int:
+    mv = memoryview(buf).cast("B")
+    if n == -1:
+        n = len(mv) - off
+    _check(buf, off, n)
+    if not 0 <= crc <= 0xFFFFFFFF:
+        raise ValueError("crc must be a 32-bit value")
+    if _crc32c_pkg is not None:
+        return _crc32c_pkg.crc32c(bytes(mv[off : off + n]), crc)
+    c = crc ^ 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in bytes(mv[off : off + n]):
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def _py_copy_crc32c(
+    dst: Any, dst_off: int, src: Any, src_off: int, n: int, crc: int = 0, nontemporal: bool = False
+) -> int:
+    _check(dst, dst_off, n)
+    _check(src, src_off, n)
+    data = bytes(memoryview(src).cast("B")[src_off : src_off + n])
+    memoryview(dst).cast("B")[dst_off : dst_off + n] = data
+    return _py_crc32c(data, 0, n, crc)
+
+
+def _py_gather_blocks_crc32c(
+    pool: Any, tensors: Any, template: Any, blocks: Any, save: bool, nontemporal: bool = False
+) -> list[int]:
+    _py_gather_blocks(pool, tensors, template, blocks, save, nontemporal)
+    tpl = list(memoryview(template).cast("B").cast("q"))
+    blk = list(memoryview(blocks).cast("B").cast("q"))
+    need = sum(tpl[i + 2] for i in range(0, len(tpl), 3))
+    if save:
+        return [_py_crc32c(pool, blk[i + 1], need) for i in range(0, len(blk), 2)]
+    out = []
+    for i in range(0, len(blk), 2):  # the bytes as they landed in the tensors, in pool order
+        crc = 0
+        for k in range(0, len(tpl), 3):
+            crc = _py_crc32c(tensors, tpl[k] + blk[i] * tpl[k + 1], tpl[k + 2], crc)
+        out.append(crc)
+    return out
+
+
 if _native is not None:
     flush = _native.flush
     fence = _native.fence
@@ -203,6 +266,10 @@ if _native is not None:
     fi_put = getattr(_native, "fi_put", None)
     fi_del = getattr(_native, "fi_del", None)
     fast_serve = getattr(_native, "fast_serve", None)
+    crc32c = _native.crc32c
+    copy_crc32c = _native.copy_crc32c
+    _gather_blocks_crc32c = _native.gather_blocks_crc32c
+    CRC32C_KERNEL: str = _native.crc32c_kernel()
 else:
     flush = _py_flush
     fence = _py_fence
@@ -218,6 +285,10 @@ else:
     # The metadata server's native lookup fast path has no Python twin: the server's own Python
     # loop is the fallback.
     fi_new = fi_put = fi_del = fast_serve = None
+    crc32c = _py_crc32c
+    copy_crc32c = _py_copy_crc32c
+    _gather_blocks_crc32c = _py_gather_blocks_crc32c
+    CRC32C_KERNEL = "python-crc32c-package" if _crc32c_pkg is not None else "python-table"
 
 
 def gather(dst: Any, src: Any, pieces: Any, *, nontemporal: bool = False) -> int:
@@ -249,3 +320,27 @@ def gather_blocks(pool: Any, tensors: Any, template: Any, blocks: Any, *, save: 
     pieces that continue each other as one; `nontemporal` as for `gather`.
     """
     return _gather_blocks(pool, tensors, template, blocks, save, nontemporal)
+
+
+def gather_blocks_crc32c(
+    pool: Any, tensors: Any, template: Any, blocks: Any, *, save: bool, nontemporal: bool = False
+) -> list[int]:
+    """`gather_blocks` that also returns each block's CRC32C (its bytes in pool order), computed
+    from the words as they are copied (one pass, not two): on save, of what was stored; on load,
+    of what landed in the tensors, so a load can be checked against its writer's checksum."""
+    return _gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal)
+
+
+def extents_crc32c(buf: Any, extents: Sequence[tuple[int, int]], nbytes: int) -> int:
+    """CRC32C of the first `nbytes` bytes laid out across `extents` (pool offset, length), in order."""
+    crc = 0
+    left = nbytes
+    for off, length in extents:
+        if left <= 0:
+            break
+        take = min(length, left)
+        crc = crc32c(buf, off, take, crc)
+        left -= take
+    if left > 0:
+        raise ValueError(f"extents hold fewer than {nbytes} bytes")
+    return crc

@@ -55,3 +55,16 @@ def test_soak_stops_at_its_op_bound(tmp_path) -> None:
     cfg = SoakConfig(seconds=90, ops=150, writers=1, readers=1, keys=20, kv_mib=16, restart_every_s=0, kill_every_s=0)
     r = run_soak(cfg, workdir=tmp_path)
     assert r["ops"] >= 150 and r["seconds"] < 60 and r["wrong_reads"] == 0
+
+
+def test_stalled_writers_overwrites_are_caught_never_served(tmp_path) -> None:
+    # Writers stall 0.5..8 s between their fence check and their stores, past a 1 s TTL: their
+    # stores land on blocks committed since (a few a run; the hostile suite pins the case itself).
+    # Readers must catch every one by checksum.
+    cfg = SoakConfig(
+        seconds=14, writers=4, readers=2, keys=16, kv_mib=16, restart_every_s=0, kill_every_s=0,
+        stall_writers=0.3, reservation_ttl_s=1.0,
+    )  # fmt: skip
+    r = run_soak(cfg, workdir=tmp_path)
+    assert r["wrong_bytes_served"] == 0 and r["wrong_reads"] == 0, r["wrong_examples"]
+    assert r["committed"] > 0 and r["reads_verified"] > 0

@@ -106,7 +106,7 @@ def test_get_many_answers_in_order_and_stops_where_the_reply_is_full() -> None:
     assert all(n == 5000 and len(e) == 1 for lease, n, e in items[:6])
     # A small reply budget: only the first keys are answered, the rest stay unleased.
     leases_before = len(s.index.leases)
-    code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4 + 2 * (18 + 16))
+    code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, keys), 4 + 2 * (p._MANY_ITEM.size + 16))
     assert code == 0 and len(p.decode_get_many_reply(rep)) == 2
     assert len(s.index.leases) == leases_before + 2
 

@@ -65,6 +65,11 @@ class _Collector:
             ("beluga_mds_misses", "Lookups and GETs that found nothing", idx.get("misses", 0)),
             ("beluga_mds_saved_bytes", "Bytes of blocks committed (saved into the pool)", idx.get("saved_bytes", 0)),
             (
+                "beluga_mds_commits_checksummed",
+                "Commits that carried the block's CRC32C (readers verify those blocks)",
+                idx.get("commits_checksummed", 0),
+            ),
+            (
                 "beluga_mds_leased_bytes",
                 "Bytes of blocks leased to readers (loaded from the pool)",
                 idx.get("leased_bytes", 0),

@@ -51,6 +51,7 @@ class Entry:
     leases: int = 0
     dead: bool = False  # deleted/evicted while leased: free when leases reach zero
     id: int = 0  # names the entry in the native lookup mirror's lease log
+    checksum: int | None = None  # CRC32C of the block as its writer committed it (None: not given)
 
 
 @dataclass(slots=True)
@@ -113,6 +114,7 @@ class Counters:
     misses: int = 0
     foreign_refused: int = 0  # COMMIT/ABORT/RELEASE of another owner's token or lease
     saved_bytes: int = 0  # bytes of blocks committed (what writers saved into the pool)
+    commits_checksummed: int = 0  # commits that carried the block's CRC32C (readers can verify)
     leased_bytes: int = 0  # bytes of blocks leased to readers (what they load from the pool)
 
 
@@ -257,14 +259,14 @@ class KVIndex:
         self._lease_q.append((deadline, lease))
         return lease
 
-    def restore(self, items: list[tuple[str, bytes, Allocation]]) -> None:
+    def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
         """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
-        for name, key, alloc in items:
+        for i, (name, key, alloc) in enumerate(items):
             k = (self.namespaces.get(name) or self._new_namespace(name), key)  # no cap: these hold blocks
             if k in self.entries:
                 continue
             self._ns_add(k[0])
-            e = Entry(k, alloc, id=next(self._entry_ids))
+            e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
             self.entries[k] = e
             self.lru[k] = e
             self.by_id[e.id] = e
@@ -394,9 +396,9 @@ class KVIndex:
         del self.pending_keys[p.key]
         return p
 
-    def commit(self, token: int, owner: int | None = None) -> None:
+    def commit(self, token: int, owner: int | None = None, checksum: int | None = None) -> None:
         p = self._take_pending(token, owner)
-        e = Entry(p.key, p.alloc, id=next(self._entry_ids))
+        e = Entry(p.key, p.alloc, id=next(self._entry_ids), checksum=checksum)
         if self.journal is not None:
             self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
@@ -407,6 +409,8 @@ class KVIndex:
         ):
             self.mirror_misses += 1
         self.counters.commits += 1
+        if checksum is not None:
+            self.counters.commits_checksummed += 1
         self.counters.saved_bytes += p.alloc.nbytes
         if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
             self.evict()

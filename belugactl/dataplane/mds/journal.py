@@ -15,11 +15,16 @@ Layout of the journal area (`layout.journal`):
 A half is a sequence of records: u32 body length, u32 crc32(generation, body), body. Replay stops
 at the first record whose crc does not match (the end, a torn write, or an older generation's
 leftovers). Bodies:
-    1 COMMIT: u16 ns length, ns, u16 key length, key, u64 nbytes, u16 block count, (u64 size, u64 offset)*
+    1 COMMIT: u16 ns length, ns, u16 key length, key, u64 nbytes, u16 block count, (u64 size, u64 offset)*,
+              then optionally u16 checksum kind, u32 checksum (the writer's CRC32C; rpc/protocol.py)
     2 REMOVE: u16 ns length, ns, u16 key length, key
 When the active half is full, the live index is written into the other half under the next
 generation and the state word flips to it; a start-up rebuild does the same, so a replayed
 journal is always compacted.
+
+The checksum trailer needs no new format version: a reader from before it stops at the block list
+and ignores the 6 bytes after it (records are length-prefixed), and a COMMIT without the trailer
+(an old journal, or a writer that gave no checksum) restores a block without one.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ _REC = struct.Struct("<II")
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
 _BLOCK = struct.Struct("<QQ")
+_CHECKSUM = struct.Struct("<HI")  # kind, CRC32C
+CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
 
 
 class JournalFull(Exception):
@@ -58,16 +65,22 @@ class Record:
     key: bytes
     nbytes: int = 0
     blocks: list[tuple[int, int]] | None = None
+    checksum: int | None = None
 
 
 def _crc(generation: int, body: bytes) -> int:
     return zlib.crc32(body, zlib.crc32(_U64.pack(generation)))
 
 
-def encode_commit(ns: str, key: bytes, nbytes: int, blocks: list[tuple[int, int]]) -> bytes:
+def encode_commit(
+    ns: str, key: bytes, nbytes: int, blocks: list[tuple[int, int]], checksum: int | None = None
+) -> bytes:
     raw = ns.encode()
     head = bytes([COMMIT]) + _U16.pack(len(raw)) + raw + _U16.pack(len(key)) + key
-    return head + _U64.pack(nbytes) + _U16.pack(len(blocks)) + b"".join(_BLOCK.pack(s, o) for s, o in blocks)
+    body = head + _U64.pack(nbytes) + _U16.pack(len(blocks)) + b"".join(_BLOCK.pack(s, o) for s, o in blocks)
+    if checksum is not None:
+        body += _CHECKSUM.pack(CHECKSUM_CRC32C, checksum)
+    return body
 
 
 def encode_remove(ns: str, key: bytes) -> bytes:
@@ -92,7 +105,14 @@ def decode(body: bytes) -> Record:
         nbytes = _U64.unpack_from(body, pos)[0]
         count = _U16.unpack_from(body, pos + 8)[0]
         blocks = [_BLOCK.unpack_from(body, pos + 10 + i * 16) for i in range(count)]
-        return Record(kind, ns, key, nbytes, blocks)
+        pos += 10 + count * 16
+        checksum = None
+        if len(body) >= pos + _CHECKSUM.size:
+            ck_kind, crc = _CHECKSUM.unpack_from(body, pos)
+            if ck_kind != CHECKSUM_CRC32C:
+                raise ValueError(f"unknown checksum kind {ck_kind}")
+            checksum = crc
+        return Record(kind, ns, key, nbytes, blocks, checksum)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"bad journal record: {exc}") from None
 
@@ -166,7 +186,7 @@ class Journal:
         self.generation += 1
         self.pos = 0
         for e in live:
-            body = encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks)
+            body = encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks, e.checksum)
             if self.pos + _REC.size + len(body) > self.half_size:
                 raise JournalFull("the live index does not fit one half of the journal area")
             self._write(half, body)
@@ -203,9 +223,11 @@ class JournalKeeper:
         journal = self.journal
         assert journal is not None
         live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
+        checksums: dict[tuple[str, bytes], int | None] = {}
         for rec in journal.read():
             if rec.kind == COMMIT:
                 live[(rec.ns, rec.key)] = (rec.nbytes, [(int(s), int(o)) for s, o in rec.blocks or []])
+                checksums[(rec.ns, rec.key)] = rec.checksum
             else:
                 live.pop((rec.ns, rec.key), None)
         try:
@@ -213,7 +235,10 @@ class JournalKeeper:
         except ValueError as exc:
             self.note = f"journal inconsistent ({exc}); started empty"
             allocs, live = [], {}
-        self.index.restore([(ns, key, a) for (ns, key), a in zip(live, allocs, strict=True)])
+        self.index.restore(
+            [(ns, key, a) for (ns, key), a in zip(live, allocs, strict=True)],
+            [checksums.get(k) for k in live],
+        )
         self.restored_entries = len(live)
         try:
             journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
@@ -224,7 +249,7 @@ class JournalKeeper:
 
     def committed(self, e: Entry) -> None:
         names = self.index.ns_names
-        self._append(encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks))
+        self._append(encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks, e.checksum))
 
     def removed(self, e: Entry) -> None:
         self._append(encode_remove(self.index.ns_names[e.key[0]], e.key[1]))

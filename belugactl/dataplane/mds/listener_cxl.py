@@ -46,7 +46,7 @@ class RingListener(Listener):
                 self._fast,
                 native.fi_put,
                 native.fi_del,
-                lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents),
+                lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents, e.checksum),
             )
         self.fast_requests = 0
         self.rings_resynced = 0

@@ -151,7 +151,9 @@ class MetadataService:
         if found is None:
             return int(Code.NOT_FOUND), b""
         entry, lease = found
-        return 0, p.encode_get_reply(self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents)
+        return 0, p.encode_get_reply(
+            self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents, entry.checksum
+        )
 
     def _get_many(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
         """Locations of several keys (same LOOKUP_PREFIX request layout), as many as fit the reply;
@@ -166,7 +168,9 @@ class MetadataService:
                 item = p.encode_get_many_item(0, 0, ())
             else:
                 entry, lease = found
-                item = p.encode_get_many_item(self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents)
+                item = p.encode_get_many_item(
+                    self._lease_id(lease, owner), entry.alloc.nbytes, entry.alloc.extents, entry.checksum
+                )
                 if size + len(item) > max_reply:
                     index.release([lease])  # not answered: do not keep it leased
                     break
@@ -193,7 +197,8 @@ class MetadataService:
         return 0, p.encode_reserve_reply(token, alloc.extents)
 
     def _commit(self, data, _max: int, owner: int) -> tuple[int, bytes]:
-        self.index.commit(p.decode_u64(data, "COMMIT"), owner)
+        token, checksum = p.decode_commit(data)
+        self.index.commit(token, owner, checksum)
         return 0, b""
 
     def _abort(self, data, _max: int, owner: int) -> tuple[int, bytes]:

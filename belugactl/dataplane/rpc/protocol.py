@@ -106,7 +106,7 @@ _LOOKUP_REQ = struct.Struct("<IHH")  # ns, count, key length
 _LOOKUP_REP = struct.Struct("<IIQ")  # present count, pad, lease id
 _KEY_REQ = struct.Struct("<IH")  # ns, key length
 _RESERVE_REQ = struct.Struct("<IHHQ")  # ns, key length, pad, nbytes
-_GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, pad, pad
+_GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, checksum kind, checksum (0, 0: none)
 _RESERVE_REP = struct.Struct("<QHHI")  # token, extent count, pad, pad
 _EXTENT = struct.Struct("<QQ")
 _RELEASE_REQ = struct.Struct("<HHI")  # count, flags, pad
@@ -131,6 +131,14 @@ STATS_FIELDS: tuple[str, ...] = (
 _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
 
 Extent = tuple[int, int]
+
+# Block checksums (docs/dataplane.md, "Checksums"). COMMIT may carry one; GET and GET_MANY return
+# it. Kind 0: none (a writer that gave none, or an old client); 1: CRC32C of the block's nbytes in
+# extent order. Old decoders read the GET reply's checksum fields as the padding they used to be.
+CHECKSUM_NONE = 0
+CHECKSUM_CRC32C = 1
+CHECKSUM_KINDS = frozenset({CHECKSUM_NONE, CHECKSUM_CRC32C})
+_COMMIT_REQ = struct.Struct("<QII")  # token, checksum, checksum kind
 
 
 def _need(data: bytes | memoryview, size: int, what: str) -> None:
@@ -284,36 +292,84 @@ def extents_capacity(max_payload: int) -> int:
 
 
 _MANY_REP = struct.Struct("<HH")  # blocks answered, pad
-_MANY_ITEM = struct.Struct("<QQH")  # lease id (0: absent), nbytes, extent count
+# lease id (0: absent), nbytes, extent count, checksum kind, checksum (the GET reply's head)
+_MANY_ITEM = struct.Struct("<QQHHI")
 
 
-def encode_get_many_item(lease: int, nbytes: int, extents: Sequence[Extent]) -> bytes:
-    return _MANY_ITEM.pack(lease, nbytes, len(extents)) + _pack_extents(extents)
+def _checksum_fields(checksum: int | None) -> tuple[int, int]:
+    if checksum is None:
+        return CHECKSUM_NONE, 0
+    if not 0 <= checksum <= 0xFFFFFFFF:
+        raise ValueError(f"checksum {checksum} is not a 32-bit CRC32C")
+    return CHECKSUM_CRC32C, checksum
 
 
-def decode_get_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
-    """(lease id, nbytes, extents) per key answered, in order; lease 0 means absent."""
+def _checksum_of(kind: int, crc: int, what: str) -> int | None:
+    if kind == CHECKSUM_NONE:
+        return None
+    if kind != CHECKSUM_CRC32C:
+        raise ProtocolError(Code.BAD_ARGS, f"{what}: unknown checksum kind {kind}")
+    return crc
+
+
+def encode_get_many_item(lease: int, nbytes: int, extents: Sequence[Extent], checksum: int | None = None) -> bytes:
+    kind, crc = _checksum_fields(checksum)
+    return _MANY_ITEM.pack(lease, nbytes, len(extents), kind, crc) + _pack_extents(extents)
+
+
+def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | None]]:
+    """(lease id, nbytes, extents, checksum or None) per key answered, in order; lease 0 means absent."""
     _need(data, _MANY_REP.size, "GET_MANY reply")
     count = _MANY_REP.unpack_from(data, 0)[0]
     out = []
     pos = _MANY_REP.size
     for _ in range(count):
         _need(data, pos + _MANY_ITEM.size, "GET_MANY reply")
-        lease, nbytes, n = _MANY_ITEM.unpack_from(data, pos)
+        lease, nbytes, n, kind, crc = _MANY_ITEM.unpack_from(data, pos)
         pos += _MANY_ITEM.size
-        out.append((lease, nbytes, _unpack_extents(data, pos, n, "GET_MANY reply")))
+        checksum = _checksum_of(kind, crc, "GET_MANY reply")
+        out.append((lease, nbytes, _unpack_extents(data, pos, n, "GET_MANY reply"), checksum))
         pos += n * _EXTENT.size
     return out
 
 
-def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent]) -> bytes:
-    return _GET_REP.pack(lease, nbytes, len(extents), 0, 0) + _pack_extents(extents)
+def decode_get_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
+    """(lease id, nbytes, extents) per key answered, in order; lease 0 means absent."""
+    return [(lease, nbytes, extents) for lease, nbytes, extents, _c in decode_get_many_reply_ex(data)]
+
+
+def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent], checksum: int | None = None) -> bytes:
+    kind, crc = _checksum_fields(checksum)
+    return _GET_REP.pack(lease, nbytes, len(extents), kind, crc) + _pack_extents(extents)
+
+
+def decode_get_reply_ex(data) -> tuple[int, int, list[Extent], int | None]:
+    """(lease id, nbytes, extents, checksum or None)."""
+    _need(data, _GET_REP.size, "GET reply")
+    lease, nbytes, count, kind, crc = _GET_REP.unpack_from(data, 0)
+    checksum = _checksum_of(kind, crc, "GET reply")
+    return lease, nbytes, _unpack_extents(data, _GET_REP.size, count, "GET reply"), checksum
 
 
 def decode_get_reply(data) -> tuple[int, int, list[Extent]]:
-    _need(data, _GET_REP.size, "GET reply")
-    lease, nbytes, count, _a, _b = _GET_REP.unpack_from(data, 0)
-    return lease, nbytes, _unpack_extents(data, _GET_REP.size, count, "GET reply")
+    return decode_get_reply_ex(data)[:3]  # type: ignore[return-value]
+
+
+def encode_commit(token: int, checksum: int | None = None) -> bytes:
+    """8 bytes (token only: no checksum, what old clients send) or 16 (token, CRC32C, kind)."""
+    if checksum is None:
+        return _U64.pack(token)
+    kind, crc = _checksum_fields(checksum)
+    return _COMMIT_REQ.pack(token, crc, kind)
+
+
+def decode_commit(data) -> tuple[int, int | None]:
+    """(token, checksum or None). A payload of 8..15 bytes is token-only (an old client)."""
+    _need(data, 8, "COMMIT")
+    if len(data) < _COMMIT_REQ.size:
+        return _U64.unpack_from(data, 0)[0], None
+    token, crc, kind = _COMMIT_REQ.unpack_from(data, 0)
+    return token, _checksum_of(kind, crc, "COMMIT")
 
 
 def encode_reserve_reply(token: int, extents: Sequence[Extent]) -> bytes:

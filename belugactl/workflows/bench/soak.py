@@ -11,7 +11,16 @@ The checker: a block's bytes are a function of its key and a nonce its writer pi
 page: nonce and page index, then a slice of a SHAKE-128 pad of key and nonce). A reader that gets a key's extents
 under a lease copies them and checks every byte. A read is void, not wrong, when the server
 restarted during the copy (the pool epoch moved) or the lease ran out before the copy ended: a
-connector must drop such a read too. Anything else that differs is a wrong byte served.
+connector must drop such a read too.
+
+Checksums: writers commit the CRC32C of the bytes they store (computed while copying them into the
+pool); readers copy a block out while checking it (`client.copy_verified`). A mismatch is
+`corrupt_detected`: caught, treated as a miss, and the key deleted so later readers miss too (what
+the connector does). A stalled writer (`--stall-writers`) that overwrites extents reclaimed and
+handed to another block produces exactly that. Anything a reader accepted that differs from its
+key's content is `wrong_bytes_served` (the goal: 0). The faulty writer (`--faulty-writer`) puts
+another key's bytes with a checksum that matches them, so only the byte checker can catch it: the
+checker stays able to fail.
 
 Workers write their counters to a small JSON file every few hundred milliseconds, so a worker
 killed mid-run still counts up to its last snapshot.
@@ -119,6 +128,7 @@ class WorkerCounts:
     misses: int = 0
     wrong_reads: int = 0
     wrong_bytes: int = 0
+    corrupt_detected: int = 0  # reads whose CRC32C did not match: caught, treated as misses
     errors: dict[str, int] = field(default_factory=dict)
     error_reasons: dict[str, int] = field(default_factory=dict)  # a few distinct messages, counted
     wrong_examples: list[str] = field(default_factory=list)
@@ -214,6 +224,7 @@ def _write_one(
     stall: float,
     reservation_ttl: float,
 ) -> None:
+    from belugactl.dataplane import native
     from belugactl.dataplane.metadata_errors import AlreadyPresent, PoolFull
 
     nbytes = size_of(key)
@@ -237,30 +248,58 @@ def _write_one(
         # A writer stalled between that check and its stores (preempted, paging, a GC pause),
         # past a restart or its reservation's TTL: its extents may belong to another block now.
         time.sleep(rng.uniform(0.5, 8.0))
+    # Store and checksum in one pass (what a connector does with host memory). The faulty
+    # writer's checksum matches the wrong bytes it stores: only the byte checker can see them.
     pos = 0
+    crc = 0
     for off, n in r.extents:
-        pool.write(off, data[pos : pos + n])
-        pos += n
+        take = min(n, nbytes - pos)
+        if take <= 0:
+            break
+        if pool.needs_flush:
+            pool.write(off, data[pos : pos + take])
+            crc = native.crc32c(data, pos, take, crc)
+        else:
+            crc = native.copy_crc32c(pool.buf, off, data, pos, take, crc)
+        pos += take
     if rng.random() < 0.03:
         client.abort(r.token)
         return
-    client.commit(r.token)
+    client.commit(r.token, checksum=crc)
     counts.committed += 1
 
 
 def _read_one(client: Any, pool: Any, key: bytes, counts: WorkerCounts, lease_ttl: float) -> None:
+    from belugactl.dataplane import native
+    from belugactl.dataplane.client import copy_verified
+    from belugactl.dataplane.metadata_errors import CorruptBlock
+
     epoch = client.epoch
     t0 = time.monotonic()
     loc = client.get(NAMESPACE, key)
     if loc is None:
         counts.misses += 1
         return
+    corrupt = False
     try:
-        data = b"".join(pool.read(off, n) for off, n in loc.extents)
+        out = bytearray(loc.nbytes)
+        if pool.needs_flush:
+            for off, n in loc.extents:
+                native.flush(pool.buf, off, n, True)
+        try:
+            copy_verified(pool.buf, loc, out, key=key)
+        except CorruptBlock:
+            corrupt = True
+        data = bytes(out)
         # Void, as a connector must treat it: the server restarted (the lease and the extents
         # belong to a dead epoch) or the lease may have lapsed during the copy.
         if pool.epoch() != epoch or client.epoch != epoch or time.monotonic() - t0 > lease_ttl / 2:
             counts.reads_void += 1
+            return
+        if corrupt:
+            # Caught: a miss for this reader, and the key goes so later readers miss too.
+            counts.corrupt_detected += 1
+            client.delete(NAMESPACE, key)
             return
         bad = wrong_bytes(key, data, loc.nbytes)
         if bad:
@@ -521,6 +560,7 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
                 "misses",
                 "wrong_reads",
                 "wrong_bytes",
+                "corrupt_detected",
             ):
                 setattr(totals, name, getattr(totals, name) + c[name])
             for k, v in c["errors"].items():
@@ -552,6 +592,10 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
         "evictions": evictions,
         "wrong_reads": totals.wrong_reads,
         "wrong_bytes": totals.wrong_bytes,
+        # The goal, 0: bytes readers accepted (checksum passed) that differ from the key's content.
+        "wrong_bytes_served": totals.wrong_bytes,
+        # Blocks whose CRC32C did not match their writer's: caught, treated as misses, deleted.
+        "corrupt_detected": totals.corrupt_detected,
         "wrong_examples": totals.wrong_examples,
         "client_errors": dict(sorted(totals.errors.items())),
         "client_error_reasons": dict(sorted(totals.error_reasons.items(), key=lambda kv: -kv[1])[:10]),

@@ -169,3 +169,46 @@ def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(s
     assert scheduler._client.stats()["leases"] == leases_held - 2
     scheduler.close()
     worker.index.close()
+
+
+class _SplitEngine(KVCopyEngine):
+    """Plans every batch piece by piece (as for blocks split over extents), so the transfer takes
+    the engine's copy and checksums the pool bytes after it, instead of the fused copy."""
+
+    def _block_pairs(self, blocks):  # noqa: ANN001, ANN202 - the engine's own signature
+        super()._block_pairs(blocks)  # its checks still run
+        return None
+
+
+@pytest.mark.parametrize("engine_cls", [KVCopyEngine, _SplitEngine], ids=["fused", "pool-side"])
+def test_a_block_overwritten_after_its_commit_is_a_load_error_counted_and_deleted(
+    server, tensors, engine_cls, monkeypatch
+) -> None:
+    from belugactl.dataplane import native
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server["pool"])
+    stats = ConnectorStats(None, role="worker0")
+    index = BestEffortIndex(server["address"], stats=stats, timeout_s=1.0, retry_s=0.2)
+    t = PoolTransfer(index, engine_cls(layout, pool.buf), NS, stats)
+    if engine_cls is _SplitEngine:
+        monkeypatch.setattr(native, "gather_blocks_crc32c", _refuse)
+        monkeypatch.setattr(native._native or native, "gather_blocks_crc32c", _refuse, raising=False)
+    assert t.save([0, 1], [b"a", b"b"]) == 2
+    assert stats.get("saved_blocks") == 2
+    loc = t.index.get(NS, b"b")
+    assert loc.checksum == native.crc32c(_block(bufs, 1))  # the saver committed the bytes' CRC32C
+    t.index.release([loc.lease_id])
+    # A stalled writer stores into b's extents after b's commit (its reservation was reclaimed).
+    off, n = loc.extents[0]
+    pool.write(off + n // 2, b"\x5a" * 64)
+    assert t.load([6, 7], [b"a", b"b"]) == [7]  # block 7 holds the bad bytes: vLLM recomputes it
+    assert _block(bufs, 6) == _block(bufs, 0)
+    assert stats.get("load_checksum_mismatch") == 1 and stats.get("load_errors") == 1
+    assert stats.get("loaded_blocks") == 1
+    assert t.index.lookup_prefix(NS, [b"b"]) == 0  # deleted: later readers miss instead of re-reading it
+    t.index.close()
+
+
+def _refuse(*_a: object, **_k: object) -> list[int]:
+    raise AssertionError("the pool-side path must not use the fused copy")

@@ -121,12 +121,18 @@ class BestEffortIndex:
         except Exception:  # noqa: BLE001 - when in doubt, do not write
             return False
 
-    def commit(self, token: Any) -> bool:
+    def commit(self, token: Any, checksum: int | None = None) -> bool:
+        """Make a saved block visible; `checksum`: the CRC32C of its bytes, which loads verify."""
         try:
-            return bool(self._call("commit", False, lambda c: (c.commit(token), True)[1]))
+            return bool(self._call("commit", False, lambda c: (c.commit(token, checksum=checksum), True)[1]))
         except Exception:  # noqa: BLE001 - an expired reservation only loses this block
             self.stats.add("commit_failed")
             return False
+
+    def delete(self, namespace: str, key: bytes) -> None:
+        """Drop a key (a block found corrupt), so later readers miss instead of reading it again."""
+        with contextlib.suppress(Exception):  # best effort: at worst the next reader detects it too
+            self._call("delete", None, lambda c: c.delete(namespace, key))
 
     def abort(self, token: Any) -> None:
         with contextlib.suppress(Exception):  # the server reclaims it after its timeout anyway

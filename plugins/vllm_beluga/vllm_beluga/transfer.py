@@ -8,6 +8,21 @@ overwritten while we copy), copy all found blocks in one batch, release the leas
 gone, or a copy that fails, is returned as failed: vLLM recomputes it, it is never served wrong.
 save: reserve extents for each block, copy the batch, commit each; a block already present (another
 instance saved it first), a full pool or an unreachable server skip the save and count it.
+
+Checksums (docs/dataplane.md, "Checksums"): each save commits the CRC32C of the block's bytes, and
+each load checks it, because a writer that stalled past its deadline can still overwrite extents
+that were reclaimed and handed to the block being loaded. A mismatch is a load error (recomputed),
+counted as `load_checksum_mismatch`, and the key is deleted so later readers miss instead.
+- CPU tensors: the checksum is computed in the copy itself (`gather_blocks_crc32c`: each word is
+  checksummed as it moves), on save of the bytes stored and on load of the bytes that landed in the
+  tensors. Blocks split over several extents, and non-coherent (flush) pools, go through the
+  engine and are checksummed in the pool right after the copy, as for CUDA.
+- CUDA tensors: the CPU cannot see the bytes in flight, so the checksum is of the pool's bytes once
+  the copy has completed: on save before the commit, on load before the block is accepted. The
+  load check is sound because an overwrite that changed bytes we copied leaves them changed in
+  the pool, where the check after the copy sees them; one after the check cannot change what was
+  copied. The save check leaves a window (between the copy and the checksum) that only the
+  writer's own fence (its deadline) covers.
 """
 
 from __future__ import annotations
@@ -23,7 +38,8 @@ from vllm_beluga.stats import ConnectorStats
 log = logging.getLogger("vllm.beluga")
 
 
-Location = tuple[list[tuple[int, int]], int, int]  # extents, lease id, nbytes
+# extents, lease id, nbytes, CRC32C its writer committed (None: none given, loaded unchecked)
+Location = tuple[list[tuple[int, int]], int, int, int | None]
 
 
 def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | None:
@@ -31,7 +47,17 @@ def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | Non
     loc = index.get(namespace, key)
     if loc is None:
         return None
-    return [(int(o), int(n)) for o, n in loc.extents], int(loc.lease_id), int(loc.nbytes)
+    checksum = getattr(loc, "checksum", None)
+    return (
+        [(int(o), int(n)) for o, n in loc.extents],
+        int(loc.lease_id),
+        int(loc.nbytes),
+        None if checksum is None else int(checksum),
+    )
+
+
+def _checksum_of(location: Sequence[Any]) -> int | None:
+    return location[3] if len(location) > 3 else None
 
 
 class PoolTransfer:
@@ -62,22 +88,40 @@ class PoolTransfer:
             return list(block_ids)
         started = time.perf_counter()
         batch: list[tuple[int, list[tuple[int, int]]]] = []
+        checksums: list[int | None] = []
+        batch_keys: list[bytes] = []
         failed: list[int] = list(block_ids[len(locations) :])
         need = self.engine.layout.block_nbytes
-        for block_id, location in zip(block_ids, locations, strict=False):
+        for block_id, key, location in zip(block_ids, keys, locations, strict=False):
             if location is None or int(location[2]) != need:
                 # Gone, or the same key in another layout: never copy bytes that do not fit these tensors.
                 failed.append(block_id)
                 continue
             batch.append((block_id, location[0]))
+            checksums.append(_checksum_of(location))
+            batch_keys.append(key)
         try:
             if batch:
-                nbytes = self.engine.load(batch)
+                crcs = self._copy(batch, save=False)
+                bad = {
+                    i
+                    for i, (want, got) in enumerate(zip(checksums, crcs, strict=True))
+                    if want is not None and want != got
+                }
+                if bad:
+                    # Overwritten after its commit (a stalled writer): recompute, and drop the key so
+                    # later readers miss instead of finding the same bad bytes.
+                    log.warning("Beluga: %d blocks failed their checksum: recomputed, keys deleted", len(bad))
+                    self.stats.add("load_checksum_mismatch", len(bad))
+                    for i in sorted(bad):
+                        failed.append(batch[i][0])
+                        self.index.delete(self.namespace, batch_keys[i])
+                    batch = [b for i, b in enumerate(batch) if i not in bad]
                 self.stats.add("loaded_blocks", len(batch))
-                self.stats.add("loaded_bytes", nbytes)
+                self.stats.add("loaded_bytes", len(batch) * need)
         except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
             log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
-            failed.extend(b for b, _ in batch)
+            failed.extend(b for b, _ in batch if b not in failed)
         finally:
             live = self.index.release(leases, handed_over=handed_over)
         if live is not None and live < len([x for x in leases if x]) and batch:
@@ -115,15 +159,44 @@ class PoolTransfer:
         committed = 0
         if reserved:
             try:
-                self.engine.save([(block_id, extents) for _, block_id, extents in reserved])
+                crcs = self._copy([(block_id, extents) for _, block_id, extents in reserved], save=True)
             except Exception as exc:  # noqa: BLE001
                 log.warning("Beluga: saving %d blocks failed: %s", len(reserved), exc)
                 for token, _, _ in reserved:
                     self.index.abort(token)
                 self.stats.add("save_errors", len(reserved))
             else:
-                committed = sum(1 for token, _, _ in reserved if self.index.commit(token))
+                committed = sum(
+                    1 for (token, _, _), crc in zip(reserved, crcs, strict=True) if self.index.commit(token, crc)
+                )
                 self.stats.add("saved_blocks", committed)
                 self.stats.add("saved_bytes", committed * nbytes)
         self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
         return committed
+
+    def _copy(self, blocks: list[tuple[int, list[tuple[int, int]]]], *, save: bool) -> list[int]:
+        """Copy a batch (save: tensors -> pool, else back) and return each block's CRC32C (see the
+        module's "Checksums"): fused into the copy for CPU tensors in whole extents, else computed
+        over the pool bytes once the copy has completed."""
+        from belugactl.dataplane import native
+        from belugactl.dataplane.kvcopy import KVCopyEngine
+
+        engine = self.engine
+        if isinstance(engine, KVCopyEngine) and engine.coherence != "flush":
+            pairs = engine._block_pairs(blocks)
+            if pairs is not None:
+                return native.gather_blocks_crc32c(
+                    engine.pool,
+                    engine.tensors,
+                    engine.template,
+                    pairs,
+                    save=save,
+                    nontemporal=save and engine._nontemporal(blocks),
+                )
+        if save:
+            engine.save(blocks)
+        else:
+            engine.load(blocks)
+        need = engine.layout.block_nbytes
+        # Engines return after their copy completed (the CUDA one synchronizes its stream).
+        return [native.extents_crc32c(engine.pool, extents, need) for _, extents in blocks]
