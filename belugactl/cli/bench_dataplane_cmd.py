@@ -1,4 +1,4 @@
-"""`belugactl bench rpc` and `belugactl bench mds`: the data plane's benchmarks, side by side with baselines."""
+"""`belugactl bench rpc`, `bench mds` and `bench checksum`: the data plane's benchmarks, side by side with baselines."""
 
 from __future__ import annotations
 
@@ -8,6 +8,30 @@ import typer
 def register(bench: typer.Typer) -> None:
     bench.command("rpc")(rpc)
     bench.command("mds")(mds)
+    bench.command("checksum")(checksum)
+
+
+def checksum(
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
+    quick: bool = typer.Option(False, "--quick", help="One 64 KiB buffer and 8 MiB of traffic (a smoke run)."),
+) -> None:
+    """CRC32C block checksums (what readers verify, docs/dataplane.md "Checksums") beside a plain copy:
+    checksum alone, plain copy, the fused copy+checksum, and a copy followed by a checksum pass."""
+    from belugactl.cli.render import print_json, stdout_console
+    from belugactl.workflows.bench.checksum import measure
+
+    result = measure((64 << 10,), 8 << 20) if quick else measure()
+    if json_out:
+        print_json(result)
+        return
+    console = stdout_console()
+    console.print(f"[bold]bench checksum[/]: kernel {result['kernel']} (GB/s, best of 3 rounds)")
+    for row in result["sizes"]:
+        console.print(
+            f"{row['bytes'] >> 10:>8} KiB: crc32c {row['crc32c_gbps']:6.2f}  copy {row['copy_gbps']:6.2f}  "
+            f"copy+crc32c fused {row['copy_crc32c_gbps']:6.2f} ({row['fused_over_copy']:.2f}x of copy)  "
+            f"copy then crc32c {row['copy_then_crc32c_gbps']:6.2f}"
+        )
 
 
 def rpc(

@@ -38,3 +38,15 @@ def test_bench_rpc_json(capsys) -> None:
         assert set(doc[transport]["ops_per_s"]) == {"1", "8", "32", "128"}
     assert set(doc["targets"]) == {"cxl_qd1_p50_us", "tcp_over_cxl_p50", "cxl_qd128_mops"}
     assert doc["ratios"]["tcp_over_cxl_p50"] > 0
+
+
+def test_bench_checksum_json(capsys) -> None:
+    from belugactl.dataplane import native
+
+    assert run(["bench", "checksum", "--quick", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kernel"] == native.CRC32C_KERNEL and doc["native"] is native.AVAILABLE
+    (row,) = doc["sizes"]
+    assert row["bytes"] == 64 << 10
+    assert row["crc32c_gbps"] > 0 and row["copy_gbps"] > 0 and row["copy_crc32c_gbps"] > 0
+    assert row["fused_over_copy"] == round(row["copy_crc32c_gbps"] / row["copy_gbps"], 2)
