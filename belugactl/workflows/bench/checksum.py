@@ -1,6 +1,6 @@
-"""Throughput of the block checksum next to a plain copy, the baseline it is measured against: `belugactl bench checksum`.
+"""Throughput of the block checksum beside a plain copy, its baseline: `belugactl bench checksum`.
 
-Prints JSON: GB/s for CRC32C alone, a plain copy (`native.copy`), the fused copy+CRC32C
+Measures GB/s for CRC32C alone, a plain copy (`native.copy`), the fused copy+CRC32C
 (`native.copy_crc32c`) and a copy followed by a CRC pass, per buffer size (in cache, past it), and
 the kernel in use. Best of three timed rounds, each about 0.5 GB of traffic (a noisy shared host
 makes the best round the honest one).
@@ -8,9 +8,7 @@ makes the best round the honest one).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from collections.abc import Callable
 
