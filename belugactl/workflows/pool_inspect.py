@@ -142,8 +142,8 @@ def _rings(pool: PoolMapping, manifest: Manifest | None, epoch: int) -> list[dic
 
 
 def _journal(pool: PoolMapping) -> dict[str, Any]:
+    from belugactl.dataplane.mds.journal import COMMIT, REMOVE, Journal
     from belugactl.dataplane.mds.journal import MAGIC as JOURNAL_MAGIC
-    from belugactl.dataplane.mds.journal import REMOVE, Journal
 
     g = pool.geometry
     out: dict[str, Any] = {"offset": g.journal_offset, "size": g.journal_size}
@@ -156,7 +156,7 @@ def _journal(pool: PoolMapping) -> dict[str, Any]:
     commits = removes = 0
     for record in journal.read():
         removes += record.kind == REMOVE
-        commits += record.kind != REMOVE
+        commits += record.kind == COMMIT
     return {
         **out,
         "state": "active",

@@ -18,6 +18,12 @@ leftovers). Bodies:
     1 COMMIT: u16 ns length, ns, u16 key length, key, u64 nbytes, u16 block count, (u64 size, u64 offset)*,
               then optionally u16 checksum kind, u32 checksum (the writer's CRC32C; rpc/protocol.py)
     2 REMOVE: u16 ns length, ns, u16 key length, key
+    3 ORDER:  u16 0, u16 0, u32 interleave ways, u64 granularity   (first record of a half)
+ORDER says how the blocks of the COMMITs that follow are ordered: with software interleave
+(ways > 1) in placement order, which is the order of the block's bytes; without it the bytes run
+lowest offset first. A half without ORDER (an older journal) is read as "no interleave". A server
+whose interleave differs from the journal's would lay a block's bytes out in another order than
+its writer did, so it starts empty instead of restoring.
 When the active half is full, the live index is written into the other half under the next
 generation and the state word flips to it; a start-up rebuild does the same, so a replayed
 journal is always compacted.
@@ -46,6 +52,9 @@ MAGIC = b"BLGJRNL1"
 HEADER = 4096
 COMMIT = 1
 REMOVE = 2
+ORDER = 3
+NO_INTERLEAVE = (1, 2 << 20)  # (ways, granularity) of an allocator without software interleave
+_ORDER = struct.Struct("<BHHIQ")  # kind, 0, 0, ways, granularity
 _REC = struct.Struct("<II")
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
@@ -83,6 +92,15 @@ def encode_commit(
     return body
 
 
+def encode_order(ways: int, granularity: int) -> bytes:
+    return _ORDER.pack(ORDER, 0, 0, ways, granularity)
+
+
+def same_order(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two (ways, granularity) settings order a block's bytes the same way (one way: by offset)."""
+    return a == b or (a[0] == 1 and b[0] == 1)
+
+
 def encode_remove(ns: str, key: bytes) -> bytes:
     raw = ns.encode()
     return bytes([REMOVE]) + _U16.pack(len(raw)) + raw + _U16.pack(len(key)) + key
@@ -92,6 +110,11 @@ def decode(body: bytes) -> Record:
     """Parse a record body whose crc matched; ValueError if it still does not make sense."""
     try:
         kind = body[0]
+        if kind == ORDER:
+            _kind, _a, _b, ways, granularity = _ORDER.unpack_from(body, 0)
+            if ways < 1 or granularity < 1:
+                raise ValueError(f"bad ORDER record: ways {ways}, granularity {granularity}")
+            return Record(kind, "", b"", granularity, [(ways, granularity)])
         n = _U16.unpack_from(body, 1)[0]
         ns = body[3 : 3 + n].decode()
         pos = 3 + n
@@ -129,6 +152,7 @@ class Journal:
         self.pos = 0
         self.records_written = 0
         self.compactions = 0
+        self.order = NO_INTERLEAVE  # what rewrite() records; the keeper sets the allocator's
 
     def _half_base(self, half: int) -> int:
         return self.offset + HEADER + half * self.half_size
@@ -185,6 +209,7 @@ class Journal:
         half = 1 - self.half
         self.generation += 1
         self.pos = 0
+        self._write(half, encode_order(*self.order))
         for e in live:
             body = encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks, e.checksum)
             if self.pos + _REC.size + len(body) > self.half_size:
@@ -215,6 +240,7 @@ class JournalKeeper:
         self.index = index
         self.allocator = allocator
         self.journal: Journal | None = Journal(pool, offset, size)
+        self.journal.order = (allocator.ways, allocator.granularity) if allocator.ways > 1 else NO_INTERLEAVE
         self.note = ""
         self.restored_entries = 0
 
@@ -224,12 +250,23 @@ class JournalKeeper:
         assert journal is not None
         live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
         checksums: dict[tuple[str, bytes], int | None] = {}
+        order = NO_INTERLEAVE  # a half without an ORDER record was written before interleave order existed
         for rec in journal.read():
-            if rec.kind == COMMIT:
+            if rec.kind == ORDER:
+                assert rec.blocks is not None
+                order = rec.blocks[0]
+            elif rec.kind == COMMIT:
                 live[(rec.ns, rec.key)] = (rec.nbytes, [(int(s), int(o)) for s, o in rec.blocks or []])
                 checksums[(rec.ns, rec.key)] = rec.checksum
             else:
                 live.pop((rec.ns, rec.key), None)
+        if live and not same_order(order, journal.order):
+            # Restoring would rebuild each block's extents in another order than its writer used.
+            self.note = (
+                f"journal written with software interleave {order[0]} ways x {order[1] >> 20} MiB, the server "
+                f"now runs {journal.order[0]} ways x {journal.order[1] >> 20} MiB; started empty"
+            )
+            live = {}
         try:
             allocs = self.allocator.restore(list(live.values()))
         except ValueError as exc:
