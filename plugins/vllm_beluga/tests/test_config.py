@@ -63,3 +63,22 @@ def test_namespace_separates_layouts_and_ranks() -> None:
     assert namespace_for("rack", a, 1, 2) == f"rack@{a}@tp1of2"
     with pytest.raises(ConnectorConfigError, match="longer than 255"):
         namespace_for("r" * 250, a, 0, 1)
+
+
+def test_a_kv_cache_of_several_groups_is_refused_by_name() -> None:
+    from types import SimpleNamespace
+
+    from vllm_beluga.config import HybridModelRefused, refuse_hybrid
+
+    class FullAttentionSpec:
+        pass
+
+    class MambaSpec:
+        pass
+
+    one = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=FullAttentionSpec())])
+    refuse_hybrid(one)  # one group: the connector's case
+    refuse_hybrid(None)  # the scheduler may get no KV-cache config
+    two = SimpleNamespace(kv_cache_groups=[*one.kv_cache_groups, SimpleNamespace(kv_cache_spec=MambaSpec())])
+    with pytest.raises(HybridModelRefused, match=r"has 2 \(FullAttentionSpec, MambaSpec\).*Mamba/SSM"):
+        refuse_hybrid(two)

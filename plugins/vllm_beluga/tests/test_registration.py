@@ -28,7 +28,9 @@ by_path = KVConnectorFactory.get_connector_class(
     )
 )
 assert by_name is by_path, (by_name, by_path)
-assert issubclass(by_name, KVConnectorBase_V1) and issubclass(by_name, SupportsHMA)
+assert issubclass(by_name, KVConnectorBase_V1) and not issubclass(by_name, SupportsHMA)
+# Without SupportsHMA vLLM turns its hybrid allocator off for this connector (one KV-cache group).
+assert not KVConnectorFactory.supports_hma_config(KVTransferConfig(kv_connector="BelugaConnector", kv_role="kv_both"))
 print("ok", by_name.__module__, by_name.__name__)
 """
 

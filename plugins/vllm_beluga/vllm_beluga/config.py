@@ -121,3 +121,21 @@ def namespace_for(base: str, layout: str, tp_rank: int, tp_size: int) -> str:
             f"namespace {name!r} is longer than 255 bytes; shorten the manifest's rack/model names"
         )
     return name
+
+
+class HybridModelRefused(ConnectorConfigError):
+    """A model whose KV cache has several groups (hybrid attention, Mamba layers) reached the connector."""
+
+
+def refuse_hybrid(kv_cache_config: Any) -> None:
+    """Refuse a KV cache of several groups: block ids of groups other than the first would be
+    loaded and saved at the wrong places."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if len(groups) > 1:
+        kinds = ", ".join(sorted({type(g.kv_cache_spec).__name__ for g in groups}))
+        raise HybridModelRefused(
+            f"BelugaConnector handles one KV-cache group; this model has {len(groups)} ({kinds}). "
+            "Hybrid models with sliding-window layers run with --disable-hybrid-kv-cache-manager "
+            "(vLLM does that by itself for this connector unless it is forced on); models with Mamba/SSM "
+            "layers cannot use the Beluga pool yet: serve them without kv_transfer_config."
+        )

@@ -33,10 +33,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    SupportsHMA,
 )
 
-from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for
+from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for, refuse_hybrid
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import Location, PoolTransfer, locate
@@ -120,11 +119,18 @@ def layout_facts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None,
     return facts
 
 
-class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
+class BelugaConnector(KVConnectorBase_V1):
+    """Not `SupportsHMA`, on purpose: blocks are keyed and copied for one KV-cache group. Without
+    that marker vLLM turns its hybrid allocator off, so a sliding-window model runs with every layer
+    in one full-attention group (correct, at a memory cost, as with LMCache); a model that needs the
+    hybrid allocator (Mamba/SSM layers) is refused by vLLM at start, and by the check below if a
+    configuration forces several groups through anyway."""
+
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        refuse_hybrid(kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.cfg = BelugaConfig.from_extra(extra)
         check_hash_pins(self.cfg, algo_in_use=str(vllm_config.cache_config.prefix_caching_hash_algo))
@@ -136,6 +142,9 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             )
         self.block_size = vllm_config.cache_config.block_size
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        # MLA: the latent KV is the same on every tensor-parallel rank, so the pool holds one copy
+        # (rank 0 saves it, every rank loads it, all under one namespace) instead of tp_size copies.
+        self.mla = bool(getattr(vllm_config.model_config, "use_mla", False))
         self.layout_id = layout_id(layout_facts(vllm_config, kv_cache_config, self.cfg))
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         if role == KVConnectorRole.WORKER:
@@ -148,7 +157,9 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
             role_name = f"worker{self.tp_rank}"
         else:
             self.tp_rank = 0  # the scheduler asks about rank 0's blocks; other ranks report misses as load errors
-        self.namespace = namespace_for(self.cfg.namespace, self.layout_id, self.tp_rank, self.tp_size)
+        self.namespace = namespace_for(
+            self.cfg.namespace, self.layout_id, 0 if self.mla else self.tp_rank, 1 if self.mla else self.tp_size
+        )
         self.stats = ConnectorStats(self.cfg.stats_path, role=role_name)
         self.stats.set("namespace", self.namespace)
         self.index = BestEffortIndex(
@@ -226,7 +237,7 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         block_ids = list(blocks.get_block_ids()[0])[start : start + count]
         keys = keys[: len(block_ids)]
         locations = None
-        if self.tp_size == 1:
+        if self.tp_size == 1 or self.mla:
             # With one rank the scheduler's namespace is the worker's: resolve here, over the ring.
             # With several, each rank holds its own shard under its own namespace and looks it up itself.
             locations = [locate(self.index, self.namespace, key) for key in keys]
@@ -284,11 +295,6 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending_hits.pop(request.request_id, None)
         return False, None
 
-    def request_finished_all_groups(
-        self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
-
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         from belugactl.dataplane.kvcopy import KVBlockLayout
@@ -344,6 +350,8 @@ class BelugaConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.saves or self._engine is None:
             return
+        if self.mla and self.tp_rank != 0:
+            return  # rank 0 stores the one copy every rank loads
         if hasattr(self._engine, "synchronize"):
             self._engine.synchronize()  # the GPU must have finished writing this step's KV
         for transfer in meta.saves:
