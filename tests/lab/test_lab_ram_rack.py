@@ -45,7 +45,8 @@ def _belugactl(ch: GuestChannel, *args: str, timeout: float = 300) -> tuple[int,
     try:
         doc = json.loads(out)
     except ValueError:
-        pytest.fail(f"{ch.name}: belugactl {args[0]} printed no JSON (exit {r.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+        pytest.fail(f"{ch.name}: belugactl {args[0]} printed no JSON (exit {r.returncode}):\n"
+                    f"{out[-2000:]}\n{err[-3000:]}")
     return r.returncode, doc, err
 
 
