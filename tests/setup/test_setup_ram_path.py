@@ -2,7 +2,10 @@
 
 ram-fresh (tests/fixtures, recorded on lab-3 after destroying its region and restoring the kernel's
 default policy): memdevs up, no region, auto_online_blocks = online, and memdev names against serial
-order (mem0 is serial 0x11). ram-autoonline (tests/lab/fixtures): the trap sprung, dax0.0 System RAM.
+order (mem0 is serial 0x11). ram-driverless (tests/fixtures, a fresh guest right after
+`cxl create-region -t ram` by serial, kmem not loaded): daxctl lists dax0.0 as mode devdax, state
+disabled, and /dev/dax0.0 exists but cannot be opened (ENXIO). ram-autoonline (tests/lab/fixtures):
+the trap sprung, dax0.0 System RAM.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from belugactl.host.host import Host
+from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.model.setup_plan import RunCommand, WriteAttr, WriteFile
 from belugactl.workflows.setup.applier import run_setup
@@ -19,12 +23,14 @@ from belugactl.workflows.setup.topics import autoonline
 
 REPO = Path(__file__).resolve().parents[2]
 FRESH = REPO / "tests" / "fixtures" / "ram-fresh"
+DRIVERLESS = REPO / "tests" / "fixtures" / "ram-driverless"
 TRAPPED = REPO / "tests" / "lab" / "fixtures" / "ram-autoonline"
 MANIFEST = REPO / "examples" / "lab-ram-rack.yaml"
 
 
 def _plan(root: Path, manifest: Path = MANIFEST, host: str = "lab-3"):
-    target = target_from_manifest(load_manifest(str(manifest)), host)
+    loaded = load_manifest(str(manifest))
+    target = target_from_manifest(loaded, host, layout=resolve_layout(loaded))
     return run_setup(Host.from_tree(root), target, dry_run=True).initial
 
 
@@ -95,3 +101,14 @@ def test_the_policy_topic_leaves_pmem_pools_alone():
     assert target.pool.region_type == "pmem"
     planned = autoonline.plan(target, None)  # type: ignore[arg-type]
     assert not planned.steps and not planned.skipped
+
+
+def test_a_driverless_ram_region_dax_device_is_bound_before_the_header_is_touched():
+    plan = _plan(DRIVERLESS, host="lab-1")
+    ids = [s.id for s in plan.steps]
+    assert "region.create" not in ids  # the region on 0x10, 0x11 is there
+    (bind,) = [s for s in plan.steps if s.id == "devdax.reconfigure"]
+    assert _argv(bind) == ["daxctl reconfigure-device --mode=devdax dax0.0"]  # no --force: nothing online
+    assert not bind.destroys_data
+    (header,) = [s for s in plan.steps if s.topic == "header"]
+    assert header.deferred and ids.index("devdax.reconfigure") < ids.index(header.id)
