@@ -66,7 +66,8 @@ def test_export_systemd(tmp_path, capsys):
     assert "Type=oneshot" in text and "RemainAfterExit=yes" in text and "WantedBy=multi-user.target" in text
     exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert exec_line == (
-        f"ExecStart=/usr/bin/belugactl setup -f {LAB} --host lab-2 --only permissions,hugepages,thp,ddio,mtrr --yes"
+        f"ExecStart=/usr/bin/belugactl setup -f {LAB} --host lab-2 "
+        "--only autoonline,permissions,hugepages,thp,ddio,mtrr --yes"
     )
 
 

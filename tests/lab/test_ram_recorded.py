@@ -45,5 +45,6 @@ def test_doctor_names_the_auto_online_trap_and_how_to_recover():
     text = json.dumps(checks["dax.mode-devdax"])
     assert "system-ram" in text and "daxctl reconfigure-device --mode=devdax" in text
     assert "memhp_default_state=offline" in text
+    assert "ZONE_NORMAL (not movable)" in text and "auto_online_blocks" in checks["dax.mode-devdax"]["fix"]
     assert "memhp_default_state=offline" in json.dumps(checks["memory.auto-online"])
     assert checks["tools.ndctl-version"]["status"] == "ok"  # cxl 81 from the guest's tools

@@ -20,12 +20,14 @@ SETUP = Path(topics.__file__).resolve().parents[1]
 
 
 def test_topic_ids_in_planning_order_and_the_boot_units_share():
-    assert topics.topic_ids() == ("region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr")
-    assert topics.boot_topic_ids() == ("permissions", "hugepages", "thp", "ddio", "mtrr")
+    assert topics.topic_ids() == (
+        "autoonline", "region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr"
+    )
+    assert topics.boot_topic_ids() == ("autoonline", "permissions", "hugepages", "thp", "ddio", "mtrr")
     assert topics.persistent_topic_ids() == ("region", "devdax", "header")
     from belugactl.workflows.setup.systemd import unit_text
 
-    assert "--only permissions,hugepages,thp,ddio,mtrr " in unit_text("/m.yaml", "h1", ["belugactl"])
+    assert "--only autoonline,permissions,hugepages,thp,ddio,mtrr " in unit_text("/m.yaml", "h1", ["belugactl"])
 
 
 def test_each_topic_module_is_named_after_its_topic_and_plans_steps_of_it(lab1):
@@ -101,7 +103,7 @@ def extra_topic(tmp_path):
 def test_a_new_module_is_a_new_topic_planned_applied_and_recorded(extra_topic, lab1):
     import json
 
-    assert topics.topic_ids()[4] == "zdemo"  # order 45: after the header, before hugepages
+    assert topics.topic_ids()[5] == "zdemo"  # order 45: after the header, before hugepages
     lab1.write("proc/sys/vm/demo_knob", "0\n")
     report = run_setup(lab1.host, lab_target(), only=["zdemo"])
     assert [(o.step.id, o.detail) for o in report.applied] == [("zdemo.knob", "knob reads 7; poked")]

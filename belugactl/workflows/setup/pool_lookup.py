@@ -25,12 +25,18 @@ def pool_memdevs(target: SetupTarget, facts: SetupFacts) -> list[str]:
     serials = target.pool.memdev_serials
     if serials is None:
         wanted_ram = target.pool.region_type == "ram"
-        names = [
-            m.name
+        chosen = [
+            m
             for m in cxl.memdevs
             if m.state != "disabled" and ((m.ram_size or 0) if wanted_ram else (m.pmem_size or 0)) > 0
         ]
-        return sorted(names, key=natural_key)
+        # Interleave position follows this order, so it must be the same on every host: by serial
+        # (the device's own identity). Names follow probe order, which changes between boots (seen
+        # in the ram lab: mem0 was serial 0x10 on one guest and 0x11 on another). By name only when
+        # a tool version reports no serials.
+        if chosen and all(m.serial is not None for m in chosen):
+            return [m.name for m in sorted(chosen, key=lambda m: int(m.serial or 0))]
+        return sorted((m.name for m in chosen), key=natural_key)
     by_serial = {str(m.serial): m.name for m in cxl.memdevs if m.serial is not None}
     by_serial.update({hex(m.serial): m.name for m in cxl.memdevs if m.serial is not None})
     missing = [s for s in serials if s not in by_serial]
@@ -87,6 +93,22 @@ def pool_dax_device(target: SetupTarget, facts: SetupFacts) -> str | None:
     number = region.name.removeprefix("region")
     found = [d for d in facts.snapshot.dax if d.name.startswith(f"dax{number}.")]
     return found[0].name if found else None
+
+
+def dax_usable(dax: DaxDevice) -> bool:
+    """A devdax device with a driver: its /dev node can be mapped.
+
+    A new ram region's dax device is driverless until `daxctl reconfigure-device --mode=devdax` binds
+    device_dax (daxctl 81 lists it as mode devdax, state disabled); its /dev node may already exist
+    but opening it fails with ENXIO (seen in the ram lab, kernel 6.12).
+    """
+    return dax.mode != "system-ram" and dax.state != "disabled"
+
+
+def pool_dax_usable(target: SetupTarget, facts: SetupFacts) -> str | None:
+    """The pool's dax device name once it can be mapped (bound to device_dax)."""
+    dax = pool_dax(target, facts)
+    return dax.name if dax is not None and dax_usable(dax) else None
 
 
 def pool_dax(target: SetupTarget, facts: SetupFacts) -> DaxDevice | None:

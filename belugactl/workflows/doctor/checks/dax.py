@@ -83,15 +83,20 @@ def mode_devdax(ctx: DoctorContext) -> CheckResult:
         described = ", ".join(
             f"{d.name} (node {d.target_node if d.target_node is not None else '?'}"
             + (f", {d.online_memblocks}/{d.total_memblocks} blocks online" if d.total_memblocks else "")
+            + _zone(d)
             + ")"
             for d in ram
         )
+        pinned = any(d.movable is False for d in ram)
         cmds = "; ".join(f"daxctl reconfigure-device --mode=devdax --force {d.name}" for d in ram)
         return CheckResult.fail(
             f"{described} onlined as system-ram: the kernel has claimed the pool as ordinary memory "
             "(onlining zeroes it) and will hand it to any process, overwriting what other hosts store there",
-            f"stop what runs on that node, then {cmds} (offlines the memory; if that fails it is in use: reboot "
-            "with memhp_default_state=offline); then set memory auto-online to offline (see memory.auto-online) "
+            f"stop what runs on that node, then {cmds} (offlines the memory"
+            + ("; ZONE_NORMAL memory holds kernel allocations, so offlining can fail: then reboot with "
+               "memhp_default_state=offline and kmem blacklisted (`belugactl setup` plans both)"
+               if pinned else "; if that fails it is in use: reboot with memhp_default_state=offline")
+            + "); then echo offline > /sys/devices/system/memory/auto_online_blocks (see memory.auto-online) "
             "and re-verify the pool header with `belugactl doctor -f MANIFEST`",
             devices=[d.name for d in ram],
         )
@@ -102,6 +107,13 @@ def mode_devdax(ctx: DoctorContext) -> CheckResult:
             "check with `daxctl list`",
         )
     return CheckResult.ok("devdax: " + ", ".join(d.name for d in devices))
+
+
+def _zone(d: DaxDevice) -> str:
+    """Where onlined memory went: ZONE_NORMAL takes kernel allocations, ZONE_MOVABLE only movable pages."""
+    if d.movable is None:
+        return ""
+    return ", ZONE_MOVABLE (movable)" if d.movable else ", ZONE_NORMAL (not movable)"
 
 
 @REGISTRY.check("dax.map-mem", "the pool's devdax namespace keeps page metadata in RAM (map=mem)")

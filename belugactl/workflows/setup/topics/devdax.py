@@ -215,7 +215,19 @@ def _plan_reconfigure(target: SetupTarget, facts: SetupFacts) -> list[Step]:
             )
         ]
     if dax.mode != "system-ram":
-        return []
+        if dax.state != "disabled":
+            return []
+        # A new ram region's dax device with kmem not loaded: no driver, no usable /dev node.
+        return [
+            Step(
+                id="devdax.reconfigure",
+                topic=ID,
+                summary=f"bind {dax.name} to device_dax (the region's dax device has no driver yet)",
+                actions=(RunCommand(("daxctl", "reconfigure-device", "--mode=devdax", dax.name)),),
+                before="no driver (daxctl: state disabled)",
+                after="devdax",
+            )
+        ]
     online = dax.online_memblocks or 0
     argv = ["daxctl", "reconfigure-device", "--mode=devdax"] + (["--force"] if online else []) + [dax.name]
     return [

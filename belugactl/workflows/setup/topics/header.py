@@ -22,7 +22,7 @@ from belugactl.pool.device import device_path
 from belugactl.pool.mapping import PoolMapping
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.force import ForceRequired
-from belugactl.workflows.setup.pool_lookup import pool_dax_device
+from belugactl.workflows.setup.pool_lookup import pool_dax_usable
 from belugactl.workflows.setup.target import HeaderSpec, SetupTarget
 from belugactl.workflows.setup.topic import ApplyContext, Planned, SetupTopic
 
@@ -84,7 +84,7 @@ def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
     spec: HeaderSpec | None = target.header
     if spec is None:
         return Planned(skipped=[Skip(ID, "no layout given: the header is neither written nor verified")])
-    name = pool_dax_device(target, facts)
+    name = pool_dax_usable(target, facts)
     if name is None:
         return Planned(steps=[
             Step(
@@ -219,7 +219,7 @@ def teardown(target: SetupTarget, facts: SetupFacts) -> Planned:
 def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
     if target.header is None:
         return
-    device = pool_dax_device(target, facts)
+    device = pool_dax_usable(target, facts)
     if device is not None:
         facts.header_bytes, facts.header_error = read_header_bytes(host, device_path(device), target.header.map_size)
 
@@ -230,6 +230,8 @@ def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None,
             return window.read(0, size), None
     except BelugaError as exc:
         return None, exc.what
+    except OSError as exc:  # e.g. ENXIO from a dax node with no driver bound
+        return None, f"{device}: {exc.strerror or exc}"
 
 
 # --- applying --------------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""belugactl's own setup and doctor on the ram path: 3 guests, a CXL switch, 2 volatile devices each.
+
+Every guest runs `belugactl setup -f examples/lab-ram-rack.yaml` (auto-online policy first, then a
+2-way ram region with targets by serial, devdax, the pool header), then again (no changes), then
+`belugactl doctor` (green, same pool uuid and layout hash everywhere). Then lab-1 writes into every
+host's partition and into the shared KV area, lab-2 and lab-3 read each back, and each write is found
+in the backing file the region's geometry names. Phase times are printed (run with -s). The cross-host
+probe matrix (`rack doctor --transport lab`) is left to the docs: on 2 cores it alone takes 4.5 min.
+Without the Debian packages (no network) the test fails in CI (CI=true) and is skipped elsewhere.
+"""
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from belugactl.lab import prereqs, ramregion
+from belugactl.lab.channel import GuestChannel
+from belugactl.lab.paths import STATE_ENV
+from belugactl.model.layout import resolve_layout
+from belugactl.model.manifest import load_manifest
+from tests.support.lab import REPO, our_qemus, run_cli, unavailable
+
+pytestmark = [pytest.mark.lab, pytest.mark.lab_ram, pytest.mark.timeout(600)]
+
+LAB = "pytest-ram-rack"
+MANIFEST = REPO / "examples" / "lab-ram-rack.yaml"
+HOSTS = ("lab-1", "lab-2", "lab-3")
+DAXPOKE = str(REPO / "belugactl" / "lab" / "daxpoke.py")
+GRANULARITY, WAYS = 4096, 2
+CHUNK_BYTES = 16
+
+
+def _belugactl(ch: GuestChannel, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
+    # This checkout's code, whatever `belugactl` on the guest's PATH points at.
+    argv = [sys.executable, "-m", "belugactl", *args, "-f", str(MANIFEST), "--host", ch.name, "--json"]
+    r = ch.run(argv, timeout=timeout, cwd=str(REPO), env={"PYTHONPATH": str(REPO)})
+    out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        pytest.fail(f"{ch.name}: belugactl {args[0]} printed no JSON (exit {r.returncode}):\n"
+                    f"{out[-2000:]}\n{err[-3000:]}")
+    return r.returncode, doc, err
+
+
+def _poke(ch: GuestChannel, *args: str) -> str:
+    r = ch.run(["python3", "-I", "-S", DAXPOKE, *args], timeout=60)
+    assert r.returncode == 0, f"{ch.name}: daxpoke {args} failed: {r.stderr.decode(errors='replace')}"
+    return r.stdout.decode().strip()
+
+
+def _on_all(chans: list[GuestChannel], fn, *args):  # noqa: ANN001, ANN202 - a test helper
+    with ThreadPoolExecutor(len(chans)) as pool:
+        return dict(zip((c.name for c in chans), pool.map(lambda c: fn(c, *args), chans), strict=True))
+
+
+def _step_ids(doc: dict) -> list[str]:
+    return [s["step"]["id"] for s in doc.get("applied", [])]
+
+
+def test_three_hosts_setup_doctor_and_share_a_ram_region_behind_a_switch(tmp_path):
+    if prereqs.find_program("busybox") is None:
+        unavailable("busybox not found (Debian package busybox-static)")
+    phases: dict[str, float] = {}
+    state = tmp_path / "labstate"
+    env = dict(os.environ, **{STATE_ENV: str(state)})
+    t0 = time.monotonic()
+    prep = run_cli(env, "lab", "prepare", "--profile", "ram", "--json", timeout=900)
+    if prep.returncode != 0:
+        unavailable(f"`belugactl lab prepare --profile ram` failed: {prep.stderr.strip()[-500:]}")
+    phases["prepare"] = time.monotonic() - t0
+    try:
+        t0 = time.monotonic()
+        up = run_cli(env, "lab", "up", "--name", LAB, "--profile", "ram", "--switch", "--devices", "2",
+                     "--hosts", "3", "--pool-size", "512MiB", "--boot-timeout", "240", "--json", timeout=300)
+        assert up.returncode == 0, f"lab up failed:\n{up.stderr}"
+        phases["up (3 guests)"] = time.monotonic() - t0
+        doc = json.loads(up.stdout)["lab"]
+        files = [Path(p) for p in doc["backing"]]
+        chans = [GuestChannel(Path(g["spool"]), name=g["name"]) for g in doc["guests"]]
+        assert [c.name for c in chans] == list(HOSTS)
+
+        t0 = time.monotonic()
+        setups = _on_all(chans, _belugactl, "setup")
+        phases["setup (3 in parallel)"] = time.monotonic() - t0
+        for host, (rc, report, err) in setups.items():
+            assert rc == 0, f"{host}: setup failed:\n{json.dumps(report)[-3000:]}\n{err[-2000:]}"
+            ids = _step_ids(report)
+            print(f"{host}: setup applied {ids}")
+            # The policy before the region: a fresh 6.12 guest has auto_online_blocks = online.
+            assert ids.index("autoonline.policy") < ids.index("region.create"), ids
+        regions = _on_all(chans, lambda c: json.loads(c.run(["cxl", "list", "-R"], timeout=60).stdout or b"[]"))
+        for host, listed in regions.items():
+            (region,) = listed
+            print(f"{host}: {region['region']} {region['type']} {region['size'] >> 20} MiB, "
+                  f"{region['interleave_ways']}-way, granularity {region['interleave_granularity']}")
+            assert (region["type"], region["interleave_ways"], region["interleave_granularity"]) == (
+                "ram", WAYS, GRANULARITY)
+
+        t0 = time.monotonic()
+        reruns = _on_all(chans, _belugactl, "setup")
+        phases["setup rerun (3 in parallel)"] = time.monotonic() - t0
+        for host, (rc, report, err) in reruns.items():
+            assert rc == 0 and _step_ids(report) == [], f"{host}: a rerun changed something: {report}\n{err[-2000:]}"
+
+        t0 = time.monotonic()
+        doctors = _on_all(chans, _belugactl, "doctor")
+        phases["doctor (3 in parallel)"] = time.monotonic() - t0
+        headers = {}
+        for host, (rc, report, _err) in doctors.items():
+            failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
+            assert rc == 0 and not failed, f"{host}: doctor failed {failed}"
+            (header,) = [c for c in report["checks"] if c["id"] == "pool.header"]
+            assert header["status"] == "ok"
+            headers[host] = (header["details"]["header"]["pool_uuid"], header["details"]["header"]["layout_hash"])
+            print(f"{host}: doctor green, pool {headers[host][0]}, layout {headers[host][1][:12]}")
+        assert len(set(headers.values())) == 1, headers
+
+        # lab-1 writes into each host's partition and the shared KV area; lab-2 and lab-3 read.
+        t0 = time.monotonic()
+        layout = resolve_layout(load_manifest(str(MANIFEST)))
+        offsets = {f"partition {h}": layout.partition_for(h).offset + 64 for h in HOSTS}
+        offsets["shared-kv"] = layout.shared_kv.offset + GRANULARITY + 64  # the second device's chunk
+        written = {name: (off, secrets.token_bytes(CHUNK_BYTES)) for name, off in offsets.items()}
+        writer, *readers = chans
+        for _name, (off, data) in written.items():
+            _poke(writer, "write", "/dev/dax0.0", hex(off), data.hex())
+        for name, (off, data) in written.items():
+            for reader in readers:
+                got = _poke(reader, "read", "/dev/dax0.0", hex(off), str(CHUNK_BYTES))
+                assert got == data.hex(), f"{reader.name} does not see {writer.name}'s bytes in {name} at {off:#x}"
+            position, file_off = ramregion.backing_position(off, WAYS, GRANULARITY)
+            with open(files[position], "rb") as fh:
+                fh.seek(file_off)
+                assert fh.read(CHUNK_BYTES) == data, f"{name} {off:#x} not at {files[position].name}@{file_off:#x}"
+            print(f"{name}: dax {off:#x} -> {files[position].name}@{file_off:#x}, read on lab-2 and lab-3")
+        phases["1 writer, 2 readers, backing checks"] = time.monotonic() - t0
+    finally:
+        t0 = time.monotonic()
+        run_cli(env, "lab", "down", "--name", LAB, timeout=120)
+        phases["down"] = time.monotonic() - t0
+        for pid in our_qemus(state):  # last resort, still only our own QEMU processes
+            os.kill(pid, signal.SIGKILL)
+        print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
