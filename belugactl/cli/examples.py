@@ -25,6 +25,7 @@ EXAMPLES: dict[str, list[str]] = {
     "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool"],
     "bench rpc": ["belugactl bench rpc --json"],
     "bench mds": ["belugactl bench mds"],
+    "bench checksum": ["belugactl bench checksum", "belugactl bench checksum --quick --json"],
     "bench soak": ["belugactl bench soak --seconds 60 --writers 4 --readers 4 --json"],
     "bench kv": ["belugactl bench kv --blocks 64 --repeat 11"],
     "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --create-pool"],
