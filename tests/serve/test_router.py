@@ -250,7 +250,9 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
     assert answers == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"}  # both serve
 
     slow: list[tuple[int, str]] = []
-    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=6"), timeout=30)))
+    # 20 s: the request must still hold its instance while the quick ones go out, however long a
+    # loaded machine takes to count it and to send them (6 s was too short in a CI run).
+    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=20"), timeout=60)))
     holder.start()
     # Wait until haproxy itself counts the slow request on an instance (a fixed sleep was flaky on a
     # loaded machine: the request had not reached haproxy yet when the quick ones went out).
@@ -264,12 +266,14 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
         time.sleep(0.05)
     else:
         pytest.fail("haproxy never counted the slow request on an instance")
+    started = time.monotonic()
     quick = [_get(front.url("/who")) for _ in range(6)]
-    holder.join(timeout=30)
+    quick_s = time.monotonic() - started
+    holder.join(timeout=60)
     assert slow and slow[0][0] == 200
     busy = slow[0][1]
     assert all(code == 200 for code, _ in quick)
-    assert {who for _, who in quick} == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"} - {busy}
+    assert {who for _, who in quick} == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"} - {busy}, (quick, busy, quick_s)
 
 
 def test_a_killed_instance_is_marked_down_and_requests_still_succeed(front: Front) -> None:
