@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,23 @@ def _wait_status(front: Front, want: dict[str, str], timeout: float = 10.0) -> d
     pytest.fail(f"haproxy's server status stayed {seen}, wanted {want}")
 
 
+def _wait_sessions(front: Front, ok: Callable[[dict[str, int]], bool], timeout: float = 10.0) -> dict[str, int]:
+    """haproxy's own count of requests in progress per instance, once `ok` accepts it."""
+    deadline = time.monotonic() + timeout
+    held: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        body = _get(f"http://127.0.0.1:{front.stats}/metrics")[1]
+        held = {
+            line.split('server="')[1].split('"')[0]: int(float(line.rsplit(" ", 1)[1]))
+            for line in body.splitlines()
+            if line.startswith("haproxy_server_current_sessions{") and 'proxy="vllm"' in line
+        }
+        if ok(held):
+            return held
+        time.sleep(0.05)
+    pytest.fail(f"haproxy's sessions per instance stayed {held}")
+
+
 def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front) -> None:
     _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
     answers = {_get(front.url("/who"))[1] for _ in range(4)}
@@ -254,20 +272,24 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
     # loaded machine takes to count it and to send them (6 s was too short in a CI run).
     holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=20"), timeout=60)))
     holder.start()
-    # Wait until haproxy itself counts the slow request on an instance (a fixed sleep was flaky on a
-    # loaded machine: the request had not reached haproxy yet when the quick ones went out).
-    deadline = time.monotonic() + 8
+    # Wait until an instance is inside the slow request: haproxy has then dispatched it and counts it
+    # on that instance until it answers. (Waiting on haproxy's own session gauge raced: a quick
+    # request's session that had not closed yet counted too, and a fixed sleep was flaky under load.)
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        body = _get(f"http://127.0.0.1:{front.stats}/metrics")[1]
-        held = [line for line in body.splitlines() if line.startswith("haproxy_server_current_sessions{")
-                and 'proxy="vllm"' in line and not line.rstrip().endswith(" 0")]  # fmt: skip
-        if held:
+        inside = [_get(f"http://127.0.0.1:{front.base + i}/inflight")[1] for i in range(2)]
+        if "1" in inside:
             break
         time.sleep(0.05)
     else:
-        pytest.fail("haproxy never counted the slow request on an instance")
+        pytest.fail("no instance ever got the slow request")
     started = time.monotonic()
-    quick = [_get(front.url("/who")) for _ in range(6)]
+    quick = []
+    for _ in range(6):
+        # haproxy counts a finished request until it has closed the stream, which on a loaded machine
+        # can come after the client got its answer: wait for that, or the next request meets a tie.
+        _wait_sessions(front, lambda held: sum(held.values()) == 1)
+        quick.append(_get(front.url("/who")))
     quick_s = time.monotonic() - started
     holder.join(timeout=60)
     assert slow and slow[0][0] == 200

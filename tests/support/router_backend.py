@@ -4,6 +4,7 @@ usage: router_backend.py PORT NAME
   GET  /health        200
   GET  /who           200, body NAME
   GET  /slow?s=SEC    sleeps SEC seconds, then 200, body NAME (a long generation, holding its connection)
+  GET  /inflight      200, body: how many /slow requests this instance is in right now
   GET  /v1/models     the model list vLLM's OpenAI server gives (one model, "demo")
   POST /v1/completions  one token, as vLLM answers a token-id prompt; header X-Backend: NAME
   GET  /metrics       vLLM's prompt-token counter by source (zero)
@@ -23,6 +24,8 @@ import time
 import urllib.parse
 
 SERVER: http.server.ThreadingHTTPServer | None = None
+INFLIGHT = [0]
+INFLIGHT_LOCK = threading.Lock()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -45,8 +48,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._answer(200, self.name.encode())
         elif url.path == "/slow":
             seconds = float(urllib.parse.parse_qs(url.query).get("s", ["1"])[0])
-            time.sleep(min(seconds, 30.0))
+            with INFLIGHT_LOCK:
+                INFLIGHT[0] += 1
+            try:
+                time.sleep(min(seconds, 30.0))
+            finally:
+                with INFLIGHT_LOCK:
+                    INFLIGHT[0] -= 1
             self._answer(200, self.name.encode())
+        elif url.path == "/inflight":
+            self._answer(200, str(INFLIGHT[0]).encode())
         elif url.path == "/die-slowly":
             seconds = float(urllib.parse.parse_qs(url.query).get("s", ["1"])[0])
             self._answer(200, b"dying")
