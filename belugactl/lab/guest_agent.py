@@ -13,6 +13,12 @@ exports read-write over 9p; one request is one folder, so requests never share a
     ready, heartbeat       the agent is up; refreshed every few seconds
 
 A request is {"argv": [...], "timeout": seconds, "cwd": path, "env": {...}}.
+
+With `--warm-python VENV/bin/python` the agent also starts `belugactl.lab.warm_start` under that
+Python: a resident belugactl that has imported the CLI once and forks per command. A request that
+runs this venv's belugactl (`belugactl ...`, `VENV/bin/belugactl ...`, `VENV/bin/python -m belugactl
+...`, optionally behind `env K=V ...`) with no PYTHONPATH or the warm process's own checkout on it is
+handed to it; everything else, and everything while it is not running, is spawned as before.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +43,8 @@ POLL_STEPS_S = ((10.0, 0.05), (60.0, 0.25), (float("inf"), 1.0))  # (idle for le
 CANCEL_CHECK_S = 0.5
 RC_TIMEOUT = 124
 RC_NOT_FOUND = 127
+WARM_SOCKET = "/run/belugactl-warm.sock"  # tmpfs inside the guest: a unix socket cannot live on 9p
+WARM_WAIT_S = 240.0  # a command that arrives while the warm process still imports waits for it
 
 
 def _uptime() -> float:
@@ -59,8 +68,11 @@ def _exit_status(returncode: int) -> int:
 
 
 class Agent:
-    def __init__(self, spool: str, hostname: str) -> None:
+    def __init__(self, spool: str, hostname: str, warm_python: str = "", warm_socket: str = WARM_SOCKET) -> None:
         self.spool = spool
+        self.warm_socket = warm_socket
+        self.warm_python = os.path.abspath(warm_python) if warm_python else ""
+        self.warm_proc: subprocess.Popen | None = None
         self.hostname = hostname
         self.req_dir = os.path.join(spool, "req")
         self.out_dir = os.path.join(spool, "out")
@@ -79,6 +91,126 @@ class Agent:
             "python": sys.version.split()[0],
         }
         _write_atomic(os.path.join(self.spool, "ready"), json.dumps(ready) + "\n")
+        self._start_warm()
+
+    # --- the warm belugactl (belugactl.lab.warm_start) -------------------------------------------
+    def _start_warm(self) -> None:
+        if not self.warm_python or not os.path.exists(self.warm_python):
+            return
+        for stale in (self.warm_socket, self.warm_socket + ".json"):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        try:
+            with open(os.path.join(self.spool, "warm.log"), "ab") as log:
+                self.warm_proc = subprocess.Popen(  # noqa: S603 - fixed argv
+                    [self.warm_python, "-m", "belugactl.lab.warm_start", "--socket", self.warm_socket],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", env=env, start_new_session=True,
+                )
+        except OSError:
+            self.warm_proc = None
+
+    def _warm_args(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+        """The belugactl arguments and environment when the warm process can run this request."""
+        if not self.warm_proc:
+            return None
+        env = dict(env)
+        if argv and argv[0] in ("env", "/usr/bin/env", "/bin/env"):
+            argv = argv[1:]
+            while argv and "=" in argv[0] and not argv[0].startswith(("-", "=")):
+                key, value = argv[0].split("=", 1)
+                env[key] = value
+                argv = argv[1:]
+        if not argv:
+            return None
+        bindir = os.path.dirname(self.warm_python)
+        first = argv[0]
+        if "/" not in first:
+            found = shutil.which(first, path=env.get("PATH", ""))
+            first = found or first
+        if os.path.abspath(first) == os.path.join(bindir, "belugactl"):
+            args = argv[1:]
+        elif os.path.dirname(os.path.abspath(first)) == bindir and argv[1:3] == ["-m", "belugactl"]:
+            args = argv[3:]
+        else:
+            return None
+        root = self._warm_root()
+        path = env.get("PYTHONPATH", "").rstrip("/")
+        if root is None or (path and path != root):
+            return None
+        return args, env
+
+    def _warm_root(self) -> str | None:
+        try:
+            with open(self.warm_socket + ".json") as fh:
+                return str(json.load(fh)["root"]).rstrip("/")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        # Not ready yet: wait while it imports (a cold import under TCG takes tens of seconds).
+        deadline = time.monotonic() + WARM_WAIT_S
+        while self.warm_proc and self.warm_proc.poll() is None and time.monotonic() < deadline:
+            if os.path.exists(self.warm_socket):
+                return self._warm_root()
+            time.sleep(0.1)
+        return None
+
+    def _run_warm(self, args: list[str], env: dict[str, str], cwd: str, work: str, req_id: str,
+                  start: float, timeout: float | None) -> dict | None:
+        """Run through the warm process; None when it cannot take the request (then spawn instead)."""
+        stdin_path = os.path.join(work, "stdin")
+        request = {
+            "argv": args, "env": env, "cwd": cwd,
+            "stdin": stdin_path if os.path.exists(stdin_path) else os.devnull,
+            "stdout": os.path.join(work, "stdout"), "stderr": os.path.join(work, "stderr"),
+        }
+        for name in ("stdout", "stderr"):
+            open(request[name], "wb").close()  # the child opens them without O_CREAT
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.warm_socket)
+            conn.sendall((json.dumps(request) + "\n").encode())
+            conn.settimeout(CANCEL_CHECK_S)
+        except OSError:
+            conn.close()
+            return None  # not running: spawn instead (nothing has run yet)
+        # From here on the command may have started: never fall back to running it a second time.
+        pid: int | None = None
+        killed: dict = {}
+        buf = b""
+        try:
+            while True:
+                try:
+                    chunk = conn.recv(4096)
+                except TimeoutError:
+                    chunk = None
+                if chunk == b"":
+                    if pid is None:
+                        return None
+                    return {"rc": 1, "error": "the warm belugactl process went away", "warm": True, **killed}
+                if chunk:
+                    buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    msg = json.loads(line)
+                    if "rc" in msg:
+                        return {"rc": int(msg["rc"]), "warm": True, **killed}
+                    if "pid" not in msg:
+                        return None if pid is None else {"rc": 1, "error": str(msg), "warm": True}
+                    pid = int(msg["pid"])
+                timed_out = timeout is not None and time.monotonic() - start > timeout
+                cancelled = os.path.exists(os.path.join(self.cancel_dir, req_id))
+                if pid is not None and (timed_out or cancelled) and not killed:
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+                    killed = {"timed_out": timed_out, "cancelled": cancelled}
+                    if timed_out:
+                        killed["rc_override"] = RC_TIMEOUT
+        except (OSError, ValueError) as exc:
+            if pid is None:
+                return None
+            return {"rc": 1, "error": f"lost the warm belugactl process: {exc}", "warm": True, **killed}
+        finally:
+            conn.close()
 
     def serve_forever(self) -> None:
         next_beat = 0.0
@@ -126,6 +258,18 @@ class Agent:
             cwd = "/"
         stdin_path = os.path.join(work, "stdin")
         result: dict = {"rc": None, "timed_out": False, "cancelled": False}
+        warm = self._warm_args(argv, env)
+        done = self._run_warm(warm[0], warm[1], cwd, work, req_id, start, timeout) if warm else None
+        if done is not None:
+            if done.pop("rc_override", None) is not None:
+                done["rc"] = RC_TIMEOUT
+            elif done.get("cancelled"):
+                done["rc"] = 130
+            result.update(done)
+            result["duration_s"] = round(time.monotonic() - start, 4)
+            self._finish(work, result)
+            self.last_work = time.monotonic()
+            return
         try:
             with (
                 open(stdin_path if os.path.exists(stdin_path) else os.devnull, "rb") as fin,
@@ -175,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spool", required=True)
     parser.add_argument("--hostname", default="")
+    parser.add_argument("--warm-python", default="", help="start belugactl.lab.warm_start under this Python")
+    parser.add_argument("--warm-socket", default=WARM_SOCKET)
     args = parser.parse_args(argv)
-    agent = Agent(args.spool, args.hostname)
+    agent = Agent(args.spool, args.hostname, args.warm_python, args.warm_socket)
     agent.start()
     agent.serve_forever()
     return 0

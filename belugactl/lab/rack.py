@@ -49,6 +49,7 @@ RAM_GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "dax_cxl", "d
 PROFILES = qemu.PROFILES
 DEFAULT_PROFILE = "pmem"  # ram becomes the default once the whole ram path (setup, doctor, demo) runs
 HEARTBEAT_STALE_S = 30.0
+WARM_ENV = "BELUGACTL_LAB_WARM"
 
 Progress = Callable[[str], None]
 
@@ -300,6 +301,9 @@ def _guest_env(
         "LAB_VENV": str(venv),
         "LAB_PATH": _guest_path(venv, profile),
         "LAB_SSH": "1" if ssh else "",
+        # A resident belugactl in the guest that forks per command (belugactl.lab.warm_start):
+        # BELUGACTL_LAB_WARM=0 turns it off, to measure or to debug the plain path.
+        "LAB_WARM_PYTHON": str(venv / "bin" / "python") if os.environ.get(WARM_ENV, "1") != "0" else "",
     }
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
