@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -75,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.exit(code)
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, *, command: Callable[..., Any] | None = None) -> int:
+    """Run one command line. `command`: a click command built earlier from `build_app()` (the lab's
+    resident belugactl builds it once and reuses it in every forked child)."""
     from belugactl.errors import BelugaError, ExitCode
 
-    app = build_app()
+    cli = command if command is not None else build_app()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=args, prog_name="belugactl", standalone_mode=False)
+        result = cli(args=args, prog_name="belugactl", standalone_mode=False)
     except BelugaError as exc:
         from belugactl.cli.render import print_error
 

@@ -27,6 +27,8 @@ import selectors
 import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 # What `belugactl doctor`, `setup`, `plan`, `discover` and the rack probe import; anything missing
 # is simply imported later by the child that needs it.
@@ -36,7 +38,8 @@ PRELOAD = (
     "belugactl.cli.load_rack",
     "belugactl.model.manifest",
     "belugactl.model.layout",
-    "belugactl.host.discover",
+    "belugactl.workflows.discover",
+    "belugactl.host.host",
     "belugactl.workflows.doctor",
     "belugactl.workflows.doctor.checks",
     "belugactl.workflows.setup.planner",
@@ -69,7 +72,43 @@ def _exit_status(status: int) -> int:
     return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
 
 
-def _child(request: dict) -> None:
+def warm_up(repo_root: str) -> Callable[..., Any] | None:
+    """Build the CLI once and run two harmless commands, so that what typer, click and pydantic import
+    lazily on a command's first parse is imported here, before any fork. Returns the click command."""
+    import gc
+
+    try:
+        import typer.main
+
+        from belugactl.cli.app import build_app, run
+
+        command = typer.main.get_command(build_app())
+        example = os.path.join(repo_root, "examples", "lab.yaml")
+        saved = os.dup(1), os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            for argv in (["manifest", "check", "-f", example, "--json"], ["doctor", "--help"]):
+                with contextlib.suppress(BaseException):
+                    run(argv, command=command)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, null):
+                os.close(fd)
+    except Exception:  # noqa: BLE001 - without it each child builds the CLI itself
+        command = None
+    # Children touch (and so copy) fewer pages when the collector never walks the inherited heap.
+    gc.collect()
+    gc.freeze()
+    return command
+
+
+def _child(request: dict, command: Callable[..., Any] | None = None) -> None:
     """In the forked child: become the command, run it, exit. Never returns."""
     code = 1
     try:
@@ -86,7 +125,7 @@ def _child(request: dict) -> None:
         sys.argv = ["belugactl", *argv]
         from belugactl.cli.app import run
 
-        code = run(argv)
+        code = run(argv, command=command)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - as an uncaught exception in the script would: traceback, exit 1
@@ -102,8 +141,9 @@ def _child(request: dict) -> None:
 
 
 class WarmServer:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, command: Callable[..., Any] | None = None) -> None:
         self.path = path
+        self.command = command
         self.children: dict[int, socket.socket] = {}
         self.listener: socket.socket | None = None
         self.selector = selectors.DefaultSelector()
@@ -149,7 +189,7 @@ class WarmServer:
             for other in [*self.children.values(), conn, *([self.listener] if self.listener else [])]:
                 with contextlib.suppress(OSError):
                     other.close()
-            _child(request)
+            _child(request, self.command)
         # If the agent went away, the child still runs to its end and is reaped.
         with contextlib.suppress(OSError):
             conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
@@ -196,13 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     import belugactl
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(belugactl.__file__)))
+    command = warm_up(root)
     info = {"ready_s": round(time.monotonic() - start, 2), "root": root, "python": sys.executable, "pid": os.getpid(),
-            "preload_failed": failed}
+            "preload_failed": failed,
+            "cli_prebuilt": command is not None}
     # The agent reads this before routing a request here: which checkout this process runs.
     with open(args.socket + ".json.tmp", "w") as fh:
         json.dump(info, fh)
     os.replace(args.socket + ".json.tmp", args.socket + ".json")
-    server = WarmServer(args.socket)
+    server = WarmServer(args.socket, command)
     sock = server.listen()
     print(json.dumps(info), flush=True)
     server.serve_forever(sock)
