@@ -53,6 +53,7 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
 
         layout = RackContext(manifest).layout_or_none()
     namespace = pool.namespace
+    pick = getattr(source, "memdevs", "all") if is_region else "all"
     return Expectations(
         host_name=host.name,
         pool_size=pool.size,
@@ -64,7 +65,9 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
         namespace_uuid=namespace.uuid if namespace is not None else None,
         namespace_name=namespace.name if namespace is not None else None,
         interleave_ways=pool.interleave.ways if pool.interleave.mode == "hardware" else None,
-        memdev_serials=_serials(getattr(source, "memdevs", "all")) if is_region else (),
+        memdev_serials=_serials(pick),
+        memdev_switch=getattr(pick, "switch", None),
+        memdev_count=getattr(pick, "count", None),
         hosts_sharing=len(manifest.hosts),
         hugepages=hugepages,
         thp=tuning.thp,
