@@ -135,12 +135,12 @@ def _pool_rules(m: Manifest) -> list[RuleProblem]:
         count = pool.source.memdevs.count if isinstance(pool.source.memdevs, MemdevPick) else None
         if il.mode == "hardware" and count is not None and count != il.ways:
             ways_written = "interleave" in pool.model_fields_set and "ways" in il.model_fields_set
+            ways = f"{il.ways} interleave way{'s' if il.ways != 1 else ''}{'' if ways_written else ' (the default)'}"
             out.append(
                 RuleProblem(
                     # the default of 1 way is nowhere in the file: point at the count instead
                     ("pool", "interleave", "ways") if ways_written else ("pool", "source", "memdevs", "count"),
-                    f"{il.ways} interleave way(s){'' if ways_written else ' (the default)'} but memdevs.count is "
-                    f"{count}; a region interleaves across exactly its memdevs",
+                    f"{ways} but memdevs.count is {count}; a region interleaves across exactly its memdevs",
                     f"set pool.interleave.ways: {count}, or memdevs.count: {il.ways}",
                 )
             )

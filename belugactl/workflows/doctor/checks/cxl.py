@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from belugactl.units import format_size
-from belugactl.workflows.memdev_choice import MemdevSelectionError, MemdevWant, choose_memdevs, describe_memdev
 from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
+from belugactl.workflows.memdev_choice import MemdevSelectionError, MemdevWant, choose_memdevs, describe_memdev
 
 FIRMWARE_POOL = "the manifest's pool is an existing dax device (firmware-provisioned)"
 
