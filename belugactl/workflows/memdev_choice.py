@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from belugactl.errors import InputError
-from belugactl.host.snapshot import CxlMemdev
+from belugactl.host.snapshot import CxlMemdev, CxlState
 from belugactl.units import format_size
 
 FIELD = "pool.source.memdevs"
@@ -68,10 +68,14 @@ class MemdevSelectionError(InputError):
     """The manifest's memdev selection cannot be met by this host's memdevs (exit 2)."""
 
 
-def choose_memdevs(memdevs: Sequence[CxlMemdev], want: MemdevWant, region_type: str | None) -> list[CxlMemdev]:
+def choose_memdevs(
+    memdevs: Sequence[CxlMemdev], want: MemdevWant, region_type: str | None, *, placed: bool = True
+) -> list[CxlMemdev]:
     """The memdevs the region is built from, in interleave-position order.
 
-    `region_type` ("pmem", "ram", or None for any) decides which memdevs have capacity. Returns an
+    `region_type` ("pmem", "ram", or None for any) decides which memdevs have capacity. `placed`:
+    the facts include each memdev's PCI path (sysfs was read; see `placed_facts`), so a memdev with
+    no switch is known to have none. Returns an
     empty list for `all` when nothing qualifies (setup says so in its own words); every other form
     that cannot be met raises MemdevSelectionError with what was asked, what was found, and the fix.
     """
@@ -79,7 +83,7 @@ def choose_memdevs(memdevs: Sequence[CxlMemdev], want: MemdevWant, region_type: 
         return _by_serials(memdevs, want.serials)
     usable = [m for m in memdevs if m.state != "disabled" and _capacity(m, region_type) > 0]
     if want.switch is not None:
-        usable = _behind_switch(memdevs, usable, want.switch, region_type)
+        usable = _behind_switch(memdevs, usable, want.switch, region_type, placed)
     chosen = _serial_order(usable)
     if want.count is None:
         return chosen
@@ -115,11 +119,16 @@ def _by_serials(memdevs: Sequence[CxlMemdev], serials: tuple[str, ...]) -> list[
     return [by_serial[s] for s in serials]
 
 
+def placed_facts(cxl: CxlState) -> bool:
+    """Whether discovery read /sys/bus/cxl, where a memdev's PCI path (and so its switch) comes from."""
+    return cxl.source is None or "sysfs" in cxl.source
+
+
 def _behind_switch(
-    memdevs: Sequence[CxlMemdev], usable: list[CxlMemdev], switch: str, region_type: str | None
+    memdevs: Sequence[CxlMemdev], usable: list[CxlMemdev], switch: str, region_type: str | None, placed: bool
 ) -> list[CxlMemdev]:
-    if any(m.switch is None and m.root_port is None for m in memdevs):
-        # Facts from `cxl list` alone: no PCI path, so no switch (discovery reads sysfs for it).
+    if not placed:
+        # Facts from `cxl list` alone: its JSON has no PCI path, so no switch.
         raise MemdevSelectionError(
             f"{FIELD}.switch is {switch}, but this host's facts do not say which switch a memdev is behind",
             why=_found(memdevs, region_type) + "; discovery read no PCI path for them (is /sys/bus/cxl readable?)",
@@ -214,7 +223,7 @@ def describe_memdev(m: CxlMemdev, region_type: str | None = None) -> str:
     elif m.root_port:
         place = f"on root port {m.root_port}, no switch"
     else:
-        place = "switch unknown"
+        place = "no switch found"  # on the root complex, or facts without a PCI path
     if region_type in ("ram", "pmem"):
         size = f"{format_size(_capacity(m, region_type))} {region_type}"
     else:

@@ -13,12 +13,12 @@ import pytest
 from belugactl.cli.app import run
 from belugactl.errors import ExitCode
 from belugactl.host.host import Host
-from belugactl.host.snapshot import CxlMemdev
+from belugactl.host.snapshot import CxlMemdev, CxlState
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.model.setup_plan import RunCommand
 from belugactl.units import GiB
-from belugactl.workflows.memdev_choice import MemdevSelectionError, MemdevWant, choose_memdevs
+from belugactl.workflows.memdev_choice import MemdevSelectionError, MemdevWant, choose_memdevs, placed_facts
 from belugactl.workflows.setup.applier import run_setup
 from belugactl.workflows.setup.target import target_from_manifest
 
@@ -127,8 +127,18 @@ def test_count_more_than_present():
 def test_a_switch_cannot_be_chosen_from_cxl_list_facts_alone():
     listed_only = [mem("mem0", 1, None, root_port=None)]  # no sysfs: neither root port nor switch known
     with pytest.raises(MemdevSelectionError, match="do not say which switch"):
-        choose_memdevs(listed_only, MemdevWant(switch="any"), "ram")
-    assert names(choose_memdevs(listed_only, MemdevWant(count=1), "ram")) == ["mem0"]  # count needs no switch
+        choose_memdevs(listed_only, MemdevWant(switch="any"), "ram", placed=False)
+    # count needs no switch
+    assert names(choose_memdevs(listed_only, MemdevWant(count=1), "ram", placed=False)) == ["mem0"]
+    assert placed_facts(CxlState(source="cxl list")) is False
+    assert placed_facts(CxlState(source="cxl list+sysfs")) and placed_facts(CxlState(source="sysfs"))
+
+
+def test_a_memdev_on_the_root_complex_has_no_switch():
+    # A CXL 1.1 device (RCiEP) has no root port above it: with sysfs read, that means no switch either.
+    rcd = [mem("mem0", 1, None, root_port=None)]
+    with pytest.raises(MemdevSelectionError, match="no memdev on this host sits behind a CXL switch"):
+        choose_memdevs(rcd, MemdevWant(switch="any"), "ram")
 
 
 def test_count_below_present_needs_serials():

@@ -7,7 +7,7 @@ does `belugactl rack`'s probe; they only read facts, never plan.
 from __future__ import annotations
 
 from belugactl.host.snapshot import CxlRegion, DaxDevice, NdNamespace
-from belugactl.workflows.memdev_choice import MemdevWant, choose_memdevs
+from belugactl.workflows.memdev_choice import MemdevWant, choose_memdevs, placed_facts
 from belugactl.workflows.memdev_choice import natural_key as natural_key  # re-exported: region.py sorts names
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
@@ -20,7 +20,8 @@ def pool_memdevs(target: SetupTarget, facts: SetupFacts) -> list[str]:
     """
     pool = target.pool
     want = MemdevWant(serials=pool.memdev_serials, switch=pool.memdev_switch, count=pool.memdev_count)
-    return [m.name for m in choose_memdevs(facts.snapshot.cxl.memdevs, want, pool.region_type)]
+    cxl = facts.snapshot.cxl
+    return [m.name for m in choose_memdevs(cxl.memdevs, want, pool.region_type, placed=placed_facts(cxl))]
 
 
 def find_pool_region(target: SetupTarget, facts: SetupFacts) -> CxlRegion | None:

@@ -7,7 +7,13 @@ from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
-from belugactl.workflows.memdev_choice import MemdevSelectionError, MemdevWant, choose_memdevs, describe_memdev
+from belugactl.workflows.memdev_choice import (
+    MemdevSelectionError,
+    MemdevWant,
+    choose_memdevs,
+    describe_memdev,
+    placed_facts,
+)
 
 FIRMWARE_POOL = "the manifest's pool is an existing dax device (firmware-provisioned)"
 
@@ -44,7 +50,8 @@ def memdevs_present(ctx: DoctorContext) -> CheckResult:
         # The same choice setup makes, so doctor fails where setup would refuse, with the same facts.
         want = MemdevWant(switch=ctx.expect.memdev_switch, count=ctx.expect.memdev_count)
         try:
-            chosen = choose_memdevs(memdevs, want, ctx.expect.region_type)
+            placed = placed_facts(ctx.snapshot.cxl)
+            chosen = choose_memdevs(memdevs, want, ctx.expect.region_type, placed=placed)
         except MemdevSelectionError as exc:
             return CheckResult.fail(f"{exc.what} ({exc.why})", exc.fix or "correct pool.source.memdevs", **details)
         details["chosen"] = [m.name for m in chosen]
