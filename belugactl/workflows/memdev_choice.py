@@ -75,9 +75,9 @@ def choose_memdevs(
 
     `region_type` ("pmem", "ram", or None for any) decides which memdevs have capacity. `placed`:
     the facts include each memdev's PCI path (sysfs was read; see `placed_facts`), so a memdev with
-    no switch is known to have none. Returns an
-    empty list for `all` when nothing qualifies (setup says so in its own words); every other form
-    that cannot be met raises MemdevSelectionError with what was asked, what was found, and the fix.
+    no switch is known to have none. Returns an empty list for `all` when nothing qualifies (setup
+    says so in its own words); every other form that cannot be met raises MemdevSelectionError with
+    what was asked, what was found, and the fix.
     """
     if want.serials is not None:
         return _by_serials(memdevs, want.serials)
@@ -100,8 +100,8 @@ def choose_memdevs(
             f"{FIELD}.count picks {want.count} of {len(chosen)} memdevs by serial, but not every memdev "
             "reports a serial",
             why=_found(memdevs, region_type),
-            fix="upgrade ndctl/cxl (serials are read from `cxl list -M`), or list the memdevs' serials in "
-            f"{FIELD}",
+            fix="upgrade the kernel or ndctl until `cxl list -M` shows each memdev's serial, or drop count "
+            "and take every memdev (switch alone, or all)",
         )
     return chosen[: want.count]
 
