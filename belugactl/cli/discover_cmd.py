@@ -134,7 +134,9 @@ def render_snapshot(snap: Any) -> None:
         for m in cxl.memdevs:
             mem.add(
                 f"{m.name}: pmem {_size(m.pmem_size)}, ram {_size(m.ram_size)}, adapter {m.host_bdf or '?'} "
-                f"under root port {m.root_port or '?'}, numa {_opt(m.numa_node)}, serial {_hex(m.serial)}, {m.state}"
+                f"under root port {m.root_port or '?'}"
+                + (f" behind switch {m.switch}" if m.switch else "")
+                + f", numa {_opt(m.numa_node)}, serial {_hex(m.serial)}, {m.state}"
             )
         dec = tree.add(f"root decoders ({len(cxl.root_decoders)})")
         for d in cxl.root_decoders:

@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
             f"pool {format_size(m.pool.size)} (align {format_size(m.pool.align)}), "
             f"{s['clients']} vLLM instance(s), metadata on {s['metadata_host']}"
         )
+        console.print(f"pool source: {describe_source(m.pool)}", markup=False, highlight=False)
         render_layout_table(console, layout, title=f"pool layout {layout.layout_hash[:12]}")
 
     @manifest.command("schema")
@@ -58,6 +59,20 @@ def register(app: typer.Typer) -> None:
         print_json(document)
 
     app.add_typer(manifest, name="manifest")
+
+
+def describe_source(pool) -> str:  # pool: manifest_schema.Pool (imported lazily)
+    """Where the pool comes from, in one line: the region's type, memdevs and interleave, or the dax device."""
+    from belugactl.units import format_size
+    from belugactl.workflows.memdev_choice import MemdevWant
+
+    src, il = pool.source, pool.interleave
+    granularity = f" x {format_size(il.granularity)}" if il.granularity else ""
+    interleave = f"{il.mode} interleave, {il.ways} way{'s' if il.ways > 1 else ''}{granularity}"
+    if src.kind != "cxl-region":
+        return f"the existing dax device {src.device}" + (f"; {interleave}" if il.ways > 1 else "")
+    memdevs = MemdevWant.from_manifest(src.memdevs).describe()
+    return f"a {src.type} CXL region on memdevs: {memdevs}; {interleave}"
 
 
 def summary(m) -> dict[str, object]:  # m: Manifest (imported lazily)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from belugactl.host.host import Host
-from belugactl.host.read_pci import BDF_RE, pci_chain, root_port_of
+from belugactl.host.read_pci import BDF_RE, pci_chain, root_port_of, switch_upstream_port_of
 from belugactl.host.read_tools import as_bool, as_hex, as_int, as_size, as_str, run_json
 from belugactl.host.snapshot import CxlDecoder, CxlMemdev, CxlRegion, CxlState
 
@@ -301,6 +301,7 @@ def _memdev_from_sysfs(host: Host, name: str, base: str, endpoint: str | None) -
         firmware_version=host.read_str(f"{base}/firmware_version") or None,
         root_port=root_port_of(real),
         endpoint=endpoint,
+        switch=switch_upstream_port_of(real),
     )
 
 

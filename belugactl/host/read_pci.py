@@ -53,6 +53,17 @@ def root_port_of(real_path: str | None) -> str | None:
     return chain[0] if len(chain) > 1 else None
 
 
+def switch_upstream_port_of(real_path: str | None) -> str | None:
+    """The upstream port of the nearest switch above a device; None when it sits on a root port.
+
+    Behind a switch the chain is [root port, (upper switches' ports...,) upstream port, downstream
+    port, device]: the nearest switch's upstream port is two functions above the device. Directly
+    attached, it is [root port, device].
+    """
+    chain = pci_chain(real_path)
+    return chain[-3] if len(chain) >= 4 else None
+
+
 def classify(class_code: int | None, vendor: int | None) -> str | None:
     """"gpu", "cxl", "nvme", "nic", "other" for devices discovery reports; None for the rest."""
     if class_code is None:

@@ -50,6 +50,9 @@ class CxlMemdev:
     root_port: str | None = None  # BDF of the PCIe root port above host_bdf
     port: str | None = None  # CXL port the memdev's endpoint hangs off (e.g. "port1"), when known
     endpoint: str | None = None  # "endpoint5", when known
+    # PCI address of the upstream port of the CXL switch the memdev sits behind ("0000:0d:00.0");
+    # None when it hangs directly off a root port, or when only `cxl list` was read (it cannot tell)
+    switch: str | None = None
 
 
 @dataclass(frozen=True)

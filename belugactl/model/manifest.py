@@ -238,15 +238,21 @@ def _allowed_keys(path: Path_, data: Any) -> list[str]:
     return []
 
 
+def _unannotated(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
 def _pick(annotation: Any, value: Any) -> Any:
     """Unwrap Annotated/Optional; for a union of models choose the one whose `kind` matches."""
     from pydantic import BaseModel
 
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
+    annotation = _unannotated(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        members = [_unannotated(a) for a in typing.get_args(annotation)]  # tagged members are Annotated
+        models = [a for a in members if isinstance(a, type) and issubclass(a, BaseModel)]
         if len(models) == 1:
             return models[0]
         if isinstance(value, dict):
@@ -254,6 +260,6 @@ def _pick(annotation: Any, value: Any) -> Any:
                 kind = model.model_fields.get("kind")
                 if kind is not None and value.get("kind") in typing.get_args(kind.annotation):
                     return model
-        others = [a for a in typing.get_args(annotation) if a is not type(None)]
+        others = [a for a in members if a is not type(None)]
         return others[0] if others else annotation
     return annotation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from belugactl.model.manifest_schema import GPU_BLOCK_SIZES, MAX_HOSTS, Manifest, RegionSource
+from belugactl.model.manifest_schema import GPU_BLOCK_SIZES, MAX_HOSTS, Manifest, MemdevPick, RegionSource
 from belugactl.model.manifest_yaml import Path_
 from belugactl.units import format_size
 
@@ -130,6 +130,18 @@ def _pool_rules(m: Manifest) -> list[RuleProblem]:
                     ("pool", "interleave", "ways"),
                     f"{il.ways} interleave ways but {len(pool.source.memdevs)} memdevs listed; a region interleaves "
                     "across exactly its memdevs",
+                )
+            )
+        count = pool.source.memdevs.count if isinstance(pool.source.memdevs, MemdevPick) else None
+        if il.mode == "hardware" and count is not None and count != il.ways:
+            ways_written = "interleave" in pool.model_fields_set and "ways" in il.model_fields_set
+            ways = f"{il.ways} interleave way{'s' if il.ways != 1 else ''}{'' if ways_written else ' (the default)'}"
+            out.append(
+                RuleProblem(
+                    # the default of 1 way is nowhere in the file: point at the count instead
+                    ("pool", "interleave", "ways") if ways_written else ("pool", "source", "memdevs", "count"),
+                    f"{ways} but memdevs.count is {count}; a region interleaves across exactly its memdevs",
+                    f"set pool.interleave.ways: {count}, or memdevs.count: {il.ways}",
                 )
             )
     elif il.mode == "hardware" and il.ways != 1:

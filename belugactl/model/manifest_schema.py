@@ -17,8 +17,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PlainValidator,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -90,16 +92,15 @@ def _memdev_list(value: Any) -> str | list[str]:
     if value == "all":
         return "all"
     if not isinstance(value, list) or not all(isinstance(x, str | int) and not isinstance(x, bool) for x in value):
-        raise ValueError('expected "all" or a list of memdev serial numbers')
+        raise ValueError(
+            'expected "all", a list of memdev serial numbers, or a mapping such as {switch: any, count: 2}'
+        )
     if not value:
         raise ValueError('list at least one memdev serial, or write "all"')
     serials = [str(x) for x in value]
     if len(set(serials)) != len(serials):
         raise ValueError("a memdev serial is listed twice")
     return serials
-
-
-MemdevSelection = Annotated[str | list[str], PlainValidator(_memdev_list, json_schema_input_type=str | list[str | int])]
 
 
 def _strict_int(value: Any) -> Any:
@@ -114,6 +115,72 @@ Int = Annotated[int, BeforeValidator(_strict_int)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=False)
+
+
+_BDF_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+class MemdevPick(Strict):
+    """Memdevs chosen by where they sit and how many, not by serial.
+
+    switch: the PCI address of a CXL switch's upstream port as this host sees it ("0000:0d:00.0"),
+    or "any": the one switch the host's memdevs sit behind. count: the first N by serial of the
+    memdevs chosen (by the switch, or every memdev with capacity of the region's type).
+    Interleave position follows serial order either way.
+    """
+
+    switch: str | None = None
+    count: Int | None = None
+
+    @field_validator("switch", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        if value is None or value == "any":
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # YAML 1.1 reads 0000:10:00.0 as a base-60 number (600.0); 0000:0d:00.0 stays a string.
+            raise ValueError(
+                f"a PCI address written bare can read as a YAML base-60 number (got {value!r}); "
+                'quote it: switch: "0000:10:00.0"'
+            )
+        match = _BDF_RE.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError(
+                f'expected "any" or the PCI address of the switch\'s upstream port such as 0000:0d:00.0, got {value!r}'
+            )
+        domain, bus, device, function = match.groups()
+        # lspci leaves out domain 0000; sysfs (and discovery) always print it, in lower case
+        return f"{domain or '0000'}:{bus}:{device}.{function}".lower()
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= max(HW_INTERLEAVE_WAYS):
+            raise ValueError(f"count is the number of memdevs in the region: 1 to {max(HW_INTERLEAVE_WAYS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> MemdevPick:
+        if self.switch is None and self.count is None:
+            raise ValueError('give switch (a PCI address, or "any"), count, or both; or write memdevs: all')
+        return self
+
+
+def _memdev_form(value: Any) -> str:
+    if isinstance(value, dict | MemdevPick):
+        return "pick"
+    return "serials"
+
+
+MemdevSelection = Annotated[
+    Annotated[
+        str | list[str],
+        PlainValidator(_memdev_list, json_schema_input_type=Literal["all"] | list[str | int]),
+        Tag("serials"),
+    ]
+    | Annotated[MemdevPick, Tag("pick")],
+    Discriminator(_memdev_form),
+]
 
 
 # ---- pool -----------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ class Expectations:
     namespace_uuid: str | None = None
     namespace_name: str | None = None
     interleave_ways: int | None = None
-    memdev_serials: tuple[int, ...] = ()  # empty: "all"
+    memdev_serials: tuple[int, ...] = ()  # empty: "all", or chosen by switch/count
+    memdev_switch: str | None = None  # pool.source.memdevs.switch: the switch's upstream port, or "any"
+    memdev_count: int | None = None  # pool.source.memdevs.count: the first N by serial
     hosts_sharing: int = 1  # hosts in the manifest: > 1 means the media is shared
     hugepages: tuple[HugepageWant, ...] = ()
     thp: str | None = None  # "always" | "madvise" | "never"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from belugactl.workflows.doctor.context import Expectations, HugepageWant
+from belugactl.workflows.memdev_choice import MemdevWant
 from belugactl.workflows.rack_context import select_host
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
 
         layout = RackContext(manifest).layout_or_none()
     namespace = pool.namespace
+    selection = getattr(source, "memdevs", "all") if is_region else "all"
+    want = MemdevWant.from_manifest(selection)
     return Expectations(
         host_name=host.name,
         pool_size=pool.size,
@@ -64,7 +67,9 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
         namespace_uuid=namespace.uuid if namespace is not None else None,
         namespace_name=namespace.name if namespace is not None else None,
         interleave_ways=pool.interleave.ways if pool.interleave.mode == "hardware" else None,
-        memdev_serials=_serials(getattr(source, "memdevs", "all")) if is_region else (),
+        memdev_serials=_serials(selection),
+        memdev_switch=want.switch,
+        memdev_count=want.count,
         hosts_sharing=len(manifest.hosts),
         hugepages=hugepages,
         thp=tuning.thp,

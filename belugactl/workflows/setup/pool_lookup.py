@@ -6,48 +6,22 @@ does `belugactl rack`'s probe; they only read facts, never plan.
 
 from __future__ import annotations
 
-import re
-
-from belugactl.errors import EnvironmentProblem
 from belugactl.host.snapshot import CxlRegion, DaxDevice, NdNamespace
+from belugactl.workflows.memdev_choice import MemdevWant, choose_memdevs, placed_facts
+from belugactl.workflows.memdev_choice import natural_key as natural_key  # re-exported: region.py sorts names
 from belugactl.workflows.setup.facts import SetupFacts
 from belugactl.workflows.setup.target import SetupTarget
 
 
-def natural_key(name: str) -> tuple[str, int]:
-    """Sort key for kernel names: mem2 before mem10."""
-    m = re.match(r"(\D*)(\d+)", name)
-    return (m[1], int(m[2])) if m else (name, -1)
-
-
 def pool_memdevs(target: SetupTarget, facts: SetupFacts) -> list[str]:
+    """The names of the memdevs the pool's region is built from, in interleave-position order.
+
+    Raises MemdevSelectionError (exit 2) when the manifest's selection cannot be met here.
+    """
+    pool = target.pool
+    want = MemdevWant(serials=pool.memdev_serials, switch=pool.memdev_switch, count=pool.memdev_count)
     cxl = facts.snapshot.cxl
-    serials = target.pool.memdev_serials
-    if serials is None:
-        wanted_ram = target.pool.region_type == "ram"
-        chosen = [
-            m
-            for m in cxl.memdevs
-            if m.state != "disabled" and ((m.ram_size or 0) if wanted_ram else (m.pmem_size or 0)) > 0
-        ]
-        # Interleave position follows this order, so it must be the same on every host: by serial
-        # (the device's own identity). Names follow probe order, which changes between boots (seen
-        # in the ram lab: mem0 was serial 0x10 on one guest and 0x11 on another). By name only when
-        # a tool version reports no serials.
-        if chosen and all(m.serial is not None for m in chosen):
-            return [m.name for m in sorted(chosen, key=lambda m: int(m.serial or 0))]
-        return sorted((m.name for m in chosen), key=natural_key)
-    by_serial = {str(m.serial): m.name for m in cxl.memdevs if m.serial is not None}
-    by_serial.update({hex(m.serial): m.name for m in cxl.memdevs if m.serial is not None})
-    missing = [s for s in serials if s not in by_serial]
-    if missing:
-        found = ", ".join(f"{m.name} (serial {m.serial})" for m in cxl.memdevs) or "none"
-        raise EnvironmentProblem(
-            f"memdev serial(s) {', '.join(missing)} named in the manifest are not on this host",
-            why=f"memdevs present: {found}",
-            fix="check cabling and `cxl list -M`, or correct pool.source.memdevs",
-        )
-    return [by_serial[s] for s in serials]
+    return [m.name for m in choose_memdevs(cxl.memdevs, want, pool.region_type, placed=placed_facts(cxl))]
 
 
 def find_pool_region(target: SetupTarget, facts: SetupFacts) -> CxlRegion | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from belugactl.pool import header as hdr
 from belugactl.units import MiB
+from belugactl.workflows.memdev_choice import MemdevWant
 
 if TYPE_CHECKING:
     from belugactl.workflows.rack_context import RackContext
@@ -24,7 +25,9 @@ class PoolTarget:
     size: int  # usable bytes (the dax device)
     align: int = 2 * MiB
     region_type: str = "pmem"  # "pmem" | "ram"
-    memdev_serials: tuple[str, ...] | None = None  # None: every memdev
+    memdev_serials: tuple[str, ...] | None = None  # None: not chosen by serial (all, or switch/count)
+    memdev_switch: str | None = None  # the switch's upstream port ("0000:0d:00.0") or "any"
+    memdev_count: int | None = None  # the first N by serial
     decoder: str | None = None  # root decoder pinned by the manifest
     region_size: int | None = None
     ways: int = 1
@@ -89,13 +92,15 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
     src = pool.source
     ns = pool.namespace
     if src.kind == "cxl-region":
-        memdevs = None if src.memdevs == "all" else tuple(str(s) for s in src.memdevs)
+        want = MemdevWant.from_manifest(src.memdevs)
         pool_target = PoolTarget(
             source="cxl-region",
             size=pool.size,
             align=pool.align,
             region_type=src.type,
-            memdev_serials=memdevs,
+            memdev_serials=want.serials,
+            memdev_switch=want.switch,
+            memdev_count=want.count,
             decoder=src.decoder,
             region_size=src.region_size,
             ways=pool.interleave.ways,

@@ -7,6 +7,13 @@ from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
+from belugactl.workflows.memdev_choice import (
+    MemdevSelectionError,
+    MemdevWant,
+    choose_memdevs,
+    describe_memdev,
+    placed_facts,
+)
 
 FIRMWARE_POOL = "the manifest's pool is an existing dax device (firmware-provisioned)"
 
@@ -19,7 +26,7 @@ def _expects_region(ctx: DoctorContext) -> bool:
     return ctx.expect is None or ctx.expect.source != "dax"
 
 
-@REGISTRY.check("cxl.memdevs-present", "CXL memory devices present (and the manifest's serials)")
+@REGISTRY.check("cxl.memdevs-present", "CXL memory devices present (and the manifest's selection)")
 def memdevs_present(ctx: DoctorContext) -> CheckResult:
     if (skip := skip_without_cxl(ctx)) is not None:
         return skip
@@ -37,7 +44,20 @@ def memdevs_present(ctx: DoctorContext) -> CheckResult:
         f"serial {_serial(m.serial)})"
         for m in memdevs
     ]
-    details = {"memdevs": [m.name for m in memdevs]}
+    details: dict[str, object] = {"memdevs": [m.name for m in memdevs]}
+    summary = f"{len(memdevs)} memdev(s)"
+    if ctx.expect is not None and (ctx.expect.memdev_switch is not None or ctx.expect.memdev_count is not None):
+        # The same choice setup makes, so doctor fails where setup would refuse, with the same facts.
+        want = MemdevWant(switch=ctx.expect.memdev_switch, count=ctx.expect.memdev_count)
+        try:
+            placed = placed_facts(ctx.snapshot.cxl)
+            chosen = choose_memdevs(memdevs, want, ctx.expect.region_type, placed=placed)
+        except MemdevSelectionError as exc:
+            return CheckResult.fail(f"{exc.what} ({exc.why})", exc.fix or "correct pool.source.memdevs", **details)
+        details["chosen"] = [m.name for m in chosen]
+        summary += f"; {want.describe()} picks, in interleave order"
+        described = [describe_memdev(m, ctx.expect.region_type) for m in chosen]
+        described += [f"not chosen: {m.name}" for m in memdevs if m not in chosen]
     if ctx.expect is not None and ctx.expect.memdev_serials:
         present = {m.serial for m in memdevs}
         missing = [s for s in ctx.expect.memdev_serials if s not in present]
@@ -56,7 +76,7 @@ def memdevs_present(ctx: DoctorContext) -> CheckResult:
             "; ".join(f"cxl enable-memdev {name}" for name in disabled),
             **details,
         )
-    return CheckResult.ok(f"{len(memdevs)} memdev(s): {', '.join(described)}", **details)
+    return CheckResult.ok(f"{summary}: {', '.join(described)}", **details)
 
 
 @REGISTRY.check("cxl.decoder-capacity", "a root decoder window can hold the pool")
