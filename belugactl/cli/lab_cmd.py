@@ -251,6 +251,9 @@ def register(app: typer.Typer) -> None:
             for line in report.refused:
                 print(f"  left alone: {line}", file=sys.stderr)
 
+    from belugactl.cli.lab_coldstart_cmd import register as register_coldstart
+
+    register_coldstart(lab)
     app.add_typer(lab, name="lab")
 
 
