@@ -9,7 +9,7 @@ import typer
 
 NAME_HELP = "Lab name: several labs can coexist, each under its own state directory."
 PROFILE_HELP = (
-    "pmem: Debian 12's QEMU 7.2 + kernel 6.1, one persistent device per guest. "
+    "ram (the default): see below. pmem: Debian 12's QEMU 7.2 + kernel 6.1, one persistent device per guest. "
     "ram: QEMU 10 + kernel 6.12 + cxl 81 from Debian packages (unpacked into the cache, never installed), "
     "volatile devices, optionally behind a switch."
 )
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     def prepare_cmd(
         install: bool = typer.Option(False, "--install", help="apt-get install missing packages (root)."),
         refresh: bool = typer.Option(False, "--refresh", help="Download the kernel again even if cached."),
-        profile: str = typer.Option("pmem", "--profile", help=PROFILE_HELP),
+        profile: str = typer.Option("ram", "--profile", help=PROFILE_HELP),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Check/install packages, download and unpack the guest kernel, build the initramfs (cached)."""
@@ -63,11 +63,15 @@ def register(app: typer.Typer) -> None:
         ssh: bool = typer.Option(
             False, "--ssh", help="Give each guest sshd behind a forward from 127.0.0.1 (see `lab ssh-config`)."
         ),
-        profile: str = typer.Option("pmem", "--profile", help=PROFILE_HELP),
-        devices: int = typer.Option(
-            1, "--devices", help="ram: volatile type-3 devices per guest; each gets pool-size/N, shared by all guests."
+        profile: str = typer.Option("ram", "--profile", help=PROFILE_HELP),
+        devices: int | None = typer.Option(
+            None, "--devices", show_default=False,
+            help="ram: volatile type-3 devices per guest (default 2); each gets pool-size/N, shared by all guests.",
         ),
-        switch: bool = typer.Option(False, "--switch", help="ram: put the devices behind an emulated CXL switch."),
+        switch: bool | None = typer.Option(
+            None, "--switch/--no-switch", show_default=False,
+            help="ram: put the devices behind an emulated CXL switch (default: yes).",
+        ),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Boot N guests in parallel. pmem: each with a CXL host bridge, two root ports and one type-3
@@ -87,7 +91,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         if install:
-            rack.prepare(install=True, progress=_progress)
+            rack.prepare(install=True, profile=profile, progress=_progress)
         report = rack.up(
             name=name,
             hosts=hosts,

@@ -47,7 +47,10 @@ GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "nd_pmem", "dax_p
 # see trap 2 in qemu-cxl-lab-v2.md) until `daxctl reconfigure-device --mode=devdax` binds device_dax.
 RAM_GUEST_MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "cxl_pmem", "dax_cxl", "device_dax")
 PROFILES = qemu.PROFILES
-DEFAULT_PROFILE = "pmem"  # ram becomes the default once the whole ram path (setup, doctor, demo) runs
+DEFAULT_PROFILE = "ram"  # the production path: volatile devices, a ram region, devdax
+# The topology each profile gets when --devices / --switch are not given: ram mirrors a Beluga host
+# (two devices behind a switch); pmem (QEMU 7.2) can only emulate one persistent device per guest.
+DEFAULT_TOPOLOGY = {"ram": (2, True), "pmem": (1, False)}
 HEARTBEAT_STALE_S = 30.0
 WARM_ENV = "BELUGACTL_LAB_WARM"
 
@@ -373,11 +376,18 @@ def up(
     root_ports: int = 2,
     ssh: bool = False,
     profile: str = DEFAULT_PROFILE,
-    devices: int = 1,
-    switch: bool = False,
+    devices: int | None = None,
+    switch: bool | None = None,
     progress: Progress = _quiet,
 ) -> UpReport:
+    default_devices, default_switch = DEFAULT_TOPOLOGY.get(profile, (1, False))
+    devices = default_devices if devices is None else devices
+    switch = default_switch if switch is None else switch
     validate(hosts, pool_size, memory_mib, root_ports, profile, devices, switch)
+    if ssh and profile != "pmem":
+        raise UsageError("--ssh is only built for the pmem profile so far",
+                         why="the ram profile's kernel 6.12 boots without the network modules sshd needs",
+                         fix="belugactl lab up --profile pmem --ssh, or use `belugactl lab exec` on the ram profile")
     paths = lab_paths(name)
     if profile == "pmem":
         prereqs.require()

@@ -47,6 +47,6 @@ def test_up_rejects_bad_arguments_before_touching_anything(args, state, capsys):
 
 def test_up_without_qemu_names_the_packages(monkeypatch, capsys):
     monkeypatch.setattr(prereqs, "find_program", lambda name: None)
-    assert app_module.run(["lab", "up"]) == 3
+    assert app_module.run(["lab", "up", "--profile", "pmem"]) == 3
     err = capsys.readouterr().err
     assert "qemu-system-x86" in err and "apt-get install" in err

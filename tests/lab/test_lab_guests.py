@@ -30,12 +30,12 @@ def rack(tmp_path_factory):
     state = tmp_path_factory.mktemp("labstate")
     env = dict(os.environ, **{STATE_ENV: str(state)})
     if kernel.find(cache_root()) is None:
-        prep = run_cli(env, "lab", "prepare", timeout=900)
+        prep = run_cli(env, "lab", "prepare", "--profile", "pmem", timeout=900)
         if prep.returncode != 0:
             unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
     up = None
     try:
-        up = run_cli(env, "lab", "up", "--name", LAB, "--hosts", "2", "--json", timeout=600)
+        up = run_cli(env, "lab", "up", "--profile", "pmem", "--name", LAB, "--hosts", "2", "--json", timeout=600)
         assert up.returncode == 0, f"lab up failed:\n{up.stderr}"
         yield {"env": env, "state": state, "up": json.loads(up.stdout), "up_stderr": up.stderr}
     finally:

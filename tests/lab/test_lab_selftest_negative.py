@@ -27,7 +27,8 @@ def test_selftest_fails_loudly_when_writes_are_dropped(tmp_path):
         unavailable("qemu or the lab kernel (run `belugactl lab prepare`)")
     env = dict(os.environ, **{STATE_ENV: str(tmp_path)})
     try:
-        up = run_cli(env, "lab", "up", "--name", LAB, "--hosts", "2", "--root-ports", "1", timeout=600)
+        up = run_cli(env, "lab", "up", "--profile", "pmem", "--name", LAB, "--hosts", "2", "--root-ports", "1",
+                     timeout=600)
         assert up.returncode == 0, up.stderr
         st = run_cli(env, "lab", "selftest", "--name", LAB, "--json", timeout=600)
         assert st.returncode == 1

@@ -132,7 +132,7 @@ def test_up_refuses_a_lab_that_already_exists(state, monkeypatch):
     _fake_lab(state, "t5", ["lab-1"])
     monkeypatch.setattr(rack.prereqs, "require", lambda: None)
     with pytest.raises(UsageError, match="already exists"):
-        rack.up(name="t5", hosts=1)
+        rack.up(name="t5", hosts=1, profile="pmem")
 
 
 def test_exec_into_a_crashed_guest_is_an_environment_problem(state):

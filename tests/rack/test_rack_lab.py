@@ -55,11 +55,12 @@ def lab(tmp_path_factory):
     state = tmp_path_factory.mktemp("rackstate")
     env = dict(os.environ, **{STATE_ENV: str(state)})
     if kernel.find(cache_root()) is None:
-        prep = lab_support.run_cli(env, "lab", "prepare", timeout=900)
+        prep = lab_support.run_cli(env, "lab", "prepare", "--profile", "pmem", timeout=900)
         if prep.returncode != 0:
             lab_support.unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
     try:
-        up = lab_support.run_cli(env, "lab", "up", "--ssh", "--name", LAB, "--hosts", "2", "--json", timeout=600)
+        up = lab_support.run_cli(env, "lab", "up", "--profile", "pmem", "--ssh", "--name", LAB, "--hosts", "2",
+                                 "--json", timeout=600)
         assert up.returncode == 0, f"lab up --ssh failed:\n{up.stderr}"
         doc = json.loads(up.stdout)
         yield {"env": env, "state": state, "up": doc, "ssh_config": doc["lab"]["ssh_config"], "timings": {}}

@@ -101,7 +101,7 @@ def crash_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashLab]:
     env = {**os.environ, "BELUGACTL_LAB_STATE": str(state_root)}
     lab = CrashLab(env, state_root / LAB_NAME, state_root / LAB_NAME / "pool.raw")
     try:
-        up = lab.lab("up", "--name", LAB_NAME, "--hosts", "1", "--json")
+        up = lab.lab("up", "--profile", "pmem", "--name", LAB_NAME, "--hosts", "1", "--json")
         if up.returncode != 0:
             if "missing" in up.stderr or "not installed" in up.stderr:
                 unavailable(up.stderr.strip()[-500:])

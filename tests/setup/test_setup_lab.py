@@ -47,7 +47,7 @@ def lab() -> Iterator[Lab]:
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (belugactl lab prepare)")
     _lab("down", "--name", LAB_NAME, timeout=120)
-    up = _lab("up", "--name", LAB_NAME, "--hosts", "2", "--json", timeout=600)
+    up = _lab("up", "--profile", "pmem", "--name", LAB_NAME, "--hosts", "2", "--json", timeout=600)
     if up.returncode != 0:
         pytest.fail(f"lab up failed: {up.stderr[-2000:]}")
     yield Lab(Path(json.loads(up.stdout)["lab"]["dir"]))
