@@ -34,7 +34,7 @@ EXAMPLES: dict[str, list[str]] = {
     "lab status": ["belugactl lab status --json"],
     "lab exec": ["belugactl lab exec lab-1 -- belugactl doctor -f examples/lab-ram.yaml"],
     "lab selftest": ["belugactl lab selftest"],
-    "lab ssh-config": ["belugactl lab up --profile pmem --ssh && belugactl lab ssh-config > lab.ssh && ssh -F lab.ssh lab-1 -- belugactl --version"],
+    "lab ssh-config": ["belugactl lab ssh-config > lab.ssh && ssh -F lab.ssh lab-1 -- belugactl --version"],
     "lab restart": ["belugactl lab restart lab-2"],
     "lab down": ["belugactl lab down"],
     "lab coldstart": ["belugactl lab coldstart -f examples/lab-ram.yaml --keep"],
