@@ -12,6 +12,7 @@ defaults and are listed in `HostSnapshot.topics_skipped`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -120,6 +121,27 @@ def _discover(host: Host, wanted: frozenset[str]) -> HostSnapshot:
         hugepages=topic("hugepages", {}, lambda: read_hugepage_dir(host, HUGEPAGES_DIR)),
         topics_skipped=sorted(TOPICS - wanted),
     )
+
+
+# The snapshot fields each topic fills (everything else is host-wide: hostname, root).
+TOPIC_FIELDS: dict[str, tuple[str, ...]] = {
+    "tools": ("tools",), "cxl": ("cxl",), "nd": ("nd",), "dax": ("dax", "udev_db"), "numa": ("numa",),
+    "thp": ("thp",), "memory": ("memory",), "pci": ("pci", "root_ports"), "cpu": ("cpu",),
+    "kernel": ("kernel",), "mtrr": ("mtrr",), "hugepages": ("hugepages",),
+}  # fmt: skip
+
+
+def rediscover(host: Host, previous: HostSnapshot, topics: Iterable[str]) -> HostSnapshot:
+    """`previous` with `topics` read again (only those `previous` had read); the rest kept as it was.
+
+    Setup uses it after a step that can change only some facts (a THP setting, a hugepage count):
+    under emulation a full discovery costs seconds, most of it the cxl/ndctl/daxctl listings."""
+    fresh_topics = frozenset(topics) & (TOPICS - frozenset(previous.topics_skipped))
+    if not fresh_topics:
+        return previous
+    fresh = discover(host, fresh_topics)
+    fields = {name: getattr(fresh, name) for topic in fresh_topics for name in TOPIC_FIELDS[topic]}
+    return dataclasses.replace(previous, **fields, problems=[*previous.problems, *fresh.problems])
 
 
 def capture(host: Host, dest: Path | str) -> CaptureResult:

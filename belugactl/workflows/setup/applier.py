@@ -153,8 +153,23 @@ class _Run:
         report.duration_s = time.monotonic() - start
         return report
 
-    def _observe(self, state: dict[str, Any]) -> SetupFacts:
-        return observe(self.host, self.target, state, discover=self.discover)
+    def _observe(self, state: dict[str, Any], previous: SetupFacts | None = None,
+                 changed: frozenset[str] | None = None) -> SetupFacts:
+        """Read the host: all of it, or after a step that declares what it can change, only that
+        (`rediscover`) on top of the previous facts. An injected `discover` always reads it all."""
+        if previous is None or changed is None or self.discover is not None:
+            return observe(self.host, self.target, state, discover=self.discover)
+        from belugactl.workflows.discover import rediscover
+
+        snapshot = rediscover(self.host, previous.snapshot, changed)
+        return observe(self.host, self.target, state, discover=lambda _host: snapshot)
+
+    def _replan(self, facts: SetupFacts, report: ApplyReport) -> Plan:
+        try:
+            return self.planner(facts)
+        except BelugaError as exc:
+            # E.g. the device just created holds a header from another manifest: stop, report what ran.
+            raise SetupFailed(exc, report) from exc
 
     def _apply_all(self) -> ApplyReport:
         state = load_state(self.host)
@@ -163,20 +178,29 @@ class _Run:
         report = ApplyReport(self.verb, self.target.host, False, plan)
         refuse_without_force(plan.steps, self.force)
         applied_ids: set[str] = set()
-        while (step := self._next_step(plan, report, applied_ids)) is not None:
+        partial = False  # facts partly carried over from before the last step
+        while True:
+            ready = [s for s in plan.steps if not s.deferred]
+            if partial and (not ready or ready[0].id in applied_ids):
+                # Done, stuck or repeating on partly re-read facts: decide only on a whole fresh read.
+                facts = self._observe(state)
+                plan = self._replan(facts, report)
+                partial = False
+                continue
+            step = self._next_step(plan, report, applied_ids)
+            if step is None:
+                break
             self._gate(step, plan, report)
             self._apply(step, facts, state, plan, report)
             applied_ids.add(step.id)
-            facts = self._observe(state)
+            changed = topics.get(step.topic).changes
+            facts = self._observe(state, facts, changed)
+            partial = changed is not None and self.discover is None
             self._record(step, facts, state)
             save_state(self.host, state)
             if self.progress:
                 self.progress("done", step, report.applied[-1].detail)
-            try:
-                plan = self.planner(facts)
-            except BelugaError as exc:
-                # E.g. the device just created holds a header from another manifest: stop, report what ran.
-                raise SetupFailed(exc, report) from exc
+            plan = self._replan(facts, report)
         return report
 
     def _next_step(self, plan: Plan, report: ApplyReport, applied_ids: set[str]) -> Step | None:

@@ -75,6 +75,9 @@ class SetupTopic:
     discovery: Callable[[SetupTarget, State], frozenset[str]] | None = None
     # Reads of the host beyond discovery, stored on the facts.
     observe: Callable[[Host, SetupTarget, SetupFacts], None] | None = None
+    # The discovery topics this topic's steps can change: after one of them setup reads only those
+    # again (plus every topic's own `observe`). None: anything, so read the whole host again.
+    changes: frozenset[str] | None = None
     executors: Mapping[type, Executor] = field(default_factory=dict)  # for the topic's own action types
     check_write: Callable[[WriteAttr, str | None], str | None] | None = None  # read-back -> detail, or raise
     remember: Callable[[Step, SetupFacts, State], None] | None = None

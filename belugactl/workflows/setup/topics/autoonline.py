@@ -127,4 +127,5 @@ TOPIC = SetupTopic(
     observe=observe,
     record=record,
     check_write=check_write,
+    changes=frozenset({"memory"}),
 )

@@ -164,4 +164,5 @@ TOPIC = SetupTopic(
     discovery=discovery,
     remember=remember,
     record=record,
+    changes=frozenset({"pci"}),
 )

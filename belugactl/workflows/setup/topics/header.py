@@ -344,4 +344,5 @@ TOPIC = SetupTopic(
     survives_reboot=True,
     observe=observe,
     executors={WritePoolHeader: apply_write},
+    changes=frozenset(),
 )

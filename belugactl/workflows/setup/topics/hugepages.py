@@ -106,4 +106,5 @@ TOPIC = SetupTopic(
     check_write=check_write,
     remember=remember,
     record=record,
+    changes=frozenset({"hugepages", "numa"}),
 )

@@ -179,4 +179,5 @@ TOPIC = SetupTopic(
     teardown=teardown,
     observe=observe,
     executors={MtrrAdd: add, MtrrRemove: remove},
+    changes=frozenset({"mtrr"}),
 )

@@ -87,4 +87,5 @@ TOPIC = SetupTopic(
     teardown=teardown,
     observe=observe,
     record=record,
+    changes=frozenset({"dax"}),
 )

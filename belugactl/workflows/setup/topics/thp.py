@@ -74,4 +74,5 @@ TOPIC = SetupTopic(
     check_write=check_write,
     remember=remember,
     record=record,
+    changes=frozenset({"thp"}),
 )
