@@ -99,7 +99,7 @@ def mds(
     ops: int = typer.Option(200_000, "--ops", help="Index operations to run."),
     ways: int = typer.Option(4, "--ways", help="Software interleave zones (memory devices) to report bytes over."),
     batch_blocks: int = typer.Option(62, "--batch-blocks", help="Blocks per save in the batched-put comparison."),
-    batch_rounds: int = typer.Option(30, "--batch-rounds", help="Saves each way in that comparison (0: skip it)."),
+    batch_rounds: int = typer.Option(100, "--batch-rounds", help="Saves each way in that comparison (0: skip it)."),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs (comparison)."),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
@@ -154,5 +154,6 @@ def mds(
                 f"{one['block_puts_per_s']:,} puts/s ({one['messages_per_save']:.0f} messages, "
                 f"{one['round_trips_per_save']:.0f} round trips a save) vs batched "
                 f"{many['block_puts_per_s']:,} puts/s ({many['messages_per_save']:.0f} messages, "
-                f"{many['round_trips_per_save']:.0f} round trips): {b[name]['batched_over_single']:.1f}x"
+                f"{many['round_trips_per_save']:.0f} round trips): {b[name]['batched_over_single']:.1f}x; "
+                f"server time a save {one['server_us_per_save']:,.0f} vs {many['server_us_per_save']:,.0f} us"
             )

@@ -22,6 +22,7 @@ def test_bench_mds_json(capsys) -> None:
         side = batched[transport]
         assert side["single"]["messages_per_save"] == side["single"]["round_trips_per_save"] == 2 * 62
         assert side["batched"]["messages_per_save"] == messages and side["batched"]["round_trips_per_save"] == 2
+        assert side["single"]["server_us_per_save"] > 0 and side["batched"]["server_us_per_save"] > 0
         assert side["batched_over_single"] == round(
             side["batched"]["block_puts_per_s"] / side["single"]["block_puts_per_s"], 2
         )

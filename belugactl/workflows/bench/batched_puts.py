@@ -8,10 +8,13 @@ fresh keys; the namespace is cleared between rounds (untimed) so eviction never 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import statistics
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,7 @@ KEY_LEN = 32  # a vLLM sha256 block hash
 BLOCK_BYTES = 64 << 10
 
 
-def bench_batched_puts(*, blocks: int = 62, rounds: int = 30, pin: bool = True) -> dict[str, Any]:
-    from belugactl.dataplane.client import connect
+def bench_batched_puts(*, blocks: int = 62, rounds: int = 100, pin: bool = True) -> dict[str, Any]:
     from belugactl.pool.file_pool import create_file_pool
     from belugactl.pool.mapping import PoolMapping
     from belugactl.workflows.bench.rpc_mds import BENCH_RACK, running_server
@@ -29,7 +31,6 @@ def bench_batched_puts(*, blocks: int = 62, rounds: int = 30, pin: bool = True) 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = pin and len(cpus) >= 2
     rng = random.Random(3)
-    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="belugactl-bench-") as tmp:
         manifest = Path(tmp) / "rack.yaml"
         manifest.write_text(BENCH_RACK)
@@ -41,12 +42,7 @@ def bench_batched_puts(*, blocks: int = 62, rounds: int = 30, pin: bool = True) 
             with running_server(manifest, pool_path, cpu=cpus[1] if pinned else None) as srv:
                 pool = PoolMapping.open(pool_path)
                 try:
-                    for name, address in (("cxl", f"cxl://{pool_path}#0"), ("tcp", srv["rpc"])):
-                        client = connect(address, pool=pool if name == "cxl" else None, timeout_s=5.0)
-                        try:
-                            results[name] = _compare(client, blocks, rounds, rng)
-                        finally:
-                            client.close()
+                    results = _both_transports(srv, pool, pool_path, blocks, rounds, rng)
                 finally:
                     pool.close()
         finally:
@@ -62,9 +58,37 @@ def bench_batched_puts(*, blocks: int = 62, rounds: int = 30, pin: bool = True) 
     }
 
 
+_SERVER_OPS = {"single": ("RESERVE", "COMMIT"), "batched": ("RESERVE_MANY", "COMMIT_MANY")}
+
+
+def _both_transports(
+    srv: dict[str, Any], pool: Any, pool_path: Path, blocks: int, rounds: int, rng: random.Random
+) -> dict[str, Any]:
+    from belugactl.dataplane.client import connect
+
+    results: dict[str, Any] = {}
+    seen = _service_seconds(srv["admin"], time.time())
+    for name, address in (("cxl", f"cxl://{pool_path}#0"), ("tcp", srv["rpc"])):
+        client = connect(address, pool=pool if name == "cxl" else None, timeout_s=5.0)
+        try:
+            results[name] = _compare(client, blocks, rounds, rng)
+        finally:
+            client.close()
+        now = _service_seconds(srv["admin"], time.time())
+        # The server's own time per save (its per-opcode histograms; the warm-up round included):
+        # what the requests cost it, whatever the scheduler did to the spinning client meanwhile.
+        for way, ops in _SERVER_OPS.items():
+            spent = sum(now.get(op, 0.0) - seen.get(op, 0.0) for op in ops)
+            results[name][way]["server_us_per_save"] = round(spent / (rounds + 1) * 1e6, 1)
+        seen = now
+    return results
+
+
 def _compare(client: Any, blocks: int, rounds: int, rng: random.Random) -> dict[str, Any]:
-    """Rounds of one save each way, interleaved; block puts per second, per save messages and waits."""
-    spent = {"single": 0.0, "batched": 0.0}
+    """Rounds of one save each way, interleaved. Rates come from the median save: on a shared
+    machine a spinning client or server that loses its CPU for a scheduler tick adds milliseconds
+    to a few saves, which would swamp a mean."""
+    times: dict[str, list[float]] = {"single": [], "batched": []}
     sent = {"single": (0, 0), "batched": (0, 0)}
     client.clear_namespace(NAMESPACE)  # opens it, untimed
     for r in range(rounds + 1):  # round 0 warms both paths up and is not counted
@@ -77,22 +101,35 @@ def _compare(client: Any, blocks: int, rounds: int, rng: random.Random) -> dict[
             if committed != blocks:
                 raise RuntimeError(f"{way} save committed {committed} of {blocks} blocks")
             if r:
-                spent[way] += elapsed
+                times[way].append(elapsed)
                 m, t = sent[way]
                 sent[way] = (m + client.messages - m0, t + client.round_trips - t0)
             client.clear_namespace(NAMESPACE)
     out: dict[str, Any] = {}
     for way in ("single", "batched"):
-        puts = blocks * rounds / spent[way]
+        median = statistics.median(times[way])
         out[way] = {
-            "block_puts_per_s": round(puts),
-            "saves_per_s": round(puts / blocks, 1),
+            "block_puts_per_s": round(blocks / median),
+            "saves_per_s": round(1 / median, 1),
             "messages_per_save": sent[way][0] / rounds,
             "round_trips_per_save": sent[way][1] / rounds,
-            "us_per_save": round(spent[way] / rounds * 1e6, 1),
+            "us_per_save_median": round(median * 1e6, 1),
+            "us_per_save_mean": round(statistics.fmean(times[way]) * 1e6, 1),
         }
     out["batched_over_single"] = round(out["batched"]["block_puts_per_s"] / out["single"]["block_puts_per_s"], 2)
     return out
+
+
+def _service_seconds(admin: str, after: float, timeout_s: float = 5.0) -> dict[str, float]:
+    """Seconds the server spent serving each opcode, from an admin snapshot taken after `after`
+    (the server refreshes it every 100 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(admin + "/stats", timeout=timeout_s) as r:  # noqa: S310 - loopback
+            doc = json.loads(r.read())
+        if doc.get("time", 0) > after or time.monotonic() > deadline:
+            return {op: float(h.get("sum", 0.0)) for op, h in doc.get("latency", {}).items()}
+        time.sleep(0.05)
 
 
 def _save_single(client: Any, keys: list[bytes]) -> int:

@@ -251,7 +251,7 @@ def bench_mds(
     ways: int = 4,
     granularity: int = 2 << 20,
     batch_blocks: int = 62,
-    batch_rounds: int = 30,
+    batch_rounds: int = 100,
     pin: bool = True,
 ) -> dict[str, Any]:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
