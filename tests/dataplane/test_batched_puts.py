@@ -418,3 +418,40 @@ def test_past_the_first_out_of_space_key_later_messages_reservations_are_given_b
     assert s.ops["RESERVE_MANY"] == 3  # messages 2 and 3 were granted ...
     assert len(s.index.pending) == 2 and s.index.counters.aborts == 7  # ... and given back in one COMMIT_MANY
     assert s.ops["COMMIT_MANY"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_batched_commits_are_journaled_and_survive_a_sigkill(manifest_path: Path, pool_path: Path) -> None:
+    import os
+    import signal
+
+    from belugactl.dataplane.metadata_errors import StaleEpoch
+
+    ks = keys(12, tag=b"j")
+    n = 20_000
+    pool = PoolMapping.open(pool_path)
+    with server(manifest_path, pool_path, "--restart-policy", "journal") as srv:
+        c = connect(f"cxl://{pool_path}#2", pool=pool, timeout_s=2.0)
+        got = c.reserve_many("m/tp0", [(k, n) for k in ks])
+        commits = []
+        for k, r in zip(ks[:10], got, strict=False):  # the last two are written, never committed
+            data = _content(k, n)
+            pool.write(r.extents[0][0], data)
+            commits.append((r.token, native.crc32c(data)))
+        assert c.finish_many(commits, [got[10].token]) == ([Code.OK] * 10, [Code.OK])
+        os.kill(srv["proc"].pid, signal.SIGKILL)
+        srv["proc"].wait(timeout=10)
+    with server(manifest_path, pool_path, "--restart-policy", "journal") as srv2:
+        assert srv2["restored_entries"] == 10
+        with pytest.raises(StaleEpoch):
+            c.get_many("m/tp0", ks)
+        c.reconnect()
+        assert c.lookup_prefix("m/tp0", ks) == 10
+        locs = c.get_many("m/tp0", ks)
+        assert locs[10] is None and locs[11] is None
+        for k, loc in zip(ks[:10], locs, strict=False):
+            assert loc is not None and loc.checksum == native.crc32c(_content(k, n))  # the journal kept it
+            out = bytearray(n)
+            copy_verified(pool.buf, loc, out, key=k)
+        c.close()
+    pool.close()
