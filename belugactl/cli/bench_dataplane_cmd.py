@@ -98,16 +98,24 @@ def mds(
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
     ops: int = typer.Option(200_000, "--ops", help="Index operations to run."),
     ways: int = typer.Option(4, "--ways", help="Software interleave zones (memory devices) to report bytes over."),
+    batch_blocks: int = typer.Option(62, "--batch-blocks", help="Blocks per save in the batched-put comparison."),
+    batch_rounds: int = typer.Option(100, "--batch-rounds", help="Saves each way in that comparison (0: skip it)."),
+    pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs (comparison)."),
 ) -> None:
-    """Index operations per second (put/commit/lookup mix), allocator utilization under churn, and
-    bytes per zone with software interleave (pool.interleave.mode: software) against none."""
+    """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
+    bytes per zone with software interleave (pool.interleave.mode: software) against none, and a
+    request's save as single reserves+commits against one batched burst (a real server, CXL-RPC and TCP)."""
     from belugactl.cli.render import print_json
     from belugactl.errors import UsageError
     from belugactl.workflows.bench.rpc_mds import bench_mds
 
     if not 1 <= ways <= 64:
         raise UsageError(f"--ways {ways} is out of range", fix="pass a number of zones between 1 and 64")
-    result = bench_mds(ops=ops, ways=ways)
+    if not 1 <= batch_blocks <= 1024:
+        raise UsageError(f"--batch-blocks {batch_blocks} is out of range", fix="pass 1 to 1024 blocks per save")
+    if not 0 <= batch_rounds <= 100_000:
+        raise UsageError(f"--batch-rounds {batch_rounds} is out of range", fix="pass 0 (skip) to 100000 rounds")
+    result = bench_mds(ops=ops, ways=ways, batch_blocks=batch_blocks, batch_rounds=batch_rounds, pin=pin)
     if json_out:
         print_json(result)
         return
@@ -137,3 +145,15 @@ def mds(
             f"(min/max {z['placed_min_over_max']:.2f}), live at the end [{zones}] (min/max {z['min_over_max']:.2f}); "
             f"16 consecutive blocks span {z['zones_spanned_by_16_consecutive_blocks']} zones"
         )
+    b = result["batched_puts"]
+    if b:
+        for name in ("cxl", "tcp"):
+            one, many = b[name]["single"], b[name]["batched"]
+            console.print(
+                f"save of {b['blocks_per_save']} blocks over {name.upper()}: single reserve+commit "
+                f"{one['block_puts_per_s']:,} puts/s ({one['messages_per_save']:.0f} messages, "
+                f"{one['round_trips_per_save']:.0f} round trips a save) vs batched "
+                f"{many['block_puts_per_s']:,} puts/s ({many['messages_per_save']:.0f} messages, "
+                f"{many['round_trips_per_save']:.0f} round trips): {b[name]['batched_over_single']:.1f}x; "
+                f"server time a save {one['server_us_per_save']:,.0f} vs {many['server_us_per_save']:,.0f} us"
+            )

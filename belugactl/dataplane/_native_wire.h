@@ -32,6 +32,8 @@
 #define OP_STATS 11
 #define OP_PING 12
 #define OP_GET_MANY 13
+#define OP_RESERVE_MANY 14
+#define OP_COMMIT_MANY 15
 
 #define CODE_OK 0
 #define CODE_NOT_FOUND 1

@@ -12,6 +12,8 @@
     if c.writable(r):                              # before each batch of writes (fencing)
         ... write the block into r.extents (flush/non-temporal on a shared pool) ...
     c.commit(r.token, checksum=crc)                # now visible to every client (crc: CRC32C of the block)
+    rs = c.reserve_many("qwen32b/tp0", [(h, nbytes) for h in hashes])   # Reservation or a Code per key
+    c.commit_many([(r.token, crc) for r, crc in ...])                     # a Code per token (Code.OK: visible)
 
 Semantics (the server's; see docs/dataplane.md):
 - Keys are bytes (vLLM block hashes, 1..255 bytes), inside a namespace string (model, layout, TP rank).
@@ -34,11 +36,19 @@ Semantics (the server's; see docs/dataplane.md):
   `get`/`get_many` return it as `BlockLocation.checksum` (None when the writer gave none), and
   `copy_verified` copies a block out while checking it, raising `CorruptBlock` on a mismatch (a
   stalled writer overwrote the extents after they were reused; docs/dataplane.md, "Checksums").
+- Batches: `reserve_many` / `commit_many` / `abort_many` do what the single calls do for a whole
+  set of keys or tokens in one message per slot's worth (RESERVE_MANY, COMMIT_MANY), the messages of
+  one call sent as one pipelined burst; they answer per key/token instead of raising. After the
+  first key refused for lack of space (Code.POOL_FULL) every later key is refused too. Against a
+  server without these requests they fall back to one request per key. `round_trips` and
+  `messages` count what this client sent (a burst is one round trip while it fits the transport's
+  in-flight window).
 - One client object is not thread-safe; give each thread (or vLLM process) its own ring/connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
 from collections.abc import Sequence
@@ -49,6 +59,7 @@ from belugactl.dataplane import native
 from belugactl.dataplane.metadata_errors import (
     AlreadyPresent,
     CorruptBlock,
+    MetadataError,
     MetadataUnavailable,
     NotOwner,
     PoolFull,
@@ -186,6 +197,11 @@ class KVIndexClient:
         self._pool = transport.pool
         self.writer_window_s = 0.0  # from HELLO: how long a writer may use a reservation
         self._lookup_cap: dict[int, int] = {}
+        # What this client sent: requests, and waits for replies (a pipelined burst waits once per
+        # in-flight window). The connector reports them per saved request.
+        self.messages = 0
+        self.round_trips = 0
+        self._batches = True  # False once the server answered BAD_OP to a batched request (an older one)
 
     # --- connection ---------------------------------------------------------------------------
     def reconnect(self) -> int:
@@ -210,6 +226,7 @@ class KVIndexClient:
         self._epoch32 = epoch & 0xFFFFFFFF
         self._ns.clear()
         self._stale = False
+        self._batches = True
         return epoch
 
     def _unavailable(self, why: str) -> MetadataUnavailable:
@@ -219,7 +236,7 @@ class KVIndexClient:
             fix="check `belugactl status` / the server's /readyz; the caller should treat this as a cache miss",
         )
 
-    def _call(self, op: int, payload: bytes) -> bytes:
+    def _before_call(self) -> None:
         if self._stale:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
         if self.transport.broken:
@@ -231,6 +248,11 @@ class KVIndexClient:
                     why="leases and reservations from before the restart are void",
                     fix="drop every lease id and reservation token; this client has reconnected",
                 )
+
+    def _call(self, op: int, payload: bytes) -> bytes:
+        self._before_call()
+        self.messages += 1
+        self.round_trips += 1
         try:
             code, _epoch, reply = self.transport.call(op, self._epoch32, payload, self._timeout_ns)
         except TransportError as exc:
@@ -242,6 +264,39 @@ class KVIndexClient:
             # (one 8-byte load) before sending, so we are fenced without a round trip.
             code = Code.STALE_EPOCH
         raise self._error(code, op)
+
+    def _call_many(self, op: int, payloads: Sequence[bytes]) -> list[bytes]:
+        """Send several requests as one pipelined burst (up to the transport's in-flight window) and
+        return their replies in order. Every reply is collected before an error is raised, so the
+        transport stays in step; the first failed request's error is raised."""
+        if len(payloads) == 1:
+            return [self._call(op, payloads[0])]
+        self._before_call()
+        t = self.transport
+        current = t.current_epoch()
+        if current is not None and self.epoch and current != self.epoch:
+            # The pool header's epoch moved (CXL): fenced without a round trip, as `_call` is.
+            raise self._error(Code.STALE_EPOCH, op)
+        window = max(1, t.max_inflight)
+        replies: list[tuple[int, int, bytes]] = []
+        sent = 0
+        try:
+            while t.pending:  # replies to requests someone sent raw (a benchmark): not ours
+                t.collect(self._timeout_ns)
+            while len(replies) < len(payloads):
+                while sent < len(payloads) and sent - len(replies) < window:
+                    t.submit(op, self._epoch32, payloads[sent])
+                    sent += 1
+                    self.messages += 1
+                replies.append(t.collect(self._timeout_ns))
+        except TransportError as exc:
+            raise self._unavailable(str(exc)) from None
+        finally:
+            self.round_trips += -(-max(sent, 1) // window)
+        for code, _epoch, _reply in replies:
+            if code:
+                raise self._error(code, op)
+        return [reply for _code, _epoch, reply in replies]
 
     def _error(self, code: int, op: int) -> Exception:
         name = Code(code).name if code in Code._value2member_map_ else str(code)
@@ -351,6 +406,140 @@ class KVIndexClient:
         token, extents = p.decode_reserve_reply(self._call(Op.RESERVE, p.encode_reserve(ns, key, nbytes)))
         return Reservation(token, extents, nbytes, asked + WRITER_WINDOW_SHARE * self.writer_window_s, self.epoch)
 
+    def reserve_many(self, namespace: str, items: Sequence[tuple[bytes, int]]) -> list[Reservation | Code]:
+        """`reserve` for several (key, nbytes) pairs of one namespace, in few messages sent as one burst.
+
+        One entry per item, in order: a Reservation, or the Code that refused that key:
+        Code.EXISTS (committed already, or another client is writing it: skip it), Code.POOL_FULL
+        (no space even after eviction; every key after the first such one is refused too, so the
+        caller never holds reservations past a hole in its chain), Code.TOO_BIG (its extents fit no
+        reply). Errors of the whole request (server away, stale epoch, a malformed request) raise as
+        for `reserve`. Deadlines count from before the first message was sent.
+        """
+        if not items:
+            return []
+        ns = self._ns_id(namespace)
+        if self._batches:
+            try:
+                out = self._reserve_batched(ns, items)
+            except RequestRejected as exc:
+                if getattr(exc, "code", None) != Code.BAD_OP:
+                    raise
+                self._batches = False  # a server from before RESERVE_MANY: one request per key
+            else:
+                return self._refuse_after_full(out)
+        return self._reserve_each(namespace, items)
+
+    def _reserve_batched(self, ns: int, items: Sequence[tuple[bytes, int]]) -> list[Reservation | Code]:
+        asked = time.monotonic()  # before sending: the server's clock for these reservations starts later
+        deadline = asked + WRITER_WINDOW_SHARE * self.writer_window_s
+        out: list[Reservation | Code | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        max_payload = self.transport.max_payload
+        while todo:
+            key_lens = [len(items[i][0]) for i in todo]
+            chunks = _chunks(todo, key_lens, lambda klen: p.reserve_many_capacity(max_payload, klen))
+            payloads = [p.encode_reserve_many(ns, [items[i] for i in chunk]) for chunk in chunks]
+            rest: list[int] = []
+            for chunk, reply in zip(chunks, self._call_many(Op.RESERVE_MANY, payloads), strict=True):
+                answered = p.decode_reserve_many_reply(reply)
+                if not answered or len(answered) > len(chunk):
+                    raise RequestRejected(f"RESERVE_MANY answered {len(answered)} of {len(chunk)} keys")
+                for i, (code, token, extents) in zip(chunk, answered, strict=False):
+                    if code == 0:
+                        out[i] = Reservation(token, extents, items[i][1], deadline, self.epoch)
+                    elif code in Code._value2member_map_:
+                        out[i] = Code(code)
+                    else:
+                        raise RequestRejected(f"RESERVE_MANY answered unknown code {code}")
+                rest.extend(chunk[len(answered) :])  # did not fit the reply: ask again
+            todo = rest
+        return out  # type: ignore[return-value] - every slot was filled
+
+    def _refuse_after_full(self, out: list[Reservation | Code]) -> list[Reservation | Code]:
+        """The rule the server applies within a request, over the whole burst: past the first key
+        refused for lack of space, reservations granted by later requests are given back."""
+        first = next((i for i, r in enumerate(out) if r is Code.POOL_FULL), None)
+        if first is None:
+            return out
+        late = [i for i in range(first + 1, len(out)) if isinstance(out[i], Reservation)]
+        if late:
+            with contextlib.suppress(MetadataError):  # unreturned space is reclaimed after its TTL anyway
+                self.abort_many([out[i].token for i in late])  # type: ignore[union-attr]
+            for i in late:
+                out[i] = Code.POOL_FULL
+        return out
+
+    def _reserve_each(self, namespace: str, items: Sequence[tuple[bytes, int]]) -> list[Reservation | Code]:
+        out: list[Reservation | Code] = []
+        full = False
+        for key, nbytes in items:
+            if full:
+                out.append(Code.POOL_FULL)
+                continue
+            try:
+                out.append(self.reserve(namespace, key, nbytes))
+            except AlreadyPresent:
+                out.append(Code.EXISTS)
+            except PoolFull:
+                out.append(Code.POOL_FULL)
+                full = True
+        return out
+
+    def commit_many(self, items: Sequence[tuple[int, int | None]]) -> list[Code]:
+        """`commit` of several (token, checksum or None) pairs in few messages sent as one burst, in
+        order; a Code per token: Code.OK (visible now), Code.NO_RESERVATION (reclaimed or never
+        issued), Code.NOT_OWNER (another client's token: left alone)."""
+        return self.finish_many(items, ())[0]
+
+    def abort_many(self, tokens: Sequence[int]) -> list[Code]:
+        """`abort` of several tokens in few messages; a Code per token, as for `commit_many`."""
+        return self.finish_many((), tokens)[1]
+
+    def finish_many(
+        self, commits: Sequence[tuple[int, int | None]], aborts: Sequence[int]
+    ) -> tuple[list[Code], list[Code]]:
+        """Commit some reservations and abort others in one burst; a Code per token of each."""
+        entries = [(t, c, p.COMMIT_MANY_COMMIT) for t, c in commits] + [(t, None, p.COMMIT_MANY_ABORT) for t in aborts]
+        if not entries:
+            return [], []
+        codes: list[Code] | None = None
+        if self._batches:
+            try:
+                codes = self._finish_batched(entries)
+            except RequestRejected as exc:
+                if getattr(exc, "code", None) != Code.BAD_OP:
+                    raise
+                self._batches = False
+        if codes is None:
+            codes = [self._finish_one(t, c, a) for t, c, a in entries]
+        return codes[: len(commits)], codes[len(commits) :]
+
+    def _finish_batched(self, entries: list[tuple[int, int | None, int]]) -> list[Code]:
+        per = max(1, p.commit_many_capacity(self.transport.max_payload))
+        chunks = [entries[i : i + per] for i in range(0, len(entries), per)]
+        payloads = [p.encode_commit_many(chunk) for chunk in chunks]
+        codes: list[Code] = []
+        for chunk, reply in zip(chunks, self._call_many(Op.COMMIT_MANY, payloads), strict=True):
+            got = p.decode_codes_reply(reply, "COMMIT_MANY reply")
+            want = len(chunk)
+            if len(got) != want or any(c not in Code._value2member_map_ for c in got):
+                raise RequestRejected(f"COMMIT_MANY answered {len(got)} codes for {want} tokens")
+            codes.extend(Code(c) for c in got)
+        return codes
+
+    def _finish_one(self, token: int, checksum: int | None, action: int) -> Code:
+        try:
+            if action == p.COMMIT_MANY_ABORT:
+                self.abort(token)
+            else:
+                self.commit(token, checksum)
+        except ReservationExpired:
+            return Code.NO_RESERVATION
+        except NotOwner:
+            return Code.NOT_OWNER
+        return Code.OK
+
     def writable(self, r: Reservation) -> bool:
         """May the caller (still) write into `r`'s extents? Check before each batch of writes.
 
@@ -418,3 +607,24 @@ class KVIndexClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _chunks(todo: list[int], key_lens: list[int], capacity) -> list[list[int]]:  # noqa: ANN001 - a callable
+    """Cut `todo` (indexes into a request's items) into runs of one key length, each as long as one
+    message allows (`capacity(key_len)` items); RequestRejected when a key cannot fit a message."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    cur_len = -1
+    cap = 0
+    for i, klen in zip(todo, key_lens, strict=True):
+        if klen != cur_len or len(cur) >= cap:
+            if cur:
+                chunks.append(cur)
+            cur, cur_len = [], klen
+            cap = capacity(klen)
+            if cap < 1:
+                raise RequestRejected(f"a {klen}-byte key does not fit one request message")
+        cur.append(i)
+    if cur:
+        chunks.append(cur)
+    return chunks

@@ -9,10 +9,23 @@ import pytest
 from belugactl.cli.app import run
 
 
+@pytest.mark.timeout(120)
 def test_bench_mds_json(capsys) -> None:
-    assert run(["bench", "mds", "--ops", "3000", "--json"]) == 0
+    argv = ["bench", "mds", "--ops", "3000", "--batch-blocks", "62", "--batch-rounds", "2", "--no-pin", "--json"]
+    assert run(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["benchmark"] == "mds"
+    # A 62-block save both ways on a real server: the batched burst's message counts are the protocol's.
+    batched = doc["batched_puts"]
+    assert batched["blocks_per_save"] == 62 and batched["rounds"] == 2
+    for transport, messages in (("cxl", 13 + 5), ("tcp", 2)):
+        side = batched[transport]
+        assert side["single"]["messages_per_save"] == side["single"]["round_trips_per_save"] == 2 * 62
+        assert side["batched"]["messages_per_save"] == messages and side["batched"]["round_trips_per_save"] == 2
+        assert side["single"]["server_us_per_save"] > 0 and side["batched"]["server_us_per_save"] > 0
+        assert side["batched_over_single"] == round(
+            side["batched"]["block_puts_per_s"] / side["single"]["block_puts_per_s"], 2
+        )
     assert sum(doc["index"]["mix"].values()) == 3000 and doc["index"]["ops_per_s"] > 0
     assert 0 < doc["allocator_churn"]["live_bytes_over_area_peak"] <= 1
     il = doc["interleave"]  # same traffic with and without software interleave over 4 zones

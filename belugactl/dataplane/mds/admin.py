@@ -80,6 +80,11 @@ class _Collector:
                 "COMMIT/ABORT/RELEASE of another ring's or connection's token or lease, refused",
                 req.get("foreign_refused", 0),
             ),
+            (
+                "beluga_mds_batched_items",
+                "Keys and tokens carried by RESERVE_MANY / COMMIT_MANY requests",
+                req.get("batched_items", 0),
+            ),
             ("beluga_mds_tcp_refused", "TCP connections closed over the cap", tcp.get("refused_over_cap", 0)),
             ("beluga_mds_tcp_closed_idle", "TCP connections closed after the idle timeout", tcp.get("closed_idle", 0)),
             ("beluga_mds_tcp_closed_oversize", "TCP connections closed: oversize frame", tcp.get("closed_oversize", 0)),

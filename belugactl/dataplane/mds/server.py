@@ -287,6 +287,7 @@ class MetadataServer:
                 "errors": service.error_count,
                 "foreign_refused": self.index.counters.foreign_refused,
                 "released_handed_over": service.released_handed_over,
+                "batched_items": service.batched_items,
                 "bad_slots": ring.get("bad_slots", 0),
                 "rings_resynced": ring.get("rings_resynced", 0),
                 "stale_fenced_at_start": ring.get("stale_fenced_at_start", 0),

@@ -88,7 +88,10 @@ class MetadataService:
             Op.STATS: self._stats,
             Op.PING: self._ping,
             Op.GET_MANY: self._get_many,
+            Op.RESERVE_MANY: self._reserve_many,
+            Op.COMMIT_MANY: self._commit_many,
         }
+        self.batched_items = 0  # keys and tokens carried by RESERVE_MANY / COMMIT_MANY requests
 
     def error(self, code: Code) -> tuple[int, bytes]:
         self.error_count += 1
@@ -200,6 +203,91 @@ class MetadataService:
         token, checksum = p.decode_commit(data)
         self.index.commit(token, owner, checksum)
         return 0, b""
+
+    def _count_item_error(self, code: Code) -> None:
+        # What the single request would have counted: beluga_mds_errors_total{code} per refused item.
+        self.error_count += 1
+        self.errors[code.name] = self.errors.get(code.name, 0) + 1
+
+    def _reserve_many(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
+        """RESERVE of several keys of one namespace, in order, answered per key.
+
+        Per key: a reservation, EXISTS (committed, or being written: the caller skips it) or
+        POOL_FULL. The first POOL_FULL ends the request's reservations: every later key answers
+        POOL_FULL untried (the caller's chain is useless past a hole, and reserving more would only
+        evict for blocks nobody can reach). Keys whose reply does not fit are not answered (their
+        space is given back) and the caller asks again for them; a key whose extents fit no reply
+        at all answers TOO_BIG. A malformed request, an unknown namespace or a server still fencing
+        refuses the whole request before anything is reserved.
+        """
+        if self.reserve_blocked:
+            return int(Code.NOT_READY), b""
+        ns, items = p.decode_reserve_many(data)
+        index = self.index
+        index._check_ns(ns)
+        self.batched_items += len(items)
+        out: list[bytes] = []
+        size = 4
+        full = False
+        reserved = False
+        refused_size = p.RESERVE_MANY_ITEM_SIZE
+        for key, nbytes in items:
+            if size + refused_size > max_reply:
+                break  # not even a refusal fits: the caller asks again for the rest
+            if full:
+                out.append(p.encode_reserve_many_item(int(Code.POOL_FULL)))
+                size += refused_size
+                continue
+            try:
+                token, alloc = index.reserve(ns, key, nbytes, owner)
+            except IndexError_ as exc:
+                code = Code[exc.code]
+                self._count_item_error(code)
+                full = code == Code.POOL_FULL
+                out.append(p.encode_reserve_many_item(int(code)))
+                size += refused_size
+                continue
+            reserved = True
+            item = p.encode_reserve_many_item(0, token, alloc.extents)
+            if size + len(item) > max_reply:
+                # The reply cannot carry these extents: give the space back rather than leak it.
+                index.abort(token)
+                index.counters.aborts -= 1
+                if out:
+                    break  # it may fit the next request, alone
+                self._count_item_error(Code.TOO_BIG)
+                out.append(p.encode_reserve_many_item(int(Code.TOO_BIG)))
+                size += refused_size
+                continue
+            out.append(item)
+            size += len(item)
+        if reserved and self.on_reserve is not None:
+            self.on_reserve()
+        if not out:
+            return int(Code.TOO_BIG), b""
+        return 0, p.encode_many_reply(out)
+
+    def _commit_many(self, data, _max: int, owner: int) -> tuple[int, bytes]:
+        """COMMIT (or ABORT) of several tokens, in order, each exactly as its single request would
+        do it (journal record, index, ownership check, counters), answered per token. A malformed
+        request is refused whole before anything is committed."""
+        items = p.decode_commit_many(data)
+        index = self.index
+        self.batched_items += len(items)
+        codes: list[int] = []
+        for token, checksum, action in items:
+            try:
+                if action == p.COMMIT_MANY_ABORT:
+                    index.abort(token, owner)
+                else:
+                    index.commit(token, owner, checksum)
+            except IndexError_ as exc:
+                code = Code[exc.code]
+                self._count_item_error(code)
+                codes.append(int(code))
+            else:
+                codes.append(0)
+        return 0, p.encode_codes_reply(codes)
 
     def _abort(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         self.index.abort(p.decode_u64(data, "ABORT"), owner)

@@ -60,6 +60,8 @@ class Op(IntEnum):
     STATS = 11
     PING = 12
     GET_MANY = 13
+    RESERVE_MANY = 14  # several keys of one namespace reserved in one message (docs/dataplane.md)
+    COMMIT_MANY = 15  # several tokens committed (or aborted) in one message, each with its checksum
 
 
 class Code(IntEnum):
@@ -409,3 +411,125 @@ def encode_stats(values: dict[str, int]) -> bytes:
 def decode_stats(data) -> dict[str, int]:
     _need(data, _STATS.size, "STATS reply")
     return dict(zip(STATS_FIELDS, _STATS.unpack_from(data, 0), strict=True))
+
+
+# --- batched two-phase put (RESERVE_MANY, COMMIT_MANY; docs/dataplane.md, "Batched puts") ------
+# RESERVE_MANY request: the LOOKUP_PREFIX head (ns, count, key length), then `count` items of
+# (u64 nbytes, key). Reply: (u16 answered, u16 pad), then per answered item (u64 token, u16 code,
+# u16 extent count, u32 pad) and its extents; code 0 carries a reservation, any other none.
+_RESERVE_MANY_ITEM = struct.Struct("<QHHI")
+# COMMIT_MANY request: (u16 count, u16 flags 0, u32 pad), then `count` items of (u64 token, u32
+# checksum, u16 checksum kind, u16 action). Reply: (u16 count, u16 pad), then a u16 code per item.
+_COMMIT_MANY_REQ = struct.Struct("<HHI")
+_COMMIT_MANY_ITEM = struct.Struct("<QIHH")
+COMMIT_MANY_COMMIT = 0
+COMMIT_MANY_ABORT = 1  # give the reservation back (what ABORT does), e.g. one fenced before it was written
+_MAX_COUNT = 0xFFFF  # counts are u16 on the wire
+
+
+def reserve_many_capacity(max_payload: int, key_len: int) -> int:
+    """How many keys of `key_len` bytes one RESERVE_MANY request can carry."""
+    if key_len <= 0:
+        return 0
+    return max(0, min(_MAX_COUNT, (max_payload - _LOOKUP_REQ.size) // (8 + key_len)))
+
+
+def commit_many_capacity(max_payload: int) -> int:
+    """How many tokens one COMMIT_MANY request can carry (its reply, 2 bytes a token, always fits)."""
+    return max(0, min(_MAX_COUNT, (max_payload - _COMMIT_MANY_REQ.size) // _COMMIT_MANY_ITEM.size))
+
+
+def encode_reserve_many(ns: int, items: Sequence[tuple[bytes, int]]) -> bytes:
+    """`items`: (key, nbytes) pairs, every key of the same length (one message carries one length)."""
+    if not items or len(items) > _MAX_COUNT:
+        raise ValueError(f"RESERVE_MANY carries 1..{_MAX_COUNT} keys, got {len(items)}")
+    klen = len(items[0][0])
+    if any(len(k) != klen for k, _n in items):
+        raise ValueError("all keys of one RESERVE_MANY request must have the same length")
+    return _LOOKUP_REQ.pack(ns, len(items), klen) + b"".join(_U64.pack(n) + k for k, n in items)
+
+
+def decode_reserve_many(data) -> tuple[int, list[tuple[bytes, int]]]:
+    """(ns, [(key, nbytes)]); the whole request is refused (nothing reserved) if any item is bad."""
+    _need(data, _LOOKUP_REQ.size, "RESERVE_MANY")
+    ns, count, klen = _LOOKUP_REQ.unpack_from(data, 0)
+    _check_key_len(klen, "RESERVE_MANY")
+    step = 8 + klen
+    end = _LOOKUP_REQ.size + count * step
+    if count == 0 or len(data) < end:
+        raise ProtocolError(Code.BAD_LENGTH, f"RESERVE_MANY: {count} items of {step} bytes do not fit {len(data)}")
+    raw = bytes(data[_LOOKUP_REQ.size : end])
+    items = []
+    for pos in range(0, len(raw), step):
+        nbytes = _U64.unpack_from(raw, pos)[0]
+        if nbytes == 0:
+            raise ProtocolError(Code.BAD_ARGS, f"RESERVE_MANY: item {pos // step} asks for zero bytes")
+        items.append((raw[pos + 8 : pos + step], nbytes))
+    return ns, items
+
+
+def encode_reserve_many_item(code: int, token: int = 0, extents: Sequence[Extent] = ()) -> bytes:
+    return _RESERVE_MANY_ITEM.pack(token, code, len(extents), 0) + _pack_extents(extents)
+
+
+RESERVE_MANY_ITEM_SIZE = _RESERVE_MANY_ITEM.size  # a refused item's whole size in the reply
+
+
+def encode_many_reply(items: Sequence[bytes]) -> bytes:
+    return _MANY_REP.pack(len(items), 0) + b"".join(items)
+
+
+def decode_reserve_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
+    """(code, token, extents) per item answered, in request order (fewer than asked: ask again for the rest)."""
+    _need(data, _MANY_REP.size, "RESERVE_MANY reply")
+    count = _MANY_REP.unpack_from(data, 0)[0]
+    out = []
+    pos = _MANY_REP.size
+    for _ in range(count):
+        _need(data, pos + _RESERVE_MANY_ITEM.size, "RESERVE_MANY reply")
+        token, code, n, _pad = _RESERVE_MANY_ITEM.unpack_from(data, pos)
+        pos += _RESERVE_MANY_ITEM.size
+        out.append((code, token, _unpack_extents(data, pos, n, "RESERVE_MANY reply")))
+        pos += n * _EXTENT.size
+    return out
+
+
+def encode_commit_many(items: Sequence[tuple[int, int | None, int]]) -> bytes:
+    """`items`: (token, checksum or None, action COMMIT_MANY_COMMIT / COMMIT_MANY_ABORT)."""
+    if not items or len(items) > _MAX_COUNT:
+        raise ValueError(f"COMMIT_MANY carries 1..{_MAX_COUNT} tokens, got {len(items)}")
+    out = [_COMMIT_MANY_REQ.pack(len(items), 0, 0)]
+    for token, checksum, action in items:
+        kind, crc = _checksum_fields(checksum)
+        out.append(_COMMIT_MANY_ITEM.pack(token, crc, kind, action))
+    return b"".join(out)
+
+
+def decode_commit_many(data) -> list[tuple[int, int | None, int]]:
+    """[(token, checksum or None, action)]; the whole request is refused (nothing done) if any item is bad."""
+    _need(data, _COMMIT_MANY_REQ.size, "COMMIT_MANY")
+    count, flags, _pad = _COMMIT_MANY_REQ.unpack_from(data, 0)
+    if flags:
+        raise ProtocolError(Code.BAD_ARGS, f"COMMIT_MANY: unknown flags {flags:#x}")
+    end = _COMMIT_MANY_REQ.size + count * _COMMIT_MANY_ITEM.size
+    if count == 0 or len(data) < end:
+        raise ProtocolError(Code.BAD_LENGTH, f"COMMIT_MANY: {count} tokens do not fit {len(data)} bytes")
+    out = []
+    for i in range(count):
+        at = _COMMIT_MANY_REQ.size + i * _COMMIT_MANY_ITEM.size
+        token, crc, kind, action = _COMMIT_MANY_ITEM.unpack_from(data, at)
+        if action not in (COMMIT_MANY_COMMIT, COMMIT_MANY_ABORT):
+            raise ProtocolError(Code.BAD_ARGS, f"COMMIT_MANY: item {i} has unknown action {action}")
+        out.append((token, _checksum_of(kind, crc, "COMMIT_MANY"), action))
+    return out
+
+
+def encode_codes_reply(codes: Sequence[int]) -> bytes:
+    return _MANY_REP.pack(len(codes), 0) + struct.pack(f"<{len(codes)}H", *codes)
+
+
+def decode_codes_reply(data, what: str) -> list[int]:
+    _need(data, _MANY_REP.size, what)
+    count = _MANY_REP.unpack_from(data, 0)[0]
+    _need(data, _MANY_REP.size + 2 * count, what)
+    return list(struct.unpack_from(f"<{count}H", data, _MANY_REP.size))

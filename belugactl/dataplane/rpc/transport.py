@@ -39,6 +39,9 @@ class ClientTransport(ABC):
     example: ClassVar[str]  # an address, for error messages
     max_payload: int
     broken: bool
+    # How many requests a batched caller may keep in flight (a pipelined burst): the ring's slots
+    # for CXL; one (no pipelining) unless a transport says otherwise.
+    max_inflight: int = 1
     pool: PoolMapping | None = None  # the pool mapping, when the transport lives in it
 
     @classmethod

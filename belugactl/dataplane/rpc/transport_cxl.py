@@ -76,6 +76,7 @@ class CxlTransport(ClientTransport):
         self.buf = pool.buf
         self.flush = pool.needs_flush if flush is None else flush
         self.slots_per_ring = g.slots_per_ring
+        self.max_inflight = g.slots_per_ring
         self.max_payload = g.slot_size - HEADER_SIZE
         self._offsets = [g.slot_offset(ring, s) for s in range(g.slots_per_ring)]
         self._inflight: deque[int] = deque()

@@ -38,6 +38,10 @@ class TcpTransport(ClientTransport):
     scheme = "tcp"
     kind = "tcp"
     example = "tcp://<host>:<port>"
+    # The server queues at most 4x its buffer limit of replies for a client that has not read them
+    # (listener_tcp.py), and each reply is at most one max_payload: three full frames in flight leave
+    # a frame of margin.
+    max_inflight = 3
 
     @classmethod
     def open(cls, address: str, *, pool: PoolMapping | None, timeout_s: float) -> TcpTransport:

@@ -244,9 +244,20 @@ def _met(name: str, value: float, target: float) -> bool:
 # --- bench mds -----------------------------------------------------------------------------------
 
 
-def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: int = 2 << 20) -> dict[str, Any]:
-    """Index operations per second (put/commit/lookup mix), allocator utilization under churn, and
-    bytes per interleave zone with software interleave next to the same run without it."""
+def bench_mds(
+    *,
+    ops: int = 200_000,
+    seed: int = 1,
+    ways: int = 4,
+    granularity: int = 2 << 20,
+    batch_blocks: int = 62,
+    batch_rounds: int = 100,
+    pin: bool = True,
+) -> dict[str, Any]:
+    """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
+    bytes per interleave zone with software interleave next to the same run without it, and a save
+    of `batch_blocks` blocks as single reserves+commits against one batched burst on a real server
+    (`batch_rounds` 0 skips it)."""
     from belugactl.dataplane.mds.allocator import Allocator
     from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 
@@ -311,6 +322,11 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: 
             samples.append(churn.requested / churn.capacity)
     st = churn.stats()
     interleave = _bench_interleave(rng, area, ways, granularity)
+    batched = None
+    if batch_rounds > 0:
+        from belugactl.workflows.bench.batched_puts import bench_batched_puts
+
+        batched = bench_batched_puts(blocks=batch_blocks, rounds=batch_rounds, pin=pin)
     return {
         "benchmark": "mds",
         "index": {
@@ -335,6 +351,7 @@ def bench_mds(*, ops: int = 200_000, seed: int = 1, ways: int = 4, granularity: 
             "chunks_returned": st["chunks_returned"],
         },
         "interleave": interleave,
+        "batched_puts": batched,
     }
 
 

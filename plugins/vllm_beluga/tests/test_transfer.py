@@ -212,3 +212,55 @@ def test_a_block_overwritten_after_its_commit_is_a_load_error_counted_and_delete
 
 def _refuse(*_a: object, **_k: object) -> list[int]:
     raise AssertionError("the pool-side path must not use the fused copy")
+
+
+@pytest.fixture
+def tensors64() -> Iterator[tuple[list[mmap.mmap], KVBlockLayout]]:
+    """Like `tensors`, with 64 blocks: room for a 2000-token request's 62 blocks."""
+    blocks = 64
+    bufs = [mmap.mmap(-1, blocks * PIECE) for _ in range(3)]
+    for b in bufs:
+        b[:] = os.urandom(len(b))
+    views = [
+        TensorView(f"l{i}", buffer_address(b), (blocks, PIECE), (PIECE, 1), 1, "uint8") for i, b in enumerate(bufs)
+    ]
+    yield bufs, KVBlockLayout.from_views(views)
+    for b in bufs:
+        b.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "cxl"])
+def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks(
+    server, tensors64, transport
+) -> None:
+    import hashlib
+
+    bufs, layout = tensors64
+    pool = PoolMapping.open(server["pool"])
+    address = server["address"] if transport == "tcp" else f"cxl://{server['pool']}#1"
+    stats = ConnectorStats(None, role="worker0")
+    t = _transfer(address, pool, layout, stats)
+    assert t.index.lookup_prefix(NS, [b"warm"]) == 0  # connects and opens the namespace: once per connection
+    cost = {}
+    for blocks in (2, 62):
+        keys = [hashlib.sha256(f"{blocks}-{i}".encode()).digest() for i in range(blocks)]  # vLLM-like hashes
+        before = {k: stats.get(k) for k in ("save_requests", "save_metadata_round_trips", "save_metadata_messages")}
+        assert t.save(list(range(blocks)), keys) == blocks
+        after = {k: stats.get(k) - v for k, v in before.items()}
+        assert after["save_requests"] == 1
+        cost[blocks] = (after["save_metadata_round_trips"], after["save_metadata_messages"])
+        assert t.index.lookup_prefix(NS, keys) == blocks
+        # loaded back byte for byte (over scrambled tensors), checksums verified on the way
+        want = [_block(bufs, b) for b in range(blocks)]
+        for b in bufs:
+            b[:] = os.urandom(len(b))
+        assert t.load(list(range(blocks)), keys) == []
+        assert [_block(bufs, b) for b in range(blocks)] == want
+    if transport == "tcp":
+        assert cost == {2: (2, 2), 62: (2, 2)}  # one RESERVE_MANY, one COMMIT_MANY
+    else:
+        # 256 B slots carry 5 reservations or 13 commits: more messages, still one burst each way.
+        assert cost == {2: (2, 2), 62: (2, 13 + 5)}
+    assert stats.get("saved_blocks") == 64 and stats.get("load_checksum_mismatch") == 0
+    assert stats.get("save_metadata_us") > 0
+    t.index.close()

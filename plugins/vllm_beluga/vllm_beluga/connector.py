@@ -8,9 +8,9 @@ block ids to fill from which keys, and which freshly computed prompt blocks to s
 Worker side (one per tensor-parallel rank): before the forward pass, look each key up (a read
 lease), copy its extents into the paged KV tensors and release the lease; blocks that cannot be
 loaded are reported through `get_block_ids_with_load_errors` (vLLM recomputes them with
-`kv_load_failure_policy: recompute`). After the forward pass, reserve extents for each new full
-block, copy all its layers' pieces there in one batch, and commit: a block is visible to other
-instances only after its bytes are in the pool.
+`kv_load_failure_policy: recompute`). After the forward pass, reserve extents for a request's new
+full blocks in one burst, copy all their layers' pieces there in one batch, and commit them in one
+burst: a block is visible to other instances only after its bytes are in the pool.
 
 Keys are vLLM's own block hashes (reproducible fleet-wide with a pinned PYTHONHASHSEED and
 `--prefix-caching-hash-algo sha256_cbor`, both checked at start), in a namespace of model, layout

@@ -38,6 +38,10 @@ class BestEffortIndex:
         self._client: Any = None
         self._retry_at = 0.0
         self._warned_down = False
+        # Metadata requests sent and waits for replies, over every client this door has used (it
+        # reconnects after failures); the connector reports them per saved request.
+        self.messages = 0
+        self.round_trips = 0
 
     @property
     def healthy(self) -> bool:
@@ -79,6 +83,7 @@ class BestEffortIndex:
         client = self._get_client()
         if client is None:
             return default
+        sent, waited = getattr(client, "messages", 0), getattr(client, "round_trips", 0)
         try:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
@@ -90,6 +95,9 @@ class BestEffortIndex:
                 self.stats.add("stale_epoch")
             self._down(f"{what} failed ({name}: {exc})")
             return default
+        finally:
+            self.messages += getattr(client, "messages", 0) - sent
+            self.round_trips += getattr(client, "round_trips", 0) - waited
 
     def warm_up(self) -> bool:
         """Connect now, so the first request does not pay for it; a failure is retried lazily."""
@@ -110,8 +118,46 @@ class BestEffortIndex:
             return self._call("reserve", None, lambda c: c.reserve(namespace, key, nbytes))
         except Exception as exc:  # noqa: BLE001
             name = type(exc).__name__
-            self.stats.add("save_skipped_exists" if name == "AlreadyPresent" else "save_skipped_" + name.lower())
+            self.stats.add(_skip_counter(name))
             return None
+
+    def reserve_many(self, namespace: str, keys: Sequence[bytes], nbytes: int) -> list[Any]:
+        """`reserve` for a request's blocks in one burst: a Reservation or None per key (present
+        already, no space, or the server is down), skips counted as the single calls count them."""
+        if not keys:
+            return []
+        try:
+            got = self._call("reserve", None, lambda c: c.reserve_many(namespace, [(k, nbytes) for k in keys]))
+        except Exception as exc:  # noqa: BLE001 - the whole request was refused: no block is saved
+            self.stats.add(_skip_counter(type(exc).__name__), len(keys))
+            return [None] * len(keys)
+        if got is None:
+            return [None] * len(keys)
+        out: list[Any] = []
+        for r in got:
+            if isinstance(r, int):  # the protocol's Code that refused this key
+                self.stats.add(_REFUSED.get(getattr(r, "name", ""), "save_skipped_refused"))
+                out.append(None)
+            else:
+                out.append(r)
+        return out
+
+    def finish_many(self, commits: Sequence[tuple[Any, int | None]], aborts: Sequence[Any]) -> list[bool]:
+        """Commit (token, CRC32C) pairs and abort tokens in one burst; per commit, whether the block is
+        visible now. A token the server refused (reclaimed, another owner's) counts `commit_failed`."""
+        if not commits and not aborts:
+            return []
+        try:
+            got = self._call("commit", None, lambda c: c.finish_many(list(commits), list(aborts)))
+        except Exception:  # noqa: BLE001 - the reservations are reclaimed after their timeout
+            self.stats.add("commit_failed", len(commits))
+            return [False] * len(commits)
+        if got is None:
+            return [False] * len(commits)
+        ok = [int(code) == 0 for code in got[0]]
+        if not all(ok):
+            self.stats.add("commit_failed", ok.count(False))
+        return ok
 
     def writable(self, reservation: Any) -> bool:
         """May we still write into this reservation (deadline not passed, same epoch)? See fencing."""
@@ -156,3 +202,16 @@ class BestEffortIndex:
                 self._client.close()
             finally:
                 self._client = None
+
+
+# Skip counters of a refused reservation, by the protocol's code name, as the single reserve named
+# them after its exceptions (AlreadyPresent, PoolFull: TOO_BIG raised PoolFull too).
+_REFUSED = {
+    "EXISTS": "save_skipped_exists",
+    "POOL_FULL": "save_skipped_poolfull",
+    "TOO_BIG": "save_skipped_poolfull",
+}
+
+
+def _skip_counter(exc_name: str) -> str:
+    return "save_skipped_exists" if exc_name == "AlreadyPresent" else "save_skipped_" + exc_name.lower()

@@ -6,8 +6,9 @@ real tensors-in-memory, a real pool and a real metadata server.
 load: look each key up (the lookup grants a read lease, so the block cannot be evicted or
 overwritten while we copy), copy all found blocks in one batch, release the leases. A block that is
 gone, or a copy that fails, is returned as failed: vLLM recomputes it, it is never served wrong.
-save: reserve extents for each block, copy the batch, commit each; a block already present (another
-instance saved it first), a full pool or an unreachable server skip the save and count it.
+save: reserve extents for every block in one burst (RESERVE_MANY), copy the batch, commit it in one
+burst (COMMIT_MANY); a block already present (another instance saved it first), a full pool or an
+unreachable server skip the save and count it.
 
 Checksums (docs/dataplane.md, "Checksums"): each save commits the CRC32C of the block's bytes, and
 each load checks it, because a writer that stalled past its deadline can still overwrite extents
@@ -137,40 +138,54 @@ class PoolTransfer:
         return failed
 
     def save(self, block_ids: Sequence[int], keys: Sequence[bytes]) -> int:
-        """Store the blocks under their keys; returns how many were committed."""
+        """Store the blocks under their keys; returns how many were committed.
+
+        Two metadata bursts whatever the block count: one RESERVE_MANY burst for every key, one
+        COMMIT_MANY burst committing what was copied (and aborting what was not). Counted per save
+        as `save_requests`, `save_metadata_round_trips`, `save_metadata_messages`, `save_metadata_us`.
+        """
         if self.engine is None:
             return 0
         started = time.perf_counter()
+        index = self.index
+        trips, messages = index.round_trips, index.messages
         nbytes = self.engine.layout.block_nbytes
-        reserved: list[tuple[Any, int, list[tuple[int, int]]]] = []
-        for block_id, key in zip(block_ids, keys, strict=True):
-            reservation = self.index.reserve(self.namespace, key, nbytes)
-            if reservation is None:
-                continue
-            reserved.append((reservation, block_id, [(int(o), int(n)) for o, n in reservation.extents]))
+        results = index.reserve_many(self.namespace, keys, nbytes)
+        meta_s = time.perf_counter() - started
+        reserved = [
+            (r, block_id, [(int(o), int(n)) for o, n in r.extents])
+            for block_id, r in zip(block_ids, results, strict=True)
+            if r is not None
+        ]
         # Fencing: write only into reservations whose deadline has not passed under the same epoch;
         # the others may belong to someone else by now (docs/dataplane.md, "Fencing").
-        stale = [r for r in reserved if not self.index.writable(r[0])]
-        for r in stale:
-            self.index.abort(r[0].token)
-        if stale:
-            self.stats.add("save_skipped_fenced", len(stale))
-        reserved = [(r.token, b, e) for r, b, e in reserved if r not in stale]
-        committed = 0
-        if reserved:
+        writable = [index.writable(r) for r, _, _ in reserved]
+        fresh = [x for x, ok in zip(reserved, writable, strict=True) if ok]
+        aborts = [r.token for (r, _, _), ok in zip(reserved, writable, strict=True) if not ok]
+        if aborts:
+            self.stats.add("save_skipped_fenced", len(aborts))
+        commits: list[tuple[Any, int]] = []
+        if fresh:
             try:
-                crcs = self._copy([(block_id, extents) for _, block_id, extents in reserved], save=True)
+                crcs = self._copy([(block_id, extents) for _, block_id, extents in fresh], save=True)
             except Exception as exc:  # noqa: BLE001
-                log.warning("Beluga: saving %d blocks failed: %s", len(reserved), exc)
-                for token, _, _ in reserved:
-                    self.index.abort(token)
-                self.stats.add("save_errors", len(reserved))
+                log.warning("Beluga: saving %d blocks failed: %s", len(fresh), exc)
+                aborts.extend(r.token for r, _, _ in fresh)
+                self.stats.add("save_errors", len(fresh))
             else:
-                committed = sum(
-                    1 for (token, _, _), crc in zip(reserved, crcs, strict=True) if self.index.commit(token, crc)
-                )
-                self.stats.add("saved_blocks", committed)
-                self.stats.add("saved_bytes", committed * nbytes)
+                commits = [(r.token, crc) for (r, _, _), crc in zip(fresh, crcs, strict=True)]
+        committed = 0
+        if commits or aborts:
+            t = time.perf_counter()
+            committed = sum(index.finish_many(commits, aborts))
+            meta_s += time.perf_counter() - t
+        if commits:
+            self.stats.add("saved_blocks", committed)
+            self.stats.add("saved_bytes", committed * nbytes)
+        self.stats.add("save_requests")
+        self.stats.add("save_metadata_round_trips", index.round_trips - trips)
+        self.stats.add("save_metadata_messages", index.messages - messages)
+        self.stats.add("save_metadata_us", int(meta_s * 1e6))
         self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
         return committed
 
