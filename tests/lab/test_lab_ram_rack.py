@@ -133,7 +133,11 @@ def test_three_hosts_setup_doctor_and_share_a_ram_region_behind_a_switch(tmp_pat
             rack_doc = json.loads(r.stdout)
         except ValueError:
             pytest.fail(f"rack doctor printed no JSON (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-        assert r.returncode == 0 and rack_doc["failed_hosts"] == [], (rack_doc["failed_hosts"], r.stderr[-2000:])
+        failing = {c: {h: x["status"] for h, x in cells.items()} for c, cells in rack_doc.get("checks", {}).items()
+                   if any(x["status"] == "fail" for x in cells.values())}
+        assert r.returncode == 0 and rack_doc["failed_hosts"] == [], (
+            rack_doc["failed_hosts"], failing, rack_doc.get("unreachable_or_broken"), rack_doc.get("probe"),
+            r.stderr[-2000:])
         matrix = rack_doc["probe"]["matrix"]
         assert rack_doc["probe"]["errors"] == {}
         cells = {(rd, w): c["status"] for rd, row in matrix.items() for w, c in row.items()}
