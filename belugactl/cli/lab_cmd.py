@@ -175,19 +175,24 @@ def register(app: typer.Typer) -> None:
     @lab.command("selftest")
     def selftest_cmd(
         name: str = typer.Option("default", "--name", help=NAME_HELP),
-        keep: bool = typer.Option(False, "--keep", help="Leave the region and namespace in place."),
+        keep: bool = typer.Option(False, "--keep", help="Leave the region (and namespace) it made in place."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Create a region and devdax namespace in every guest with the real tools, write a pattern
-        from each guest and find it in the others and in the pool file. Cleans up unless --keep."""
+        from each guest and find it in the others and in the pool file. Cleans up unless --keep.
+        ram profile: a ram region across every device (targets by serial) made devdax, or the one
+        `setup` made, used as is; every interleave position checked in its backing file."""
         from belugactl.cli.render import print_json
         from belugactl.errors import StepFailed
-        from belugactl.lab import selftest
+        from belugactl.lab import selftest, selftest_ram
         from belugactl.pool.device import device_path
 
         report = selftest.run(name, keep=keep)
         if as_json:
             print_json(report.to_dict())
+        elif isinstance(report, selftest_ram.RamSelftestReport):
+            for line in selftest_ram.render_lines(report, keep=keep):
+                print(line)
         else:
             for p in report.provisioned:
                 print(f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> {device_path(p.dax)} "
@@ -201,7 +206,11 @@ def register(app: typer.Typer) -> None:
             raise StepFailed(
                 "lab selftest FAILED: the guests do not share the pool as expected",
                 why=report.error or "; ".join(failed) or "no checks ran",
-                fix="see the lines above; a topology with one root port per host bridge drops writes on QEMU 7.2",
+                fix=(
+                    "see the lines above; guests disagreeing on positions were given targets by name, not serial"
+                    if isinstance(report, selftest_ram.RamSelftestReport)
+                    else "see the lines above; a topology with one root port per host bridge drops writes on QEMU 7.2"
+                ),
             )
 
     @lab.command("ssh-config")

@@ -189,6 +189,10 @@ def run(name: str = rack.DEFAULT_NAME, *, keep: bool = False) -> SelftestReport:
         from belugactl.errors import EnvironmentProblem
 
         raise EnvironmentProblem(f"lab {name!r} is {st.state}", fix="belugactl lab up (or lab status to see why)")
+    if st.profile == "ram":  # ram regions, interleaved across devices: a module of its own
+        from belugactl.lab import selftest_ram
+
+        return selftest_ram.run(st, keep=keep)
     pool = Path(st.pool or "")
     guests = [_Guest(g.name, rack.channel(name, g.name), report) for g in st.guests]
     provisioned: list[Provisioned] = []
