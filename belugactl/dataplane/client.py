@@ -387,17 +387,23 @@ class KVIndexClient:
         if not keys:
             return []
         ns = self._ns_id(namespace)
-        per_call = max(1, p.lookup_capacity(self.transport.max_payload, len(keys[0])))
-        out: list[BlockLocation | None] = []
-        pos = 0
-        while pos < len(keys):
-            chunk = keys[pos : pos + per_call]
-            items = p.decode_get_many_reply_ex(self._call(Op.GET_MANY, p.encode_lookup(ns, chunk)))
-            if not items:
-                raise RequestRejected("GET_MANY answered no keys")
-            for lease, nbytes, extents, checksum in items:
-                out.append(BlockLocation(extents, lease, nbytes, checksum) if lease else None)
-            pos += len(items)
+        per_call = p.get_many_capacity(self.transport.max_payload, len(keys[0]))
+        out: list[BlockLocation | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        # All the messages go out as one pipelined burst; a reply that could not carry every key of
+        # its message (many extents) answers a prefix, and the rest goes out in the next burst.
+        while todo:
+            chunks = [todo[i : i + per_call] for i in range(0, len(todo), per_call)]
+            replies = self._call_many(Op.GET_MANY, [p.encode_lookup(ns, [keys[j] for j in c]) for c in chunks])
+            left: list[int] = []
+            for chunk, reply in zip(chunks, replies, strict=True):
+                items = p.decode_get_many_reply_ex(reply)
+                if not items or len(items) > len(chunk):
+                    raise RequestRejected(f"GET_MANY answered {len(items)} of {len(chunk)} keys")
+                for j, (lease, nbytes, extents, checksum) in zip(chunk, items, strict=False):
+                    out[j] = BlockLocation(extents, lease, nbytes, checksum) if lease else None
+                left += chunk[len(items) :]
+            todo = left
         return out
 
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Reservation:

@@ -221,6 +221,13 @@ def lookup_capacity(max_payload: int, key_len: int) -> int:
     return max(0, (max_payload - _LOOKUP_REQ.size) // key_len)
 
 
+def get_many_capacity(max_payload: int, key_len: int) -> int:
+    """How many keys one GET_MANY message should carry: what the request holds, and what the reply
+    holds when each block is one extent (a reply that cannot carry every key answers a prefix)."""
+    reply = (max_payload - _MANY_REP.size) // (_MANY_ITEM.size + _EXTENT.size)
+    return max(1, min(lookup_capacity(max_payload, key_len), reply))
+
+
 def encode_lookup(ns: int, keys: Sequence[bytes]) -> bytes:
     klen = len(keys[0])
     if len(keys) == 1:

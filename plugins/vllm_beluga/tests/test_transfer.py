@@ -242,6 +242,7 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
     t = _transfer(address, pool, layout, stats)
     assert t.index.lookup_prefix(NS, [b"warm"]) == 0  # connects and opens the namespace: once per connection
     cost = {}
+    load_cost = {}
     for blocks in (2, 62):
         keys = [hashlib.sha256(f"{blocks}-{i}".encode()).digest() for i in range(blocks)]  # vLLM-like hashes
         before = {k: stats.get(k) for k in ("save_requests", "save_metadata_round_trips", "save_metadata_messages")}
@@ -254,8 +255,12 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
         want = [_block(bufs, b) for b in range(blocks)]
         for b in bufs:
             b[:] = os.urandom(len(b))
+        trips = stats.get("load_metadata_round_trips")
         assert t.load(list(range(blocks)), keys) == []
+        load_cost[blocks] = stats.get("load_metadata_round_trips") - trips
         assert [_block(bufs, b) for b in range(blocks)] == want
+    # A load finds a request's blocks in one GET_MANY burst, whatever their number.
+    assert load_cost == {2: 1, 62: 1}, load_cost
     if transport == "tcp":
         assert cost == {2: (2, 2), 62: (2, 2)}  # one RESERVE_MANY, one COMMIT_MANY
     else:

@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for, refuse_hybrid
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
-from vllm_beluga.transfer import Location, PoolTransfer, locate
+from vllm_beluga.transfer import Location, PoolTransfer, locate_many
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -240,7 +240,7 @@ class BelugaConnector(KVConnectorBase_V1):
         if self.tp_size == 1 or self.mla:
             # With one rank the scheduler's namespace is the worker's: resolve here, over the ring.
             # With several, each rank holds its own shard under its own namespace and looks it up itself.
-            locations = [locate(self.index, self.namespace, key) for key in keys]
+            locations = locate_many(self.index, self.namespace, keys)
         # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
         self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations))
 

@@ -112,6 +112,13 @@ class BestEffortIndex:
     def get(self, namespace: str, key: bytes) -> Any:
         return self._call("get", None, lambda c: c.get(namespace, key))
 
+    def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[Any]:
+        """`get` for a request's keys in one burst: a location (with its lease) or None per key."""
+        if not keys:
+            return []
+        got = self._call("get", None, lambda c: c.get_many(namespace, keys))
+        return [None] * len(keys) if got is None else list(got)
+
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Any:
         """A Reservation, or None when the key is present already, the pool is full, or the server is down."""
         try:
