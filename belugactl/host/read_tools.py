@@ -23,7 +23,7 @@ from belugactl.host.snapshot import ToolInfo
 
 # Seconds a listing may take; `cxl list` on a large rack walks many sysfs files.
 LIST_TIMEOUT_S = 20.0
-VERSION_TIMEOUT_S = 10.0
+VERSION_TIMEOUT_S = 30.0  # `cxl version` took over 10 s in a TCG guest on a loaded 2-core host
 
 # argv that prints the version, per tool discovery reports on.
 VERSION_ARGV: dict[str, tuple[str, ...]] = {
