@@ -190,6 +190,14 @@ class BelugaConnector(KVConnectorBase_V1):
         # Overlap (overlap.py): both on unless kv_connector_extra_config turns them off, which
         # serve's benchmarks do to measure what they save. Scheduler and workers read the same config.
         self.async_saves = self.cfg.extra.get("async_saves", True) is not False
+        # Prefill/decode roles (vLLM's kv_role): a consumer loads and never saves (what it computes is
+        # the decode); a producer saves synchronously, so its answer to the front door means "the
+        # prompt's KV is in the pool" and the consumer asked next finds every block. A producer still
+        # loads a prefix the pool already has: that is recompute saved, not a role broken.
+        self.kv_role = str(getattr(self._kv_transfer_config, "kv_role", "kv_both") or "kv_both")
+        self.saves_enabled = self.kv_role != "kv_consumer"
+        if self.kv_role == "kv_producer":
+            self.async_saves = False
         self.layerwise_loads = self.cfg.extra.get("layerwise_loads", True) is not False
         self._layer_load: LayerwiseLoad | None = None
         self._load_thread: ThreadPoolExecutor | None = None
@@ -207,12 +215,12 @@ class BelugaConnector(KVConnectorBase_V1):
         return [bytes(h) for h in hashes[ratio - 1 :: ratio]]
 
     def on_new_request(self, request: Request) -> None:
-        self._requests.setdefault(request.request_id, _RequestState(request=request))
+        self._requests.setdefault(request.request_id, _RequestState(request=request, save=self.saves_enabled))
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.setdefault(request.request_id, _RequestState(request=request))
         switches = _request_switches(request)
-        state.save = switches.get("save", True) is not False
+        state.save = self.saves_enabled and switches.get("save", True) is not False
         self._pending_hits.pop(request.request_id, None)
         if switches.get("load", True) is False:
             return 0, False
