@@ -260,6 +260,8 @@ def resolve_layout(manifest: Manifest) -> PoolLayout:
             fixed_sizes.append(host.partition_size)
         elif isinstance(lay.partition_size, int):
             fixed_sizes.append(lay.partition_size)
+        elif lay.partition_size is None:
+            fixed_sizes.append(align)  # the default: room for belugactl's per-host records only
         else:
             fixed_sizes.append(None)
     fixed_total = sum(s for s in fixed_sizes if s is not None)

@@ -376,8 +376,12 @@ class Metadata(Strict):
 class Layout(Strict):
     header: Size = 2 * MiB
     metadata: Metadata = Metadata()
-    shared_kv: SizeOrRest = "50%"
-    partition_size: SizeOrEqual = "equal"
+    # The shared area takes what the partitions leave, and a partition is, unless the manifest says
+    # otherwise, one `pool.align` unit: enough for belugactl's per-host records (the rack probe). KV
+    # blocks live in the shared area, where every host reaches them at the same cost (docs/pool-format.md,
+    # "Per-host partitions").
+    shared_kv: SizeOrRest = "rest"
+    partition_size: SizeOrEqual | None = None  # None: one pool.align unit per host
 
 
 # ---- hosts ----------------------------------------------------------------------------------

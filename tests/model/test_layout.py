@@ -64,7 +64,9 @@ def test_equal_split_rounds_down_to_the_align():
 
 
 def test_shared_rest_takes_what_partitions_leave():
-    m = load_manifest_text(MINIMAL.replace("shared_kv: 254MiB", "shared_kv: rest\n  partition_size: 100MiB"))
+    m = load_manifest_text(
+        MINIMAL.replace("shared_kv: 254MiB\n  partition_size: equal", "shared_kv: rest\n  partition_size: 100MiB")
+    )
     layout = resolve_layout(m)
     assert [p.size for p in layout.partitions] == [100 * MiB, 100 * MiB]
     assert layout.shared_kv.size == m.pool.size - layout.metadata.end - 200 * MiB
@@ -173,3 +175,19 @@ def test_software_stripes_for_the_beluga_rack():
     assert stripes.device_of(stripes.device_size) == 1
     assert stripes.stripe_start(3 * MiB) == 2 * MiB
     assert software_stripes(load_manifest(EXAMPLES / "lab.yaml")) is None
+
+
+def test_by_default_partitions_hold_one_align_unit_and_the_shared_area_the_rest():
+    """Partitions carry belugactl's per-host records only; KV blocks go to the shared area
+    (docs/pool-format.md, "Per-host partitions")."""
+    text = MINIMAL.replace("layout:\n  shared_kv: 254MiB\n  partition_size: equal\n", "")
+    assert "shared_kv" not in text and "partition_size" not in text
+    m = load_manifest_text(text)
+    layout = resolve_layout(m)
+    assert [p.size for p in layout.partitions] == [m.pool.align, m.pool.align]
+    assert layout.shared_kv.offset == layout.metadata.end
+    assert layout.shared_kv.size == m.pool.size - layout.metadata.end - 2 * m.pool.align
+    assert layout.partitions[-1].end == m.pool.size
+    # The old default, written out, still gives the old layout.
+    old = load_manifest_text(MINIMAL.replace("shared_kv: 254MiB", "shared_kv: 50%"))
+    assert resolve_layout(old).partitions[0].size > m.pool.align

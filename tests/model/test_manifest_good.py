@@ -139,7 +139,7 @@ def test_equal_split_needs_a_fixed_shared_area():
 
 
 def test_explicit_partitions_with_rest_for_shared_kv():
-    text = MINIMAL.replace("shared_kv: 254MiB", "shared_kv: rest\n  partition_size: 100MiB")
+    text = MINIMAL.replace("shared_kv: 254MiB\n  partition_size: equal", "shared_kv: rest\n  partition_size: 100MiB")
     m = load_manifest_text(text)
     assert m.layout.partition_size == 100 * MiB
 

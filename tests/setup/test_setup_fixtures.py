@@ -26,7 +26,7 @@ def tree(name: str) -> Host:
 
 
 # beluga-intel's dax device is 512 GiB; the example rack's pool is 8 TiB (which setup refuses, below).
-FITS_BELUGA_INTEL = {"size: 8TiB": "size: 512GiB", "shared_kv: 6TiB": "shared_kv: 384GiB"}
+FITS_BELUGA_INTEL = {"size: 8TiB": "size: 512GiB"}
 
 
 def beluga(host: str = "beluga-00", *, edit: dict[str, str] | None = None):

@@ -18,6 +18,7 @@ pool:
     name: t
 layout:
   shared_kv: 254MiB
+  partition_size: equal
 hosts:
   - name: h1
     address: 10.0.0.1
