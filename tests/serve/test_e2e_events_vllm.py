@@ -178,6 +178,8 @@ def test_pool_events_and_metrics_through_vllm(stack: Stack) -> None:
     assert m1["vllm:beluga_lookup_seconds_count"] >= 2 and m1["vllm:beluga_lookup_round_trips_total"] >= 2
 
     # 3. The server evicts those blocks to make room for others: BlockRemoved of the same hashes.
+    # The hit's prefix lookup holds a read lease on every block (10 s): leased blocks are never evicted.
+    time.sleep(11)
     client = connect(f"tcp://127.0.0.1:{stack.rpc}", timeout_s=10)
     namespace = str(stack.worker_state()["namespace"])
     cursor = client.removals_since(0, max_items=0).head

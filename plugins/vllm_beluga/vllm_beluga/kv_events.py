@@ -24,6 +24,7 @@ Everything is bounded: notes of planned saves, stores waiting for ranks, request
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -92,7 +93,8 @@ class CommitObserver:
     """The metadata door (BestEffortIndex) as the copy code sees it, noting which keys committed.
 
     Reservations are matched to their keys (`reserve_many`) and commits to their reservations
-    (`finish_many`, one OK per visible block); everything else passes straight through.
+    (`finish_many`, one OK per visible block); everything else passes straight through. Saves may
+    run on a background thread while vLLM's step thread takes the committed keys: hence the lock.
     """
 
     def __init__(self, index: Any, enabled: bool = True) -> None:
@@ -100,13 +102,16 @@ class CommitObserver:
         self._enabled = enabled
         self._keys: dict[Any, bytes] = {}  # reservation token -> key, until committed or aborted
         self.committed: list[bytes] = []
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._index, name)
 
     def reserve_many(self, namespace: str, keys: Sequence[bytes], nbytes: int) -> list[Any]:
         got = self._index.reserve_many(namespace, keys, nbytes)
-        if self._enabled:
+        if not self._enabled:
+            return got
+        with self._lock:
             for key, r in zip(keys, got, strict=False):
                 if r is not None and getattr(r, "token", None) is not None:
                     self._keys[r.token] = bytes(key)
@@ -117,7 +122,9 @@ class CommitObserver:
 
     def finish_many(self, commits: Sequence[tuple[Any, int | None]], aborts: Sequence[Any]) -> list[bool]:
         ok = self._index.finish_many(commits, aborts)
-        if self._enabled:
+        if not self._enabled:
+            return ok
+        with self._lock:
             for (token, _crc), done in zip(commits, ok, strict=False):
                 key = self._keys.pop(token, None)
                 if done and key is not None:
@@ -127,7 +134,8 @@ class CommitObserver:
         return ok
 
     def take_committed(self) -> list[bytes]:
-        out, self.committed = self.committed, []
+        with self._lock:
+            out, self.committed = self.committed, []
         return out
 
 
