@@ -11,6 +11,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "belugactl.cli.bench_dataplane_cmd",  # rpc, mds
     "belugactl.cli.bench_serving_cmd",  # kv, serve
     "belugactl.cli.bench_soak_cmd",  # soak
+    "belugactl.cli.bench_overlap_cmd",  # overlap
 )
 
 
