@@ -34,6 +34,7 @@
 #define OP_GET_MANY 13
 #define OP_RESERVE_MANY 14
 #define OP_COMMIT_MANY 15
+#define OP_REMOVALS 16
 
 #define CODE_OK 0
 #define CODE_NOT_FOUND 1

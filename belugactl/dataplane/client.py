@@ -91,6 +91,32 @@ class BlockLocation:
 
 
 @dataclass(frozen=True)
+class Removal:
+    """A key the server removed: `why` is "evicted", "deleted" or "cleared"."""
+
+    namespace_id: int
+    key: bytes
+    why: str
+
+
+@dataclass(frozen=True)
+class Removals:
+    """One REMOVALS answer. Ask again with `next_cursor`; `caught_up` once it reached `head`. `lost`:
+    removals at or after the cursor asked with that the server's bounded log no longer held.
+    `epoch`: the server epoch the cursors belong to (they mean nothing under another one)."""
+
+    items: list[Removal]
+    next_cursor: int
+    head: int
+    lost: int
+    epoch: int
+
+    @property
+    def caught_up(self) -> bool:
+        return self.next_cursor >= self.head
+
+
+@dataclass(frozen=True)
 class Reservation:
     """Space reserved for one block: write `nbytes` across `extents` (in order), then commit(token).
 
@@ -601,6 +627,21 @@ class KVIndexClient:
 
     def stats(self) -> dict:
         return p.decode_stats(self._call(Op.STATS, b""))
+
+    def removals_since(self, cursor: int, namespace: str | None = None, *, max_items: int = 0xFFFF) -> Removals:
+        """Keys the server removed (evicted, deleted, cleared) from sequence number `cursor` on, of
+        `namespace` (None: every namespace), as many as one reply carries. Start with the `head` of
+        a probe (`max_items=0`) to follow from now, or 0 for everything the server still keeps.
+
+        A cursor belongs to the epoch it came from (`Removals.epoch`): after a server restart
+        (StaleEpoch, then reconnect) start again from a probe. RequestRejected (BAD_ARGS) for a
+        cursor past the server's head."""
+        ns = 0 if namespace is None else self._ns_id(namespace)
+        epoch = self.epoch
+        reply = self._call(Op.REMOVALS, p.encode_removals(cursor, ns, max_items))
+        next_cursor, head, lost, raw = p.decode_removals_reply(reply)
+        items = [Removal(n, key, p.REMOVAL_WHY.get(why, str(why))) for n, why, key in raw]
+        return Removals(items, next_cursor, head, lost, epoch)
 
     def ping(self, payload: bytes = b"") -> bytes:
         return self._call(Op.PING, payload)

@@ -32,6 +32,7 @@ from typing import Any
 
 from belugactl.dataplane.mds.allocator import Allocation, Allocator
 from belugactl.dataplane.mds.ownership import new_token
+from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
 
@@ -96,6 +97,8 @@ class IndexConfig:
     interleave_ways: int = 1
     interleave_granularity: int = 2 << 20
     namespace_idle_s: float = 60.0  # an empty namespace unused this long may be dropped at the cap
+    # Removed keys kept for REMOVALS (mds/removal_log.py): at most ~300 B each (a 255-byte key).
+    removal_log_size: int = 16384
 
 
 @dataclass
@@ -162,6 +165,8 @@ class KVIndex:
         # Optional journal (restart policy "journal"): told of every commit and removal.
         self.journal: Any = None
         self.counters = Counters()
+        # What was removed, for clients that follow evictions (vLLM schedulers publishing BlockRemoved).
+        self.removals = RemovalLog(self.config.removal_log_size)
 
     # --- namespaces ---------------------------------------------------------------------------
     def open_namespace(self, name: str) -> int:
@@ -426,19 +431,20 @@ class KVIndex:
         e = self.entries.get((ns, key))
         if e is None:
             return False
-        self._remove(e)
+        self._remove(e, WHY_DELETED)
         return True
 
     def clear_namespace(self, ns: int) -> int:
         self._check_ns(ns)
         doomed = [e for k, e in self.entries.items() if k[0] == ns]
         for e in doomed:
-            self._remove(e)
+            self._remove(e, WHY_CLEARED)
         return len(doomed)
 
-    def _remove(self, e: Entry) -> None:
+    def _remove(self, e: Entry, why: int) -> None:
         if self.journal is not None:
             self.journal.removed(e)
+        self.removals.record(e.key[0], e.key[1], why)
         del self.entries[e.key]
         self.lru.pop(e.key, None)
         self._ns_sub(e.key[0])
@@ -471,7 +477,7 @@ class KVIndex:
             if e.leases:
                 continue
             self.counters.evicted_bytes += e.alloc.footprint
-            self._remove(e)
+            self._remove(e, WHY_EVICTED)
             evicted += 1
         self.counters.evictions += evicted
         return evicted
@@ -497,7 +503,7 @@ class KVIndex:
                 return None
         for e in victims:
             self.counters.evicted_bytes += e.alloc.footprint
-            self._remove(e)
+            self._remove(e, WHY_EVICTED)
         self.counters.evictions += len(victims)
         return self.alloc.alloc(nbytes)
 
@@ -554,6 +560,8 @@ class KVIndex:
             "bytes_reserved": reserved,
             "reservations": len(self.pending),
             "leases": len(self.leases) + self.burst_leases,
+            "removals_head": self.removals.head,
+            "removals_kept": len(self.removals),
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }

@@ -90,6 +90,7 @@ class MetadataService:
             Op.GET_MANY: self._get_many,
             Op.RESERVE_MANY: self._reserve_many,
             Op.COMMIT_MANY: self._commit_many,
+            Op.REMOVALS: self._removals,
         }
         self.batched_items = 0  # keys and tokens carried by RESERVE_MANY / COMMIT_MANY requests
 
@@ -288,6 +289,43 @@ class MetadataService:
             else:
                 codes.append(0)
         return 0, p.encode_codes_reply(codes)
+
+    def _removals(self, data, max_reply: int, _owner: int) -> tuple[int, bytes]:
+        """Removed keys since the client's cursor (of one namespace, or all), as many as fit the
+        reply and `max items`, looking at no more than SCAN_BUDGET records (mds/removal_log.py).
+
+        A cursor past the log's head names removals that never happened in this epoch (a client
+        that kept its cursor across a server restart would be answered STALE_EPOCH first): refused
+        with BAD_ARGS. A namespace id never issued: UNKNOWN_NS (a dropped one is fine; its
+        removals were recorded under that id, and ids are never reused)."""
+        cursor, ns, max_items = p.decode_removals(data)
+        log = self.index.removals
+        if cursor > log.head:
+            raise ProtocolError(Code.BAD_ARGS, f"REMOVALS: cursor {cursor} is past the log's head {log.head}")
+        if ns > self.index.ns_id_bound:
+            raise ProtocolError(Code.UNKNOWN_NS, f"REMOVALS: namespace id {ns} was never issued")
+        lost = log.lost_before(cursor)
+        start, stop = log.window(cursor)
+        room = max_reply - p.REMOVALS_REPLY_HEAD
+        if room < 0:
+            return int(Code.TOO_BIG), b""
+        full = room
+        items: list[bytes] = []
+        next_cursor = stop
+        if max_items == 0:
+            next_cursor = start  # a probe: only the head (and what is lost) is news
+        else:
+            for rec in log.records(start, stop, ns):
+                item = p.encode_removal_item(rec.ns, rec.why, rec.key)
+                if len(item) > full:
+                    lost += 1  # a key too long for any reply of this transport: skipped, not a stall
+                    continue
+                if len(items) >= max_items or len(item) > room:
+                    next_cursor = rec.seq
+                    break
+                items.append(item)
+                room -= len(item)
+        return 0, p.encode_removals_reply(next_cursor, log.head, lost, items)
 
     def _abort(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         self.index.abort(p.decode_u64(data, "ABORT"), owner)

@@ -62,6 +62,7 @@ class Op(IntEnum):
     GET_MANY = 13
     RESERVE_MANY = 14  # several keys of one namespace reserved in one message (docs/dataplane.md)
     COMMIT_MANY = 15  # several tokens committed (or aborted) in one message, each with its checksum
+    REMOVALS = 16  # keys the server removed (evicted, deleted, cleared) since a cursor (docs/dataplane.md)
 
 
 class Code(IntEnum):
@@ -540,3 +541,71 @@ def decode_codes_reply(data, what: str) -> list[int]:
     count = _MANY_REP.unpack_from(data, 0)[0]
     _need(data, _MANY_REP.size + 2 * count, what)
     return list(struct.unpack_from(f"<{count}H", data, _MANY_REP.size))
+
+
+# --- REMOVALS: keys removed since a cursor (docs/dataplane.md, "Removal events") ----------------
+# Request: u64 cursor (the sequence number of the first removal wanted; 0 and 1: from the first),
+# u32 namespace id (0: every namespace), u16 max items (0: no items, only the reply's head),
+# u16 flags (0). Reply: u64 next cursor (ask with it next time), u64 head (the sequence number the
+# next removal will get: caught up when next == head), u32 lost (removals at or after the cursor
+# the bounded log no longer holds), u16 count, u16 pad; then `count` items of u32 namespace id,
+# u8 why, u8 key length, key.
+_REMOVALS_REQ = struct.Struct("<QIHH")
+_REMOVALS_REP = struct.Struct("<QQIHH")
+_REMOVAL_ITEM = struct.Struct("<IBB")
+REMOVALS_REPLY_HEAD = _REMOVALS_REP.size
+REMOVAL_WHY = {1: "evicted", 2: "deleted", 3: "cleared"}  # mds/removal_log.py WHY_*
+
+
+def removals_capacity(max_payload: int, key_len: int) -> int:
+    """How many removals of `key_len`-byte keys one REMOVALS reply of `max_payload` bytes carries."""
+    if key_len <= 0:
+        return 0
+    return max(0, min(_MAX_COUNT, (max_payload - _REMOVALS_REP.size) // (_REMOVAL_ITEM.size + key_len)))
+
+
+def removal_item_size(key_len: int) -> int:
+    return _REMOVAL_ITEM.size + key_len
+
+
+def encode_removals(cursor: int, ns: int = 0, max_items: int = _MAX_COUNT) -> bytes:
+    if not 0 <= cursor < 1 << 64:
+        raise ValueError(f"REMOVALS cursor {cursor} is not a u64")
+    if not 0 <= max_items <= _MAX_COUNT:
+        raise ValueError(f"REMOVALS max items {max_items} outside 0..{_MAX_COUNT}")
+    return _REMOVALS_REQ.pack(cursor, ns, max_items, 0)
+
+
+def decode_removals(data) -> tuple[int, int, int]:
+    """(cursor, namespace id or 0, max items)."""
+    _need(data, _REMOVALS_REQ.size, "REMOVALS")
+    cursor, ns, max_items, flags = _REMOVALS_REQ.unpack_from(data, 0)
+    if flags:
+        raise ProtocolError(Code.BAD_ARGS, f"REMOVALS: unknown flags {flags:#x}")
+    return cursor, ns, max_items
+
+
+def encode_removal_item(ns: int, why: int, key: bytes) -> bytes:
+    return _REMOVAL_ITEM.pack(ns, why, len(key)) + key
+
+
+def encode_removals_reply(next_cursor: int, head: int, lost: int, items: Sequence[bytes]) -> bytes:
+    return _REMOVALS_REP.pack(next_cursor, head, min(lost, 0xFFFFFFFF), len(items), 0) + b"".join(items)
+
+
+def decode_removals_reply(data) -> tuple[int, int, int, list[tuple[int, int, bytes]]]:
+    """(next cursor, head, lost, [(namespace id, why, key)])."""
+    _need(data, _REMOVALS_REP.size, "REMOVALS reply")
+    next_cursor, head, lost, count, _pad = _REMOVALS_REP.unpack_from(data, 0)
+    pos = _REMOVALS_REP.size
+    out = []
+    for _ in range(count):
+        _need(data, pos + _REMOVAL_ITEM.size, "REMOVALS reply")
+        ns, why, klen = _REMOVAL_ITEM.unpack_from(data, pos)
+        pos += _REMOVAL_ITEM.size
+        _need(data, pos + klen, "REMOVALS reply")
+        out.append((ns, why, bytes(data[pos : pos + klen])))
+        pos += klen
+    if next_cursor > head:
+        raise ProtocolError(Code.BAD_ARGS, f"REMOVALS reply: next cursor {next_cursor} past head {head}")
+    return next_cursor, head, lost, out

@@ -38,12 +38,26 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for, refuse_hybrid
 from vllm_beluga.index_client import BestEffortIndex
+from vllm_beluga.kv_events import (
+    DEFAULT_MEDIUM,
+    DEFAULT_POLL_S,
+    BelugaKVEvents,
+    CommitObserver,
+    SchedulerEvents,
+    events_enabled,
+    worker_events,
+)
 from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import Location, PoolTransfer, locate_many
+from vllm_beluga.vllm_metrics import BelugaKVConnectorStats, BelugaPromMetrics
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -186,7 +200,8 @@ class BelugaConnector(KVConnectorBase_V1):
         self._engine: Any = None
         self._pool: Any = None
         self._load_errors: set[int] = set()
-        self._transfer = PoolTransfer(self.index, None, self.namespace, self.stats)
+        self._init_observability(vllm_config, role)
+        self._transfer = PoolTransfer(self._commits, None, self.namespace, self.stats)
         # Overlap (overlap.py): both on unless kv_connector_extra_config turns them off, which
         # serve's benchmarks do to measure what they save. Scheduler and workers read the same config.
         self.async_saves = self.cfg.extra.get("async_saves", True) is not False
@@ -291,6 +306,7 @@ class BelugaConnector(KVConnectorBase_V1):
             if state.saved_upto is None:
                 state.saved_upto = cached.num_computed_tokens[i] // self.block_size
             self._plan_save(meta, req_id, state, cached.num_computed_tokens[i], scheduler_output)
+        self._note_saves(meta)
         return meta
 
     def _plan_save(
@@ -487,4 +503,66 @@ class BelugaConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         return False  # a dropped save is a later miss, not a lost answer
 
+    # ------------------------------------------------------------------ vLLM's KV events and metrics
+    # (kv_events.py, vllm_metrics.py): the pool's BlockStored/BlockRemoved through vLLM's publisher,
+    # the connector's counters in vLLM's log line and /metrics.
+    def _init_observability(self, vllm_config: VllmConfig, role: KVConnectorRole) -> None:
+        extra = self.cfg.extra
+        self._events_on = events_enabled(vllm_config)
+        self._medium = str(extra.get("kv_events_medium") or DEFAULT_MEDIUM)
+        self._commits = CommitObserver(self.index, enabled=self._events_on)
+        self._trips_reported = 0
+        self._events: SchedulerEvents | None = None
+        if self._events_on and role == KVConnectorRole.SCHEDULER:
+            self._events = SchedulerEvents(
+                index=self.index,
+                namespace=self.namespace,
+                block_size=self.block_size,
+                ranks=1 if self.mla else self.tp_size,  # who stores each block (MLA: rank 0 only)
+                stats=self.stats,
+                medium=self._medium,
+                poll_s=float(extra.get("kv_events_poll_s", DEFAULT_POLL_S)),
+            )
 
+    def _note_saves(self, meta: BelugaConnectorMetadata) -> None:
+        if self._events is not None and meta.saves:
+            self._events.note_saves(meta.saves, self._requests, self._block_keys)
+
+    def get_kv_connector_kv_cache_events(self) -> BelugaKVEvents | None:
+        if not self._events_on:
+            return None
+        return worker_events(self._commits, self.block_size, self._medium)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        if self._events is not None:
+            self._events.absorb(getattr(connector_output, "kv_cache_events", None))
+        super().update_connector_output(connector_output)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        if self._events is None:
+            return ()
+        return self._events.take()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        extra: dict[str, int] = {}
+        if self._role == KVConnectorRole.SCHEDULER:
+            # The scheduler's round trips: lookups, block locations, removal polls.
+            trips = self.index.round_trips
+            extra["lookup_round_trips"] = trips - self._trips_reported
+            self._trips_reported = trips
+        stats = BelugaKVConnectorStats.from_connector_stats(self.stats, **extra)
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return BelugaKVConnectorStats(data=data) if data is not None else BelugaKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return BelugaPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -203,6 +203,24 @@ class BestEffortIndex:
             self.stats.add("release_failed")
             return None
 
+    def removals_since(self, namespace: str, cursor: int, epoch: int) -> tuple[Any, bool] | None:
+        """Keys of `namespace` the server removed from `cursor` on: (Removals, False), if `epoch`
+        is still the server's. Otherwise (the first call with epoch 0, the server restarted since,
+        or it refused the cursor): (a probe, True), whose `head` is where to follow from and whose
+        `epoch` is the server's. None when the server is away."""
+
+        def ask(client: Any) -> tuple[Any, bool]:
+            if client.epoch == epoch:
+                try:
+                    return client.removals_since(cursor, namespace), False
+                except Exception as exc:
+                    if type(exc).__name__ != "RequestRejected":
+                        raise
+                    self.stats.add("removals_refused")  # a cursor this server never issued
+            return client.removals_since(0, namespace, max_items=0), True
+
+        return self._call("removals", None, ask)
+
     def close(self) -> None:
         if self._client is not None:
             try:

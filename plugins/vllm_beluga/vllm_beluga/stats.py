@@ -2,6 +2,10 @@
 
 Each connector instance (scheduler, each worker) owns one JSON file (`stats_path` with the role
 appended) and rewrites it atomically when a counter changes, at most every `min_interval_s`.
+
+The same counters also feed vLLM's own metrics (vllm_metrics.py): `take_interval` hands over what
+was added since its last call, and each addition to a timing counter (`*_us`) is one observation
+of a latency histogram (kept up to MAX_OBSERVATIONS per interval; the sums stay exact).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+# Observations of one timing counter kept between two `take_interval` calls (vLLM asks every step).
+MAX_OBSERVATIONS = 1024
 
 
 class ConnectorStats:
@@ -25,12 +32,27 @@ class ConnectorStats:
         self._last_write = 0.0
         self._dirty = False
         self._timer: threading.Timer | None = None
+        self._interval: dict[str, int] = {}
+        self._observed: dict[str, list[int]] = {}
 
     def add(self, name: str, value: int = 1) -> None:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0) + value
+            self._interval[name] = self._interval.get(name, 0) + value
+            if name.endswith("_us"):
+                seen = self._observed.setdefault(name, [])
+                if len(seen) < MAX_OBSERVATIONS:
+                    seen.append(value)
             self._dirty = True
         self.flush()
+
+    def take_interval(self) -> tuple[dict[str, int], dict[str, list[int]]]:
+        """What was added since the last call: counter increments, and each timing counter's
+        individual additions (microseconds); both empty when nothing happened."""
+        with self._lock:
+            interval, observed = self._interval, self._observed
+            self._interval, self._observed = {}, {}
+        return interval, observed
 
     def set(self, name: str, value: object) -> None:
         with self._lock:
