@@ -121,7 +121,8 @@ def test_remote_workers_need_a_reachable_rpc_listener(tmp_path: Path) -> None:
     assert _plan(REPO / "examples" / "lab.yaml", "lab-2").blockers == []
     # on the explicit TCP fallback lab-2's workers could never reach lab-1's server
     tcp = tmp_path / "lab-tcp.yaml"
-    tcp.write_text((REPO / "examples" / "lab.yaml").read_text().replace("serve:\n  metadata:\n", "serve:\n  metadata:\n    transport: tcp\n"))
+    lab = (REPO / "examples" / "lab.yaml").read_text()
+    tcp.write_text(lab.replace("serve:\n  metadata:\n", "serve:\n  metadata:\n    transport: tcp\n"))
     blocked = _plan(tcp, "lab-2")
     assert len(blocked.blockers) == 1 and "rpc_bind" in blocked.blockers[0]
     assert _plan(tcp, "lab-1").blockers == []

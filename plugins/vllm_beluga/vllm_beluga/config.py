@@ -68,8 +68,9 @@ class BelugaConfig:
         if kwargs.get("transport") not in (None, "cxl", "tcp"):
             raise ConnectorConfigError(f"transport must be 'cxl' or 'tcp', not {kwargs['transport']!r}")
         if kwargs.get("transport") == "cxl":
-            for name, value in [("scheduler_address", kwargs.get("scheduler_address")),
-                                *((f"worker_addresses[{r}]", a) for r, a in kwargs.get("worker_addresses", {}).items())]:  # fmt: skip
+            rings = {"scheduler_address": kwargs.get("scheduler_address")}
+            rings.update({f"worker_addresses[{r}]": a for r, a in kwargs.get("worker_addresses", {}).items()})
+            for name, value in rings.items():
                 if value is not None and not str(value).startswith("cxl://"):
                     raise ConnectorConfigError(f"transport is 'cxl' but {name} is {value!r}, not a cxl:// ring")
         if kwargs.get("coherence", "none") not in ("none", "flush"):
