@@ -303,20 +303,28 @@ def resolve_layout(manifest: Manifest) -> PoolLayout:
     return _resolve(manifest, _clients(manifest, per_process=True))
 
 
-def legacy_layout_hash(manifest: Manifest) -> str | None:
-    """The layout hash belugactl wrote for this manifest before rings were allotted per process (one
+def legacy_layout(manifest: Manifest) -> PoolLayout | None:
+    """The layout belugactl derived from this manifest before rings were allotted per process (one
     ring per vLLM instance), or None when that layout does not fit. Only to recognise such a pool and
-    say so: nothing serves on that layout any more."""
+    say so (and for tests to write one): nothing serves on that layout any more."""
     try:
-        return _resolve(manifest, _clients(manifest, per_process=False)).layout_hash
+        return _resolve(manifest, _clients(manifest, per_process=False))
     except LayoutDoesNotFit:
         return None
 
 
-def stale_layout_note(manifest: Manifest, layout: PoolLayout, pool_hash: str, pool_rings: int) -> str | None:
+def legacy_layout_hash(manifest: Manifest) -> str | None:
+    old = legacy_layout(manifest)
+    return old.layout_hash if old is not None else None
+
+
+def stale_layout_note(
+    manifest: Manifest, layout: PoolLayout, pool_hash: str, pool_rings: int, *, same_pool: bool = True
+) -> str | None:
     """Why a pool header's layout differs from this manifest's, when it is about the CXL-RPC rings:
-    written by a belugactl that allotted one ring per instance, or for fewer rings than this
-    manifest's processes need. None otherwise (then the field diff is the explanation)."""
+    written by a belugactl that allotted one ring per instance, or (`same_pool`: the header's pool
+    uuid is this manifest's) for fewer rings than this manifest's processes need. None otherwise
+    (then the field diff is the explanation)."""
     if pool_hash == layout.layout_hash:
         return None
     need = f"{layout.rpc.ring_count} ({len(layout.clients)} vLLM processes + {len(layout.spare_rings)} spare)"
@@ -327,7 +335,7 @@ def stale_layout_note(manifest: Manifest, layout: PoolLayout, pool_hash: str, po
             f"(the scheduler and each tensor-parallel worker): {need}, so the metadata area, the journal, the "
             f"shared KV area and the host partitions start at other offsets"
         )
-    if pool_rings < layout.rpc.ring_count:
+    if same_pool and pool_rings < layout.rpc.ring_count:
         return (
             f"the pool has {pool_rings} CXL-RPC rings, fewer than this manifest's processes need: {need}; it was "
             f"set up for fewer instances or tensor-parallel workers"

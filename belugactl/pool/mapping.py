@@ -382,7 +382,10 @@ def verify_against_manifest(
         lines = [f"{field}: manifest {ours!r}, pool {theirs!r}" for field, ours, theirs in problems[:12]]
         from belugactl.model.layout import stale_layout_note
 
-        note = stale_layout_note(manifest, layout, header.layout_hash, header.geometry.ring_count)
+        note = stale_layout_note(
+            manifest, layout, header.layout_hash, header.geometry.ring_count,
+            same_pool=header.pool_uuid == expected.pool_uuid,
+        )  # fmt: skip
         raise PoolMismatch(
             f"pool {path} was laid out for a different manifest ({len(problems)} field(s) differ)"
             + (f": {note}" if note else ""),

@@ -76,10 +76,13 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         details["differences"] = [{"field": f, "manifest": a, "pool": b} for f, a, b in differences]
         from belugactl.model.layout import stale_layout_note
 
-        note = stale_layout_note(ctx.expect.manifest, ctx.expect.layout, found.layout_hash, found.geometry.ring_count)
+        note = stale_layout_note(
+            ctx.expect.manifest, ctx.expect.layout, found.layout_hash, found.geometry.ring_count,
+            same_pool=found.pool_uuid == ours.pool_uuid,
+        )  # fmt: skip
         return CheckResult.fail(
-            (f"{note} ({shown}{more})" if note else f"the pool header disagrees with this manifest ({shown}{more})")
-            + ": serving would corrupt other hosts' data",
+            f"the pool header disagrees with this manifest{': ' + note if note else ''} ({shown}{more}): "
+            "serving would corrupt other hosts' data",
             ("" if note else "use the rack's manifest (the same file on every host); ")
             + "only if the pool holds nothing worth keeping, re-initialize it: belugactl setup -f MANIFEST --force "
             "(rewrites the header; DESTROYS every cached KV block, the index journal and the host partitions' "
