@@ -33,6 +33,10 @@ def test_a_ring_that_cannot_be_opened_means_misses_a_warning_and_a_counter(
     written = json.loads((tmp_path / "vllm-0.worker1.json").read_text())
     assert written["metadata_transport"] == "cxl" and written["metadata_address"] == "cxl:///nowhere/pool#5"
     assert "cannot map" in written["ring_error"] and written["healthy"] is False
+    # once the ring opens, the error is history (its count stays)
+    index._connect = lambda address, **_: type("C", (), {"lookup_prefix": lambda self, ns, keys: 1})()
+    assert index.lookup_prefix("ns", [b"k" * 32]) == 1 and index.healthy
+    assert stats.snapshot()["ring_error"] is None and stats.get("ring_open_failed") == len(tried)
 
 
 def test_a_process_without_a_ring_asks_nobody(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -81,6 +81,7 @@ class BestEffortIndex:
         if self._warned_down:
             log.warning("Beluga: metadata server at %s is reachable again", self.address)
         self._warned_down = False
+        self.stats.set("ring_error", None)  # the ring opened: an earlier failure is history (counted)
         self.stats.set("healthy", True)
         self.stats.add("connects")
         return self._client
