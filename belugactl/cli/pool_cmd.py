@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
 
         console = stdout_console()
         render_layout_table(console, layout, title=f"pool map: {m.name} (layout {layout.layout_hash[:12]})")
+        render_ring_owners(console, layout)
         if svg is not None:
             stderr_console().print(f"wrote {svg}")
 
@@ -203,6 +204,30 @@ def render_inspection(console: Any, doc: dict[str, Any]) -> None:
             f"  usage       used {format_size(usage.get('bytes_used') or 0)} of {format_size(cap)}{pct}, "
             f"{usage.get('entries')} entries, {usage.get('evictions')} evictions"
         )
+
+
+def render_ring_owners(console: Any, layout: Any) -> None:
+    """Who owns which CXL-RPC ring: one row per vLLM instance (its scheduler's and workers' rings),
+    then the spare rings."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="CXL-RPC rings (one per vLLM process)", title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (("rings", "right"), ("host", "left"), ("instance", "left"), ("process: ring", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "process: ring")
+    rows: dict[tuple[str, int], list[Any]] = {}
+    for client in layout.clients:
+        rows.setdefault((client.host, client.instance), []).append(client)
+    for (host, instance), clients in rows.items():
+        first, last = clients[0].ring, clients[-1].ring
+        span = str(first) if first == last else f"{first}-{last}"
+        owned = ", ".join(f"{c.process}: {c.ring}" for c in clients)
+        table.add_row(span, host, f"vllm-{instance}", owned)
+    spare = layout.spare_rings
+    if len(spare):
+        span = str(spare[0]) if len(spare) == 1 else f"{spare[0]}-{spare[-1]}"
+        table.add_row(span, "-", "-", f"spare ({len(spare)}): tools and probes")
+    console.print(table)
 
 
 def render_layout_table(console: Any, layout: Any, *, title: str) -> None:

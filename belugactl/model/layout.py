@@ -7,6 +7,13 @@ every host before it uses the pool. Nothing here reads a machine.
     [ header ][ metadata: RPC rings | journal ][ shared KV ][ host 0 ] ... [ host N-1 ][ unused ]
 
 Every boundary is a multiple of the devdax align (2 MiB by default).
+
+CXL-RPC rings: a ring has exactly one client, and every vLLM process holds a client of its own (a
+connector object each: the scheduler's, and one per tensor-parallel worker), so the layout allots
+one ring per process: for each instance on each worker host, `scheduler`, then `worker0` ..
+`worker{N-1}` (N = `workers_per_instance`), then `spare_rings` for tools and probes. Rings are
+allotted whatever transport serve later picks for a host (serve.metadata.transport), so switching a
+host between CXL-RPC and TCP never changes the layout.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from belugactl.errors import InputError
-from belugactl.model.manifest_schema import Manifest
+from belugactl.model.manifest_schema import Host, Manifest
 from belugactl.units import align_down, align_up, format_size
 
 # Bumped whenever the meaning of any offset changes; part of the layout hash and the header.
@@ -50,7 +57,7 @@ class Extent:
 
 @dataclass(frozen=True)
 class RpcArea:
-    """CXL-RPC slot rings: one ring per client (a vLLM instance), then spare rings.
+    """CXL-RPC slot rings: one ring per client (a vLLM process), then spare rings.
 
     Offsets of single rings and slots are the pool geometry's (belugactl/pool/geometry.py), which
     checks their bounds; this is the layout's derivation of the area, and nothing more."""
@@ -91,13 +98,43 @@ class Partition:
         return self.size - PARTITION_LABEL_SIZE
 
 
+SCHEDULER = "scheduler"
+
+
+def worker_process(rank: int) -> str:
+    """The process name of a tensor-parallel worker: worker0, worker1, ..."""
+    return f"worker{rank}"
+
+
+def workers_per_instance(manifest: Manifest, host: Host) -> int:
+    """Worker processes (tensor-parallel ranks) one vLLM instance runs on `host`, as serve launches it:
+    `serve.vllm.gpus_per_instance` on a GPU host (serve passes it as --tensor-parallel-size), one on a
+    CPU host (serve passes no tensor parallelism there)."""
+    if host.platform != "gpu" or manifest.serve is None:
+        return 1
+    return max(1, manifest.serve.vllm.gpus_per_instance)
+
+
+def instance_processes(manifest: Manifest, host: Host) -> list[str]:
+    """The CXL-RPC clients of one instance on `host`: the scheduler, then each worker."""
+    return [SCHEDULER, *(worker_process(r) for r in range(workers_per_instance(manifest, host)))]
+
+
 @dataclass(frozen=True)
 class Client:
-    """One CXL-RPC client: a vLLM instance on a host, and the ring it owns."""
+    """One CXL-RPC client: a process (`scheduler`, `worker0`, ...) of a vLLM instance on a host, and
+    the ring it owns. `process` is None only in the layout of belugactl before per-process rings
+    (one ring per instance), which `legacy_layout_hash` rebuilds to recognise such a pool."""
 
     host: str
     instance: int
     ring: int
+    process: str | None = SCHEDULER
+
+    @property
+    def owner(self) -> str:
+        """host/vllm-N/process: how pool show and pool inspect name a ring's owner."""
+        return f"{self.host}/vllm-{self.instance}" + (f"/{self.process}" if self.process else "")
 
 
 @dataclass(frozen=True)
@@ -147,11 +184,19 @@ class PoolLayout:
         except KeyError:
             raise KeyError(f"no partition for host {host!r}; hosts: {', '.join(self._by_host)}") from None
 
-    def ring_for(self, host: str, instance: int) -> int:
+    def ring_for(self, host: str, instance: int, process: str = SCHEDULER) -> int:
         for client in self.clients:
-            if client.host == host and client.instance == instance:
+            if client.host == host and client.instance == instance and client.process == process:
                 return client.ring
-        raise KeyError(f"no CXL-RPC ring for {host!r} instance {instance}")
+        raise KeyError(f"no CXL-RPC ring for {host!r} instance {instance} process {process!r}")
+
+    def rings_of(self, host: str, instance: int) -> dict[str, int]:
+        """process name -> ring, for one instance (empty when the layout has none for it)."""
+        return {c.process or SCHEDULER: c.ring for c in self.clients if c.host == host and c.instance == instance}
+
+    @property
+    def spare_rings(self) -> range:
+        return range(len(self.clients), self.rpc.ring_count)
 
     def canonical(self) -> dict[str, Any]:
         """Everything that two hosts must agree on, and nothing else (no names of display rows)."""
@@ -171,7 +216,10 @@ class PoolLayout:
             "journal": [self.journal.offset, self.journal.size],
             "shared_kv": [self.shared_kv.offset, self.shared_kv.size],
             "partitions": [[p.host, p.index, p.offset, p.size] for p in self.partitions],
-            "clients": [[c.host, c.instance, c.ring] for c in self.clients],
+            "clients": [
+                [c.host, c.instance, c.ring] if c.process is None else [c.host, c.instance, c.process, c.ring]
+                for c in self.clients
+            ],
         }
 
     @cached_property
@@ -191,7 +239,8 @@ class PoolLayout:
             rpc_area.offset,
             rpc_area.size,
             "metadata server",
-            f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B",
+            f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B: "
+            f"{len(self.clients)} vLLM processes, {len(self.spare_rings)} spare",
         )
         yield Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server", "index journal")
         yield Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts", "KV blocks")
@@ -217,7 +266,10 @@ class PoolLayout:
         data["partitions"] = [
             {"host": p.host, "index": p.index, "offset": p.offset, "size": p.size} for p in self.partitions
         ]
-        data["clients"] = [{"host": c.host, "instance": c.instance, "ring": c.ring} for c in self.clients]
+        data["clients"] = [
+            {"host": c.host, "instance": c.instance, "process": c.process, "ring": c.ring} for c in self.clients
+        ]
+        data["spare_rings"] = list(self.spare_rings)
         data["unused"] = self.unused
         data["regions"] = [
             {
@@ -234,19 +286,70 @@ class PoolLayout:
         return data
 
 
+def _clients(manifest: Manifest, *, per_process: bool) -> list[Client]:
+    clients: list[Client] = []
+    for host in manifest.hosts:
+        for instance in range(manifest.instances_on(host)):
+            if not per_process:
+                clients.append(Client(host.name, instance, len(clients), None))
+                continue
+            for process in instance_processes(manifest, host):
+                clients.append(Client(host.name, instance, len(clients), process))
+    return clients
+
+
 def resolve_layout(manifest: Manifest) -> PoolLayout:
     """Derive the layout; raise LayoutDoesNotFit (an InputError) naming the field to change."""
+    return _resolve(manifest, _clients(manifest, per_process=True))
+
+
+def legacy_layout(manifest: Manifest) -> PoolLayout | None:
+    """The layout belugactl derived from this manifest before rings were allotted per process (one
+    ring per vLLM instance), or None when that layout does not fit. Only to recognise such a pool and
+    say so (and for tests to write one): nothing serves on that layout any more."""
+    try:
+        return _resolve(manifest, _clients(manifest, per_process=False))
+    except LayoutDoesNotFit:
+        return None
+
+
+def legacy_layout_hash(manifest: Manifest) -> str | None:
+    old = legacy_layout(manifest)
+    return old.layout_hash if old is not None else None
+
+
+def stale_layout_note(
+    manifest: Manifest, layout: PoolLayout, pool_hash: str, pool_rings: int, *, same_pool: bool = True
+) -> str | None:
+    """Why a pool header's layout differs from this manifest's, when it is about the CXL-RPC rings:
+    written by a belugactl that allotted one ring per instance, or (`same_pool`: the header's pool
+    uuid is this manifest's) for fewer rings than this manifest's processes need. None otherwise
+    (then the field diff is the explanation)."""
+    if pool_hash == layout.layout_hash:
+        return None
+    need = f"{layout.rpc.ring_count} ({len(layout.clients)} vLLM processes + {len(layout.spare_rings)} spare)"
+    if pool_hash == legacy_layout_hash(manifest):
+        return (
+            f"the pool layout changed: this pool's header was written by an older belugactl, which gave each vLLM "
+            f"instance one CXL-RPC ring ({pool_rings} rings); this one gives every vLLM process its own ring "
+            f"(the scheduler and each tensor-parallel worker): {need}, so the metadata area, the journal, the "
+            f"shared KV area and the host partitions start at other offsets"
+        )
+    if same_pool and pool_rings < layout.rpc.ring_count:
+        return (
+            f"the pool has {pool_rings} CXL-RPC rings, fewer than this manifest's processes need: {need}; it was "
+            f"set up for fewer instances or tensor-parallel workers"
+        )
+    return None
+
+
+def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
     pool_size = manifest.pool.size
     align = manifest.pool.align
     lay = manifest.layout
     md = lay.metadata
 
     header = Extent(0, lay.header)
-
-    clients: list[Client] = []
-    for host in manifest.hosts:
-        for instance in range(manifest.instances_on(host)):
-            clients.append(Client(host.name, instance, len(clients)))
     ring_count = len(clients) + md.spare_rings
     ring_stride = align_up(md.slots_per_ring * md.slot_size, RING_ALIGN)
     rpc = RpcArea(header.end, ring_count, md.slots_per_ring, md.slot_size, ring_stride)

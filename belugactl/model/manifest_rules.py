@@ -228,6 +228,7 @@ def _serve_rules(m: Manifest) -> list[RuleProblem]:
     if not any("worker" in h.roles for h in m.hosts):
         out.append(RuleProblem(("hosts",), "no host has the worker role; nothing would run vLLM", at_key=True))
     out += _disaggregation_rules(m)
+    out += _process_count_rules(m)
     meta_host = m.metadata_host()
     for i, host in enumerate(m.hosts):
         instances = m.instances_on(host)
@@ -319,6 +320,53 @@ def _disaggregation_rules(m: Manifest) -> list[RuleProblem]:
                 at_key=True,
             )
         )
+    return out
+
+
+def _process_count_rules(m: Manifest) -> list[RuleProblem]:
+    """extra_args that would run more vLLM processes than the layout allots CXL-RPC rings for."""
+    from belugactl.model.layout import workers_per_instance
+    from belugactl.model.vllm_args import PROCESS_COUNT_FLAGS, parallel_args
+
+    assert m.serve is not None
+    out: list[RuleProblem] = []
+    for arg in parallel_args(m.serve.vllm.extra_args):
+        where = ("serve", "vllm", "extra_args", arg.value_index)
+        if arg.value is None or arg.value < 1:
+            out.append(RuleProblem(where, f"{arg.flag} needs a positive integer"))
+            continue
+        if arg.flag == "--tensor-parallel-size":
+            wrong = [(h, n) for h in m.hosts if m.instances_on(h) and (n := workers_per_instance(m, h)) != arg.value]
+            if wrong:
+                host, n = wrong[0]
+                fix = (
+                    f"remove {arg.flag} from extra_args and set serve.vllm.gpus_per_instance: {arg.value} "
+                    "(serve passes --tensor-parallel-size itself)"
+                    if host.platform == "gpu"
+                    else f"remove {arg.flag} from extra_args: serve runs one worker per instance on a CPU host "
+                    "(raise the instance count for more)"
+                )
+                out.append(
+                    RuleProblem(
+                        ("serve", "vllm", "extra_args", arg.index),
+                        f"{arg.flag} {arg.value} would run {arg.value} workers per instance, but the pool layout "
+                        f"allots CXL-RPC rings for {n} on {host.name} (a ring per vLLM process, counted from "
+                        "serve.vllm.gpus_per_instance on GPU hosts, one worker on CPU hosts)",
+                        fix,
+                    )
+                )
+        elif arg.value > 1:
+            out.append(
+                RuleProblem(
+                    ("serve", "vllm", "extra_args", arg.index),
+                    f"{arg.flag} {arg.value} multiplies an instance's {PROCESS_COUNT_FLAGS[arg.flag]}; the pool "
+                    "layout allots CXL-RPC rings for one scheduler and gpus_per_instance workers per instance, so "
+                    "processes would share a ring",
+                    "remove it from extra_args: for more replicas raise serve.vllm.instances_per_host (every "
+                    "instance gets its own rings); pipeline and context parallelism are not supported with the "
+                    "Beluga connector",
+                )
+            )
     return out
 
 

@@ -449,6 +449,7 @@ class Host(Strict):
     partition_size: Size | None = None
     instances: Int | None = None  # overrides serve.vllm.instances_per_host
     block_size: Int | None = None  # overrides serve.vllm.block_size for this host's platform
+    metadata_transport: Literal["cxl", "tcp"] | None = None  # overrides serve.metadata.transport for this host
     tuning: Tuning | None = None  # overrides the rack-wide tuning
 
     @field_validator("name")
@@ -514,6 +515,10 @@ class MetadataServe(Strict):
     # The RPC TCP listener (clients outside the pool's rings: workers on other hosts). Loopback by
     # default, so nothing listens on the rack network unless the manifest says so.
     rpc_bind: str = "127.0.0.1"
+    # How vLLM processes reach the server: cxl, each process over its own CXL-RPC ring in the pool
+    # (the layout allots one per process); tcp, over the RPC TCP listener (hosts outside the CXL
+    # domain, a file pool that other machines cannot map). hosts[].metadata_transport overrides it.
+    transport: Literal["cxl", "tcp"] = "cxl"
     # Namespaces (model/layout/rank) the index keeps open; at the cap idle empty ones are dropped,
     # then OPEN_NS answers NS_LIMIT (a client cannot grow the server's memory without bound).
     max_namespaces: Int = 4096
@@ -724,6 +729,12 @@ class Manifest(Strict):
         if host.instances is not None:
             return host.instances
         return self.serve.vllm.instances_per_host if self.serve is not None else 1
+
+    def metadata_transport_on(self, host: Host) -> Literal["cxl", "tcp"]:
+        """How this host's vLLM processes reach the metadata server: its own setting, else the rack's."""
+        if host.metadata_transport is not None:
+            return host.metadata_transport
+        return self.serve.metadata.transport if self.serve is not None else "cxl"
 
     def block_size_on(self, host: Host) -> int:
         if host.block_size is not None:

@@ -352,6 +352,21 @@ class PoolMapping:
         }
 
 
+def reinit_fix(path: Path, *, manifest_changed: bool = True) -> str:
+    """How to get a pool whose header matches the manifest again, and what that destroys."""
+    first = "use the manifest the pool was set up with, or " if manifest_changed else ""
+    lost = (
+        "this DESTROYS the pool's contents: every cached KV block (recomputed on demand), the metadata "
+        "server's index journal and whatever the host partitions hold; stop serving on every host first"
+    )
+    if _is_devdax(path):
+        return f"{first}re-initialize it: `belugactl setup -f MANIFEST --force` on one host rewrites the header; {lost}"
+    return (
+        f"{first}re-create the file pool: remove {path}, then `belugactl pool create-file -f MANIFEST {path}` "
+        f"(or serve with --create-pool); {lost}"
+    )
+
+
 def verify_against_manifest(
     path: Path, header: PoolHeader, manifest: Manifest, layout: PoolLayout | None = None
 ) -> PoolLayout:
@@ -365,10 +380,16 @@ def verify_against_manifest(
     problems = diff(expected, header)
     if problems:
         lines = [f"{field}: manifest {ours!r}, pool {theirs!r}" for field, ours, theirs in problems[:12]]
+        from belugactl.model.layout import stale_layout_note
+
+        note = stale_layout_note(
+            manifest, layout, header.layout_hash, header.geometry.ring_count,
+            same_pool=header.pool_uuid == expected.pool_uuid,
+        )  # fmt: skip
         raise PoolMismatch(
-            f"pool {path} was laid out for a different manifest ({len(problems)} field(s) differ)",
+            f"pool {path} was laid out for a different manifest ({len(problems)} field(s) differ)"
+            + (f": {note}" if note else ""),
             why="\n".join(lines),
-            fix="use the manifest the pool was set up with, or re-run `belugactl setup --force` to re-initialize "
-            "(destroys the pool contents)",
+            fix=reinit_fix(path, manifest_changed=note is None),
         )
     return layout

@@ -97,7 +97,7 @@ def _ring_owners(manifest: Manifest | None) -> dict[int, str]:
         return {}
     from belugactl.model.layout import resolve_layout
 
-    return {c.ring: f"{c.host}#{c.instance}" for c in resolve_layout(manifest).clients}
+    return {c.ring: c.owner for c in resolve_layout(manifest).clients}  # host/vllm-N/process
 
 
 def _rings(pool: PoolMapping, manifest: Manifest | None, epoch: int) -> list[dict[str, Any]]:

@@ -88,6 +88,27 @@ def test_pool_show_json_matches_the_layout(capsys):
     ]
 
 
+def test_pool_show_lists_who_owns_which_ring(capsys):
+    assert run(["pool", "show", "-f", str(EXAMPLES / "beluga-rack.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "CXL-RPC rings (one per vLLM process)" in out
+    rows = [line.split() for line in out.splitlines() if "scheduler:" in line]
+    assert len(rows) == 16 * 8  # one row per instance: its scheduler's and its worker's ring
+    assert rows[0][:3] == ["0-1", "beluga-00", "vllm-0"] and "scheduler: 0, worker0: 1" in out
+    assert rows[-1][:3] == ["254-255", "beluga-15", "vllm-7"] and "scheduler: 254, worker0: 255" in out
+    assert "256-271" in out and "spare (16)" in out
+
+
+def test_pool_show_json_lists_ring_owners(capsys):
+    assert run(["pool", "show", "-f", str(EXAMPLES / "cpu-demo.yaml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["clients"] == [
+        {"host": "cpu-demo", "instance": i, "process": p, "ring": 2 * i + (p == "worker0")}
+        for i in (0, 1) for p in ("scheduler", "worker0")
+    ]  # fmt: skip
+    assert doc["spare_rings"] == [4, 5] and doc["rpc"]["ring_count"] == 6
+
+
 @pytest.mark.parametrize("name", ["lab.yaml", "beluga-rack.yaml", "single-host.yaml"])
 def test_pool_show_svg_parses_and_names_every_host(tmp_path, capsys, name):
     svg = tmp_path / "pool.svg"

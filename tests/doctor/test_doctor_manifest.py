@@ -108,6 +108,23 @@ def test_pool_header_from_another_manifest_fails_with_the_differences(tmp_path):
     assert "layout_hash" in fields and "pool_uuid" in fields
 
 
+def test_a_pool_laid_out_by_the_per_instance_layout_is_told_apart(tmp_path):
+    from belugactl.model.layout import legacy_layout
+
+    manifest = load_manifest(LAB)
+    old = PoolHeader.from_layout(manifest, legacy_layout(manifest), created_by="lab-1", created_time=1).pack()
+    result = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path, old)))
+    assert result.status is Status.FAIL
+    assert result.reason.startswith(
+        "the pool header disagrees with this manifest: the pool layout changed: this pool's header was written by "
+        "an older belugactl"
+    )
+    assert "every vLLM process its own ring" in result.reason
+    assert "setup -f MANIFEST --force" in result.fix and "DESTROYS every cached KV block" in result.fix
+    assert "use the rack's manifest" not in result.fix  # the manifest is right: the layout moved
+    assert "rpc_ring_count" in {d["field"] for d in result.details["differences"]}
+
+
 def test_blank_pool_fails_with_manifest_and_skips_without(tmp_path):
     host = _pool_tree(tmp_path, b"")
     with_manifest = REGISTRY.get("pool.header").run(_header_ctx(host))

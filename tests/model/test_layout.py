@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from belugactl.model.layout import RING_ALIGN, LayoutDoesNotFit, resolve_layout
+from belugactl.model.layout import RING_ALIGN, LayoutDoesNotFit, resolve_layout, workers_per_instance
 from belugactl.model.manifest import load_manifest, load_manifest_text
 from belugactl.pool.geometry import PoolGeometry
 from belugactl.units import MiB
@@ -35,7 +35,8 @@ def test_rpc_rings_fit_the_metadata_area(path):
     layout = resolve_layout(m)
     md = m.layout.metadata
     rpc = layout.rpc
-    assert rpc.ring_count == sum(m.instances_on(h) for h in m.hosts) + md.spare_rings
+    processes = sum(m.instances_on(h) * (1 + workers_per_instance(m, h)) for h in m.hosts)  # scheduler + workers
+    assert rpc.ring_count == processes + md.spare_rings
     assert rpc.slot_size % 64 == 0
     assert rpc.ring_stride % RING_ALIGN == 0 and rpc.ring_stride >= md.slots_per_ring * md.slot_size
     geometry = PoolGeometry.from_layout(layout)
@@ -89,18 +90,101 @@ def test_percent_shared_kv():
 
 
 def test_clients_and_rings():
-    m = load_manifest(EXAMPLES / "beluga-rack.yaml")
+    m = load_manifest(EXAMPLES / "beluga-rack.yaml")  # 16 hosts x 8 instances x 1 GPU
     layout = resolve_layout(m)
-    assert len(layout.clients) == 128
+    assert len(layout.clients) == 16 * 8 * 2  # a scheduler and one worker per instance
+    assert layout.rpc.ring_count == 256 + m.layout.metadata.spare_rings
+    assert layout.spare_rings == range(256, 272)
     assert layout.ring_for("beluga-00", 0) == 0
-    assert layout.ring_for("beluga-01", 0) == 8
+    assert layout.ring_for("beluga-00", 0, "worker0") == 1
+    assert layout.ring_for("beluga-01", 0) == 16
+    assert layout.rings_of("beluga-15", 7) == {"scheduler": 254, "worker0": 255}
     assert len({c.ring for c in layout.clients}) == len(layout.clients)
+    assert [c.ring for c in layout.clients] == list(range(256))
+    owners = {(c.host, c.instance, c.process) for c in layout.clients}
+    assert len(owners) == 256 and ("beluga-07", 3, "worker0") in owners
     with pytest.raises(KeyError):
         layout.ring_for("beluga-00", 8)
+    with pytest.raises(KeyError):
+        layout.ring_for("beluga-00", 0, "worker1")
     with pytest.raises(IndexError):
         PoolGeometry.from_layout(layout).slot_offset(0, layout.rpc.slots_per_ring)
     with pytest.raises(KeyError):
         layout.partition_for("nobody")
+
+
+def test_one_host_cpu_demo_rings_per_process():
+    m = load_manifest(EXAMPLES / "cpu-demo.yaml")  # one CPU host, two instances: one worker each
+    layout = resolve_layout(m)
+    assert [(c.host, c.instance, c.process, c.ring) for c in layout.clients] == [
+        ("cpu-demo", 0, "scheduler", 0),
+        ("cpu-demo", 0, "worker0", 1),
+        ("cpu-demo", 1, "scheduler", 2),
+        ("cpu-demo", 1, "worker0", 3),
+    ]
+    assert layout.rpc.ring_count == 4 + 2  # the spare rings stay
+    data = layout.to_dict()
+    assert data["clients"][1] == {"host": "cpu-demo", "instance": 0, "process": "worker0", "ring": 1}
+    assert data["spare_rings"] == [4, 5]
+
+
+def _tensor_parallel_rack(gpus_per_instance: int, hosts: int) -> str:
+    host_entries = "".join(
+        f"""  - name: g{i}
+    address: 10.0.0.{i + 1}
+    roles: [{"metadata, " if i == 0 else ""}worker]
+    platform: gpu
+    gpus: {{count: 8}}
+"""
+        for i in range(hosts)
+    )
+    return f"""version: 1
+name: tp-rack
+pool:
+  source: {{kind: dax-device, device: dax0.0}}
+  size: 4GiB
+layout:
+  metadata: {{slots_per_ring: 16, slot_size: 256B, spare_rings: 3, journal: 4MiB}}
+  shared_kv: 50%
+hosts:
+{host_entries}serve:
+  vllm:
+    model: org/model
+    instances_per_host: {8 // gpus_per_instance}
+    gpus_per_instance: {gpus_per_instance}
+"""
+
+
+@pytest.mark.parametrize(("hosts", "gpi"), [(1, 4), (16, 8), (16, 2)])
+def test_tensor_parallel_instances_get_a_ring_per_rank(hosts, gpi):
+    m = load_manifest_text(_tensor_parallel_rack(gpi, hosts))
+    layout = resolve_layout(m)
+    per_host = 8 // gpi
+    assert len(layout.clients) == hosts * per_host * (1 + gpi)
+    assert layout.rpc.ring_count == len(layout.clients) + 3
+    last = f"g{hosts - 1}"
+    rings = layout.rings_of(last, per_host - 1)
+    assert list(rings) == ["scheduler", *(f"worker{r}" for r in range(gpi))]
+    assert list(rings.values()) == list(range(len(layout.clients) - 1 - gpi, len(layout.clients)))
+    assert len({c.ring for c in layout.clients}) == len(layout.clients)
+
+
+def test_the_per_instance_layout_of_older_belugactl_is_recognised():
+    from belugactl.model.layout import legacy_layout_hash, stale_layout_note
+
+    m = load_manifest(EXAMPLES / "cpu-demo.yaml")
+    layout = resolve_layout(m)
+    # The hash belugactl wrote for this manifest before rings were allotted per process (computed by
+    # that version): a pool with it in its header is told apart from any other mismatch.
+    old = "37929c92b1ce07bbe97051f55bf21f47d51d6ce523401301c5e68de692b1b80e"
+    assert legacy_layout_hash(m) == old != layout.layout_hash
+    note = stale_layout_note(m, layout, old, 4)
+    assert note is not None and "older belugactl" in note and "every vLLM process its own ring" in note
+    assert "6 (4 vLLM processes + 2 spare)" in note
+    fewer = stale_layout_note(m, layout, "ab" * 32, 5)
+    assert fewer is not None and "5 CXL-RPC rings, fewer than" in fewer
+    assert stale_layout_note(m, layout, "ab" * 32, 6) is None  # another difference: the field diff says it
+    assert stale_layout_note(m, layout, layout.layout_hash, 6) is None
 
 
 def test_layout_is_deterministic():

@@ -41,8 +41,11 @@ def test_a_fresh_pool(created: Path, manifest_path: Path, capsys: pytest.Capture
     assert doc["manifest"]["matches"] and doc["manifest"]["differences"] == []
     assert doc["layout_hash"] == doc["manifest"]["layout_hash"] == doc["header"]["layout_hash"]
     assert [h["name"] for h in doc["hosts"]] == [h.name for h in manifest.hosts]
-    # 2 hosts x 2 instances own rings 0..3; the 2 spare rings have no owner; none was ever used
-    assert [r["owner"] for r in doc["rings"]] == ["h0#0", "h0#1", "h1#0", "h1#1", "spare", "spare"]
+    # 2 hosts x 2 instances x (scheduler + 1 worker) own rings 0..7; the 2 spare rings have no owner;
+    # none was ever used
+    assert [r["owner"] for r in doc["rings"]] == [
+        f"{h}/vllm-{i}/{p}" for h in ("h0", "h1") for i in (0, 1) for p in ("scheduler", "worker0")
+    ] + ["spare", "spare"]
     assert not any(r["used"] for r in doc["rings"])
     assert doc["journal"]["state"] == "empty"
     assert doc["shared_kv"]["server"] == "not running" and "usage" not in doc["shared_kv"]
@@ -81,7 +84,7 @@ def test_a_served_pool_shows_ring_activity_journal_and_usage(
         pool.close()
     assert doc["epoch"] == 1
     ring = doc["rings"][2]
-    assert ring["owner"] == "h1#0" and ring["used"] and ring["current_epoch"]
+    assert ring["owner"] == "h0/vllm-1/scheduler" and ring["used"] and ring["current_epoch"]
     assert ring["last_epoch"] == 1 and ring["last_state"] == "free" and ring["requests_waiting"] == 0
     assert ring["last_slot"] == ring["last_seq"] % 8  # 8 slots per ring in this rack
     assert [r["ring"] for r in doc["rings"] if r["used"]] == [2]
@@ -112,7 +115,7 @@ def test_claim_word_names_its_host_and_a_foreign_manifest_is_reported(
 def test_human_output_and_errors(created: Path, manifest_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["pool", "inspect", str(created), "-f", str(manifest_path), "--admin", NOBODY]) == 0
     out = capsys.readouterr().out
-    for words in ("layout      ", "(matches dp-test)", "claim word  0x0000000000000000", "rings       6, 0 used",
+    for words in ("layout      ", "(matches dp-test)", "claim word  0x0000000000000000", "rings       10, 0 used",
                   "journal     empty", f"metadata    not running ({NOBODY})"):
         assert words in out
     blank = created.parent / "blank.pool"

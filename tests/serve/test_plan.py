@@ -54,7 +54,14 @@ def test_cpu_demo_runs_the_server_then_two_pinned_instances() -> None:
         extra = kv["kv_connector_extra_config"]
         assert extra["pool_path"] == "/tmp/demo.pool"
         assert extra["metadata_address"] == "tcp://127.0.0.1:9471"
-        assert extra["scheduler_address"] == f"cxl:///tmp/demo.pool#{i}"  # the instance's own ring
+        # every process its own ring: the scheduler's, then the worker's (one on a CPU host)
+        assert extra["transport"] == "cxl"
+        assert extra["scheduler_address"] == f"cxl:///tmp/demo.pool#{2 * i}"
+        assert extra["worker_addresses"] == {"0": f"cxl:///tmp/demo.pool#{2 * i + 1}"}
+        assert dict(proc.metadata_clients) == {
+            "scheduler": f"cxl:///tmp/demo.pool#{2 * i}",
+            "worker0": f"cxl:///tmp/demo.pool#{2 * i + 1}",
+        }
         assert extra["namespace"] == "cpu-demo" and extra["hash_seed"] == "0"
         assert extra["stats_path"] == f"/run/beluga/stats/vllm-{i}"
         assert extra["coherence"] == "none"  # one host: no cross-host flushes needed
@@ -104,13 +111,18 @@ def test_a_manifest_without_serve_section_is_refused(tmp_path: Path) -> None:
         build_serve_plan(rack, run_dir=tmp_path, tools=TOOLS)
 
 
-def test_remote_workers_need_a_reachable_rpc_listener() -> None:
+def test_remote_workers_need_a_reachable_rpc_listener(tmp_path: Path) -> None:
     # beluga-rack binds the RPC listener on beluga-00's rack address: other hosts may start
     assert _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-01").blockers == []
     server = _plan(REPO / "examples" / "beluga-rack.yaml", "beluga-00")
     argv = next(p.argv for p in server.processes if p.kind == "metadata")
     assert argv[argv.index("--rpc-bind") + 1] == "10.10.0.11"
-    # the lab keeps the default loopback bind: lab-2's workers could never reach lab-1's server
-    blocked = _plan(REPO / "examples" / "lab.yaml", "lab-2")
+    # the lab keeps the default loopback bind: over CXL-RPC (the default) nobody dials it, so lab-2 starts
+    assert _plan(REPO / "examples" / "lab.yaml", "lab-2").blockers == []
+    # on the explicit TCP fallback lab-2's workers could never reach lab-1's server
+    tcp = tmp_path / "lab-tcp.yaml"
+    lab = (REPO / "examples" / "lab.yaml").read_text()
+    tcp.write_text(lab.replace("serve:\n  metadata:\n", "serve:\n  metadata:\n    transport: tcp\n"))
+    blocked = _plan(tcp, "lab-2")
     assert len(blocked.blockers) == 1 and "rpc_bind" in blocked.blockers[0]
-    assert _plan(REPO / "examples" / "lab.yaml", "lab-1").blockers == []
+    assert _plan(tcp, "lab-1").blockers == []

@@ -28,6 +28,12 @@ def _with_bind(text: str, bind: str) -> str:
     return text.replace("  metadata:\n", f"  metadata:\n    rpc_bind: {bind}\n", 1)
 
 
+def _tcp(text: str) -> str:
+    """The rack with every host on the explicit TCP fallback (serve.metadata.transport: tcp)."""
+    assert "serve:\n  metadata:\n" in text
+    return text.replace("serve:\n  metadata:\n", "serve:\n  metadata:\n    transport: tcp\n", 1)
+
+
 def _plan(text: str, host: str):
     manifest = load_manifest_text(text, file="rack.yaml")
     rack = RackContext(manifest, "rack.yaml", wanted_host=host, pool_option="/dev/dax0.0")
@@ -60,8 +66,8 @@ def test_a_wildcard_bind_is_loopback_at_home_and_the_host_address_elsewhere():
     assert _dials(_plan(v6, "beluga-00")) == {"tcp://[::1]:9471"}
 
 
-def test_a_loopback_bind_blocks_every_instance_elsewhere_and_names_them():
-    text = _with_bind(RACK, "127.0.0.1")
+def test_a_loopback_bind_blocks_every_tcp_instance_elsewhere_and_names_them():
+    text = _tcp(_with_bind(RACK, "127.0.0.1"))
     assert _plan(text, "beluga-00").blockers == []
     assert _dials(_plan(text, "beluga-00")) == {"tcp://127.0.0.1:9471"}
     home = _plan(text, "beluga-00")
@@ -73,13 +79,42 @@ def test_a_loopback_bind_blocks_every_instance_elsewhere_and_names_them():
 
 def test_a_host_without_instances_is_not_blocked():
     entry = "  - name: beluga-05\n    address: 10.10.0.16\n"
-    text = _with_bind(RACK, "127.0.0.1").replace(entry, entry + "    instances: 0\n")
+    text = _tcp(_with_bind(RACK, "127.0.0.1")).replace(entry, entry + "    instances: 0\n")
     assert _plan(text, "beluga-05").blockers == []
+
+
+def test_over_cxl_rpc_a_loopback_bind_blocks_nobody():
+    # Every process talks over its own ring in the pool: the TCP listener's bind does not matter.
+    text = _with_bind(RACK, "127.0.0.1")
+    home = _plan(text, "beluga-00")
+    assert home.blockers == [] and not any("cannot reach" in n for n in home.notes)
+    remote = _plan(text, "beluga-05")
+    assert remote.blockers == []
+    assert all(p.metadata_clients and all(a.startswith("cxl://") for _, a in p.metadata_clients)
+               for p in remote.processes if p.kind == "vllm")  # fmt: skip
+
+
+def test_one_host_on_tcp_is_blocked_alone_and_the_rest_stay_on_rings():
+    entry = "  - name: beluga-05\n    address: 10.10.0.16\n"
+    text = _with_bind(RACK, "127.0.0.1").replace(entry, entry + "    metadata_transport: tcp\n")
+    (blocker,) = _plan(text, "beluga-05").blockers
+    assert "rpc_bind" in blocker
+    assert _plan(text, "beluga-06").blockers == []
+    home = _plan(text, "beluga-00")
+    assert [n for n in home.notes if "cannot reach" in n] == [
+        n for n in home.notes if n.startswith("beluga-05's vLLM instances cannot reach")
+    ] != []
+
+
+def _lab_on_tcp(tmp_path: Path) -> Path:
+    path = tmp_path / "lab-tcp.yaml"
+    path.write_text(_tcp(LAB))
+    return path
 
 
 def test_serve_refuses_with_exit_2_naming_the_instances(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "belugactl", "serve", "-f", str(REPO / "examples" / "lab.yaml"), "--host", "lab-2",
+        [sys.executable, "-m", "belugactl", "serve", "-f", str(_lab_on_tcp(tmp_path)), "--host", "lab-2",
          "--pool", str(tmp_path / "p.pool"), "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -90,9 +125,9 @@ def test_serve_refuses_with_exit_2_naming_the_instances(tmp_path):
 
 
 @pytest.mark.parametrize("host", ["lab-1", "lab-2"])
-def test_dry_run_still_prints_a_blocked_plan(host):
+def test_dry_run_still_prints_a_blocked_plan(host, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "belugactl", "serve", "-f", str(REPO / "examples" / "lab.yaml"), "--host", host,
+        [sys.executable, "-m", "belugactl", "serve", "-f", str(_lab_on_tcp(tmp_path)), "--host", host,
          "--pool", "/dev/dax0.0", "--dry-run"], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

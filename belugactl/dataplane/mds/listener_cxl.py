@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
 
 
+# How often the slot-by-slot safety net (resync) runs at most, in seconds.
+RESYNC_S = 1.0
+
+
 @register_listener
 class RingListener(Listener):
     scheme = "cxl"
@@ -49,6 +53,8 @@ class RingListener(Listener):
                 lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents, e.checksum),
             )
         self.fast_requests = 0
+        self._every_slot: array | None = None  # every slot's offset, for resync (built when first needed)
+        self._next_resync = 0.0
         self.rings_resynced = 0
         self.bad_slots = 0
         self.stale_fenced = 0
@@ -172,26 +178,51 @@ class RingListener(Listener):
         return ring
 
     def housekeeping(self, now: float) -> None:
-        self.resync()
+        # The safety net reads every slot of every ring: with a ring per vLLM process that is
+        # hundreds of rings x hundreds of slots, so it runs at most once per RESYNC_S, not on every
+        # housekeeping tick (a client out of step waits that long once; well-behaved ones never do).
+        if now >= self._next_resync:
+            self._next_resync = now + RESYNC_S
+            self.resync()
+
+    def _all_slots(self) -> array:
+        if self._every_slot is None:
+            g = self.geometry
+            self._every_slot = array(
+                "q", [g.slot_offset(r, s) for r in range(g.ring_count) for s in range(g.slots_per_ring)]
+            )
+        return self._every_slot
 
     def resync(self) -> int:
         """Safety net: a ring whose cursor slot is idle while other slots wait gets its cursor moved
         to the oldest waiting request (a client that pipelined after a reset without HELLO, or one
-        that scribbled). Clients post in order, so this never reorders a well-behaved ring."""
+        that scribbled). Clients post in order, so this never reorders a well-behaved ring.
+
+        One native scan over every slot finds the rings with a request waiting (none, when idle);
+        only those are looked at slot by slot."""
         g = self.geometry
         buf = self.buf
+        S = g.slots_per_ring
+        every = self._all_slots()
         moved = 0
-        for r in range(g.ring_count):
-            if native.load64(buf, self._offs[r]) == REQ_READY:
-                continue
-            waiting = []
-            for slot in range(g.slots_per_ring):
-                off = g.slot_offset(r, slot)
-                if native.load64(buf, off) == REQ_READY:
-                    waiting.append((HEADER.unpack_from(buf, off)[1], slot))
-            if waiting:
-                self._set_cursor(r, min(waiting)[1])
-                moved += 1
+        start = 0
+        for _ in range(g.ring_count):  # each pass moves past one ring: bounded
+            t = slots.take(buf, every, start, 0, 0, self.flush)
+            if t is None or (start and t[0] < start):  # nothing waiting (from `start` on, no wrap)
+                break
+            r = t[0] // S
+            start = (r + 1) * S
+            if native.load64(buf, self._offs[r]) != REQ_READY:
+                waiting = []
+                for slot in range(S):
+                    off = g.slot_offset(r, slot)
+                    if native.load64(buf, off) == REQ_READY:
+                        waiting.append((HEADER.unpack_from(buf, off)[1], slot))
+                if waiting:
+                    self._set_cursor(r, min(waiting)[1])
+                    moved += 1
+            if start >= len(every):
+                break
         self.rings_resynced += moved
         return moved
 

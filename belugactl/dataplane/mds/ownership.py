@@ -1,12 +1,12 @@
 """Who may COMMIT, ABORT and RELEASE what: owners, unguessable tokens and lease ids.
 
-Every request reaches the service with an owner: the ring index for CXL-RPC (a ring belongs to
-one client), or a connection number for TCP (numbers start above the ring count, so the two
-never collide). A reservation token is 64 random bits stored with its owner. A lease id is a
-keyed permutation (a 4-round Feistel network over two 32-bit halves, keys drawn at start) of
-`sequence << LEASE_OWNER_BITS | owner`: ids do not follow one another, and decoding one gives
-back the owner it was granted to, with no table, which the native fast path needs (it grants
-leases in C and only logs their sequence numbers). The C twin is `lease_encode` in
+Every request reaches the service with an owner: the ring index for CXL-RPC (a ring belongs to one
+client: one vLLM process, its scheduler or a worker), or a connection number for TCP (numbers start
+above the ring count, so the two never collide). A reservation token is 64 random bits stored with
+its owner. A lease id is a keyed permutation (a 4-round Feistel network over two 32-bit halves,
+keys drawn at start) of `sequence << LEASE_OWNER_BITS | owner`: ids do not follow one another, and
+decoding one gives back the owner it was granted to, with no table, which the native fast path
+needs (it grants leases in C and only logs their sequence numbers). The C twin is `lease_encode` in
 `_native_ring.h`; a test checks they agree.
 
 What this buys: an off-by-one or a stale id from another client is refused with NOT_OWNER (and
@@ -70,6 +70,10 @@ class TcpOwners:
     """Owner numbers for TCP connections: above the ring numbers, wrapping within the id's owner bits."""
 
     def __init__(self, ring_count: int) -> None:
+        # Rings are owners 0..ring_count-1 (a ring per vLLM process: at most 16 hosts x 64 instances x
+        # 65 processes + 4096 spare, about 71k, far below the 2**20 owner ids a lease id carries).
+        if not 0 <= ring_count < OWNER_MASK:
+            raise ValueError(f"{ring_count} rings leave no owner ids for TCP connections (at most {OWNER_MASK - 1})")
         self.base = ring_count
         self.span = OWNER_MASK + 1 - ring_count
         self._next = 0

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from belugactl.workflows.serve.reachability import rpc_dial, unreachable_elsewhere, unreachable_instances
+from belugactl.model.layout import SCHEDULER, worker_process, workers_per_instance
+from belugactl.workflows.serve.reachability import rpc_dial, unreachable_instances
 
 if TYPE_CHECKING:
     from belugactl.host.snapshot import HostSnapshot
@@ -40,11 +41,14 @@ class ProcessSpec:
     files: tuple[tuple[str, str], ...] = ()  # (path, text) written before every start (the router's config)
     stop_signal: str = "SIGTERM"  # the router drains on SIGUSR1
     stop_grace_s: float | None = None  # wait this long after stop_signal before SIGKILL (default: the supervisor's)
+    # vLLM only: (process, address) of each metadata client it runs: scheduler, worker0, ...
+    metadata_clients: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["argv"] = list(self.argv)
         data["gpus"] = list(self.gpus)
+        data["metadata_clients"] = dict(self.metadata_clients)
         return data
 
 
@@ -124,11 +128,38 @@ def resolve_model(model: str, manifest_path: str | Path) -> str:
     return model
 
 
-def _ring_for(layout: PoolLayout, host: str, instance: int) -> int | None:
-    try:
-        return layout.ring_for(host, instance)
-    except KeyError:
-        return None
+def instance_rings(layout: PoolLayout, manifest: Manifest, host: Host, instance: int) -> dict[str, int]:
+    """process -> ring for one instance: its scheduler and every worker serve launches. A layout
+    without a ring for one of them (which serve cannot launch then) is refused, never papered over."""
+    from belugactl.errors import InputError
+
+    rings = layout.rings_of(host.name, instance)
+    wanted = [SCHEDULER, *(worker_process(r) for r in range(workers_per_instance(manifest, host)))]
+    missing = [p for p in wanted if p not in rings]
+    if missing:
+        raise InputError(
+            f"{host.name} vllm-{instance}: the pool layout has no CXL-RPC ring for {', '.join(missing)} "
+            f"({len(rings)} ring(s) for this instance, {len(wanted)} processes to launch)",
+            why="every vLLM process needs a ring of its own; two processes on one ring would corrupt each other's "
+            "requests",
+            fix="the layout and the launch disagree: check serve.vllm.gpus_per_instance and hosts[].instances, "
+            "then re-run setup (belugactl setup -f MANIFEST --force re-lays out the pool, destroying its contents)",
+        )
+    return {p: rings[p] for p in wanted}
+
+
+def _tcp_unreachable_elsewhere(manifest: Manifest, meta: Any, server: Host) -> list[str]:
+    """Notes for the metadata host: hosts whose vLLM processes use TCP and could not reach this server."""
+    notes = []
+    for other in manifest.hosts:
+        if other.name == server.name or not manifest.instances_on(other):
+            continue
+        if manifest.metadata_transport_on(other) != "tcp":
+            continue  # its processes talk over CXL-RPC rings in the pool: no TCP needed
+        problem = rpc_dial(meta, server, other).problem
+        if problem is not None:
+            notes.append(f"{other.name}'s vLLM instances cannot reach this metadata server: {problem}")
+    return notes
 
 
 def metadata_host(manifest: Manifest) -> Host | None:
@@ -166,6 +197,7 @@ def build_serve_plan(
     mds_host = metadata_host(manifest)
     meta = serve.metadata
     rpc_address = None
+    transport = manifest.metadata_transport_on(host)
     if mds_host is not None:
         # The admin port binds where the manifest says (loopback by default); on the server's own host
         # that is where status reads /stats.
@@ -175,11 +207,12 @@ def build_serve_plan(
         # Dialled where the listener really answers (reachability.py): a specific bind is dialled at
         # that address on the metadata host too, never 127.0.0.1.
         rpc_address = rpc_dial(meta, mds_host, host).address
-        blocker = unreachable_instances(meta, mds_host, host, manifest.instances_on(host))
-        if blocker is not None:
-            plan.blockers.append(blocker)
+        if transport == "tcp":  # over CXL-RPC no process here dials the TCP listener
+            blocker = unreachable_instances(meta, mds_host, host, manifest.instances_on(host))
+            if blocker is not None:
+                plan.blockers.append(blocker)
         if mds_host.name == host.name:
-            plan.notes += unreachable_elsewhere(manifest, meta, mds_host)
+            plan.notes += _tcp_unreachable_elsewhere(manifest, meta, mds_host)
     if mds_host is not None and mds_host.name == host.name:
         argv = (
             *tools.belugactl,
@@ -218,6 +251,7 @@ def build_serve_plan(
         return plan
     block_size = manifest.block_size_on(host)
     gpi = serve.vllm.gpus_per_instance if host.platform == "gpu" else 0
+    workers = workers_per_instance(manifest, host)  # the layout allots a ring to each, and to the scheduler
     numa = gpu_numa_nodes(snapshot)
     partition = layout.partition_for(host.name) if host.name in {p.host for p in layout.partitions} else None
     coherence = "flush" if manifest.caching.pool_memory_type == "write-back" and len(manifest.hosts) > 1 else "none"
@@ -232,8 +266,17 @@ def build_serve_plan(
                 fix="lower serve.vllm.instances_per_host / gpus_per_instance, or hosts[].instances",
             )
         stats_prefix = str(run / "stats" / name)
+        clients: dict[str, str] = {}
+        rings: dict[str, int] = {}
+        if mds_host is not None and transport == "cxl":
+            rings = instance_rings(layout, manifest, host, i)
+            clients = {p: f"cxl://{pool_path}#{r}" for p, r in rings.items()}
+        elif mds_host is not None and rpc_address is not None:
+            clients = dict.fromkeys([SCHEDULER, *(worker_process(r) for r in range(workers))], rpc_address)
         extra: dict[str, Any] = {
-            "metadata_address": rpc_address or "tcp://127.0.0.1:1",
+            # Under transport cxl the connector never uses this (each process has its ring); it is
+            # the TCP listener's address, for tools, or the scheduler's ring where TCP is unreachable.
+            "metadata_address": rpc_address or clients.get(SCHEDULER) or "tcp://127.0.0.1:1",
             "pool_path": pool_path,
             "namespace": manifest.name,
             "model_id": serve.vllm.model,
@@ -246,11 +289,20 @@ def build_serve_plan(
         }
         if partition is not None:
             extra["partition"] = {"offset": partition.offset, "size": partition.size}
-        ring = _ring_for(layout, host.name, i)
-        if ring is not None and mds_host is not None:
-            # Lookups sit on the scheduling path: the scheduler asks over its own CXL-RPC ring in the pool.
-            # Workers (one or more per instance, other processes) use TCP: a ring has exactly one client.
-            extra["scheduler_address"] = f"cxl://{pool_path}#{ring}"
+        if rings:
+            # Every process over its own CXL-RPC ring in the pool (a ring has exactly one client): the
+            # scheduler's lookups, and each tensor-parallel worker's loads and saves, by rank.
+            extra["transport"] = "cxl"
+            extra["scheduler_address"] = clients[SCHEDULER]
+            extra["worker_addresses"] = {str(r): clients[worker_process(r)] for r in range(workers)}
+            shown = ", ".join(f"{p} ring {r}" for p, r in rings.items())
+            plan.notes.append(f"{name}: metadata over CXL-RPC, a ring per process: {shown}")
+        elif clients:
+            extra["transport"] = "tcp"  # chosen in the manifest: every process dials the TCP listener
+            where = "hosts[].metadata_transport" if host.metadata_transport == "tcp" else "serve.metadata.transport"
+            plan.notes.append(
+                f"{name}: metadata over TCP ({where}: tcp): {', '.join(clients)} dial {rpc_address}"
+            )
         kv_config = {
             "kv_connector": CONNECTOR_NAME,
             "kv_role": serve.vllm.kv_role(i),
@@ -304,6 +356,7 @@ def build_serve_plan(
                 gpus=gpus,
                 numa_node=node,
                 stats_prefix=stats_prefix,
+                metadata_clients=tuple(clients.items()),
             )
         )
     return plan

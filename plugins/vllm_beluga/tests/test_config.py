@@ -82,3 +82,48 @@ def test_a_kv_cache_of_several_groups_is_refused_by_name() -> None:
     two = SimpleNamespace(kv_cache_groups=[*one.kv_cache_groups, SimpleNamespace(kv_cache_spec=MambaSpec())])
     with pytest.raises(HybridModelRefused, match=r"has 2 \(FullAttentionSpec, MambaSpec\).*Mamba/SSM"):
         refuse_hybrid(two)
+
+
+# --- a ring per process: which address each process gets ------------------------------------------
+RINGS = {
+    "transport": "cxl",
+    "scheduler_address": "cxl:///dev/dax0.0#4",
+    "worker_addresses": {"0": "cxl:///dev/dax0.0#5", "1": "cxl:///dev/dax0.0#6"},
+}
+
+
+def test_each_process_gets_its_own_ring_by_rank() -> None:
+    cfg = _cfg(**RINGS)
+    assert cfg.worker_addresses == {0: "cxl:///dev/dax0.0#5", 1: "cxl:///dev/dax0.0#6"}
+    assert cfg.address_for("scheduler") == "cxl:///dev/dax0.0#4"
+    assert cfg.address_for("worker", 0) == "cxl:///dev/dax0.0#5"
+    assert cfg.address_for("worker", 1) == "cxl:///dev/dax0.0#6"
+    # a rank the plan gave no ring gets no server at all: not another process's ring, not TCP
+    assert cfg.address_for("worker", 2) is None
+    with pytest.raises(ValueError, match="role"):
+        cfg.address_for("router")
+
+
+def test_without_a_transport_the_old_settings_keep_their_meaning() -> None:
+    cfg = _cfg(scheduler_address="cxl:///p#0", worker_addresses={"0": "cxl:///p#1"})
+    assert cfg.transport is None
+    assert cfg.address_for("worker", 0) == "cxl:///p#1"
+    assert cfg.address_for("worker", 3) == "tcp://127.0.0.1:9471"  # not chosen as cxl: the default address
+    tcp = _cfg(transport="tcp")
+    assert tcp.address_for("scheduler") == tcp.address_for("worker", 1) == "tcp://127.0.0.1:9471"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"worker_addresses": ["cxl:///p#1"]}, "maps a tensor-parallel rank"),
+        ({"worker_addresses": {"first": "cxl:///p#1"}}, "is not a rank"),
+        ({"worker_addresses": {"0": ""}}, "is not a rank"),
+        ({"transport": "rdma"}, "transport must be"),
+        ({**RINGS, "worker_addresses": {"0": "tcp://10.0.0.1:9471"}}, r"worker_addresses\[0\] is 'tcp://"),
+        ({**RINGS, "scheduler_address": "tcp://10.0.0.1:9471"}, "scheduler_address is 'tcp://"),
+    ],
+)
+def test_bad_ring_settings_are_refused(extra: dict, message: str) -> None:
+    with pytest.raises(ConnectorConfigError, match=message):
+        _cfg(**extra)

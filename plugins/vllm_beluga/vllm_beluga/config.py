@@ -28,6 +28,12 @@ class BelugaConfig:
     model_id: str | None = None  # the model's fleet-wide name (paths differ between hosts)
     scheduler_address: str | None = None  # overrides metadata_address for the scheduler's client
     worker_address: str | None = None  # overrides metadata_address for the workers' clients
+    # Per tensor-parallel rank: each worker's own CXL-RPC ring ({"0": "cxl://POOL#7", ...}).
+    worker_addresses: dict[int, str] = field(default_factory=dict)
+    # "cxl": every process uses its own ring (scheduler_address, worker_addresses) and never
+    # metadata_address: a process without a ring gets no server (misses), not a silent TCP client.
+    # "tcp", or unset: the addresses above where given, else metadata_address.
+    transport: str | None = None
     host: str | None = None
     partition: tuple[int, int] | None = None  # this host's partition (offset, size): informational
     hash_seed: str | None = None  # PYTHONHASHSEED every instance of the fleet must have
@@ -57,6 +63,16 @@ class BelugaConfig:
             kwargs["timeout_s"] = float(kwargs["timeout_s"])
         if "retry_s" in kwargs:
             kwargs["retry_s"] = float(kwargs["retry_s"])
+        if "worker_addresses" in kwargs:
+            kwargs["worker_addresses"] = _worker_addresses(kwargs["worker_addresses"])
+        if kwargs.get("transport") not in (None, "cxl", "tcp"):
+            raise ConnectorConfigError(f"transport must be 'cxl' or 'tcp', not {kwargs['transport']!r}")
+        if kwargs.get("transport") == "cxl":
+            rings = {"scheduler_address": kwargs.get("scheduler_address")}
+            rings.update({f"worker_addresses[{r}]": a for r, a in kwargs.get("worker_addresses", {}).items()})
+            for name, value in rings.items():
+                if value is not None and not str(value).startswith("cxl://"):
+                    raise ConnectorConfigError(f"transport is 'cxl' but {name} is {value!r}, not a cxl:// ring")
         if kwargs.get("coherence", "none") not in ("none", "flush"):
             raise ConnectorConfigError(f"coherence must be 'none' or 'flush', not {kwargs['coherence']!r}")
         part = None
@@ -68,12 +84,35 @@ class BelugaConfig:
                 part = (int(off), int(size))
         return cls(metadata_address=address, partition=part, extra=data, **kwargs)
 
-    def address_for(self, role: str) -> str:
-        if role == "scheduler" and self.scheduler_address:
-            return self.scheduler_address
-        if role == "worker" and self.worker_address:
-            return self.worker_address
-        return self.metadata_address
+    def address_for(self, role: str, rank: int = 0) -> str | None:
+        """The server address of the scheduler's client (role "scheduler") or of tensor-parallel
+        rank `rank`'s worker (role "worker"). None under transport "cxl" when this process was given
+        no ring: it must not share another process's ring nor fall back to TCP unseen."""
+        if role == "scheduler":
+            if self.scheduler_address:
+                return self.scheduler_address
+        elif role == "worker":
+            if rank in self.worker_addresses:
+                return self.worker_addresses[rank]
+            if self.worker_address:
+                return self.worker_address
+        else:
+            raise ValueError(f"role is 'scheduler' or 'worker', not {role!r}")
+        return None if self.transport == "cxl" else self.metadata_address
+
+
+def _worker_addresses(value: Any) -> dict[int, str]:
+    """{"0": "cxl://...#7", ...} (JSON keys are strings) -> {0: "cxl://...#7", ...}."""
+    if not isinstance(value, Mapping):
+        raise ConnectorConfigError(f"worker_addresses maps a tensor-parallel rank to an address, not {value!r}")
+    out: dict[int, str] = {}
+    for rank, address in value.items():
+        if not str(rank).isdigit() or not isinstance(address, str) or not address:
+            raise ConnectorConfigError(
+                f"worker_addresses: {rank!r}: {address!r} is not a rank (0, 1, ...) and an address"
+            )
+        out[int(rank)] = address
+    return out
 
 
 def check_hash_pins(config: BelugaConfig, *, algo_in_use: str, env: Mapping[str, str] | None = None) -> None:

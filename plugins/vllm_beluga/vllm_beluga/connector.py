@@ -183,7 +183,8 @@ class BelugaConnector(KVConnectorBase_V1):
         self.stats = ConnectorStats(self.cfg.stats_path, role=role_name)
         self.stats.set("namespace", self.namespace)
         self.index = BestEffortIndex(
-            self.cfg.address_for("scheduler" if role == KVConnectorRole.SCHEDULER else "worker"),
+            # each process its own client: the scheduler's ring, or this tensor-parallel rank's
+            self.cfg.address_for("scheduler" if role == KVConnectorRole.SCHEDULER else "worker", self.tp_rank),
             stats=self.stats,
             timeout_s=self.cfg.timeout_s,
             retry_s=self.cfg.retry_s,

@@ -21,9 +21,12 @@ T = TypeVar("T")
 
 
 class BestEffortIndex:
+    """`address` None: this process was given no server address (transport cxl without a ring for
+    it); it behaves as on an unreachable server and says so, rather than borrow anyone's ring."""
+
     def __init__(
         self,
-        address: str,
+        address: str | None,
         *,
         stats: ConnectorStats,
         timeout_s: float = 1.0,
@@ -42,6 +45,11 @@ class BestEffortIndex:
         # reconnects after failures); the connector reports them per saved request.
         self.messages = 0
         self.round_trips = 0
+        # Which way this process talks to the server, in its stats file, so an operator (and the
+        # end-to-end test) can see that every process uses its ring and none fell back to TCP.
+        self.transport = address.split("://", 1)[0] if address and "://" in address else "none"
+        stats.set("metadata_address", address or "")
+        stats.set("metadata_transport", self.transport)
 
     @property
     def healthy(self) -> bool:
@@ -52,17 +60,28 @@ class BestEffortIndex:
             return self._client
         if time.monotonic() < self._retry_at:
             return None
+        if self.address is None:
+            self.stats.set("ring_error", "no CXL-RPC ring configured for this process")
+            self._down("no CXL-RPC ring was configured for this process (transport cxl) and TCP is not used instead")
+            return None
         try:
             connect = self._connect
             if connect is None:
                 from belugactl.dataplane.client import connect
             self._client = connect(self.address, timeout_s=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means "no pool for now"
-            self._down(f"cannot connect to the metadata server at {self.address}: {exc}")
+            if self.transport == "cxl":
+                # A ring that cannot be opened is not a reason to switch to TCP: misses until it opens.
+                self.stats.add("ring_open_failed")
+                self.stats.set("ring_error", f"{type(exc).__name__}: {exc}")
+                self._down(f"cannot open CXL-RPC ring {self.address} (not falling back to TCP): {exc}")
+            else:
+                self._down(f"cannot connect to the metadata server at {self.address}: {exc}")
             return None
         if self._warned_down:
             log.warning("Beluga: metadata server at %s is reachable again", self.address)
         self._warned_down = False
+        self.stats.set("ring_error", None)  # the ring opened: an earlier failure is history (counted)
         self.stats.set("healthy", True)
         self.stats.add("connects")
         return self._client

@@ -74,10 +74,19 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         shown = "; ".join(f"{field}: manifest {a!r}, pool {b!r}" for field, a, b in differences[:4])
         more = f"; and {len(differences) - 4} more" if len(differences) > 4 else ""
         details["differences"] = [{"field": f, "manifest": a, "pool": b} for f, a, b in differences]
+        from belugactl.model.layout import stale_layout_note
+
+        note = stale_layout_note(
+            ctx.expect.manifest, ctx.expect.layout, found.layout_hash, found.geometry.ring_count,
+            same_pool=found.pool_uuid == ours.pool_uuid,
+        )  # fmt: skip
         return CheckResult.fail(
-            f"the pool header disagrees with this manifest ({shown}{more}): serving would corrupt other hosts' data",
-            "use the rack's manifest (the same file on every host); only if the pool holds nothing worth keeping, "
-            "re-initialize it: belugactl setup -f MANIFEST --force",
+            f"the pool header disagrees with this manifest{': ' + note if note else ''} ({shown}{more}): "
+            "serving would corrupt other hosts' data",
+            ("" if note else "use the rack's manifest (the same file on every host); ")
+            + "only if the pool holds nothing worth keeping, re-initialize it: belugactl setup -f MANIFEST --force "
+            "(rewrites the header; DESTROYS every cached KV block, the index journal and the host partitions' "
+            "contents; stop serving on every host first)",
             **details,
         )
     if ctx.expect.host_name not in {h.name for h in found.hosts}:

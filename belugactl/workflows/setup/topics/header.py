@@ -35,8 +35,15 @@ class HeaderMismatch(BelugaError):
     def __init__(self, device: str, rows: list[tuple[str, Any, Any]]) -> None:
         self.rows = rows
         table = "\n".join(f"{name}: manifest {_show(ours)}, pool {_show(theirs)}" for name, ours, theirs in rows)
+        rings = next(((a, b) for n, a, b in rows if n == "rpc_ring_count" and int(a) > int(b)), None)
+        why_rings = (
+            f": it has {rings[1]} CXL-RPC rings where this manifest needs {rings[0]} (one per vLLM process); it was "
+            "set up by an older belugactl (one ring per instance) or for fewer processes"
+            if rings
+            else ""
+        )
         super().__init__(
-            f"the pool header on {device} disagrees with this host's manifest ({len(rows)} field(s))",
+            f"the pool header on {device} disagrees with this host's manifest ({len(rows)} field(s)){why_rings}",
             why=table,
             fix="use the manifest the pool was created with; or, to re-create the pool and DISCARD its contents "
             "on every host, rerun with --force",
