@@ -212,7 +212,8 @@ def test_engine_settings_rewrite_only_the_engine_flags() -> None:
         ProcessSpec(f"vllm-{i}", "vllm", (*argv[:4], str(8100 + i), *argv[5:]), {"PYTHONHASHSEED": "0"}, "l", 8100 + i)
         for i in range(2)
     ]
-    plan = ServePlan("r", "h", "m", "/run", "/pool", [ProcessSpec("metadata-server", "metadata", ("b",), {}, "l"), *specs])
+    server = ProcessSpec("metadata-server", "metadata", ("b",), {}, "l")
+    plan = ServePlan("r", "h", "m", "/run", "/pool", [server, *specs])
     p4096 = engines.plan_for_setting(plan, "4096", local_cache_on="vllm-1")
     a, b = p4096.processes[1], p4096.processes[2]
     assert "--max-num-batched-tokens" in a.argv and not engines.prefix_caching_on(a.argv)
