@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "belugactl.cli.pool_cmd",
     "belugactl.cli.serve_cmd",
     "belugactl.cli.metadata_server_cmd",
+    "belugactl.cli.pd_proxy_cmd",
     "belugactl.cli.bench_cmd",
     "belugactl.cli.lab_cmd",
     "belugactl.cli.rack_cmd",

@@ -56,6 +56,7 @@ class Segment:
     base: int  # absolute address of block 0's piece
     block_stride: int  # bytes from block b's piece to block b+1's
     length: int  # bytes of one block's piece (contiguous)
+    layer: str = ""  # the paged tensor (vLLM layer name) the piece belongs to
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,30 @@ def _segments_of(view: TensorView) -> list[Segment]:
     for combo in combos:
         offset = sum(i * view.strides[d] for i, d in zip(combo, outer, strict=True))
         label = view.name + "".join(f"[{i}]" for i in combo)
-        segments.append(Segment(label, view.address + offset, block_stride, length))
+        segments.append(Segment(label, view.address + offset, block_stride, length, view.name))
     return segments
+
+
+@dataclass(frozen=True)
+class LayerSpan:
+    """One layer's pieces of a block: segments [first, first + count), at `offset` bytes into the
+    block as stored in the pool, `nbytes` long."""
+
+    layer: str
+    first: int
+    count: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LayerCopy:
+    """One layer of a batch, ready for the native helper: its pieces' template and the batch's
+    (block id, pool offset of the layer's first piece) pairs."""
+
+    layer: str
+    template: array
+    pairs: array
 
 
 @dataclass(frozen=True)
@@ -171,6 +194,22 @@ class KVBlockLayout:
     @property
     def block_nbytes(self) -> int:
         return sum(s.length for s in self.segments)
+
+    def layer_spans(self) -> tuple[LayerSpan, ...]:
+        """Each layer's run of pieces, in pool order: a layer-wise load copies one span at a time.
+
+        A layer whose tensor shares storage with an earlier one has no pieces of its own (they were
+        stored once), so it has no span; callers wait for every span before such a layer runs."""
+        spans: list[LayerSpan] = []
+        offset = 0
+        for i, seg in enumerate(self.segments):
+            if spans and spans[-1].layer == seg.layer and spans[-1].first + spans[-1].count == i:
+                last = spans[-1]
+                spans[-1] = LayerSpan(last.layer, last.first, last.count + 1, last.offset, last.nbytes + seg.length)
+            else:
+                spans.append(LayerSpan(seg.layer, i, 1, offset, seg.length))
+            offset += seg.length
+        return tuple(spans)
 
     @property
     def pieces_per_block(self) -> int:
@@ -286,6 +325,7 @@ class KVCopyEngine:
         self.template = array("q")
         for seg in layout.segments:
             self.template.extend((seg.base - lo, seg.block_stride, seg.length))
+        self.layer_spans = layout.layer_spans()
         self.coherence = coherence
         if coherence == "flush":
             native.require_coherence(shared_by_hosts=True)
@@ -330,6 +370,36 @@ class KVCopyEngine:
             )
         pieces = plan_copies(self.layout, blocks)
         return self.native.gather(self.pool, self.tensors, memoryview(pieces), nontemporal=nontemporal)
+
+    def layer_plan(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> list[LayerCopy] | None:
+        """A batch split by layer, for loads that overlap the forward pass (each layer copied as
+        one native call, in model order). The batch is checked as for `load` (ValueError on a bad
+        extent or block id); None when a block is split over several extents (load it whole)."""
+        pairs = self._block_pairs(blocks)
+        if pairs is None:
+            return None
+        plan: list[LayerCopy] = []
+        for span in self.layer_spans:
+            shifted = array("q", pairs)
+            if span.offset:
+                shifted[1::2] = array("q", [off + span.offset for off in pairs[1::2]])
+            template = self.template[3 * span.first : 3 * (span.first + span.count)]
+            plan.append(LayerCopy(span.layer, template, shifted))
+        return plan
+
+    def copy_layer(self, layer: LayerCopy, *, nontemporal: bool = False) -> int:
+        """Load one layer of a planned batch (pool -> tensors). Returns bytes copied."""
+        return self.native.gather_blocks(
+            self.pool, self.tensors, layer.template, layer.pairs, save=False, nontemporal=nontemporal
+        )
+
+    def flush_extents(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> None:
+        """Drop cached copies of the batch's pool lines before reading them (`coherence: flush`)."""
+        if self.coherence != "flush":
+            return
+        for _, extents in blocks:
+            for off, length in extents:
+                self.native.flush(self.pool, off, length, True)
 
     def load(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> int:
         """Scatter each block's bytes from its extents into the tensors. Returns bytes read."""

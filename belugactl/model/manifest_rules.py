@@ -227,6 +227,7 @@ def _serve_rules(m: Manifest) -> list[RuleProblem]:
         out.append(RuleProblem(("serve", "metadata", "rpc_port"), "the RPC port and the admin port must differ"))
     if not any("worker" in h.roles for h in m.hosts):
         out.append(RuleProblem(("hosts",), "no host has the worker role; nothing would run vLLM", at_key=True))
+    out += _disaggregation_rules(m)
     meta_host = m.metadata_host()
     for i, host in enumerate(m.hosts):
         instances = m.instances_on(host)
@@ -275,6 +276,49 @@ def _serve_rules(m: Manifest) -> list[RuleProblem]:
                     f"port {md.rpc_port} collides with vLLM ports {vllm.port_base}-{last_port} on {host.name}",
                 )
             )
+    return out
+
+
+def _disaggregation_rules(m: Manifest) -> list[RuleProblem]:
+    """Prefill/decode roles must leave the rack able to answer: some instance that prefills and saves,
+    some that loads and decodes, and a front door that sends each request through both."""
+    assert m.serve is not None
+    vllm = m.serve.vllm
+    if not vllm.disaggregated:
+        return []
+    out: list[RuleProblem] = []
+    at = ("serve", "vllm", "kv_roles")
+    most = max((m.instances_on(h) for h in m.hosts if "worker" in h.roles), default=0)
+    if len(vllm.kv_roles) > most:
+        out.append(
+            RuleProblem(
+                (*at, most) if most else at,
+                f"{len(vllm.kv_roles)} roles listed, but no host runs more than {most} instance(s)",
+                "list one role per instance (instance i of every host takes kv_roles[i])",
+            )
+        )
+    roles = {
+        vllm.kv_role(i) for h in m.hosts if "worker" in h.roles for i in range(m.instances_on(h))
+    }
+    for needed, does in (("kv_producer", "prefills and saves"), ("kv_consumer", "loads and decodes")):
+        if needed not in roles and "kv_both" not in roles:
+            out.append(
+                RuleProblem(
+                    at,
+                    f"no instance is {needed} (or kv_both): nothing {does}",
+                    "give at least one instance each of kv_producer and kv_consumer",
+                    at_key=True,
+                )
+            )
+    if m.serve.router is None:
+        out.append(
+            RuleProblem(
+                at,
+                "prefill/decode roles need the front door: a request must go to a producer, then to a consumer",
+                "add serve.router (docs/serving.md, \"Prefill/decode disaggregation\")",
+                at_key=True,
+            )
+        )
     return out
 
 

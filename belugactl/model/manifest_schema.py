@@ -579,6 +579,17 @@ class Vllm(Strict):
     env: dict[str, str] = {}
     hash_seed: str = "0"
     prefix_caching_hash_algo: Literal["sha256_cbor", "xxhash_cbor", "sha256", "xxhash"] = "sha256_cbor"
+    # Prefill/decode disaggregation: instance i of every host takes kv_roles[i] (vLLM's kv_role names);
+    # instances past the list are kv_both. Producers prefill and save, consumers load and decode; the
+    # front door (serve.router) then sends each request to a producer, then to a consumer.
+    kv_roles: list[Literal["kv_both", "kv_producer", "kv_consumer"]] = []
+
+    def kv_role(self, instance: int) -> str:
+        return self.kv_roles[instance] if instance < len(self.kv_roles) else "kv_both"
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(r != "kv_both" for r in self.kv_roles)
 
     @field_validator("instances_per_host")
     @classmethod

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_b_loads_what_a_computed_and_answers_the_same(stack: Stack) -> None:
     prompt = token_prompt(PROMPT_TOKENS, seed=20261129)
     a = complete(stack.port_a, prompt, max_tokens=8)
+    # Saves finish off the request's critical path (a background thread): the answer may come back
+    # a few milliseconds before its blocks are committed. Wait for them, boundedly.
+    deadline = time.monotonic() + 30
     saved = stack.counters("vllm-0").get("saved_blocks", 0)
+    while saved < FULL_BLOCKS and time.monotonic() < deadline:
+        time.sleep(0.3)
+        saved = stack.counters("vllm-0").get("saved_blocks", 0)
     assert saved >= FULL_BLOCKS, f"A saved {saved} blocks, expected {FULL_BLOCKS}"
 
     # B with the connector off for this request: its own full prefill, the reference answer.

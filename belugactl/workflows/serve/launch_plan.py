@@ -253,7 +253,7 @@ def build_serve_plan(
             extra["scheduler_address"] = f"cxl://{pool_path}#{ring}"
         kv_config = {
             "kv_connector": CONNECTOR_NAME,
-            "kv_role": "kv_both",
+            "kv_role": serve.vllm.kv_role(i),
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": extra,
         }

@@ -38,6 +38,11 @@ class Backend:
     name: str  # "<host>-vllm-<i>": unique across the rack, shown in HAProxy's stats and metrics
     address: str
     port: int
+    kv_role: str = "kv_both"  # prefill/decode disaggregation: kv_producer, kv_consumer or both
+
+    @property
+    def url(self) -> str:
+        return f"http://{_hostport(self.address, self.port)}"
 
 
 def router_hosts(manifest: Manifest) -> list[str]:
@@ -57,7 +62,15 @@ def backends(manifest: Manifest) -> list[Backend]:
     out = []
     for host in manifest.hosts:
         for i in range(manifest.instances_on(host)):
-            out.append(Backend(host.name, f"{host.name}-vllm-{i}", host.address, manifest.serve.vllm.port_base + i))
+            out.append(
+                Backend(
+                    host.name,
+                    f"{host.name}-vllm-{i}",
+                    host.address,
+                    manifest.serve.vllm.port_base + i,
+                    manifest.serve.vllm.kv_role(i),
+                )
+            )
     return out
 
 
@@ -149,10 +162,40 @@ def find_haproxy() -> str:
     )
 
 
+def pd_proxy_process(
+    manifest: Manifest, run_dir: str | Path, *, belugactl: tuple[str, ...] | None = None
+) -> ProcessSpec:
+    """With prefill/decode roles the front door is belugactl's own proxy (workflows/serve/pd_proxy.py):
+    each request goes to a producer, then to a consumer, which HAProxy cannot sequence."""
+    from belugactl.workflows.serve.launch_plan import ProcessSpec, default_belugactl
+
+    assert manifest.serve is not None and manifest.serve.router is not None
+    router = manifest.serve.router
+    argv = [*(belugactl or default_belugactl()), "pd-proxy", "--bind", router.bind, "--port", str(router.port)]
+    for b in backends(manifest):
+        if b.kv_role in ("kv_producer", "kv_both"):
+            argv += ["--prefill", b.url]
+    for b in backends(manifest):
+        if b.kv_role in ("kv_consumer", "kv_both"):
+            argv += ["--decode", b.url]
+    return ProcessSpec(
+        name="router",
+        kind="router",
+        argv=tuple(argv),
+        env={},
+        log_file=str(Path(run_dir) / "logs" / "router.log"),
+        port=router.port,
+        health_url=f"http://{_hostport(local_address(router.bind), router.port)}/healthz",
+        ready_timeout_s=30.0,
+    )
+
+
 def router_process(manifest: Manifest, host: Host, run_dir: str | Path, *, haproxy: str | None = None) -> ProcessSpec:
     from belugactl.workflows.serve.launch_plan import ProcessSpec
 
     assert manifest.serve is not None and manifest.serve.router is not None
+    if manifest.serve.vllm.disaggregated:
+        return pd_proxy_process(manifest, run_dir)
     router = manifest.serve.router
     run = Path(run_dir)
     config = run / CONFIG_NAME
@@ -219,8 +262,8 @@ def check_router(plan: ServePlan) -> None:
     from belugactl.workflows.serve import preflight
 
     for spec in plan.processes:
-        if spec.kind != "router":
-            continue
+        if spec.kind != "router" or "pd-proxy" in spec.argv:
+            continue  # the prefill/decode front door is belugactl itself
         program = spec.argv[0]
         if not (Path(program).is_absolute() and Path(program).exists()) and shutil.which(program) is None:
             raise EnvironmentProblem(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for, refuse_hybrid
 from vllm_beluga.index_client import BestEffortIndex
+from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import Location, PoolTransfer, locate_many
 
@@ -68,6 +70,9 @@ class BlockTransfer:
 class BelugaConnectorMetadata(KVConnectorMetadata):
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
+    # Requests vLLM preempted this step: their blocks may be handed out again before the forward
+    # pass, so their asynchronous saves must finish first (handle_preemptions).
+    preempted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -76,6 +81,7 @@ class _RequestState:
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int | None = None  # blocks below this index are in the pool or not ours to save
     save: bool = True
+    saving: bool = False  # a save was planned: at finish the workers keep its blocks until it completed
 
 
 def _request_switches(request: Any) -> dict[str, Any]:
@@ -181,6 +187,21 @@ class BelugaConnector(KVConnectorBase_V1):
         self._pool: Any = None
         self._load_errors: set[int] = set()
         self._transfer = PoolTransfer(self.index, None, self.namespace, self.stats)
+        # Overlap (overlap.py): both on unless kv_connector_extra_config turns them off, which
+        # serve's benchmarks do to measure what they save. Scheduler and workers read the same config.
+        self.async_saves = self.cfg.extra.get("async_saves", True) is not False
+        # Prefill/decode roles (vLLM's kv_role): a consumer loads and never saves (what it computes is
+        # the decode); a producer saves synchronously, so its answer to the front door means "the
+        # prompt's KV is in the pool" and the consumer asked next finds every block. A producer still
+        # loads a prefix the pool already has: that is recompute saved, not a role broken.
+        self.kv_role = str(getattr(self._kv_transfer_config, "kv_role", "kv_both") or "kv_both")
+        self.saves_enabled = self.kv_role != "kv_consumer"
+        if self.kv_role == "kv_producer":
+            self.async_saves = False
+        self.layerwise_loads = self.cfg.extra.get("layerwise_loads", True) is not False
+        self._layer_load: LayerwiseLoad | None = None
+        self._load_thread: ThreadPoolExecutor | None = None
+        self._saves: AsyncSaves | None = None
 
     # ------------------------------------------------------------------ scheduler side
     def _block_keys(self, request: Any) -> list[bytes]:
@@ -194,12 +215,12 @@ class BelugaConnector(KVConnectorBase_V1):
         return [bytes(h) for h in hashes[ratio - 1 :: ratio]]
 
     def on_new_request(self, request: Request) -> None:
-        self._requests.setdefault(request.request_id, _RequestState(request=request))
+        self._requests.setdefault(request.request_id, _RequestState(request=request, save=self.saves_enabled))
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.setdefault(request.request_id, _RequestState(request=request))
         switches = _request_switches(request)
-        state.save = switches.get("save", True) is not False
+        state.save = self.saves_enabled and switches.get("save", True) is not False
         self._pending_hits.pop(request.request_id, None)
         if switches.get("load", True) is False:
             return 0, False
@@ -247,6 +268,7 @@ class BelugaConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = BelugaConnectorMetadata(loads=self._loads)
         self._loads = []
+        meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
         for new_req in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new_req.req_id)
             if state is None:
@@ -288,12 +310,14 @@ class BelugaConnector(KVConnectorBase_V1):
         end = min(done, len(keys), len(state.block_ids))
         if end > start:
             meta.saves.append(BlockTransfer(req_id, state.block_ids[start:end], keys[start:end]))
+            state.saving = True
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        # Saves finish inside the step that computed the blocks (wait_for_save), so vLLM may free now.
-        self._requests.pop(request.request_id, None)
+        # With asynchronous saves a request we planned a save for keeps its blocks until every worker
+        # reported its saves complete (get_finished); the others are freed now.
+        state = self._requests.pop(request.request_id, None)
         self._pending_hits.pop(request.request_id, None)
-        return False, None
+        return bool(state is not None and state.saving and self.async_saves), None
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -335,33 +359,123 @@ class BelugaConnector(KVConnectorBase_V1):
         meta = self._connector_metadata
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.loads:
             return
+        self._finish_layer_load()  # never two loads in flight into the same tensors
+        if self.layerwise_loads and hasattr(self._engine, "layer_plan") and self._start_layerwise(meta.loads):
+            return
         for transfer in meta.loads:
             self._load_errors.update(self._transfer.load(transfer.block_ids, transfer.keys, transfer.locations))
 
+    def _start_layerwise(self, loads: list[BlockTransfer]) -> bool:
+        """Look the step's blocks up, then copy them layer by layer on the load thread (overlap.py).
+        False when a batch cannot go layer-wise (a block split over extents): load it whole."""
+        batches = []
+        plans = []
+        for transfer in loads:
+            batch = self._transfer.prepare_load(transfer.block_ids, transfer.keys, transfer.locations)
+            if batch is None:
+                self._load_errors.update(transfer.block_ids)
+                continue
+            try:
+                plan = self._engine.layer_plan(batch.blocks) if batch.blocks else []
+            except ValueError as exc:
+                # An extent outside the pool or a block id outside the tensors: recompute the batch.
+                self._load_errors.update(self._transfer.finish_load(batch, None, exc, time.perf_counter()))
+                continue
+            if plan is None:
+                started = time.perf_counter()
+                error: Exception | None = None
+                crcs = None
+                try:
+                    crcs = list(self._transfer._copy(batch.blocks, save=False))
+                except Exception as exc:  # noqa: BLE001
+                    error = exc
+                self._load_errors.update(self._transfer.finish_load(batch, crcs, error, started))
+                continue
+            if not batch.blocks:
+                self._load_errors.update(self._transfer.finish_load(batch, [], None, time.perf_counter()))
+                continue
+            batches.append(batch)
+            plans.append(plan)
+        if not batches:
+            return True
+        job = LayerwiseLoad(lc.layer for lc in plans[0])
+        if self._load_thread is None:
+            self._load_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="beluga-load")
+        self._layer_load = job
+        self.stats.add("layerwise_loads")
+        self._load_thread.submit(
+            run_layerwise, job, self._engine, batches, plans, self._transfer.pool_checksums, self._transfer.finish_load
+        )
+        return True
+
+    def _finish_layer_load(self) -> None:
+        job, self._layer_load = self._layer_load, None
+        if job is not None:
+            self._load_errors.update(job.wait())
+            self.stats.add("layer_waits", job.layers_waited)
+            self.stats.add("layer_wait_us", job.wait_us)
+
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads complete in start_load_kv, before the first layer runs
+        job = self._layer_load
+        if job is not None:
+            job.wait_layer(layer_name)  # only this layer's pieces: later layers keep arriving
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
     ) -> None:
-        return  # a block is saved whole (all layers) in wait_for_save, after the forward pass
+        return  # a block is saved whole (all layers) from wait_for_save, per step, off the critical path
 
     def wait_for_save(self) -> None:
         meta = self._connector_metadata
-        if not isinstance(meta, BelugaConnectorMetadata) or not meta.saves or self._engine is None:
+        if not isinstance(meta, BelugaConnectorMetadata) or not meta.saves:
+            return
+        if self.async_saves:
+            # Every rank holds what the scheduler holds, whether or not it saves anything itself.
+            self._async_saves().hold(t.req_id for t in meta.saves)
+        if self._engine is None:
             return
         if self.mla and self.tp_rank != 0:
             return  # rank 0 stores the one copy every rank loads
         if hasattr(self._engine, "synchronize"):
             self._engine.synchronize()  # the GPU must have finished writing this step's KV
         for transfer in meta.saves:
-            self._transfer.save(transfer.block_ids, transfer.keys)
+            if self.async_saves:
+                self._async_saves().submit(transfer.req_id, list(transfer.block_ids), list(transfer.keys))
+                self.stats.add("async_saves")
+            else:
+                self._transfer.save(transfer.block_ids, transfer.keys)
+
+    def _async_saves(self) -> AsyncSaves:
+        if self._saves is None:
+            self._saves = AsyncSaves(self._transfer.save)
+        return self._saves
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        # Called before the step's forward pass: a preempted request's freed blocks may be written by
+        # another request in this very step, so its saves must have read them by then.
+        preempted = getattr(kv_connector_metadata, "preempted", None)
+        if preempted and self._saves is not None:
+            waited = self._saves.drain(preempted)
+            if waited:
+                self.stats.add("saves_drained_for_preemption", waited)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._saves is None:
+            return None, None
+        done = self._saves.finished(finished_req_ids)
+        return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        self._finish_layer_load()
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def shutdown(self) -> None:
+        self._finish_layer_load()
+        if self._saves is not None:
+            self._saves.close()
+        if self._load_thread is not None:
+            self._load_thread.shutdown(wait=True)
         self.stats.flush(force=True)
         self.index.close()
         if self._pool is not None:

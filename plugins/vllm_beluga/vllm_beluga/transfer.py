@@ -29,8 +29,10 @@ counted as `load_checksum_mismatch`, and the key is deleted so later readers mis
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_beluga.index_client import BestEffortIndex
@@ -68,6 +70,18 @@ def _as_location(loc: Any) -> Location | None:
     )
 
 
+@dataclass
+class LoadBatch:
+    """A load between its lookup and its check: what to copy, and what to release afterwards."""
+
+    leases: list[int]
+    handed_over: bool
+    failed: list[int] = field(default_factory=list)
+    blocks: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
+    checksums: list[int | None] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
+
+
 def _checksum_of(location: Sequence[Any]) -> int | None:
     return location[3] if len(location) > 3 else None
 
@@ -78,6 +92,9 @@ class PoolTransfer:
         self.engine = engine  # KVCopyEngine (CPU) or CudaKVCopyEngine; None: no pool mapped
         self.namespace = namespace
         self.stats = stats
+        # One client speaks for this process on its ring (or socket): loads on the forward path and
+        # saves on the background thread take turns on it, a whole burst at a time.
+        self.index_lock = threading.RLock()
 
     def load(
         self,
@@ -90,66 +107,105 @@ class PoolTransfer:
         `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
         (holding their leases); else each key is looked up here. Block ids without a key are failed.
         """
-        handed_over = locations is not None  # the scheduler's leases, passed to us
-        if locations is None:
-            trips, started_meta = self.index.round_trips, time.perf_counter()
-            locations = locate_many(self.index, self.namespace, keys)
-            self.stats.add("load_metadata_round_trips", self.index.round_trips - trips)
-            self.stats.add("load_metadata_us", int((time.perf_counter() - started_meta) * 1e6))
-        leases = [loc[1] for loc in locations if loc is not None]
-        if self.engine is None:
-            self.index.release(leases, handed_over=handed_over)
-            self.stats.add("load_errors", len(block_ids))
+        batch = self.prepare_load(block_ids, keys, locations)
+        if batch is None:
             return list(block_ids)
         started = time.perf_counter()
-        batch: list[tuple[int, list[tuple[int, int]]]] = []
-        checksums: list[int | None] = []
-        batch_keys: list[bytes] = []
-        failed: list[int] = list(block_ids[len(locations) :])
+        crcs: list[int | None] | None = None
+        error: Exception | None = None
+        try:
+            if batch.blocks:
+                crcs = list(self._copy(batch.blocks, save=False))
+        except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
+            error = exc
+        return self.finish_load(batch, crcs, error, started)
+
+    def prepare_load(
+        self,
+        block_ids: Sequence[int],
+        keys: Sequence[bytes],
+        locations: Sequence[Location | None] | None = None,
+    ) -> LoadBatch | None:
+        """The metadata half of a load: find the blocks (unless the scheduler did), keep those whose
+        size fits these tensors. None when there is nothing to copy into (no pool mapped): every
+        block failed, leases released."""
+        handed_over = locations is not None  # the scheduler's leases, passed to us
+        if locations is None:
+            with self.index_lock:
+                trips, started_meta = self.index.round_trips, time.perf_counter()
+                locations = locate_many(self.index, self.namespace, keys)
+                self.stats.add("load_metadata_round_trips", self.index.round_trips - trips)
+                self.stats.add("load_metadata_us", int((time.perf_counter() - started_meta) * 1e6))
+        leases = [loc[1] for loc in locations if loc is not None]
+        if self.engine is None:
+            with self.index_lock:
+                self.index.release(leases, handed_over=handed_over)
+            self.stats.add("load_errors", len(block_ids))
+            return None
+        batch = LoadBatch(leases=leases, handed_over=handed_over, failed=list(block_ids[len(locations) :]))
         need = self.engine.layout.block_nbytes
         for block_id, key, location in zip(block_ids, keys, locations, strict=False):
             if location is None or int(location[2]) != need:
                 # Gone, or the same key in another layout: never copy bytes that do not fit these tensors.
-                failed.append(block_id)
+                batch.failed.append(block_id)
                 continue
-            batch.append((block_id, location[0]))
-            checksums.append(_checksum_of(location))
-            batch_keys.append(key)
-        try:
-            if batch:
-                crcs = self._copy(batch, save=False)
-                bad = {
-                    i
-                    for i, (want, got) in enumerate(zip(checksums, crcs, strict=True))
-                    if want is not None and want != got
-                }
-                if bad:
-                    # Overwritten after its commit (a stalled writer): recompute, and drop the key so
-                    # later readers miss instead of finding the same bad bytes.
-                    log.warning("Beluga: %d blocks failed their checksum: recomputed, keys deleted", len(bad))
-                    self.stats.add("load_checksum_mismatch", len(bad))
+            batch.blocks.append((block_id, location[0]))
+            batch.checksums.append(_checksum_of(location))
+            batch.keys.append(key)
+        return batch
+
+    def finish_load(
+        self, batch: LoadBatch, crcs: Sequence[int | None] | None, error: Exception | None, started: float
+    ) -> list[int]:
+        """The checking half of a load, once its copy ended: compare checksums, release the leases,
+        count. `crcs` per copied block (None: the copy did not complete, `error` says why).
+        Returns the block ids NOT loaded."""
+        failed = batch.failed
+        blocks = batch.blocks
+        need = self.engine.layout.block_nbytes if self.engine is not None else 0
+        if error is not None or (blocks and crcs is None):
+            log.warning("Beluga: loading %d blocks failed: %s", len(blocks), error)
+            failed.extend(b for b, _ in blocks if b not in failed)
+            blocks = []
+        elif blocks and crcs is not None:
+            bad = {
+                i
+                for i, (want, got) in enumerate(zip(batch.checksums, crcs, strict=True))
+                if want is not None and want != got
+            }
+            if bad:
+                # Overwritten after its commit (a stalled writer): recompute, and drop the key so
+                # later readers miss instead of finding the same bad bytes.
+                log.warning("Beluga: %d blocks failed their checksum: recomputed, keys deleted", len(bad))
+                self.stats.add("load_checksum_mismatch", len(bad))
+                with self.index_lock:
                     for i in sorted(bad):
-                        failed.append(batch[i][0])
-                        self.index.delete(self.namespace, batch_keys[i])
-                    batch = [b for i, b in enumerate(batch) if i not in bad]
-                self.stats.add("loaded_blocks", len(batch))
-                self.stats.add("loaded_bytes", len(batch) * need)
-        except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
-            log.warning("Beluga: loading %d blocks failed: %s", len(batch), exc)
-            failed.extend(b for b, _ in batch if b not in failed)
-        finally:
-            live = self.index.release(leases, handed_over=handed_over)
-        if live is not None and live < len([x for x in leases if x]) and batch:
+                        failed.append(blocks[i][0])
+                        self.index.delete(self.namespace, batch.keys[i])
+                blocks = [b for i, b in enumerate(blocks) if i not in bad]
+            self.stats.add("loaded_blocks", len(blocks))
+            self.stats.add("loaded_bytes", len(blocks) * need)
+        with self.index_lock:
+            live = self.index.release(batch.leases, handed_over=batch.handed_over)
+        if live is not None and live < len([x for x in batch.leases if x]) and blocks:
             # A lease ended before we released it: its block may have been evicted and its extents
             # written by someone else while we copied. Recompute the batch rather than trust it.
-            log.warning("Beluga: %d leases expired during a load: %d blocks recomputed", len(leases) - live, len(batch))
-            self.stats.add("leases_expired_in_load", len(leases) - live)
-            failed.extend(b for b, _ in batch if b not in failed)
+            expired = len(batch.leases) - live
+            log.warning("Beluga: %d leases expired during a load: %d blocks recomputed", expired, len(blocks))
+            self.stats.add("leases_expired_in_load", expired)
+            failed.extend(b for b, _ in blocks if b not in failed)
         self.stats.add("load_us", int((time.perf_counter() - started) * 1e6))
         if failed:
             log.warning("Beluga: %d blocks not loaded (gone from the pool, or a failed copy): recomputed", len(failed))
             self.stats.add("load_errors", len(failed))
         return failed
+
+    def pool_checksums(self, blocks: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[int]:
+        """Each block's CRC32C over its pool bytes (after a copy that could not checksum in flight)."""
+        from belugactl.dataplane import native
+
+        need = self.engine.layout.block_nbytes
+        return [native.extents_crc32c(self.engine.pool, list(extents), need) for _, extents in blocks]
 
     def save(self, block_ids: Sequence[int], keys: Sequence[bytes]) -> int:
         """Store the blocks under their keys; returns how many were committed.
@@ -162,9 +218,13 @@ class PoolTransfer:
             return 0
         started = time.perf_counter()
         index = self.index
-        trips, messages = index.round_trips, index.messages
         nbytes = self.engine.layout.block_nbytes
-        results = index.reserve_many(self.namespace, keys, nbytes)
+        # Round trips are counted inside the lock: a load on another thread may use the index between
+        # this save's two bursts, and its trips are not this save's.
+        with self.index_lock:
+            trips, messages = index.round_trips, index.messages
+            results = index.reserve_many(self.namespace, keys, nbytes)
+            trips, messages = index.round_trips - trips, index.messages - messages
         meta_s = time.perf_counter() - started
         reserved = [
             (r, block_id, [(int(o), int(n)) for o, n in r.extents])
@@ -191,14 +251,18 @@ class PoolTransfer:
         committed = 0
         if commits or aborts:
             t = time.perf_counter()
-            committed = sum(index.finish_many(commits, aborts))
+            with self.index_lock:
+                before = index.round_trips, index.messages
+                committed = sum(index.finish_many(commits, aborts))
+                trips += index.round_trips - before[0]
+                messages += index.messages - before[1]
             meta_s += time.perf_counter() - t
         if commits:
             self.stats.add("saved_blocks", committed)
             self.stats.add("saved_bytes", committed * nbytes)
         self.stats.add("save_requests")
-        self.stats.add("save_metadata_round_trips", index.round_trips - trips)
-        self.stats.add("save_metadata_messages", index.messages - messages)
+        self.stats.add("save_metadata_round_trips", trips)
+        self.stats.add("save_metadata_messages", messages)
         self.stats.add("save_metadata_us", int(meta_s * 1e6))
         self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
         return committed
