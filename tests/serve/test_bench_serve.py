@@ -145,9 +145,20 @@ def test_metadata_per_hit_and_the_breakdown_come_from_the_connectors_stats(make_
     assert row["save_metadata"]["per_request_us"] == [850, 850] and row["save_metadata"]["round_trips"] == [2, 2]
     brk = row["breakdown"]
     assert brk["metadata_ms"] == pytest.approx(0.4) and brk["copy_ms"] == pytest.approx(2.0)
+    assert brk["copy_wait_ms"] is None  # no layer-wise loads reported: the whole copy is on the path
     assert brk["beyond_floor_ms"] == pytest.approx((row["ttft_pool_hit_s"] - row["ttft_local_hit_s"]) * 1e3)
     assert brk["unattributed_ms"] == pytest.approx(brk["beyond_floor_ms"] - 0.4 - 2.0)
     assert set(brk["missing_stats"]) == {"locate_us", "load_release_us"}
+
+
+def test_the_pool_hit_waits_for_a_save_that_finishes_after_the_answer(make_stack) -> None:
+    # Asynchronous saves: A answers 0.5 s before its blocks are in the pool. The bench waits for A's
+    # save (its stats files) before timing B, so every pool hit is one.
+    stack = make_stack(Costs(save_delay_s=0.5))
+    doc = stack.run(example=None, rounds=2, concurrent=2, concurrent_length=LENGTH)
+    row = doc["rows"][0]
+    assert row["honest"]["pool_hit"] is True and row["loaded_tokens_per_hit"] == 608
+    assert doc["concurrent"]["pool_hit"]["token_sources"]["external_kv_transfer"] == 2 * 608
 
 
 def test_stats_arithmetic() -> None:
@@ -170,18 +181,24 @@ def test_stats_arithmetic() -> None:
     brk = serving_stats.breakdown(0.05, 0.02, [change])
     assert brk is not None and brk["unattributed_ms"] == pytest.approx(30 - 0.35 - 0.5)
     assert "locate_us" not in brk["missing_stats"] and "load_release_us" in brk["missing_stats"]
+    # Layer-wise loads: only the forward's wait for the copy is on the critical path.
+    layered = serving_stats.delta(before, {**after, "worker0": {**after["worker0"], "layer_wait_us": 200}})
+    brk = serving_stats.breakdown(0.05, 0.02, [layered])
+    assert brk is not None and brk["copy_wait_ms"] == pytest.approx(0.2)
+    assert brk["unattributed_ms"] == pytest.approx(30 - 0.35 - 0.2)
+    assert serving_stats.saves_done({"worker0": {"save_requests": 3}, "worker1": {"save_requests": 2}}) == 5
     assert serving_stats.read_counters(None) == {}
 
 
 def test_the_concurrent_pass_compares_throughput_pool_vs_recompute(make_stack) -> None:
-    stack = make_stack(Costs(per_token_s=0.0004, pool_s=0.02))
+    stack = make_stack(Costs(per_token_s=0.0008, pool_s=0.005))
     doc = stack.run(example=None, rounds=1, concurrent=4, concurrent_length=LENGTH)
     conc = doc["concurrent"]
     rec, hit = conc["recompute"], conc["pool_hit"]
     assert conc["prompts"] == 4 and conc["same_tokens"] is True
     assert hit["token_sources"]["external_kv_transfer"] == 4 * 608 and hit["token_sources"]["local_cache_hit"] == 0
     assert rec["token_sources"]["external_kv_transfer"] == 0 and rec["token_sources"]["local_cache_hit"] == 0
-    assert rec["requests_per_s"] == pytest.approx(4 / rec["wall_s"]) and rec["wall_s"] >= 4 * LENGTH * 0.0004
+    assert rec["requests_per_s"] == pytest.approx(4 / rec["wall_s"]) and rec["wall_s"] >= 4 * LENGTH * 0.0008
     assert conc["throughput_ratio"] == pytest.approx(hit["requests_per_s"] / rec["requests_per_s"])
     assert conc["throughput_ratio"] > 3.0 and conc["met"] is True
     assert hit["metadata_us_per_request"] == pytest.approx(120 + 80)

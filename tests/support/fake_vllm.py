@@ -35,6 +35,7 @@ class Costs:
     load_metadata_us: int = 80
     load_us: int = 900
     save_metadata_us: int = 300
+    save_delay_s: float = 0.0  # > 0: saves finish this long after the answer (asynchronous saves)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class FakeVLLM:
         self.dead = False
         self.requests: list[dict[str, Any]] = []
         self._engine = threading.Lock()
+        self._stats_lock = threading.Lock()
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -115,12 +117,21 @@ class FakeVLLM:
 
     # -- the model ---------------------------------------------------------------------------
     def _count(self, role: str, **values: int) -> None:
-        for k, v in values.items():
-            self.counters[role][k] = self.counters[role].get(k, 0) + v
-        if self.stats_prefix is not None:
+        with self._stats_lock:
+            for k, v in values.items():
+                self.counters[role][k] = self.counters[role].get(k, 0) + v
+            if self.stats_prefix is None:
+                return
             path = Path(f"{self.stats_prefix}.{role}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"role": role, "counters": self.counters[role]}))
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({"role": role, "counters": self.counters[role]}))
+            tmp.replace(path)
+
+    def _save(self, key: tuple[str | None, tuple[int, ...]]) -> None:
+        self.rack.pool.add(key)
+        c = self.costs
+        self._count("worker0", save_metadata_us=c.save_metadata_us, save_metadata_round_trips=2, save_requests=1)
 
     def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self._engine:
@@ -173,8 +184,10 @@ class FakeVLLM:
                 time.sleep(n * c.per_token_s)
                 self.sources["local_compute"] += n
                 if self.connector == "beluga" and switches.get("save", True) is not False:
-                    self.rack.pool.add(key)
-                    self._count("worker0", save_metadata_us=c.save_metadata_us, save_metadata_round_trips=2)
+                    if c.save_delay_s > 0:
+                        threading.Timer(c.save_delay_s, self._save, (key,)).start()
+                    else:
+                        self._save(key)
                 if self.connector == "example":
                     self.rack.files.add(tokens)
             if self.prefix_cache:

@@ -44,6 +44,7 @@ from belugactl.workflows.serve.traffic import Completion, complete, prompt_token
 
 LOCAL_RATIO_TARGET = 1.5  # pool hit within 1.5x of the local prefix-cache hit (issue 12)
 STATS_LAG_S = 0.3  # the connector rewrites its stats files at most every 0.2 s
+SAVE_WAIT_S = 15.0
 
 
 class _Probe:
@@ -62,6 +63,20 @@ class _Probe:
     @property
     def lag_s(self) -> float:
         return STATS_LAG_S if self.stats_a or self.stats_b else 0.0
+
+
+def _wait_for_save(stats_a: str | None, before: serving_stats.Counters, say: Callable[[str], None]) -> None:
+    """A connector that saves asynchronously answers before its blocks are in the pool: B's pool hit
+    must not be timed before A's save finished (bounded; a save that never ends leaves the pool hit
+    a miss, and `honest` says so)."""
+    if not stats_a:
+        return
+    deadline = time.monotonic() + SAVE_WAIT_S
+    while serving_stats.saves_done(serving_stats.read_counters(stats_a)) <= serving_stats.saves_done(before):
+        if time.monotonic() > deadline:
+            say(f"bench serve: A's save did not finish within {SAVE_WAIT_S:.0f} s (its stats files say)")
+            return
+        time.sleep(0.05)
 
 
 def _sources(port: int) -> dict[str, float] | None:
@@ -158,6 +173,8 @@ def run(
                 readings.append(probe.read())
                 salt = salts["pool_hit"] if kind == "save" else salts[kind]
                 answers[kind] = complete(port, prompt, max_tokens=1, use_pool=use_pool, cache_salt=salt)
+                if kind == "save":
+                    _wait_for_save(stats_a, readings[-1]["a"], say)
             time.sleep(max(settle_s, probe.lag_s))
             readings.append(probe.read())
             for i, (kind, _, _) in enumerate(steps):
@@ -225,6 +242,7 @@ def run(
             length=concurrent_length or max(lengths),
             nonce=nonce,
             settle_s=max(settle_s, probe.lag_s),
+            stats_a=stats_a,
             stats_b=stats_b,
             say=say,
         )

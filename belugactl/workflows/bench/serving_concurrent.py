@@ -40,13 +40,24 @@ def run_concurrent(
     length: int = 4000,
     nonce: str = "0",
     settle_s: float = 1.0,
+    stats_a: str | None = None,
     stats_b: str | None = None,
+    save_wait_s: float = 30.0,
     say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     prompts = [token_prompt(length, seed=7_000_000 + length * 100 + i) for i in range(count)]
     pool_salt, recompute_salt = f"conc-pool-{nonce}", f"conc-recompute-{nonce}"
+    saved_before = serving_stats.saves_done(serving_stats.read_counters(stats_a))
     save, save_s = complete_all(port_a, prompts, cache_salt=pool_salt)
     say(f"bench serve: concurrent: A computed and saved {count} x {length} tokens in {save_s:.2f} s")
+    if stats_a:
+        # Asynchronous saves end after the answers: every one must be in the pool before B is timed.
+        deadline = time.monotonic() + save_wait_s
+        while serving_stats.saves_done(serving_stats.read_counters(stats_a)) < saved_before + count:
+            if time.monotonic() > deadline:
+                say(f"bench serve: concurrent: A's saves did not all finish within {save_wait_s:.0f} s")
+                break
+            time.sleep(0.05)
     passes: dict[str, dict[str, Any]] = {}
     answers = {}
     for kind, use_pool, salt in (("recompute", False, recompute_salt), ("pool_hit", True, pool_salt)):

@@ -80,7 +80,13 @@ def _row_notes(row: dict[str, Any]) -> list[str]:
         out.append(
             f"  {n} tokens: the pool hit's {brk['pool_hit_ms']:.1f} ms vs the local hit's {brk['local_hit_ms']:.1f} ms "
             f"({brk['beyond_floor_ms']:+.1f} ms): metadata {brk['metadata_ms']:.2f} ms, copy {brk['copy_ms']:.2f} ms "
-            f"(load_us), unattributed {brk['unattributed_ms']:.1f} ms "
+            f"(load_us"
+            + (
+                f"; the forward waited {brk['copy_wait_ms']:.2f} ms of it, layer_wait_us"
+                if brk.get("copy_wait_ms") is not None
+                else ""
+            )
+            + f"), unattributed {brk['unattributed_ms']:.1f} ms "
             "(engine step with the connector, scheduling, HTTP)"
         )
         if brk.get("missing_stats"):
