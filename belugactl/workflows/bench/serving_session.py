@@ -3,10 +3,10 @@ setting (stopped before the next), plus the ExampleConnector instance where aske
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,28 +37,36 @@ def _vllm_specs(plan: ServePlan) -> list[ProcessSpec]:
     return [p for p in plan.processes if p.kind == "vllm" and p.port is not None]
 
 
-@contextlib.contextmanager
-def _example_instance(
-    plan: ServePlan, b: ProcessSpec, setting: str, run_dir: Path, say: Callable[[str], None]
-) -> Iterator[ExampleInstance]:
+class _ExampleEngine:
     """vLLM with the ExampleConnector on B's argv, supervised apart (its own run dir and state file),
     its KV files in a directory removed afterwards."""
-    from belugactl.workflows.serve.supervisor import Supervisor
 
-    home = run_dir / "bench-example"
-    storage = home / f"kv-{setting}-{secrets.token_hex(3)}"
-    storage.mkdir(parents=True, exist_ok=True)
-    port = engines.free_port()
-    log = run_dir / "logs" / f"vllm-example-{setting}.log"
-    spec = engines.example_connector_spec(b, port=port, storage=storage, log_file=log)
-    sup = Supervisor(engines.example_plan(plan, spec, home), say=say, max_restarts=0)
-    say(f"bench serve: starting vLLM with the ExampleConnector on port {port} (B's argv; log {log})")
-    try:
-        sup.start()
-        yield ExampleInstance(port=port, log_file=str(log))
-    finally:
-        sup.stop()
-        shutil.rmtree(storage, ignore_errors=True)
+    def __init__(self, plan: ServePlan, b: ProcessSpec, setting: str, run_dir: Path, say: Callable[[str], None]):
+        from belugactl.workflows.serve.supervisor import Supervisor
+
+        home = run_dir / "bench-example"
+        self.storage = home / f"kv-{setting}-{secrets.token_hex(3)}"
+        port = engines.free_port()
+        log = run_dir / "logs" / f"vllm-example-{setting}.log"
+        spec = engines.example_connector_spec(b, port=port, storage=self.storage, log_file=log)
+        self.supervisor = Supervisor(engines.example_plan(plan, spec, home), say=say, max_restarts=0)
+        self.instance = ExampleInstance(port=port, log_file=str(log))
+        self.error: BaseException | None = None
+        say(f"bench serve: starting vLLM with the ExampleConnector on port {port} (B's argv; log {log})")
+
+    def start(self) -> None:
+        self.storage.mkdir(parents=True, exist_ok=True)
+        try:
+            self.supervisor.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
+
+    def abort(self) -> None:
+        self.supervisor._stop_requested = True  # its start gives up at its next readiness poll
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+        shutil.rmtree(self.storage, ignore_errors=True)
 
 
 def _label(setting: str | None) -> str:
@@ -88,19 +96,27 @@ def run_sessions(
             raise UsageError("the manifest runs no vLLM instance on this host")
         b_spec = specs[1] if len(specs) > 1 else specs[0]
         stats = [p.get("stats_prefix") for p in procs]
-        doc = _measure(
-            plan,
-            [p["port"] for p in procs],
-            stats,
-            routers,
-            b_spec,
-            None,
-            options,
-            block,
-            Path(current["run_dir"]),
-            say,
-            local_hit=engines.prefix_caching_on(b_spec.argv),
-        )
+        example = None
+        if options.example_connector:
+            example = _ExampleEngine(plan, b_spec, "running", Path(current["run_dir"]), say)
+            example.start()
+        try:
+            if example is not None and example.error is not None:
+                raise example.error
+            doc = _measure(
+                [p["port"] for p in procs],
+                stats,
+                routers,
+                None,
+                example,
+                options,
+                block,
+                say,
+                local_hit=engines.prefix_caching_on(b_spec.argv),
+            )
+        finally:
+            if example is not None:
+                example.stop()
         return [doc]
     prepared = prepare(rack, run_dir=options.run_dir, vllm=options.vllm, create_pool=options.create_pool)
     base = prepared.plan
@@ -132,36 +148,50 @@ def _serve_and_measure(
     supervisor = Supervisor(plan, say=say)
     say(f"bench serve: {_label(setting)}: starting the metadata server and vLLM (engine start takes a while on CPU)")
     supervisor.install_signal_handlers()
-    supervisor.start()
+    b_spec = specs[1] if len(specs) > 1 else specs[0]
+    example = _ExampleEngine(plan, b_spec, setting, Path(plan.run_dir), say) if options.example_connector else None
+    # The ExampleConnector's engine needs no metadata server: it starts beside serve's (the starts,
+    # minutes each on CPU, overlap instead of adding up).
+    beside = threading.Thread(target=example.start, daemon=True) if example is not None else None
     try:
-        b_spec = specs[1] if len(specs) > 1 else specs[0]
+        if beside is not None:
+            beside.start()
+        try:
+            supervisor.start()
+        except BaseException:
+            if example is not None:
+                example.abort()  # do not wait minutes for an engine no one will use
+            raise
+        finally:
+            if beside is not None:
+                beside.join()
+        if example is not None and example.error is not None:
+            raise example.error
         return _measure(
-            plan,
             [p.port for p in specs],
             [p.stats_prefix for p in specs],
             routers,
-            b_spec,
             setting,
+            example,
             options,
             block,
-            Path(plan.run_dir),
             say,
             local_hit=local_hit,
         )
     finally:
+        if example is not None:
+            example.stop()
         supervisor.stop()
 
 
 def _measure(
-    plan: ServePlan,
     ports: list[Any],
     stats: list[Any],
     routers: list[Any],
-    b_spec: ProcessSpec,
     setting: str | None,
+    example: _ExampleEngine | None,
     options: BenchOptions,
     block: int,
-    run_dir: Path,
     say: Callable[[str], None],
     *,
     local_hit: bool,
@@ -177,24 +207,20 @@ def _measure(
         raise UsageError(
             "--via-router: no router runs on this host", fix="add serve.router to the manifest (docs/serving.md)"
         )
-    with contextlib.ExitStack() as stack:
-        example = None
-        if options.example_connector:
-            example = stack.enter_context(_example_instance(plan, b_spec, setting or "running", run_dir, say))
-        doc = bench_serve.run(
-            port_a,
-            port_b,
-            lengths=options.lengths,
-            rounds=options.rounds,
-            block_size=block,
-            router_port=routers[0] if options.via_router else None,
-            say=say,
-            local_hit=local_hit,
-            stats_a=stats_a,
-            stats_b=stats_b,
-            example=example,
-            concurrent=options.concurrent,
-            engine_setting=setting,
-        )
+    doc = bench_serve.run(
+        port_a,
+        port_b,
+        lengths=options.lengths,
+        rounds=options.rounds,
+        block_size=block,
+        router_port=routers[0] if options.via_router else None,
+        say=say,
+        local_hit=local_hit,
+        stats_a=stats_a,
+        stats_b=stats_b,
+        example=example.instance if example is not None else None,
+        concurrent=options.concurrent,
+        engine_setting=setting,
+    )
     doc["engine_setting_label"] = _label(setting)
     return doc
