@@ -119,16 +119,15 @@ def serve(
         vllm=vllm,
         create_pool=create_pool,
     )
-    docs = run_sessions(rack, current, settings, options, say=say)
+    docs = run_sessions(rack, current, settings, options, say=say, on_doc=(lambda _: None) if as_json else print_table)
     if as_json:
         # The first setting's document at the top (the keys bench serve always had), every setting under "settings".
         print_json({**docs[0], "settings": docs})
-        return
-    for doc in docs:
-        print_table(doc)
 
 
 def print_table(doc: dict) -> None:
+    import sys
+
     from belugactl.workflows.bench.serving_report import baseline_lines
 
     if doc.get("engine_setting"):
@@ -148,3 +147,4 @@ def print_table(doc: dict) -> None:
     print("paper (Beluga, GPU, CXL): 89.6 % lower TTFT; target here: >= 5x")
     for line in baseline_lines(doc):
         print(line)
+    sys.stdout.flush()

@@ -263,3 +263,19 @@ def test_cli_refuses_an_unknown_engine_setting() -> None:
 
     assert run(["bench", "serve", "-f", "examples/cpu-demo.yaml", "--engine-setting", "8k"]) == 2
     assert run(["bench", "serve", "-f", "examples/cpu-demo.yaml", "--concurrent", "-1"]) == 2
+
+
+def test_the_printed_table_keeps_the_old_lines_and_adds_the_baselines(make_stack, capsys) -> None:
+    from belugactl.cli.bench_serving_cmd import print_table
+
+    doc = make_stack(Costs(), chunk=512).run(rounds=1)
+    doc["engine_setting"], doc["engine_setting_label"] = "default", "default chunked prefill"
+    print_table(doc)
+    out = capsys.readouterr().out.splitlines()
+    row = doc["rows"][0]
+    assert out[0] == "engine setting: default chunked prefill"
+    assert out[1].split() == ["prompt", "recompute", "pool", "hit", "speedup", "reduction", "same", "tokens"]
+    assert out[2].split()[:3] == [str(LENGTH), f"{row['ttft_recompute_s']:.3f}s", f"{row['ttft_pool_hit_s']:.3f}s"]
+    assert out[3].startswith("paper (Beluga, GPU, CXL): 89.6 % lower TTFT")
+    assert any(line.endswith(f"fails: {row['example_connector']['reason']}") for line in out)
+    assert any("connector metadata per pool hit" in line for line in out)

@@ -80,8 +80,10 @@ def run_sessions(
     options: BenchOptions,
     *,
     say: Callable[[str], None],
+    on_doc: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
-    """One document per engine setting (one, as running, when serve was already up)."""
+    """One document per engine setting (one, as running, when serve was already up); `on_doc` gets
+    each as soon as its setting is measured (a table printed before the next setting's minutes)."""
     from belugactl.workflows.serve.control import prepare
 
     loaded = rack.manifest
@@ -117,6 +119,7 @@ def run_sessions(
         finally:
             if example is not None:
                 example.stop()
+        on_doc(doc)
         return [doc]
     prepared = prepare(rack, run_dir=options.run_dir, vllm=options.vllm, create_pool=options.create_pool)
     base = prepared.plan
@@ -129,6 +132,7 @@ def run_sessions(
     for setting in settings or ["default"]:
         plan = engines.plan_for_setting(base, setting, local_cache_on=b_name)
         docs.append(_serve_and_measure(plan, setting, options, block, say, local_hit=not one))
+        on_doc(docs[-1])
     return docs
 
 
