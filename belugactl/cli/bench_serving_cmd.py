@@ -59,16 +59,32 @@ def serve(
     via_router: bool = typer.Option(
         False, "--via-router", help="Also time every prompt through the front door (serve.router), side by side."
     ),
+    engine_setting: str = typer.Option(
+        None,
+        "--engine-setting",
+        help="default (chunked prefill), 4096 (--max-num-batched-tokens 4096) or both (engines restarted between, "
+        "one table each). Needs bench serve to start serve itself.",
+    ),
+    example_connector: bool = typer.Option(
+        False,
+        "--example-connector",
+        help="Also start vLLM's ExampleConnector on B's argv and time its hit (one more engine start: minutes on CPU).",
+    ),
+    concurrent: int = typer.Option(
+        0, "--concurrent", help="Also send N long prompts at once: throughput pool vs recompute (e.g. 16; 0: off)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:
-    """TTFT on instance B with the pool hit vs recompute, side by side (paper: 89.6 % lower; target >= 5x)."""
+    """TTFT on instance B with the pool hit vs recompute, side by side (paper: 89.6 % lower; target >= 5x),
+    beside B's local prefix-cache hit and, with --example-connector, vLLM's ExampleConnector hit."""
     import sys
 
+    from belugactl.cli.load_rack import rack_context
     from belugactl.cli.render import print_json
     from belugactl.errors import UsageError
-    from belugactl.workflows.bench import serving as bench_serve
-    from belugactl.workflows.serve.control import prepare, status
-    from belugactl.workflows.serve.supervisor import Supervisor
+    from belugactl.workflows.bench import serving_engines as engines
+    from belugactl.workflows.bench.serving_session import BenchOptions, run_sessions
+    from belugactl.workflows.serve.control import status
 
     try:
         sizes = [int(x) for x in lengths.split(",") if x.strip()]
@@ -76,50 +92,46 @@ def serve(
         raise UsageError(f"--lengths {lengths}: expected integers separated by commas") from None
     if not sizes or min(sizes) < 64:
         raise UsageError("--lengths: each prompt needs at least 64 tokens")
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if concurrent < 0:
+        raise UsageError("--concurrent must be 0 (off) or a number of prompts")
+    settings = engines.parse_settings(engine_setting) if engine_setting is not None else None
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    from belugactl.cli.load_rack import rack_context
-
     rack = rack_context(manifest, pool=pool)
     current = status(run_dir)
-    supervisor = None
-    if current["running"]:
-        ports = [p["port"] for p in current["processes"] if p["kind"] == "vllm"]
-        routers = [p["port"] for p in current["processes"] if p["kind"] == "router"]
-        say(f"bench serve: using the serve running in {current['run_dir']}")
-    else:
-        prepared = prepare(rack, run_dir=run_dir, vllm=vllm, create_pool=create_pool)
-        plan = prepared.plan
-        ports = [p.port for p in plan.processes if p.kind == "vllm" and p.port is not None]
-        routers = [p.port for p in plan.processes if p.kind == "router"]
-        supervisor = Supervisor(plan, say=say)
-        say("bench serve: starting the metadata server and vLLM (engine start takes a while on CPU)")
-        supervisor.install_signal_handlers()
-        supervisor.start()
-    try:
-        if not ports:
-            raise UsageError(f"{manifest} runs no vLLM instance on this host")
-        port_a, port_b = ports[0], ports[1] if len(ports) > 1 else ports[0]
-        if port_a == port_b:
-            say("bench serve: one instance only: A and B are the same instance (the hit still comes from the pool)")
-        loaded = rack.manifest
-        block = loaded.block_size_on(loaded.hosts[0]) if len(loaded.hosts) == 1 else 16
-        if via_router and not routers:
-            raise UsageError(
-                "--via-router: no router runs on this host", fix="add serve.router to the manifest (docs/serving.md)"
-            )
-        router_port = routers[0] if via_router else None
-        doc = bench_serve.run(
-            port_a, port_b, lengths=sizes, rounds=rounds, block_size=block, router_port=router_port, say=say
+    if current["running"] and settings is not None:
+        raise UsageError(
+            f"--engine-setting {engine_setting}: serve is already running in {current['run_dir']}",
+            why="each engine setting restarts the engines, and bench serve restarts only a serve it started",
+            fix="belugactl stop (or give another --run-dir) and run bench serve again",
         )
-    finally:
-        if supervisor is not None:
-            supervisor.stop()
+    options = BenchOptions(
+        lengths=sizes,
+        rounds=rounds,
+        via_router=via_router,
+        example_connector=example_connector,
+        concurrent=concurrent,
+        run_dir=run_dir,
+        vllm=vllm,
+        create_pool=create_pool,
+    )
+    docs = run_sessions(rack, current, settings, options, say=say, on_doc=(lambda _: None) if as_json else print_table)
     if as_json:
-        print_json(doc)
-        return
+        # The first setting's document at the top (the keys bench serve always had), every setting under "settings".
+        print_json({**docs[0], "settings": docs})
+
+
+def print_table(doc: dict) -> None:
+    import sys
+
+    from belugactl.workflows.bench.serving_report import baseline_lines
+
+    if doc.get("engine_setting"):
+        print(f"engine setting: {doc['engine_setting_label']}")
     print(f"{'prompt':>8} {'recompute':>11} {'pool hit':>10} {'speedup':>8} {'reduction':>10}  same tokens")
     for row in doc["rows"]:
         print(
@@ -133,3 +145,6 @@ def serve(
                 f"  (the front door adds {routed['router_cost_pool_hit_s'] * 1000:+.1f} ms to a pool hit)"
             )
     print("paper (Beluga, GPU, CXL): 89.6 % lower TTFT; target here: >= 5x")
+    for line in baseline_lines(doc):
+        print(line)
+    sys.stdout.flush()

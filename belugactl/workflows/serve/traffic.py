@@ -11,6 +11,8 @@ import random
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +47,13 @@ def complete(
     use_pool: bool = True,
     logprobs: bool = False,
     timeout: float = 300.0,
+    cache_salt: str | None = None,
 ) -> Completion:
-    """Greedy completion of a token-id prompt; `use_pool=False` turns the Beluga connector off for it."""
+    """Greedy completion of a token-id prompt; `use_pool=False` turns the Beluga connector off for it.
+
+    `cache_salt` (vLLM's own field) joins the first block's hash: with prefix caching on, only a
+    request with the same salt can hit the blocks another left in the local cache. It changes the
+    Beluga keys too (they are those hashes), so a pool hit needs the salt its writer used."""
     body: dict[str, Any] = {
         "model": model or served_model(port),
         "prompt": prompt,
@@ -57,6 +64,8 @@ def complete(
     }
     if logprobs:  # needs the tokenizer: not with --skip-tokenizer-init
         body["logprobs"] = 1
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     if not use_pool:
         body["kv_transfer_params"] = {"beluga": {"load": False, "save": False}}
     request = urllib.request.Request(  # noqa: S310 - loopback URL built here
@@ -98,3 +107,25 @@ def prompt_token_sources(port: int, *, timeout: float = 5.0) -> dict[str, float]
         source = labels.split(marker, 1)[1].split('"', 1)[0]
         out[source] = out.get(source, 0.0) + float(value)
     return out
+
+
+def complete_all(
+    port: int,
+    prompts: Sequence[list[int]],
+    *,
+    use_pool: bool = True,
+    cache_salt: str | None = None,
+    model: str | None = None,
+    timeout: float = 600.0,
+) -> tuple[list[Completion], float]:
+    """Send every prompt at once (one connection each) and return the answers in order and the
+    wall time from the first send to the last answer."""
+    name = model or served_model(port)
+    with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
+        started = time.perf_counter()
+        futures = [
+            pool.submit(complete, port, p, model=name, use_pool=use_pool, cache_salt=cache_salt, timeout=timeout)
+            for p in prompts
+        ]
+        answers = [f.result() for f in futures]
+        return answers, time.perf_counter() - started
