@@ -455,3 +455,33 @@ def test_batched_commits_are_journaled_and_survive_a_sigkill(manifest_path: Path
             copy_verified(pool.buf, loc, out, key=k)
         c.close()
     pool.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["tcp", "cxl"])
+def test_a_long_prefix_lookup_is_one_burst_and_stops_at_the_first_gap(rack64, transport: str) -> None:
+    """LOOKUP_PREFIX for a 124-block chain (a 4000-token prompt) goes out as one pipelined burst,
+    not one round trip per slot's worth of keys; the prefix still ends at the first missing key,
+    and leases granted past it are handed back."""
+    manifest, pool_path = rack64
+    with server(manifest, pool_path) as srv:
+        pool = PoolMapping.open(pool_path)
+        address = srv["rpc"] if transport == "tcp" else f"cxl://{pool_path}#1"
+        c = connect(address, pool=pool if transport == "cxl" else None, timeout_s=5.0)
+        c.clear_namespace("m/tp0")
+        chain = keys(124, tag=b"L")
+        _save(c, pool, "m/tp0", chain[:60], 4096)
+        _save(c, pool, "m/tp0", chain[61:], 4096)  # a gap at block 60, then more present keys
+        leases_before = c.stats()["leases"]
+        trips = c.round_trips
+        total, leases = c.lookup_prefix_leased("m/tp0", chain)
+        assert total == 60
+        assert c.round_trips - trips <= 2  # one burst (plus the release of the leases past the gap)
+        assert c.stats()["leases"] == leases_before + len(leases)  # only the prefix's leases are held
+        assert c.release(leases) == len(leases)
+        trips = c.round_trips
+        assert c.lookup_prefix("m/tp0", chain[:60]) == 60
+        assert c.round_trips - trips == 1
+        assert c.lookup_prefix("m/tp0", [b"absent" + bytes(26)] + chain[:60]) == 0
+        c.close()
+        pool.close()

@@ -95,6 +95,7 @@ class _RequestState:
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int | None = None  # blocks below this index are in the pool or not ours to save
     save: bool = True
+    known_present: int = 0  # leading full blocks the lookup found in the pool: never saved again
     saving: bool = False  # a save was planned: at finish the workers keep its blocks until it completed
 
 
@@ -242,15 +243,20 @@ class BelugaConnector(KVConnectorBase_V1):
             return 0, False
         # The last token is never offered: vLLM must compute at least one token to sample from.
         loadable = (request.num_tokens - 1) // self.block_size
-        keys = self._block_keys(request)[:loadable]
+        every = self._block_keys(request)
+        keys = every[:loadable]
         start = num_computed_tokens // self.block_size
         if len(keys) <= start:
             return 0, False
         started = time.perf_counter()
-        present = self.index.lookup_prefix(self.namespace, keys)
+        # Every full block is asked about, the one holding the last token too (never offered): when
+        # it is present as well, this request's save skips it instead of meeting "already there".
+        found = self.index.lookup_prefix(self.namespace, every)
+        present = min(found, loadable)
+        state.known_present = found
         self.stats.add("lookups")
         self.stats.add("lookup_us", int((time.perf_counter() - started) * 1e6))
-        self.stats.add("lookup_blocks", len(keys))
+        self.stats.add("lookup_blocks", len(every))
         if present <= start:
             return 0, False
         self.stats.add("hit_blocks", present - start)
@@ -277,7 +283,11 @@ class BelugaConnector(KVConnectorBase_V1):
         if self.tp_size == 1 or self.mla:
             # With one rank the scheduler's namespace is the worker's: resolve here, over the ring.
             # With several, each rank holds its own shard under its own namespace and looks it up itself.
+            started = time.perf_counter()
+            trips = self.index.round_trips
             locations = locate_many(self.index, self.namespace, keys)
+            self.stats.add("locate_us", int((time.perf_counter() - started) * 1e6))
+            self.stats.add("locate_round_trips", self.index.round_trips - trips)
         # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
         self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations))
 
@@ -291,8 +301,9 @@ class BelugaConnector(KVConnectorBase_V1):
                 continue
             state.block_ids = list(new_req.block_ids[0])
             if state.saved_upto is None:
-                # Blocks computed before this step (vLLM's prefix cache) or loaded from the pool are not saved.
-                state.saved_upto = new_req.num_computed_tokens // self.block_size
+                # Blocks computed before this step (vLLM's prefix cache) or loaded from the pool are not
+                # saved, nor blocks the lookup found in the pool already.
+                state.saved_upto = max(new_req.num_computed_tokens // self.block_size, state.known_present)
             self._plan_save(meta, new_req.req_id, state, new_req.num_computed_tokens, scheduler_output)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -305,7 +316,7 @@ class BelugaConnector(KVConnectorBase_V1):
             elif new_ids is not None:
                 state.block_ids.extend(new_ids[0])
             if state.saved_upto is None:
-                state.saved_upto = cached.num_computed_tokens[i] // self.block_size
+                state.saved_upto = max(cached.num_computed_tokens[i] // self.block_size, state.known_present)
             self._plan_save(meta, req_id, state, cached.num_computed_tokens[i], scheduler_output)
         self._note_saves(meta)
         return meta

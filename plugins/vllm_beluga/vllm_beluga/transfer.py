@@ -185,8 +185,10 @@ class PoolTransfer:
                 blocks = [b for i, b in enumerate(blocks) if i not in bad]
             self.stats.add("loaded_blocks", len(blocks))
             self.stats.add("loaded_bytes", len(blocks) * need)
+        released = time.perf_counter()
         with self.index_lock:
             live = self.index.release(batch.leases, handed_over=batch.handed_over)
+        self.stats.add("load_release_us", int((time.perf_counter() - released) * 1e6))
         if live is not None and live < len([x for x in batch.leases if x]) and blocks:
             # A lease ended before we released it: its block may have been evicted and its extents
             # written by someone else while we copied. Recompute the batch rather than trust it.
