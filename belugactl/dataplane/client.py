@@ -616,11 +616,12 @@ class KVIndexClient:
         per_call = max(1, p.release_capacity(self.transport.max_payload))
         ids = [i for i in lease_ids if i]
         flags = p.RELEASE_HANDED_OVER if handed_over else 0
-        released = 0
-        for start in range(0, len(ids), per_call):
-            reply = self._call(Op.RELEASE, p.encode_release(ids[start : start + per_call], flags))
-            released += p.decode_u32(reply, "RELEASE reply")
-        return released
+        if not ids:
+            return 0
+        # One pipelined burst, as a load's other messages: a 124-block load's leases fill 5 slots,
+        # and 5 round trips one after another sat on the load's path.
+        payloads = [p.encode_release(ids[start : start + per_call], flags) for start in range(0, len(ids), per_call)]
+        return sum(p.decode_u32(reply, "RELEASE reply") for reply in self._call_many(Op.RELEASE, payloads))
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""

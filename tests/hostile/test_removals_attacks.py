@@ -16,7 +16,7 @@ from belugactl.dataplane.rpc.protocol import Code, Op
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, start_mds, well_behaved_round_trip
 
-pytestmark = [pytest.mark.hostile, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(420)]
 MiB = 1 << 20
 
 
@@ -112,11 +112,13 @@ def test_a_cursor_from_before_a_restart_is_fenced_then_refused(manifest_path, po
 
 def test_floods_of_requests_and_of_removals_stay_bounded(mds) -> None:
     pool = PoolMapping.open(mds.pool_path)
-    writer = connect(mds.tcp, timeout_s=5)
-    readers = [connect(mds.cxl(2 + i), pool=pool, timeout_s=5) for i in range(2)] + [connect(mds.tcp, timeout_s=5)]
+    # Generous timeouts: clearing 1000 keys is the server's slowest request, and on a loaded 2-core CI
+    # machine it has taken more than 5 s; the bounds asserted below do not depend on speed.
+    writer = connect(mds.tcp, timeout_s=60)
+    readers = [connect(mds.cxl(2 + i), pool=pool, timeout_s=60) for i in range(2)] + [connect(mds.tcp, timeout_s=60)]
     _removed(writer, 50, b"warm")
     rss0 = mds.rss()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240
     asked = 0
     for _round in range(18):  # bounded: 18 rounds of 1000 removals and 3 x 25 requests
         if time.monotonic() > deadline:
