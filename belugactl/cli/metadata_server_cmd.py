@@ -64,6 +64,11 @@ def metadata_server(
         "--restart-policy",
         help="start-empty (default) or journal: rebuild the index from the pool's journal area at start.",
     ),
+    spin_after_ms: int | None = typer.Option(
+        None, "--spin-after-ms", metavar="MS",
+        help="Busy-poll the CXL-RPC rings this long after a request, then poll every 0.5 ms "
+        "(default: serve.metadata.spin_after_ms, 50; 0: never busy-poll).",
+    ),  # fmt: skip
     json_out: bool = typer.Option(False, "--json", help="Print the start-up record as JSON on stdout."),
 ) -> None:
     """Serve the KV index over CXL-RPC (pool slot rings) and TCP, with /healthz /readyz /metrics /stats.
@@ -106,7 +111,11 @@ def metadata_server(
             raise UsageError(f"{name} {value:g} is outside (0, 86400] seconds", fix=f"pass e.g. {name} 30")
     if not 0 <= fence_grace <= 3600:
         raise UsageError(f"--fence-grace {fence_grace:g} is outside [0, 3600] seconds", fix="pass e.g. --fence-grace 0")
+    spin_after = spin_after_ms if spin_after_ms is not None else (ms.spin_after_ms if ms is not None else 50)
+    if not 0 <= spin_after <= 60_000:
+        raise UsageError(f"--spin-after-ms {spin_after} is outside [0, 60000]", fix="pass e.g. --spin-after-ms 50")
     config = ServerConfig(
+        idle_after_s=spin_after / 1000,
         rpc_bind=rpc_bind or bind or getattr(ms, "rpc_bind", None) or default_bind,
         rpc_port=None if no_tcp else (rpc_port if rpc_port is not None else (ms.rpc_port if ms else 9471)),
         admin_bind=bind or default_bind,

@@ -613,15 +613,28 @@ class KVIndexClient:
         leases are then left alone), unless `handed_over`: the client that got them passed them
         on (the vLLM scheduler to a worker) and this client is done with them.
         """
+        return self.release_groups([lease_ids], handed_over=handed_over)[0]
+
+    def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int]:
+        """`release` for several sets of leases in one burst, with each set's live count apart (a
+        load's own leases, whose count says whether its bytes can be trusted, beside spare ones)."""
         per_call = max(1, p.release_capacity(self.transport.max_payload))
-        ids = [i for i in lease_ids if i]
         flags = p.RELEASE_HANDED_OVER if handed_over else 0
-        if not ids:
-            return 0
+        payloads: list[bytes] = []
+        owner: list[int] = []  # the group of each payload
+        for g, lease_ids in enumerate(groups):
+            ids = [i for i in lease_ids if i]
+            for start in range(0, len(ids), per_call):
+                payloads.append(p.encode_release(ids[start : start + per_call], flags))
+                owner.append(g)
+        live = [0] * len(groups)
+        if not payloads:
+            return live
         # One pipelined burst, as a load's other messages: a 124-block load's leases fill 5 slots,
         # and 5 round trips one after another sat on the load's path.
-        payloads = [p.encode_release(ids[start : start + per_call], flags) for start in range(0, len(ids), per_call)]
-        return sum(p.decode_u32(reply, "RELEASE reply") for reply in self._call_many(Op.RELEASE, payloads))
+        for g, reply in zip(owner, self._call_many(Op.RELEASE, payloads), strict=True):
+            live[g] += p.decode_u32(reply, "RELEASE reply")
+        return live
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""

@@ -522,6 +522,18 @@ class MetadataServe(Strict):
     # Namespaces (model/layout/rank) the index keeps open; at the cap idle empty ones are dropped,
     # then OPEN_NS answers NS_LIMIT (a client cannot grow the server's memory without bound).
     max_namespaces: Int = 4096
+    # After a request the server busy-polls the CXL-RPC rings this long (a request then waits
+    # microseconds), then looks every 0.5 ms. The poll takes a core: right on a GPU server, where
+    # cores are spare; on a host whose few cores run the model (CPU serving) it slows the forward
+    # pass it waits beside, so such a host sets it low (0: never busy-poll).
+    spin_after_ms: Int = 50
+
+    @field_validator("spin_after_ms")
+    @classmethod
+    def _spin_after(cls, value: int) -> int:
+        if not 0 <= value <= 60_000:
+            raise ValueError("spin_after_ms must be between 0 and 60000 (milliseconds)")
+        return value
 
     @field_validator("max_namespaces")
     @classmethod

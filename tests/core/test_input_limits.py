@@ -83,6 +83,8 @@ def test_file_just_over_the_limit_is_refused(tmp_path):
         (["--lease-ttl", "-1"], "--lease-ttl"),
         (["--reservation-ttl", "0"], "--reservation-ttl"),
         (["--lease-ttl", "nan"], "--lease-ttl"),
+        (["--spin-after-ms", "-1"], "--spin-after-ms"),
+        (["--spin-after-ms", "60001"], "--spin-after-ms"),
     ],
 )
 def test_metadata_server_refuses_out_of_range_ports_and_ttls(tmp_path, flags, says):

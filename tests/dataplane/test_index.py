@@ -390,3 +390,15 @@ def test_saved_and_leased_bytes_count_what_moves() -> None:
     assert idx.counters.leased_bytes == 3000 + 5000 + 5000
     assert (idx.counters.hits, idx.counters.misses) == (2, 1)
     assert idx.stats()["saved_bytes"] == 8000 and idx.stats()["leased_bytes"] == 13000
+
+
+def test_the_manifest_bounds_spin_after_ms() -> None:
+    from pydantic import ValidationError
+
+    from belugactl.model.manifest_schema import MetadataServe
+
+    assert MetadataServe().spin_after_ms == 50
+    assert MetadataServe(spin_after_ms=0).spin_after_ms == 0
+    for bad in (-1, 60_001):
+        with pytest.raises(ValidationError, match="spin_after_ms"):
+            MetadataServe(spin_after_ms=bad)

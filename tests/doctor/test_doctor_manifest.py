@@ -170,3 +170,20 @@ def test_data_past_the_first_words_is_not_a_blank_pool_for_doctor_nor_setup(tmp_
     # The all-zero area, for contrast, is the never-initialized pool.
     blank = REGISTRY.get("pool.header").run(_header_ctx(_pool_tree(tmp_path / "blank", bytes(hdr.HEADER_REGION))))
     assert blank.status is Status.FAIL and "never initialized" in blank.reason
+
+
+def test_interleave_ways_left_at_one_means_every_selected_memdev_as_setup_reads_it(tmp_path):
+    # Setup builds a region across every selected memdev when ways is 1 (the default); doctor must
+    # not then call that region wrong. A count above 1 is held to.
+    text = LAB.read_text()
+    one = load_manifest(LAB)
+    assert from_manifest(one, one.host("lab-1")).interleave_ways is None
+    two_path = tmp_path / "two.yaml"
+    two_path.write_text(text.replace("ways: 1", "ways: 2").replace("size: 510MiB", "size: 508MiB"))
+    two = load_manifest(two_path)
+    assert from_manifest(two, two.host("lab-1")).interleave_ways == 2
+    snap = beluga_like()
+    two_way = replace(snap, cxl=replace(snap.cxl, regions=[replace(snap.cxl.regions[0], interleave_ways=2)]))
+    exp = replace(from_manifest(one, one.host("lab-1")), region_type=snap.cxl.regions[0].type)
+    geometry = REGISTRY.get("cxl.region-geometry").run(DoctorContext(two_way, exp, Host(tmp_path)))
+    assert "interleave" not in geometry.reason, geometry

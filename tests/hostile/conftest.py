@@ -7,19 +7,15 @@ psutil), and readers get exactly the bytes their writer committed.
 
 from __future__ import annotations
 
-import json
-import resource
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.support import mds_process
+from tests.support.mds_process import Mds
 from tests.support.small_rack import SMALL_RACK
 
 NS = "m/tp0"
@@ -43,69 +39,11 @@ def pool_path(tmp_path: Path, manifest_path: Path) -> Path:
     return create_file_pool(tmp_path / "pool.bin", load_manifest(manifest_path))
 
 
-class Mds:
-    """A running metadata-server process and what it printed at start."""
-
-    def __init__(self, proc: subprocess.Popen, record: dict, pool_path: Path) -> None:
-        self.proc = proc
-        self.record = record
-        self.pool_path = pool_path
-        self.ps = psutil.Process(proc.pid)
-
-    @property
-    def tcp(self) -> str:
-        return self.record["rpc"]
-
-    @property
-    def port(self) -> int:
-        return int(self.tcp.rsplit(":", 1)[1])
-
-    def cxl(self, ring: int) -> str:
-        return f"cxl://{self.pool_path}#{ring}"
-
-    def rss(self) -> int:
-        return self.ps.memory_info().rss
-
-    def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
-
-    def admin(self, path: str) -> bytes:
-        with urllib.request.urlopen(self.record["admin"] + path, timeout=5) as r:  # noqa: S310 - loopback
-            return r.read()
-
-    def stats(self) -> dict:
-        return json.loads(self.admin("/stats"))
-
-    def stderr(self) -> str:
-        self.proc.wait(timeout=15)
-        return self.proc.stderr.read() if self.proc.stderr else ""
-
-
 @contextmanager
 def start_mds(manifest_path: Path, pool_path: Path, *extra: str, nofile: int | None = None) -> Iterator[Mds]:
-    argv = [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest_path), "--pool", str(pool_path),
-            "--rpc-port", "0", "--admin-port", "0", "--json", *LIMITS, *extra]  # fmt: skip
-
-    def limit_files() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_files)  # noqa: S603, PLW1509
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert line, proc.stderr.read() if proc.stderr else "no output"
-        yield Mds(proc, json.loads(line), pool_path)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
+    """The server with the small limits above (extra flags come after them, so they win)."""
+    with mds_process.start_mds(manifest_path, pool_path, *LIMITS, *extra, nofile=nofile) as m:
+        yield m
 
 
 @pytest.fixture

@@ -66,7 +66,11 @@ def from_manifest(manifest: Manifest, host: Host, *, layout: Any = _RESOLVE) -> 
         region_type=getattr(source, "type", None) if is_region else None,
         namespace_uuid=namespace.uuid if namespace is not None else None,
         namespace_name=namespace.name if namespace is not None else None,
-        interleave_ways=pool.interleave.ways if pool.interleave.mode == "hardware" else None,
+        # Setup reads ways 1 (the default) as "across every selected memdev", however many that is
+        # (topics/region.py): only a written count above 1 is a number doctor can hold a region to.
+        interleave_ways=(
+            pool.interleave.ways if pool.interleave.mode == "hardware" and pool.interleave.ways > 1 else None
+        ),
         memdev_serials=_serials(selection),
         memdev_switch=want.switch,
         memdev_count=want.count,

@@ -13,6 +13,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 from vllm_beluga.config import ConnectorConfigError
 from vllm_beluga.connector import BelugaConnector
@@ -71,13 +72,39 @@ out["empty"] = list(conn.get_num_new_matched_tokens(r, 0))
 for key in keys[:5]:
     res = client.reserve(conn.namespace, key, 64)
     client.commit(res.token)
-out["five_present"] = list(conn.get_num_new_matched_tokens(request("r2", tokens), 0))
-out["five_present_two_local"] = list(conn.get_num_new_matched_tokens(request("r3", tokens), 2 * BS))
+r2, r3, r4 = request("r2", tokens), request("r3", tokens), request("r4", tokens)
+out["five_present"] = list(conn.get_num_new_matched_tokens(r2, 0))
+out["five_present_two_local"] = list(conn.get_num_new_matched_tokens(r3, 2 * BS))
 for key in keys[5:]:
     client.commit(client.reserve(conn.namespace, key, 64).token)
-out["all_present"] = list(conn.get_num_new_matched_tokens(request("r4", tokens), 0))
+trips = conn.index.round_trips
+out["all_present"] = list(conn.get_num_new_matched_tokens(r4, 0))
 out["switched_off"] = list(conn.get_num_new_matched_tokens(request("r5", tokens, {"beluga": {"load": False}}), 0))
-out["counters"] = conn.stats.counters
+out["counters"] = dict(conn.stats.counters)
+
+
+class Blocks:  # what update_state_after_alloc reads of vLLM's KVCacheBlocks: one group's block ids
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def get_block_ids(self) -> tuple[list[int]]:
+        return (self.ids,)
+
+
+# The lookups' leases (one per block found): the blocks to load keep theirs for the worker, which
+# also hands back the hit's others (here the block holding the last token); a hit vLLM did not
+# allocate, or a request finished first, gives its leases back at the next step.
+out["leases_after_lookups"] = client.stats()["leases"]
+conn.update_state_after_alloc(r4, Blocks(list(range(8))), 7 * BS)  # allocated: its 7 located blocks to the worker
+out["hit_round_trips"] = conn.index.round_trips - trips
+conn.update_state_after_alloc(r2, Blocks([]), 0)  # vLLM allocated nothing external
+conn.request_finished(r3, [])  # finished (aborted) before any allocation
+out["leases_before_step"] = client.stats()["leases"]
+meta = conn.build_connector_meta(SchedulerOutput.make_empty())
+out["leases_after_step"] = client.stats()["leases"]
+out["located"] = [len([x for x in t.locations or [] if x is not None]) for t in meta.loads]
+out["spare"] = [len(t.spare_leases) for t in meta.loads]
+out["lookup_leases_released"] = conn.stats.counters.get("lookup_leases_released", 0)
 
 down = BelugaConnector(config(address="tcp://127.0.0.1:1"), KVConnectorRole.SCHEDULER, None)
 out["server_down"] = list(down.get_num_new_matched_tokens(request("r6", tokens), 0))

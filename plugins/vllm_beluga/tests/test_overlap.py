@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from test_transfer import NS, PIECE, _block, server, tensors  # noqa: F401 - fixtures
+from test_transfer import NS, PIECE, _block, tensors  # noqa: F401 - fixtures
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
 from vllm_beluga.stats import ConnectorStats
@@ -34,9 +34,9 @@ class _GatedEngine(KVCopyEngine):
 
 def _setup(server, tensors, engine_cls=KVCopyEngine):  # noqa: ANN001, ANN202, F811
     bufs, layout = tensors
-    pool = PoolMapping.open(server["pool"])
+    pool = PoolMapping.open(server.pool_path)
     stats = ConnectorStats(None, role="worker0")
-    index = BestEffortIndex(server["address"], stats=stats, timeout_s=1.0, retry_s=0.2)
+    index = BestEffortIndex(server.tcp, stats=stats, timeout_s=1.0, retry_s=0.2)
     engine = engine_cls(layout, pool.buf)
     return bufs, pool, PoolTransfer(index, engine, NS, stats)
 

@@ -5,56 +5,26 @@ it happen when the hold is switched off), and a prompt loaded layer by layer ans
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from belugactl.pool.file_pool import create_file_pool
+from tests.support.mds_process import Mds
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_saves_overlap_yet_never_read_freed_blocks_and_loads_go_layer_by_layer(
-    vllm_python: Path, tmp_path: Path
+    vllm_python: Path, server: Mds
 ) -> None:
-    manifest = REPO / "examples" / "cpu-demo.yaml"
-    pool = tmp_path / "pool"
-    create_file_pool(pool, manifest)
-    admin, rpc = _port(), _port()
-    server = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
-         "--admin-port", str(admin), "--rpc-port", str(rpc), "--fence-grace", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    probe = subprocess.run(  # noqa: S603
+        [str(vllm_python), str(Path(__file__).with_name("overlap_probe.py")),
+         str(REPO / "examples" / "models" / "llama-cpu-demo"), server.tcp, str(server.pool_path)],
+        capture_output=True, text=True, timeout=800, check=False,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)  # noqa: S310
-                break
-            except OSError:
-                time.sleep(0.1)
-        probe = subprocess.run(  # noqa: S603
-            [str(vllm_python), str(Path(__file__).with_name("overlap_probe.py")),
-             str(REPO / "examples" / "models" / "llama-cpu-demo"), f"tcp://127.0.0.1:{rpc}", str(pool)],
-            capture_output=True, text=True, timeout=800, check=False,
-        )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
     lines = [x for x in probe.stdout.splitlines() if x.startswith("RESULT ")]
     assert probe.returncode == 0 and lines, probe.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))

@@ -4,65 +4,22 @@ answered with a probe, a server that is away answered with None."""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 
 from belugactl.dataplane.client import connect
-from belugactl.pool.file_pool import create_file_pool
+from tests.support.mds_process import Mds
 
 REPO = Path(__file__).resolve().parents[3]
 NS = "door@layout@tp0of1"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict]:
-    pool = tmp_path / "pool"
-    manifest = REPO / "examples" / "cpu-demo.yaml"
-    create_file_pool(pool, manifest)
-    admin, rpc = _port(), _port()
-    proc = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
-         "--admin-port", str(admin), "--rpc-port", str(rpc), "--fence-grace", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1) as r:  # noqa: S310
-                if json.loads(r.read()).get("ready"):
-                    break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail(f"metadata server did not start: {proc.stderr.read().decode()[-2000:]}")
-    try:
-        yield {"address": f"tcp://127.0.0.1:{rpc}"}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
-def test_probe_then_follow_then_refused_cursor(server: dict) -> None:
+def test_probe_then_follow_then_refused_cursor(server: Mds) -> None:
     stats = ConnectorStats(None, role="scheduler")
-    door = BestEffortIndex(server["address"], stats=stats, timeout_s=5)
-    writer = connect(server["address"], timeout_s=5)
+    door = BestEffortIndex(server.tcp, stats=stats, timeout_s=5)
+    writer = connect(server.tcp, timeout_s=5)
     for key in (b"a" * 32, b"other" * 6 + b"..", b"b" * 32):
         writer.commit(writer.reserve(NS if key != b"other" * 6 + b".." else "elsewhere", key, 4096).token)
     writer.delete(NS, b"a" * 32)  # before the door follows: not news to it

@@ -6,11 +6,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,48 +15,12 @@ from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import PoolTransfer
 
 from belugactl.dataplane.kvcopy import KVBlockLayout, KVCopyEngine, TensorView, buffer_address
-from belugactl.pool.file_pool import create_file_pool
 from belugactl.pool.mapping import PoolMapping
 
 REPO = Path(__file__).resolve().parents[3]
 NS = "test@layout@tp0of1"
 BLOCKS = 8
 PIECE = 4096
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict]:
-    pool = tmp_path / "pool"
-    manifest = REPO / "examples" / "cpu-demo.yaml"
-    create_file_pool(pool, manifest)
-    admin, rpc = _port(), _port()
-    proc = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
-         "--admin-port", str(admin), "--rpc-port", str(rpc), "--fence-grace", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1) as r:  # noqa: S310
-                if json.loads(r.read()).get("ready"):
-                    break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail(f"metadata server did not start: {proc.stderr.read().decode()[-2000:]}")
-    try:
-        yield {"pool": pool, "address": f"tcp://127.0.0.1:{rpc}", "proc": proc}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.fixture
@@ -89,9 +48,9 @@ def _transfer(address: str, pool: PoolMapping, layout: KVBlockLayout, stats: Con
 
 def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, tmp_path) -> None:
     bufs, layout = tensors
-    pool = PoolMapping.open(server["pool"])
+    pool = PoolMapping.open(server.pool_path)
     stats = ConnectorStats(str(tmp_path / "stats"), role="worker0")
-    writer = _transfer(server["address"], pool, layout, stats)
+    writer = _transfer(server.tcp, pool, layout, stats)
     keys = [f"key{i}".encode() for i in range(3)]
     assert writer.index.lookup_prefix(NS, keys) == 0
     assert writer.save([1, 2, 3], keys) == 3
@@ -100,7 +59,7 @@ def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, 
     assert stats.get("save_skipped_exists") == 1
     want = [_block(bufs, b) for b in (1, 2, 3)]
 
-    reader = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker1"))
+    reader = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker1"))
     assert reader.load([5, 6, 7], keys) == []
     assert [_block(bufs, b) for b in (5, 6, 7)] == want
     assert reader.stats.get("loaded_blocks") == 3
@@ -113,8 +72,8 @@ def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, 
 
 def test_a_block_gone_from_the_pool_is_reported_failed_not_loaded(server, tensors) -> None:
     bufs, layout = tensors
-    pool = PoolMapping.open(server["pool"])
-    t = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker0"))
+    pool = PoolMapping.open(server.pool_path)
+    t = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert t.save([0, 1], [b"a", b"b"]) == 2
     assert t.index.warm_up()
     t.index._client.delete(NS, b"b")  # evicted between the scheduler's lookup and the load
@@ -128,12 +87,12 @@ def test_a_block_gone_from_the_pool_is_reported_failed_not_loaded(server, tensor
 
 def test_server_down_means_misses_and_skipped_saves(server, tensors, tmp_path) -> None:
     _, layout = tensors
-    pool = PoolMapping.open(server["pool"])
+    pool = PoolMapping.open(server.pool_path)
     stats = ConnectorStats(str(tmp_path / "s"), role="scheduler")
-    t = _transfer(server["address"], pool, layout, stats)
+    t = _transfer(server.tcp, pool, layout, stats)
     assert t.save([0], [b"k0"]) == 1
-    server["proc"].terminate()
-    server["proc"].wait(timeout=20)
+    server.proc.terminate()
+    server.proc.wait(timeout=20)
     assert t.index.lookup_prefix(NS, [b"k0"]) == 0  # unreachable: a miss, not an exception
     assert t.save([1], [b"k1"]) == 0
     assert t.load([2], [b"k0"]) == [2]
@@ -154,10 +113,10 @@ def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(s
     from vllm_beluga.transfer import locate
 
     bufs, layout = tensors
-    pool = PoolMapping.open(server["pool"])
-    worker = _transfer(server["address"], pool, layout, ConnectorStats(None, role="worker0"))
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert worker.save([0, 1], [b"p", b"q"]) == 2
-    scheduler = BestEffortIndex(server["address"], stats=ConnectorStats(None, role="scheduler"))
+    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"))
     locations = [locate(scheduler, NS, k) for k in (b"p", b"zz", b"q")]
     assert locations[1] is None and locations[0] is not None
     assert scheduler.warm_up()
@@ -169,6 +128,51 @@ def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(s
     assert scheduler._client.stats()["leases"] == leases_held - 2
     scheduler.close()
     worker.index.close()
+
+
+def test_spare_leases_are_released_with_the_loads_own_in_one_burst(server, tensors) -> None:
+    # The scheduler located more blocks than the load copies (the block holding the last token): the
+    # worker hands those leases back in its release burst, and only the load's own say whether the
+    # copied bytes can be trusted.
+    from vllm_beluga.transfer import locate_many
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save([0, 1, 2], [b"a", b"b", b"c"]) == 3
+    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"))
+    located = locate_many(scheduler, NS, [b"a", b"b", b"c"])
+    assert scheduler._client.stats()["leases"] == 3
+    trips = worker.index.round_trips
+    assert worker.load([4, 5], [b"a", b"b"], located[:2], [located[2][1]]) == []
+    assert worker.index.round_trips - trips == 1  # the release: one burst for both sets
+    assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
+    assert scheduler._client.stats()["leases"] == 0
+    assert worker.stats.counters.get("leases_expired_in_load", 0) == 0
+    # A spare lease that already ended does not make the load's good bytes suspect.
+    again = locate_many(scheduler, NS, [b"a", b"b"])
+    assert scheduler.release([again[1][1]]) == 1
+    assert worker.load([6], [b"a"], again[:1], [again[1][1]]) == []
+    assert worker.stats.counters.get("leases_expired_in_load", 0) == 0
+    scheduler.close()
+    worker.index.close()
+
+
+def test_release_groups_counts_each_set_apart(server) -> None:
+    from belugactl.dataplane.client import connect
+
+    c = connect(server.tcp, timeout_s=5)
+    try:
+        for key in (b"k1", b"k2", b"k3"):
+            c.commit(c.reserve(NS, key, 64).token)
+        leases = [c.get(NS, k).lease_id for k in (b"k1", b"k2", b"k3")]
+        assert c.release([leases[2]]) == 1
+        trips = c.round_trips
+        assert c.release_groups([[leases[0]], [], [leases[1], leases[2]], [0]]) == [1, 0, 1, 0]
+        assert c.round_trips - trips == 1
+        assert c.release_groups([[], []]) == [0, 0]
+    finally:
+        c.close()
 
 
 class _SplitEngine(KVCopyEngine):
@@ -187,9 +191,9 @@ def test_a_block_overwritten_after_its_commit_is_a_load_error_counted_and_delete
     from belugactl.dataplane import native
 
     bufs, layout = tensors
-    pool = PoolMapping.open(server["pool"])
+    pool = PoolMapping.open(server.pool_path)
     stats = ConnectorStats(None, role="worker0")
-    index = BestEffortIndex(server["address"], stats=stats, timeout_s=1.0, retry_s=0.2)
+    index = BestEffortIndex(server.tcp, stats=stats, timeout_s=1.0, retry_s=0.2)
     t = PoolTransfer(index, engine_cls(layout, pool.buf), NS, stats)
     if engine_cls is _SplitEngine:
         monkeypatch.setattr(native, "gather_blocks_crc32c", _refuse)
@@ -236,8 +240,8 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
     import hashlib
 
     bufs, layout = tensors64
-    pool = PoolMapping.open(server["pool"])
-    address = server["address"] if transport == "tcp" else f"cxl://{server['pool']}#1"
+    pool = PoolMapping.open(server.pool_path)
+    address = server.tcp if transport == "tcp" else f"cxl://{server.pool_path}#1"
     stats = ConnectorStats(None, role="worker0")
     t = _transfer(address, pool, layout, stats)
     assert t.index.lookup_prefix(NS, [b"warm"]) == 0  # connects and opens the namespace: once per connection

@@ -78,6 +78,9 @@ class BlockTransfer:
     # CXL-RPC ring right after allocation, the lease holding the block until the worker copied it;
     # None for a key that vanished (reported as a load error). None for the whole list: worker looks up.
     locations: list[Location | None] | None = None
+    # The scheduler's leases on blocks this load does not copy: the worker hands them back in the
+    # same burst as the load's own (no round trip of the scheduler's for them).
+    spare_leases: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -195,7 +198,12 @@ class BelugaConnector(KVConnectorBase_V1):
             self.index.warm_up()
         # scheduler state
         self._requests: dict[str, _RequestState] = {}
-        self._pending_hits: dict[str, tuple[int, list[bytes]]] = {}
+        # request -> (first block to load, its keys, their locations (None: the workers look them
+        # up), the leases of this lookup that no block to load holds)
+        self._pending_hits: dict[str, tuple[int, list[bytes], list[Location | None] | None, list[int]]] = {}
+        # Lookup leases whose job is done (the blocks were located with leases of their own, or will
+        # not be loaded): released in one burst per step, not left to pin blocks for the lease TTL.
+        self._done_leases: list[int] = []
         self._loads: list[BlockTransfer] = []
         self._hash_ratio: int | None = None
         # worker state
@@ -238,7 +246,7 @@ class BelugaConnector(KVConnectorBase_V1):
         state = self._requests.setdefault(request.request_id, _RequestState(request=request))
         switches = _request_switches(request)
         state.save = self.saves_enabled and switches.get("save", True) is not False
-        self._pending_hits.pop(request.request_id, None)
+        self._drop_pending_hit(request.request_id)  # looked up again: vLLM could not schedule it last time
         if switches.get("load", True) is False:
             return 0, False
         # The last token is never offered: vLLM must compute at least one token to sample from.
@@ -251,17 +259,22 @@ class BelugaConnector(KVConnectorBase_V1):
         started = time.perf_counter()
         # Every full block is asked about, the one holding the last token too (never offered): when
         # it is present as well, this request's save skips it instead of meeting "already there".
-        found = self.index.lookup_prefix(self.namespace, every)
+        found, located, spare = self._lookup(every)
         present = min(found, loadable)
         state.known_present = found
         self.stats.add("lookups")
         self.stats.add("lookup_us", int((time.perf_counter() - started) * 1e6))
         self.stats.add("lookup_blocks", len(every))
+        if located is not None:
+            # Only the blocks to load keep their leases; the worker releases the others with its own.
+            spare += [loc[1] for i, loc in enumerate(located) if loc is not None and not start <= i < present]
+            located = located[start:present]
         if present <= start:
+            self._done_leases.extend(spare)
             return 0, False
         self.stats.add("hit_blocks", present - start)
         self.stats.add("hit_requests")
-        self._pending_hits[request.request_id] = (start, keys[start:present])
+        self._pending_hits[request.request_id] = (start, keys[start:present], located, spare)
         log.info(
             "Beluga: request %s: %d of %d full blocks in the pool, %d to load",
             request.request_id,
@@ -273,25 +286,62 @@ class BelugaConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         pending = self._pending_hits.pop(request.request_id, None)
-        if num_external_tokens <= 0 or pending is None:
+        if pending is None:
             return
-        start, keys = pending
+        start, keys, located, spare = pending
+        if num_external_tokens <= 0:
+            self._done_leases += spare + [loc[1] for loc in located or () if loc is not None]
+            return
         count = num_external_tokens // self.block_size
         block_ids = list(blocks.get_block_ids()[0])[start : start + count]
         keys = keys[: len(block_ids)]
         locations = None
-        if self.tp_size == 1 or self.mla:
-            # With one rank the scheduler's namespace is the worker's: resolve here, over the ring.
-            # With several, each rank holds its own shard under its own namespace and looks it up itself.
-            started = time.perf_counter()
-            trips = self.index.round_trips
-            locations = locate_many(self.index, self.namespace, keys)
-            self.stats.add("locate_us", int((time.perf_counter() - started) * 1e6))
-            self.stats.add("locate_round_trips", self.index.round_trips - trips)
+        if located is not None:
+            locations = located[: len(block_ids)]
+            spare = spare + [loc[1] for loc in located[len(block_ids) :] if loc is not None]
+        else:
+            # Each rank looks its own shard up (its own namespace); this lookup's leases are done.
+            self._done_leases += spare
+            spare = []
         # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
-        self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations))
+        self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations, spare))
+
+    def _lookup(self, keys: list[bytes]) -> tuple[int, list[Location | None] | None, list[int]]:
+        """How many leading `keys` the pool has; where they are (with a read lease each), when this
+        process can say (None: each worker looks its shard up); and leases this lookup took that
+        hold no located block.
+
+        With one rank (or MLA's one copy) the scheduler's namespace is the worker's: one GET_MANY
+        burst answers both "how many" and "where", so a hit costs the scheduler one round trip, not a
+        lookup and then a locate. The leases keep the blocks from eviction until the worker copied
+        them. With several ranks each holds its own shard under its own namespace: a LOOKUP_PREFIX
+        here (its leases handed back after allocation), the locations found by each rank."""
+        if self.tp_size == 1 or self.mla:
+            located = locate_many(self.index, self.namespace, keys)
+            found = next((i for i, loc in enumerate(located) if loc is None), len(located))
+            return found, located, []
+        found, leases = self.index.lookup_prefix_leased(self.namespace, keys)
+        return found, None, leases
+
+    def _drop_pending_hit(self, req_id: str) -> None:
+        pending = self._pending_hits.pop(req_id, None)
+        if pending is not None:
+            _start, _keys, located, spare = pending
+            self._done_leases += spare + [loc[1] for loc in located or () if loc is not None]
+
+    def _release_done_leases(self) -> None:
+        """Hand back the lookup leases no longer needed, in one pipelined burst (none: no round trip)."""
+        if not self._done_leases:
+            return
+        leases, self._done_leases = self._done_leases, []
+        started, trips = time.perf_counter(), self.index.round_trips
+        self.index.release(leases)
+        self.stats.add("lookup_release_us", int((time.perf_counter() - started) * 1e6))
+        self.stats.add("lookup_release_round_trips", self.index.round_trips - trips)
+        self.stats.add("lookup_leases_released", len(leases))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        self._release_done_leases()
         meta = BelugaConnectorMetadata(loads=self._loads)
         self._loads = []
         meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
@@ -344,7 +394,7 @@ class BelugaConnector(KVConnectorBase_V1):
         # With asynchronous saves a request we planned a save for keeps its blocks until every worker
         # reported its saves complete (get_finished); the others are freed now.
         state = self._requests.pop(request.request_id, None)
-        self._pending_hits.pop(request.request_id, None)
+        self._drop_pending_hit(request.request_id)
         return bool(state is not None and state.saving and self.async_saves), None
 
     # ------------------------------------------------------------------ worker side
@@ -391,7 +441,9 @@ class BelugaConnector(KVConnectorBase_V1):
         if self.layerwise_loads and hasattr(self._engine, "layer_plan") and self._start_layerwise(meta.loads):
             return
         for transfer in meta.loads:
-            self._load_errors.update(self._transfer.load(transfer.block_ids, transfer.keys, transfer.locations))
+            self._load_errors.update(
+                self._transfer.load(transfer.block_ids, transfer.keys, transfer.locations, transfer.spare_leases)
+            )
 
     def _start_layerwise(self, loads: list[BlockTransfer]) -> bool:
         """Look the step's blocks up, then copy them layer by layer on the load thread (overlap.py).
@@ -399,7 +451,9 @@ class BelugaConnector(KVConnectorBase_V1):
         batches = []
         plans = []
         for transfer in loads:
-            batch = self._transfer.prepare_load(transfer.block_ids, transfer.keys, transfer.locations)
+            batch = self._transfer.prepare_load(
+                transfer.block_ids, transfer.keys, transfer.locations, transfer.spare_leases
+            )
             if batch is None:
                 self._load_errors.update(transfer.block_ids)
                 continue

@@ -128,6 +128,15 @@ class BestEffortIndex:
             return 0
         return int(self._call("lookup", 0, lambda c: c.lookup_prefix(namespace, keys)))
 
+    def lookup_prefix_leased(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, list[int]]:
+        """`lookup_prefix`, also returning the read leases it was granted (the found blocks cannot be
+        evicted while they last): whoever asks must release them (`release`) once done, or they
+        pin those blocks for the server's lease TTL."""
+        if not keys:
+            return 0, []
+        found, leases = self._call("lookup", (0, []), lambda c: c.lookup_prefix_leased(namespace, keys))
+        return int(found), list(leases)
+
     def get(self, namespace: str, key: bytes) -> Any:
         return self._call("get", None, lambda c: c.get(namespace, key))
 
@@ -218,6 +227,18 @@ class BestEffortIndex:
             return 0
         try:
             return self._call("release", None, lambda c: c.release(list(lease_ids), handed_over=handed_over))
+        except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
+            self.stats.add("release_failed")
+            return None
+
+    def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int] | None:
+        """`release` for several sets of leases in one burst: each set's live count (None: unknown)."""
+        if not any(groups):
+            return [0] * len(groups)
+        try:
+            return self._call(
+                "release", None, lambda c: c.release_groups([list(g) for g in groups], handed_over=handed_over)
+            )
         except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
             self.stats.add("release_failed")
             return None

@@ -77,6 +77,9 @@ class LoadBatch:
     leases: list[int]
     handed_over: bool
     failed: list[int] = field(default_factory=list)
+    # Leases the scheduler took on blocks this load does not copy (found beyond what vLLM allocated,
+    # or the block holding the last token): handed back in the same burst as the load's own.
+    spare: list[int] = field(default_factory=list)
     blocks: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
     checksums: list[int | None] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
@@ -101,13 +104,15 @@ class PoolTransfer:
         block_ids: Sequence[int],
         keys: Sequence[bytes],
         locations: Sequence[Location | None] | None = None,
+        spare: Sequence[int] = (),
     ) -> list[int]:
         """Fill `block_ids` from the pool blocks under `keys`; returns the block ids NOT loaded.
 
         `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
         (holding their leases); else each key is looked up here. Block ids without a key are failed.
+        `spare`: more of the scheduler's leases, released with the load's own.
         """
-        batch = self.prepare_load(block_ids, keys, locations)
+        batch = self.prepare_load(block_ids, keys, locations, spare)
         if batch is None:
             return list(block_ids)
         started = time.perf_counter()
@@ -125,6 +130,7 @@ class PoolTransfer:
         block_ids: Sequence[int],
         keys: Sequence[bytes],
         locations: Sequence[Location | None] | None = None,
+        spare: Sequence[int] = (),
     ) -> LoadBatch | None:
         """The metadata half of a load: find the blocks (unless the scheduler did), keep those whose
         size fits these tensors. None when there is nothing to copy into (no pool mapped): every
@@ -139,10 +145,12 @@ class PoolTransfer:
         leases = [loc[1] for loc in locations if loc is not None]
         if self.engine is None:
             with self.index_lock:
-                self.index.release(leases, handed_over=handed_over)
+                self.index.release([*leases, *spare], handed_over=handed_over)
             self.stats.add("load_errors", len(block_ids))
             return None
-        batch = LoadBatch(leases=leases, handed_over=handed_over, failed=list(block_ids[len(locations) :]))
+        batch = LoadBatch(
+            leases=leases, handed_over=handed_over, failed=list(block_ids[len(locations) :]), spare=list(spare)
+        )
         need = self.engine.layout.block_nbytes
         for block_id, key, location in zip(block_ids, keys, locations, strict=False):
             if location is None or int(location[2]) != need:
@@ -187,7 +195,11 @@ class PoolTransfer:
             self.stats.add("loaded_bytes", len(blocks) * need)
         released = time.perf_counter()
         with self.index_lock:
-            live = self.index.release(batch.leases, handed_over=batch.handed_over)
+            if batch.spare:
+                counts = self.index.release_groups([batch.leases, batch.spare], handed_over=batch.handed_over)
+                live = None if counts is None else counts[0]
+            else:
+                live = self.index.release(batch.leases, handed_over=batch.handed_over)
         self.stats.add("load_release_us", int((time.perf_counter() - released) * 1e6))
         if live is not None and live < len([x for x in batch.leases if x]) and blocks:
             # A lease ended before we released it: its block may have been evicted and its extents
