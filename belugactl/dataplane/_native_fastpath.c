@@ -233,6 +233,59 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     return 0;
 }
 
+/* GET_MANY (the LOOKUP_PREFIX request layout): each key's stored GET reply with a lease of its own
+ * in front, or a zero item for a miss, as many items as fit one reply (the client asks again for the
+ * rest, as of Python's answer). Nothing is granted before the reply is known to fit.
+ * -1: Python's (a malformed request, an entry without a stored reply, not one item fits); else the
+ * keys answered, the hits among them in *hits. */
+#define MANY_ITEM 24 /* <QQHHI: lease, nbytes, extent count, checksum kind, checksum */
+static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *h, uint32_t *hits) {
+    const char *pl = slot + HDR;
+    if (h->length < 8) return -1;
+    uint32_t ns; uint16_t count, klen;
+    memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
+    if (ns == 0 || ns > c->ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
+        8 + (size_t)count * klen > h->length) return -1;
+    uint8_t keys[4096];
+    size_t kbytes = (size_t)count * klen;
+    if (kbytes > sizeof keys) return -1;
+    memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
+    fi_slot *found[256];
+    size_t size = 4, cap = c->maxp < 4096 ? c->maxp : 4096;
+    uint32_t n = 0, got = 0;
+    for (; n < count; n++) {
+        const uint8_t *k = keys + (size_t)n * klen;
+        fi_slot *e = fi_find(c->fi, ns, k, klen, fi_hash(ns, k, klen));
+        size_t len = MANY_ITEM;
+        if (e) {
+            if (!e->get_reply || e->get_len < MANY_ITEM || e->get_len > 4096) return -1;
+            len = e->get_len;
+        }
+        if (size + len > cap) break;
+        found[n] = e;
+        size += len;
+        got += e != NULL;
+    }
+    if (n == 0) return -1;
+    if (got && log_reserve(c->log, 3 * (size_t)got) < 0) return -1; /* out of memory: Python's */
+    uint8_t reply[4096];
+    uint16_t answered = (uint16_t)n, pad = 0;
+    memcpy(reply, &answered, 2); memcpy(reply + 2, &pad, 2);
+    size_t pos = 4;
+    for (uint32_t q = 0; q < n; q++) {
+        fi_slot *e = found[q];
+        if (!e) { memset(reply + pos, 0, MANY_ITEM); pos += MANY_ITEM; continue; }
+        uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
+        log_push(c->log, (int64_t)lseq); log_push(c->log, 1); log_push(c->log, e->id);
+        memcpy(reply + pos, e->get_reply, e->get_len);
+        memcpy(reply + pos, &lease, 8);
+        pos += e->get_len;
+    }
+    publish(slot, h->seq, c->epoch32, OP_GET_MANY, 0, (const char *)reply, pos, ST_RESP, c->flush);
+    *hits = got;
+    return (int)n;
+}
+
 static int fast_ping(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     uint8_t tmp[4096];
     if (h->length > sizeof tmp) return -1;
@@ -277,11 +330,12 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
 
 #define FAST_LINGER_NS 50000ull
 
-/* Answers LOOKUP_PREFIX, GET (hits) and PING.
+/* Answers LOOKUP_PREFIX, GET (hits), GET_MANY and PING.
  * fast_serve(fi, buf, offs, cursors, slots_per_ring, slot_size, epoch32, ns_count, flush, timeout_ns,
  *            start, lease_next, max_n, bounds_ns, hist, lease_keys)
  *   -> (served, stop_index, lease_next, lease_log bytes, lookups, hits, lookup service ns,
- *       per-entry lease counts: (entry id, count) int64 pairs, GETs served)
+ *       per-entry lease counts: (entry id, count) int64 pairs, GETs served, GET_MANY requests
+ *       served, keys they answered, hits among those keys)
  * offs: int64[2R] (cursor slot of each ring, then slot 0 of each ring), updated as cursors move;
  * cursors: int64[R]; bounds_ns/hist: service-time histogram (hist has len(bounds)+1 counters).
  * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out.
@@ -320,7 +374,7 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         }
     }
     if (start < 0 || start >= R) start = 0;
-    Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0, gets = 0;
+    Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0, gets = 0, manys = 0, many_keys = 0, many_hits = 0;
     size_t maxp = (size_t)(slot_size - HDR);
     int64_t ids[256];
     uint64_t sum_ns = 0;
@@ -353,11 +407,18 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         struct slot_hdr h;
         memcpy(&h, slot, sizeof h);
         if (h.magic != RPC_MAGIC || (int64_t)(h.seq % (uint64_t)S) != cursors[found] || h.epoch != epoch32 ||
-            h.length > maxp || (h.op != OP_LOOKUP_PREFIX && h.op != OP_PING && h.op != OP_GET)) { stop = found; break; }
+            h.length > maxp || (h.op != OP_LOOKUP_PREFIX && h.op != OP_PING && h.op != OP_GET && h.op != OP_GET_MANY)) {
+            stop = found; break;
+        }
             /* Each handler answers the slot, or returns -1 to leave it to Python (nothing written). */
         struct fast_ctx ctx = {fi, &log, lkeys, &lease_next, epoch32, ns_count, maxp, (uint64_t)found, flush};
         int rc;
         if (h.op == OP_GET) { rc = fast_get(&ctx, slot, &h); gets += rc == 0; }
+        else if (h.op == OP_GET_MANY) {
+            uint32_t mh = 0;
+            rc = fast_get_many(&ctx, slot, &h, &mh);
+            if (rc > 0) { manys++; many_keys += rc; many_hits += mh; }
+        }
         else if (h.op == OP_PING) rc = fast_ping(&ctx, slot, &h);
         else { rc = fast_lookup(&ctx, slot, &h, ids); lookups += rc >= 0; hits += rc > 0; }
         if (rc < 0) { stop = found; break; }
@@ -385,8 +446,8 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         PyObject *logb = PyBytes_FromStringAndSize((const char *)log.v, (Py_ssize_t)(log.n * sizeof(int64_t)));
         PyObject *aggb = PyBytes_FromStringAndSize((const char *)agg.v, (Py_ssize_t)(agg.n * sizeof(int64_t)));
         if (logb && aggb)
-            result = Py_BuildValue("(nnKNnnKNn)", served, stop, lease_next, logb, lookups, hits,
-                                   (unsigned long long)sum_ns, aggb, gets);
+            result = Py_BuildValue("(nnKNnnKNnnnn)", served, stop, lease_next, logb, lookups, hits,
+                                   (unsigned long long)sum_ns, aggb, gets, manys, many_keys, many_hits);
         else { Py_XDECREF(logb); Py_XDECREF(aggb); }
     }
 done:

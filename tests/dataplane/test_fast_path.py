@@ -207,3 +207,45 @@ def test_fast_get_returns_the_extents_with_a_lease(pool_path: Path) -> None:
     assert served == 0 and code == Code.NOT_FOUND and server.service.errors["NOT_FOUND"] == 1
     server.close()
     pool.close()
+
+
+def test_fast_get_many_answers_as_python_does_hits_misses_and_a_full_reply(pool_path: Path) -> None:
+    pool, server, t, ns = setup(pool_path)
+    keys = [bytes([i]) * 32 for i in range(8)]
+    for i, k in enumerate(keys):
+        if i % 3 != 1:  # keys 1, 4, 7 are misses, in the middle and at the end
+            put(server, ns, k, 4096 * (i + 1))
+    want = []
+    for k in keys:  # what Python answers (its own leases, released)
+        got = server.index.get(ns, k)
+        want.append(None if got is None else (got[0].alloc.nbytes, list(got[0].alloc.extents), got[0].checksum))
+        if got is not None:
+            server.index.release([got[1]])
+    before = server.index.counters.hits, server.index.counters.misses
+    served, (code, _e, rep) = fast_call(server, t, Op.GET_MANY, p.encode_lookup(ns, keys[:5]))
+    assert served == 1 and code == 0  # answered natively
+    items = p.decode_get_many_reply_ex(rep)
+    assert [None if lease == 0 else (n, ext, crc) for lease, n, ext, crc in items] == want[:5]
+    assert (server.index.counters.hits - before[0], server.index.counters.misses - before[1]) == (3, 2)
+    assert server.service.ops["GET_MANY"] == 1
+    leases = [lease for lease, *_ in items if lease]
+    assert len(set(leases)) == 3 and all(server.index.entries[(ns, keys[i])].leases == 1 for i in (0, 2, 3))
+    assert server.index.release([seq_of(server, x) for x in leases]) == 3
+    assert all(server.index.entries[(ns, keys[i])].leases == 0 for i in (0, 2, 3))
+    # More keys than one reply carries: a prefix is answered, and nothing beyond it is leased.
+    many = [bytes([i]) * 32 for i in range(40, 46)]
+    for k in many:
+        put(server, ns, k)
+    served, (code, _e, rep) = fast_call(server, t, Op.GET_MANY, p.encode_lookup(ns, many))
+    items = p.decode_get_many_reply_ex(rep)
+    answered = len(items)
+    assert served == 1 and code == 0 and 0 < answered < len(many)
+    assert [server.index.entries[(ns, k)].leases for k in many] == [1] * answered + [0] * (len(many) - answered)
+    # Malformed requests are Python's, which refuses them; the ring keeps serving.
+    for bad in (b"", struct.pack("<IHH", ns, 0, 32), struct.pack("<IHH", ns, 2, 32) + b"x" * 40):
+        served, (code, _e, _r) = fast_call(server, t, Op.GET_MANY, bad)
+        assert served == 0 and code != 0
+    served, (code, _e, rep) = fast_call(server, t, Op.GET_MANY, p.encode_lookup(ns, keys[:1]))
+    assert served == 1 and code == 0 and p.decode_get_many_reply_ex(rep)[0][0] != 0
+    server.close()
+    pool.close()

@@ -103,29 +103,32 @@ class RingListener(Listener):
         self._start = self._start + 1 if self._start + 1 < self.geometry.ring_count else 0
 
     def fast_burst(self, start: int, spin_ns: int) -> tuple[int, int]:
-        """Let the native helper answer lookups/pings until something else shows up; (served, stop)."""
+        """Let the native helper answer lookups, GETs, GET_MANYs and pings until something else shows
+        up; (served, stop)."""
         server = self.server
         index = server.index
         service = server.service
         hist = service.latency_by_op[Op.LOOKUP_PREFIX]
         assert hist is not None
         first_lease = index.next_lease
-        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets = native.fast_serve(
+        out = native.fast_serve(
             self._fast, self.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
             self.geometry.slot_size, service.epoch32, index.ns_id_bound, self.flush, spin_ns,
             start, index.next_lease, 256, hist.bounds_ns, hist.counts, service.leases.key_bytes,
         )  # fmt: skip
+        served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets, manys, many_keys, many_hits = out
         if served:
             index.next_lease = lease_next
             granted = lease_next - first_lease
             if granted:  # before anything else can evict or delete
                 index.apply_lease_burst(first_lease, lease_next - 1, granted, log, per_entry)
-            index.counters.hits += hits + gets
-            index.counters.misses += lookups - hits
+            index.counters.hits += hits + gets + many_hits
+            index.counters.misses += lookups - hits + many_keys - many_hits
             service.requests += served
             service._op_counts[Op.LOOKUP_PREFIX] += lookups
             service._op_counts[Op.GET] += gets
-            service._op_counts[Op.PING] += served - lookups - gets
+            service._op_counts[Op.GET_MANY] += manys
+            service._op_counts[Op.PING] += served - lookups - gets - manys
             hist.total += sum_ns / 1e9
             hist.n += lookups
             self.requests += served

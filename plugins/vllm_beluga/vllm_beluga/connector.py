@@ -256,7 +256,7 @@ class BelugaConnector(KVConnectorBase_V1):
         start = num_computed_tokens // self.block_size
         if len(keys) <= start:
             return 0, False
-        started = time.perf_counter()
+        started, trips = time.perf_counter(), self.index.round_trips
         # Every full block is asked about, the one holding the last token too (never offered): when
         # it is present as well, this request's save skips it instead of meeting "already there".
         found, located, spare = self._lookup(every)
@@ -264,6 +264,7 @@ class BelugaConnector(KVConnectorBase_V1):
         state.known_present = found
         self.stats.add("lookups")
         self.stats.add("lookup_us", int((time.perf_counter() - started) * 1e6))
+        self.stats.add("lookup_metadata_round_trips", self.index.round_trips - trips)
         self.stats.add("lookup_blocks", len(every))
         if located is not None:
             # Only the blocks to load keep their leases; the worker releases the others with its own.
