@@ -148,7 +148,7 @@ def test_metadata_per_hit_and_the_breakdown_come_from_the_connectors_stats(make_
     assert brk["copy_wait_ms"] is None  # no layer-wise loads reported: the whole copy is on the path
     assert brk["beyond_floor_ms"] == pytest.approx((row["ttft_pool_hit_s"] - row["ttft_local_hit_s"]) * 1e3)
     assert brk["unattributed_ms"] == pytest.approx(brk["beyond_floor_ms"] - 0.4 - 2.0)
-    assert set(brk["missing_stats"]) == {"locate_us", "load_release_us"}
+    assert brk["missing_stats"] == {}
 
 
 def test_the_pool_hit_waits_for_a_save_that_finishes_after_the_answer(make_stack) -> None:
@@ -180,7 +180,7 @@ def test_stats_arithmetic() -> None:
     assert hits["share_of_pool_hit_pct"] == pytest.approx(0.4) and hits["met"] is True
     brk = serving_stats.breakdown(0.05, 0.02, [change])
     assert brk is not None and brk["unattributed_ms"] == pytest.approx(30 - 0.35 - 0.5)
-    assert "locate_us" not in brk["missing_stats"] and "load_release_us" in brk["missing_stats"]
+    assert brk["missing_stats"] == {}
     # Layer-wise loads: only the forward's wait for the copy is on the critical path.
     layered = serving_stats.delta(before, {**after, "worker0": {**after["worker0"], "layer_wait_us": 200}})
     brk = serving_stats.breakdown(0.05, 0.02, [layered])
