@@ -233,6 +233,20 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     return 0;
 }
 
+/* A LOOKUP_PREFIX/GET_MANY request (u32 namespace, u16 count, u16 key length, the keys), checked
+ * and its keys copied out in one snapshot (the client could scribble while we read).
+ * 0: *ns, *count, *klen and keys (4096 bytes) filled; -1: malformed or too large, Python's. */
+static int read_key_list(const struct fast_ctx *c, const char *slot, const struct slot_hdr *h, uint8_t *keys,
+                         uint32_t *ns, uint16_t *count, uint16_t *klen) {
+    const char *pl = slot + HDR;
+    if (h->length < 8) return -1;
+    memcpy(ns, pl, 4); memcpy(count, pl + 4, 2); memcpy(klen, pl + 6, 2);
+    if (*ns == 0 || *ns > c->ns_count || *count == 0 || *count > 256 || *klen == 0 || *klen > FI_KEY ||
+        8 + (size_t)*count * *klen > h->length || (size_t)*count * *klen > 4096) return -1;
+    memcpy(keys, pl + 8, (size_t)*count * *klen);
+    return 0;
+}
+
 /* GET_MANY (the LOOKUP_PREFIX request layout): each key's stored GET reply with a lease of its own
  * in front, or a zero item for a miss, as many items as fit one reply (the client asks again for the
  * rest, as of Python's answer). Nothing is granted before the reply is known to fit.
@@ -240,16 +254,9 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
  * keys answered, the hits among them in *hits. */
 #define MANY_ITEM 24 /* <QQHHI: lease, nbytes, extent count, checksum kind, checksum */
 static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *h, uint32_t *hits) {
-    const char *pl = slot + HDR;
-    if (h->length < 8) return -1;
     uint32_t ns; uint16_t count, klen;
-    memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
-    if (ns == 0 || ns > c->ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
-        8 + (size_t)count * klen > h->length) return -1;
     uint8_t keys[4096];
-    size_t kbytes = (size_t)count * klen;
-    if (kbytes > sizeof keys) return -1;
-    memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
+    if (read_key_list(c, slot, h, keys, &ns, &count, &klen) < 0) return -1;
     fi_slot *found[256];
     size_t size = 4, cap = c->maxp < 4096 ? c->maxp : 4096;
     uint32_t n = 0, got = 0;
@@ -296,16 +303,9 @@ static int fast_ping(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
 
 /* LOOKUP_PREFIX: -1 Python's; else how many leading keys are present (a lease granted if > 0). */
 static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h, int64_t *ids) {
-    const char *pl = slot + HDR;
-    if (h->length < 8) return -1;
     uint32_t ns; uint16_t count, klen;
-    memcpy(&ns, pl, 4); memcpy(&count, pl + 4, 2); memcpy(&klen, pl + 6, 2);
-    if (ns == 0 || ns > c->ns_count || count == 0 || count > 256 || klen == 0 || klen > FI_KEY ||
-        8 + (size_t)count * klen > h->length) return -1;
     uint8_t keys[4096];
-    size_t kbytes = (size_t)count * klen;
-    if (kbytes > sizeof keys) return -1;
-    memcpy(keys, pl + 8, kbytes); /* one snapshot: the client could scribble while we read */
+    if (read_key_list(c, slot, h, keys, &ns, &count, &klen) < 0) return -1;
     uint32_t n = 0;
     for (; n < count; n++) {
         const uint8_t *k = keys + (size_t)n * klen;
