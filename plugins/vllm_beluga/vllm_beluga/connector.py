@@ -312,12 +312,14 @@ class BelugaConnector(KVConnectorBase_V1):
         process can say (None: each worker looks its shard up); and leases this lookup took that
         hold no located block.
 
-        With one rank (or MLA's one copy) the scheduler's namespace is the worker's: one GET_MANY
-        burst answers both "how many" and "where", so a hit costs the scheduler one round trip, not a
-        lookup and then a locate. The leases keep the blocks from eviction until the worker copied
-        them. With several ranks each holds its own shard under its own namespace: a LOOKUP_PREFIX
-        here (its leases handed back after allocation), the locations found by each rank."""
-        if self.tp_size == 1 or self.mla:
+        With one rank the scheduler's namespace is the worker's: one GET_MANY burst answers both
+        "how many" and "where", so a hit costs the scheduler one round trip, not a lookup and then a
+        locate. The leases keep the blocks from eviction until the worker copied them. With several
+        ranks: a LOOKUP_PREFIX here (its leases handed back after allocation), the locations found by
+        each rank, under its own leases. Each rank holds its own shard under its own namespace; with
+        MLA every rank copies the one copy, and one set of leases handed to all of them would be
+        released by the first to finish while the others still read."""
+        if self.tp_size == 1:
             located = locate_many(self.index, self.namespace, keys)
             found = next((i for i, loc in enumerate(located) if loc is None), len(located))
             return found, located, []
