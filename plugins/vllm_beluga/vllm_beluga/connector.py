@@ -69,6 +69,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm.beluga")
 
 
+def _lease_ids(locations: Iterable[Location | None]) -> list[int]:
+    """The read leases held by these locations (None: a block not found, no lease)."""
+    return [loc[1] for loc in locations if loc is not None]
+
+
 @dataclass
 class BlockTransfer:
     req_id: str
@@ -291,7 +296,7 @@ class BelugaConnector(KVConnectorBase_V1):
             return
         start, keys, located, spare = pending
         if num_external_tokens <= 0:
-            self._done_leases += spare + [loc[1] for loc in located or () if loc is not None]
+            self._done_leases += spare + _lease_ids(located or ())
             return
         count = num_external_tokens // self.block_size
         block_ids = list(blocks.get_block_ids()[0])[start : start + count]
@@ -299,7 +304,7 @@ class BelugaConnector(KVConnectorBase_V1):
         locations = None
         if located is not None:
             locations = located[: len(block_ids)]
-            spare = spare + [loc[1] for loc in located[len(block_ids) :] if loc is not None]
+            spare = spare + _lease_ids(located[len(block_ids) :])
         else:
             # Each rank looks its own shard up (its own namespace); this lookup's leases are done.
             self._done_leases += spare
@@ -330,7 +335,7 @@ class BelugaConnector(KVConnectorBase_V1):
         pending = self._pending_hits.pop(req_id, None)
         if pending is not None:
             _start, _keys, located, spare = pending
-            self._done_leases += spare + [loc[1] for loc in located or () if loc is not None]
+            self._done_leases += spare + _lease_ids(located or ())
 
     def _release_done_leases(self) -> None:
         """Hand back the lookup leases no longer needed, in one pipelined burst (none: no round trip)."""
