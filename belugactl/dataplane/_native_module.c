@@ -73,6 +73,8 @@ static PyMethodDef methods[] = {
     {"rpc_take", py_rpc_take, METH_VARARGS, "rpc_take(buf, offsets, start, max_payload, timeout_ns, flush=False) -> (i, seq, magic, epoch, op, length, payload|None) | None."},
     {"rpc_reply", py_rpc_reply, METH_VARARGS, "rpc_reply(buf, off, seq, epoch, op, code, payload, flush=False): write a reply, publish RESP_READY."},
     {"rpc_call", py_rpc_call, METH_VARARGS, "rpc_call(...): a client's whole QD1 round trip; see the source."},
+    {"rpc_call_many", py_rpc_call_many, METH_VARARGS, "rpc_call_many(...): a client's pipelined burst, replies in order; see the source."},
+    {"lease_decode_many", py_lease_decode_many, METH_VARARGS, "lease_decode_many(keys16, ids, owner) -> ([seq, ...], foreign)."},
     {"rpc_burst", py_rpc_burst, METH_VARARGS, "rpc_burst(...): C load generator for bench rpc; see the source."},
     {"lease_encode", py_lease_encode, METH_VARARGS, "lease_encode(keys16, seq, owner) -> lease id (the fast path's)."},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, off=0, n=-1, crc=0) -> CRC32C of buf[off:off+n], chained from crc."},

@@ -176,6 +176,124 @@ done:
     return r;
 }
 
+/* rpc_call_many(buf, slot_offsets_int64[S], seq0, epoch32, op, payloads, max_payload, window, timeout_ns, flush)
+ *   -> [(code, epoch, payload), ...] | (-2, done) | None on timeout
+ * A client's pipelined burst in one call: request i goes out as sequence seq0 + i in slot
+ * (seq0 + i) % S, at most `window` in flight, and the replies come back in order. Why native:
+ * a Python loop takes the GIL back after every reply it waited for, and beside a busy thread in the
+ * same process (vLLM's engine core: sockets, the load thread) each take can cost milliseconds.
+ * Here the GIL is held for a short first spin (a busy-polling server answers a whole burst within
+ * it), then released once for the rest and taken back once. Replies are copied out of their slots
+ * into private memory as they arrive, so a slot is free for the next request at once.
+ * (-2, done): the slot for request `done` still held REQ_READY from an abandoned request (nothing
+ * from `done` on was sent). A malformed reply raises ValueError. */
+#define CALL_MANY_HELD_NS 200000ull
+PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, op; PyObject *seq_obj;
+    Py_ssize_t maxp, window; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIOnnKp", &v, &ov, &seq0, &epoch32, &op, &seq_obj, &maxp, &window, &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL, *items = NULL;
+    const char **src = NULL; Py_ssize_t *src_len = NULL;
+    char *out = NULL; struct slot_hdr *hdrs = NULL;
+    Py_ssize_t S = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    if (ov.len % 8 != 0 || S == 0 || window < 1 || window > S || maxp < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad ring, window or max_payload"); goto done;
+    }
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (offs[i] < 0 || offs[i] > v.len - HDR - maxp || (((uintptr_t)v.buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            goto done;
+        }
+    }
+    /* A private tuple of the payloads: the caller's list could change while the GIL is released,
+     * the bytes objects it holds cannot. */
+    items = PySequence_Tuple(seq_obj);
+    if (items == NULL) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    if (n == 0) { r = PyList_New(0); goto done; }
+    if ((size_t)n > ((size_t)1 << 30) / ((size_t)maxp + 1)) { PyErr_SetString(PyExc_ValueError, "burst too large (over 1 GiB of replies): split it"); goto done; }
+    src = PyMem_Malloc(sizeof *src * (size_t)n);
+    src_len = PyMem_Malloc(sizeof *src_len * (size_t)n);
+    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)n);
+    out = PyMem_Malloc((size_t)n * (size_t)(maxp ? maxp : 1));
+    if (!src || !src_len || !hdrs || !out) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyTuple_GET_ITEM(items, i);
+        if (!PyBytes_Check(b)) { PyErr_SetString(PyExc_TypeError, "payloads must be bytes"); goto done; }
+        src[i] = PyBytes_AS_STRING(b); src_len[i] = PyBytes_GET_SIZE(b);
+        if (src_len[i] > maxp) { PyErr_SetString(PyExc_ValueError, "payload larger than the slot"); goto done; }
+    }
+    Py_ssize_t posted = 0, taken = 0;
+    int state = 0; /* 0 running, 1 timeout, 2 slot busy, 3 malformed */
+    PyThreadState *ts = NULL;
+    uint64_t t0 = now_ns(), last = t0;
+    unsigned spins = 0;
+    while (taken < n) {
+        while (posted < n && posted - taken < window) {
+            char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { state = 2; break; }
+            publish(slot, seq0 + (uint64_t)posted, epoch32, (uint16_t)op, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
+            posted++;
+        }
+        if (state) break;
+        uint64_t seq = seq0 + (uint64_t)taken;
+        char *slot = (char *)v.buf + offs[seq % (uint64_t)S];
+        struct slot_hdr *h = (struct slot_hdr *)slot;
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) != ST_RESP) {
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t - last > timeout_ns) { state = 1; break; }
+                if (ts == NULL && t - t0 > CALL_MANY_HELD_NS) ts = PyEval_SaveThread();
+                if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+            continue;
+        }
+        if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+        memcpy(&hdrs[taken], slot, sizeof hdrs[taken]);
+        if (hdrs[taken].magic != RPC_MAGIC || hdrs[taken].seq != seq || hdrs[taken].length > (uint64_t)maxp) {
+            state = 3;
+            __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+            break;
+        }
+        memcpy(out + (size_t)taken * (size_t)maxp, slot + HDR, hdrs[taken].length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        if (flush) { flush_range(slot, 8, 0); full_fence(); }
+        taken++;
+        last = now_ns();
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    if (state == 1) { r = Py_None; Py_INCREF(r); goto done; }
+    if (state == 2) {
+        if (posted == taken) r = Py_BuildValue("(in)", -2, posted);
+        else PyErr_SetString(PyExc_ValueError, "ring slot still busy from an abandoned request in mid-burst");
+        goto done;
+    }
+    if (state == 3) {
+        struct slot_hdr *b = &hdrs[taken];
+        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", b->magic,
+                     (unsigned long long)b->seq, (unsigned long long)(seq0 + (uint64_t)taken), b->length);
+        goto done;
+    }
+    r = PyList_New(n);
+    if (r == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(iIy#)", (int)hdrs[i].code, (unsigned)hdrs[i].epoch, out + (size_t)i * (size_t)maxp,
+                                    (Py_ssize_t)hdrs[i].length);
+        if (t == NULL) { Py_CLEAR(r); goto done; }
+        PyList_SET_ITEM(r, i, t);
+    }
+done:
+    PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(out);
+    Py_XDECREF(items);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
 /* rpc_burst(buf, slot_offsets_int64[S], seq_start, epoch32, op, payload, qd, total, timeout_ns, flush)
  *   -> (completed, elapsed_ns)
  * A load generator in C: keeps `qd` requests in flight on one ring until `total` completed, to
@@ -246,5 +364,38 @@ PyObject *py_lease_encode(PyObject *self, PyObject *args) {
         r = PyLong_FromUnsignedLongLong(lease_encode(keys, seq, owner));
     }
     PyBuffer_Release(&kv);
+    return r;
+}
+
+/* lease_decode_many(keys16, ids_le_u64, owner) -> ([sequence, ...], foreign)
+ * The server's RELEASE: undo lease_encode for every id and count the ids granted to an owner other
+ * than `owner` (in Python the 4-round permutation cost ~3 us an id, most of a release's time). */
+PyObject *py_lease_decode_many(PyObject *self, PyObject *args) {
+    Py_buffer kv, iv; unsigned long long owner;
+    if (!PyArg_ParseTuple(args, "y*y*K", &kv, &iv, &owner)) return NULL;
+    PyObject *r = NULL, *seqs = NULL;
+    if (kv.len != 16 || iv.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "lease keys must be 16 bytes, ids 8 each"); goto done; }
+    uint32_t keys[4];
+    memcpy(keys, kv.buf, 16);
+    Py_ssize_t n = iv.len / 8;
+    seqs = PyList_New(n);
+    if (seqs == NULL) goto done;
+    Py_ssize_t foreign = 0;
+    const uint64_t mask = (1ull << LEASE_OWNER_BITS) - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t id;
+        memcpy(&id, (const char *)iv.buf + 8 * i, 8);
+        uint32_t l = (uint32_t)(id >> 32), rr = (uint32_t)id;
+        for (int k = 3; k >= 0; k--) { uint32_t t = l; l = rr ^ lease_round(l, keys[k]); rr = t; }
+        uint64_t v = ((uint64_t)l << 32) | rr;
+        if ((v & mask) != (owner & mask)) foreign++;
+        PyObject *x = PyLong_FromUnsignedLongLong(v >> LEASE_OWNER_BITS);
+        if (x == NULL) goto done;
+        PyList_SET_ITEM(seqs, i, x);
+    }
+    r = Py_BuildValue("(On)", seqs, foreign);
+done:
+    Py_XDECREF(seqs);
+    PyBuffer_Release(&kv); PyBuffer_Release(&iv);
     return r;
 }

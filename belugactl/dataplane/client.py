@@ -304,21 +304,13 @@ class KVIndexClient:
             # The pool header's epoch moved (CXL): fenced without a round trip, as `_call` is.
             raise self._error(Code.STALE_EPOCH, op)
         window = max(1, t.max_inflight)
-        replies: list[tuple[int, int, bytes]] = []
-        sent = 0
         try:
-            while t.pending:  # replies to requests someone sent raw (a benchmark): not ours
-                t.collect(self._timeout_ns)
-            while len(replies) < len(payloads):
-                while sent < len(payloads) and sent - len(replies) < window:
-                    t.submit(op, self._epoch32, payloads[sent])
-                    sent += 1
-                    self.messages += 1
-                replies.append(t.collect(self._timeout_ns))
+            replies = t.call_many(op, self._epoch32, payloads, self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         finally:
-            self.round_trips += -(-max(sent, 1) // window)
+            self.messages += len(payloads)
+            self.round_trips += -(-len(payloads) // window)
         for code, _epoch, _reply in replies:
             if code:
                 raise self._error(code, op)

@@ -169,10 +169,14 @@ def test_tensor_parallel_instances_get_a_ring_per_rank(hosts, gpi):
     assert len({c.ring for c in layout.clients}) == len(layout.clients)
 
 
-def test_the_per_instance_layout_of_older_belugactl_is_recognised():
+def test_the_per_instance_layout_of_older_belugactl_is_recognised(tmp_path):
     from belugactl.model.layout import legacy_layout_hash, stale_layout_note
 
-    m = load_manifest(EXAMPLES / "cpu-demo.yaml")
+    # The CPU demo as that version shipped it (its slots were 256 B then).
+    text = (EXAMPLES / "cpu-demo.yaml").read_text()
+    assert "slot_size: 8KiB" in text
+    (tmp_path / "cpu-demo.yaml").write_text(text.replace("slot_size: 8KiB", "slot_size: 256B"))
+    m = load_manifest(tmp_path / "cpu-demo.yaml")
     layout = resolve_layout(m)
     # The hash belugactl wrote for this manifest before rings were allotted per process (computed by
     # that version): a pool with it in its header is told apart from any other mismatch.

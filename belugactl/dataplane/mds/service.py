@@ -334,18 +334,12 @@ class MetadataService:
     def _release(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         """All or nothing: one id granted to another owner refuses the whole request (NOT_OWNER),
         unless the client says the leases were handed to it (RELEASE_HANDED_OVER, counted)."""
-        lease_ids, flags = p.decode_release_flags(data)
+        ids, flags = p.decode_release_raw(data)
         handed_over = bool(flags & p.RELEASE_HANDED_OVER)
-        seqs = []
-        foreign = 0
-        for lease_id in lease_ids:
-            seq, lease_owner = self.leases.decode(lease_id)
-            if lease_owner != owner:
-                foreign += 1
-                if not handed_over:
-                    self.index.counters.foreign_refused += 1
-                    return int(Code.NOT_OWNER), b""
-            seqs.append(seq)
+        seqs, foreign = self.leases.decode_many(ids, owner)
+        if foreign and not handed_over:
+            self.index.counters.foreign_refused += 1
+            return int(Code.NOT_OWNER), b""
         self.released_handed_over += foreign
         return 0, p.encode_u32(self.index.release(seqs))
 

@@ -1,8 +1,8 @@
 """Client transports: the interface, and the registry that picks one by URL scheme.
 
 A transport moves one request and its reply; it knows nothing about what the ops mean. Every
-transport offers `call` (one round trip) and `submit`/`collect` (several requests in flight, for
-the benchmarks and batched callers). Any failure to get a well-formed reply raises
+transport offers `call` (one round trip), `call_many` (a pipelined burst, replies in order) and
+`submit`/`collect` (several requests in flight, for the benchmarks). Any failure to get a well-formed reply raises
 `TransportError` and marks the transport broken; the client turns that into `MetadataUnavailable`.
 
 Transports register themselves by scheme (`@register_transport`); `transport_for(url)` imports
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from belugactl.dataplane.scheme_registry import import_plugins, register_scheme
@@ -63,6 +64,22 @@ class ClientTransport(ABC):
 
     @abstractmethod
     def call(self, op: int, epoch: int, payload: bytes, timeout_ns: int) -> Reply: ...
+
+    def call_many(self, op: int, epoch: int, payloads: Sequence[bytes], timeout_ns: int) -> list[Reply]:
+        """Several requests as one pipelined burst (at most `max_inflight` in flight), the replies in
+        order. Requests someone left in flight (a benchmark's raw submits) are drained first. A
+        transport with a faster way (the CXL ring's native burst) overrides this."""
+        while self.pending:
+            self.collect(timeout_ns)
+        window = max(1, self.max_inflight)
+        replies: list[Reply] = []
+        sent = 0
+        while len(replies) < len(payloads):
+            while sent < len(payloads) and sent - len(replies) < window:
+                self.submit(op, epoch, payloads[sent])
+                sent += 1
+            replies.append(self.collect(timeout_ns))
+        return replies
 
     def forget_epoch(self) -> None:
         """Before HELLO: stop checking for a fence (HELLO is how the new epoch is learnt)."""
