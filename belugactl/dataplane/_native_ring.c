@@ -183,11 +183,14 @@ done:
  * a Python loop takes the GIL back after every reply it waited for, and beside a busy thread in the
  * same process (vLLM's engine core: sockets, the load thread) each take can cost milliseconds.
  * Here the GIL is held for a short first spin (a busy-polling server answers a whole burst within
- * it), then released once for the rest and taken back once. Replies are copied out of their slots
+ * it), then released once for the rest and taken back once; past 0.3 ms without progress the wait
+ * sleeps 20 us between looks instead of spinning. Replies are copied out of their slots
  * into private memory as they arrive, so a slot is free for the next request at once.
  * (-2, done): the slot for request `done` still held REQ_READY from an abandoned request (nothing
  * from `done` on was sent). A malformed reply raises ValueError. */
 #define CALL_MANY_HELD_NS 200000ull
+#define CALL_MANY_SLEEP_AFTER_NS 300000ull
+#define CALL_MANY_NAP_NS 20000L
 PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, op; PyObject *seq_obj;
     Py_ssize_t maxp, window; int flush = 0;
@@ -248,7 +251,13 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
                 uint64_t t = now_ns();
                 if (t - last > timeout_ns) { state = 1; break; }
                 if (ts == NULL && t - t0 > CALL_MANY_HELD_NS) ts = PyEval_SaveThread();
-                if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
+                if (ts != NULL && t - last > CALL_MANY_SLEEP_AFTER_NS) {
+                    /* A slow answer: the server is asleep or waits for a core. Sleep between looks
+                     * rather than yield-spin, so this client does not take the core it waits on
+                     * (or the forward pass's, beside it). */
+                    struct timespec nap = {0, CALL_MANY_NAP_NS};
+                    nanosleep(&nap, NULL);
+                } else if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
             }
             cpu_relax();
             continue;

@@ -90,6 +90,10 @@ class BlockLocation:
     checksum: int | None = None  # CRC32C its writer committed (None: the writer gave none)
 
 
+# A located block as get_many_tuples returns it: (extents, lease id, nbytes, checksum or None).
+LocationTuple = tuple[list[Extent], int, int, "int | None"]
+
+
 @dataclass(frozen=True)
 class Removal:
     """A key the server removed: `why` is "evicted", "deleted" or "cleared"."""
@@ -415,11 +419,17 @@ class KVIndexClient:
 
         One entry per key, in order: a BlockLocation (with its own lease) or None when absent.
         """
+        return [None if t is None else BlockLocation(*t) for t in self.get_many_tuples(namespace, keys)]
+
+    def get_many_tuples(self, namespace: str, keys: Sequence[bytes]) -> list[LocationTuple | None]:
+        """`get_many` as plain (extents, lease id, nbytes, checksum) tuples: what the vLLM connector
+        keeps, without an object per block in between (its scheduler looks a long prompt up on a
+        pool hit's critical path)."""
         if not keys:
             return []
         ns = self._ns_id(namespace)
         per_call = p.get_many_capacity(self.transport.max_payload, len(keys[0]))
-        out: list[BlockLocation | None] = [None] * len(keys)
+        out: list[LocationTuple | None] = [None] * len(keys)
         todo = list(range(len(keys)))
         # All the messages go out as one pipelined burst; a reply that could not carry every key of
         # its message (many extents) answers a prefix, and the rest goes out in the next burst.
@@ -432,7 +442,8 @@ class KVIndexClient:
                 if not items or len(items) > len(chunk):
                     raise RequestRejected(f"GET_MANY answered {len(items)} of {len(chunk)} keys")
                 for j, (lease, nbytes, extents, checksum) in zip(chunk, items, strict=False):
-                    out[j] = BlockLocation(extents, lease, nbytes, checksum) if lease else None
+                    if lease:
+                        out[j] = (extents, lease, nbytes, checksum)
                 left += chunk[len(items) :]
             todo = left
         return out

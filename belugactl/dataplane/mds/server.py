@@ -26,7 +26,8 @@ Start-up order (each step fails cleanly before the next changes anything shared)
 The loop is single-threaded (the index needs no locks). It spins on the spinning listener (the
 rings; GIL released in the native helper), drains the selector (TCP) every few requests, and
 after `idle_after_s` without a request sleeps in select() (woken at once by TCP, within
-`idle_poll_s` by CXL) so an idle server does not burn a core.
+`idle_poll_s` by CXL) so an idle server does not burn a core; for `warm_after_s` after a request
+it looks every `warm_poll_s` instead (the next burst of the same client is usually near).
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ from belugactl.pool.mapping import PoolMapping
 RESTART_POLICIES = ("start-empty", "journal")
 
 
+def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
+    """How long the loop sleeps when the rings had nothing, `quiet_s` after the last request: not at
+    all while busy-polling, `warm_poll_s` for `warm_after_s` after that, then `idle_poll_s`."""
+    if not rings:
+        return cfg.idle_poll_s
+    if quiet_s <= cfg.idle_after_s:
+        return 0.0
+    if quiet_s <= cfg.idle_after_s + cfg.warm_after_s:
+        return cfg.warm_poll_s
+    return cfg.idle_poll_s
+
+
 @dataclass
 class ServerConfig:
     rpc_bind: str = "127.0.0.1"
@@ -66,6 +79,11 @@ class ServerConfig:
     spin_ns: int = 200_000  # one native wait on the rings before looking at TCP and timers
     idle_after_s: float = 0.05
     idle_poll_s: float = 0.0005
+    # Between busy-polling and the idle poll: for this long after the busy-poll ended (a client's
+    # next burst usually follows within milliseconds: a lookup, then the worker's release) look
+    # every warm_poll_s. Each look is a few microseconds; a busy-poll would take a whole core.
+    warm_after_s: float = 0.05
+    warm_poll_s: float = 0.0001
     housekeeping_s: float = 0.1
     fast_path: bool = True  # answer LOOKUP_PREFIX/GET/PING in the native helper when it is built
     restart_policy: str = "start-empty"  # or "journal": rebuild the index from the pool's journal area
@@ -188,7 +206,7 @@ class MetadataServer:
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             if not served:
-                self.poll_selector(cfg.idle_poll_s if idle or ring is None else 0)
+                self.poll_selector(quiet_wait_s(cfg, time.monotonic() - last_request, ring is not None))
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     self.housekeeping()
@@ -211,8 +229,17 @@ class MetadataServer:
             if timeout:
                 time.sleep(timeout)
             return
-        for key, events in self.selector.select(timeout):
-            key.data(events)
+        if 0 < timeout < 0.001 and self.ring is not None:
+            # epoll counts whole milliseconds (0.1 ms would sleep 1 ms): look at TCP without waiting,
+            # then sleep the fraction. A TCP request waits at most that fraction longer.
+            events = self.selector.select(0)
+            if not events:
+                time.sleep(timeout)
+                events = self.selector.select(0)
+        else:
+            events = self.selector.select(timeout)
+        for key, mask in events:
+            key.data(mask)
 
     def poll_once(self, timeout_ns: int = 0) -> bool:
         """Serve at most one ring request (tests drive the server with this, without a loop)."""

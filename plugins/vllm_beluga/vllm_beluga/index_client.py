@@ -147,6 +147,34 @@ class BestEffortIndex:
         got = self._call("get", None, lambda c: c.get_many(namespace, keys))
         return [None] * len(keys) if got is None else list(got)
 
+    def get_many_tuples(self, namespace: str, keys: Sequence[bytes]) -> list[Any]:
+        """`get_many` as (extents, lease id, nbytes, checksum) tuples or None, one per key (a client
+        without that call: its locations converted here)."""
+        if not keys:
+            return []
+
+        def fn(c: Any) -> list[Any]:
+            fast = getattr(c, "get_many_tuples", None)
+            if fast is not None:
+                return fast(namespace, keys)
+            out: list[Any] = []
+            for loc in c.get_many(namespace, keys):
+                checksum = None if loc is None else getattr(loc, "checksum", None)
+                out.append(
+                    None
+                    if loc is None
+                    else (
+                        [(int(o), int(n)) for o, n in loc.extents],
+                        int(loc.lease_id),
+                        int(loc.nbytes),
+                        None if checksum is None else int(checksum),
+                    )
+                )
+            return out
+
+        got = self._call("get", None, fn)
+        return [None] * len(keys) if got is None else list(got)
+
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Any:
         """A Reservation, or None when the key is present already, the pool is full, or the server is down."""
         try:

@@ -55,7 +55,8 @@ def locate_many(index: BestEffortIndex, namespace: str, keys: Sequence[bytes]) -
     allows) instead of one GET per block; keys of mixed lengths (never the connector's) go one by one."""
     if len({len(k) for k in keys}) > 1:
         return [locate(index, namespace, key) for key in keys]
-    return [_as_location(loc) for loc in index.get_many(namespace, keys)]
+    # The client's own tuples are the Location shape already: no object or int() per block.
+    return index.get_many_tuples(namespace, keys)
 
 
 def _as_location(loc: Any) -> Location | None:

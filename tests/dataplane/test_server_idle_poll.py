@@ -1,0 +1,66 @@
+"""How the metadata server's loop waits when its rings are quiet: busy-poll, then a short warm period
+of 0.1 ms looks, then the idle poll; and waits under a millisecond are not rounded up by epoll."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+from pathlib import Path
+
+import pytest
+
+from belugactl.dataplane.mds import server as server_mod
+from belugactl.dataplane.mds.server import MetadataServer, ServerConfig, quiet_wait_s
+from belugactl.pool.mapping import PoolMapping
+
+
+def test_the_wait_follows_busy_then_warm_then_idle() -> None:
+    cfg = ServerConfig(idle_after_s=0.05, warm_after_s=0.05, warm_poll_s=0.0001, idle_poll_s=0.0005)
+    assert quiet_wait_s(cfg, 0.01, rings=True) == 0.0  # busy-polling
+    assert quiet_wait_s(cfg, 0.06, rings=True) == 0.0001  # warm: the client's next burst is near
+    assert quiet_wait_s(cfg, 0.2, rings=True) == 0.0005  # idle
+    assert quiet_wait_s(cfg, 0.0, rings=False) == 0.0005  # no rings: TCP wakes the select anyway
+    # spin_after_ms 0 (the CPU demo): no busy-poll, the warm looks start at once.
+    cpu = ServerConfig(idle_after_s=0.0)
+    assert quiet_wait_s(cpu, 0.001, rings=True) == cpu.warm_poll_s
+    assert quiet_wait_s(cpu, 0.051, rings=True) == cpu.idle_poll_s
+
+
+class RecordingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout: float | None = None):  # noqa: ANN201
+        self.timeouts.append(timeout)
+        return super().select(timeout)
+
+
+@pytest.mark.parametrize(("wait", "selects"), [(0.0001, [0, 0]), (0.0005, [0, 0]), (0.002, [0.002]), (0, [0])])
+def test_waits_under_a_millisecond_are_a_zero_select_and_a_sleep(
+    pool_path: Path, monkeypatch: pytest.MonkeyPatch, wait: float, selects: list[float]
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(server_mod.time, "sleep", slept.append)
+    pool = PoolMapping.open(pool_path)
+    srv = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0))
+    a, b = socket.socketpair()
+    try:
+        srv.start()
+        sel = RecordingSelector()
+        sel.register(a, selectors.EVENT_READ, lambda mask: None)
+        srv.selector = sel
+        srv.poll_selector(wait)
+        assert sel.timeouts == selects
+        assert slept == ([wait] if 0 < wait < 0.001 else [])
+        # A TCP request already waiting is served without the sleep.
+        b.send(b"x")
+        slept.clear()
+        sel.timeouts.clear()
+        srv.poll_selector(wait)
+        assert slept == [] and sel.timeouts[0] in (0, wait)
+    finally:
+        a.close()
+        b.close()
+        srv.close()
+        pool.close()
