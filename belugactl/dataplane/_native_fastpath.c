@@ -258,7 +258,7 @@ static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *
     uint8_t keys[4096];
     if (read_key_list(c, slot, h, keys, &ns, &count, &klen) < 0) return -1;
     fi_slot *found[256];
-    size_t size = 4, cap = c->maxp < 4096 ? c->maxp : 4096;
+    size_t size = 4, cap = c->maxp < FAST_REPLY_MAX ? c->maxp : FAST_REPLY_MAX;
     uint32_t n = 0, got = 0;
     for (; n < count; n++) {
         const uint8_t *k = keys + (size_t)n * klen;
@@ -275,7 +275,7 @@ static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *
     }
     if (n == 0) return -1;
     if (got && log_reserve(c->log, 3 * (size_t)got) < 0) return -1; /* out of memory: Python's */
-    uint8_t reply[4096];
+    uint8_t reply[FAST_REPLY_MAX];
     uint16_t answered = (uint16_t)n, pad = 0;
     memcpy(reply, &answered, 2); memcpy(reply + 2, &pad, 2);
     size_t pos = 4;

@@ -10,6 +10,7 @@
 #define ST_RESP 2
 #define WIRE_MAX_KEY 255
 #define LEASE_OWNER_BITS 20
+#define FAST_REPLY_MAX 4096
 
 #define HDR_OFF_STATUS 0
 #define HDR_OFF_SEQ 8

@@ -14,6 +14,7 @@ import pytest
 from belugactl.dataplane import native
 from belugactl.dataplane.mds.ownership import LeaseCodec
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
+from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc import transport_cxl
 from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, RESP_READY, Op
 from belugactl.dataplane.rpc.transport import TransportError
@@ -211,3 +212,41 @@ def test_the_native_release_decode_is_the_python_one(decode) -> None:
     assert LeaseCodec.decode_many(codec, ids, 5) == ([seq for seq, _o in pairs], 2)
     with pytest.raises(ValueError):
         decode(codec.key_bytes, ids[:-1], 5)
+
+
+@pytest.mark.parametrize("slot", ["256B", "4KiB", "8KiB"])
+@pytest.mark.parametrize("fast", [True, False], ids=["native-server", "python-server"])
+def test_a_long_prompts_lookup_is_one_burst_whatever_the_slot_size(tmp_path: Path, slot: str, fast: bool) -> None:
+    """125 block keys (a 4000-token prompt, block size 32): every key located with its own lease in
+    one pipelined burst, and the leases handed back in one more. With 8 KiB slots a single message
+    of 125 keys would outgrow the fast path's 4 KiB reply and cost a second round trip."""
+    from belugactl.dataplane.client import KVIndexClient
+    from belugactl.pool.file_pool import create_file_pool
+    from tests.dataplane.test_batched_puts import RACK_64
+
+    manifest = tmp_path / "rack.yaml"
+    manifest.write_text(RACK_64.replace("slot_size: 256B", f"slot_size: {slot}"))
+    pool = PoolMapping.open(create_file_pool(tmp_path / "pool.bin", manifest))
+    st = ServerThread(pool, fast_path=fast)
+    try:
+        c = KVIndexClient(CxlTransport(pool, 1), address="cxl://test#1", client_id=1, timeout_s=5.0)
+        c.reconnect()
+        keys = [bytes([i]) * 32 for i in range(125)]
+        for k in keys[:120]:
+            c.commit(c.reserve("m", k, 4096).token)
+        trips, sent = c.round_trips, c.messages
+        located = c.get_many_tuples("m", keys)
+        assert c.round_trips - trips == 1
+        per_message = min(
+            p.get_many_capacity(c.transport.max_payload, 32), (p.FAST_REPLY_MAX - 4) // 40
+        )
+        assert c.messages - sent == -(-125 // per_message)
+        assert [loc is not None for loc in located] == [True] * 120 + [False] * 5
+        assert len({loc[1] for loc in located if loc}) == 120  # a lease each
+        assert all(loc[2] == 4096 and sum(n for _o, n in loc[0]) == 4096 for loc in located if loc)
+        trips = c.round_trips
+        assert c.release([loc[1] for loc in located if loc]) == 120
+        assert c.round_trips - trips == 1
+    finally:
+        st.close()
+        pool.close()

@@ -174,8 +174,8 @@ def test_the_per_instance_layout_of_older_belugactl_is_recognised(tmp_path):
 
     # The CPU demo as that version shipped it (its slots were 256 B then).
     text = (EXAMPLES / "cpu-demo.yaml").read_text()
-    assert "slot_size: 8KiB" in text
-    (tmp_path / "cpu-demo.yaml").write_text(text.replace("slot_size: 8KiB", "slot_size: 256B"))
+    assert "slot_size: 4KiB" in text
+    (tmp_path / "cpu-demo.yaml").write_text(text.replace("slot_size: 4KiB", "slot_size: 256B"))
     m = load_manifest(tmp_path / "cpu-demo.yaml")
     layout = resolve_layout(m)
     # The hash belugactl wrote for this manifest before rings were allotted per process (computed by

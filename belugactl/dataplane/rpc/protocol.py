@@ -222,10 +222,17 @@ def lookup_capacity(max_payload: int, key_len: int) -> int:
     return max(0, (max_payload - _LOOKUP_REQ.size) // key_len)
 
 
+# The largest GET_MANY reply the server's native fast path builds (its stack buffer; the C code
+# takes it from the generated _native_wire.h). With slots larger than this, a message of more keys
+# than fit it would be answered in part and the rest asked for in a second round trip.
+FAST_REPLY_MAX = 4096
+
+
 def get_many_capacity(max_payload: int, key_len: int) -> int:
     """How many keys one GET_MANY message should carry: what the request holds, and what the reply
-    holds when each block is one extent (a reply that cannot carry every key answers a prefix)."""
-    reply = (max_payload - _MANY_REP.size) // (_MANY_ITEM.size + _EXTENT.size)
+    holds when each block is one extent (a reply that cannot carry every key answers a prefix), no
+    more than the native fast path answers at once (so a long prompt is one pipelined burst)."""
+    reply = (min(max_payload, FAST_REPLY_MAX) - _MANY_REP.size) // (_MANY_ITEM.size + _EXTENT.size)
     return max(1, min(lookup_capacity(max_payload, key_len), reply))
 
 

@@ -51,6 +51,7 @@ def render() -> str:
         f"#define ST_RESP {p.RESP_READY}",
         f"#define WIRE_MAX_KEY {p.MAX_KEY}",
         f"#define LEASE_OWNER_BITS {p.LEASE_OWNER_BITS}",
+        f"#define FAST_REPLY_MAX {p.FAST_REPLY_MAX}",
         "",
     ]
     lines += [f"#define HDR_OFF_{name} {off}" for name, off, _size in HEADER_FIELDS]
