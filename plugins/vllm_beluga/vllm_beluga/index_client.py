@@ -157,20 +157,7 @@ class BestEffortIndex:
             fast = getattr(c, "get_many_tuples", None)
             if fast is not None:
                 return fast(namespace, keys)
-            out: list[Any] = []
-            for loc in c.get_many(namespace, keys):
-                checksum = None if loc is None else getattr(loc, "checksum", None)
-                out.append(
-                    None
-                    if loc is None
-                    else (
-                        [(int(o), int(n)) for o, n in loc.extents],
-                        int(loc.lease_id),
-                        int(loc.nbytes),
-                        None if checksum is None else int(checksum),
-                    )
-                )
-            return out
+            return [as_location(loc) for loc in c.get_many(namespace, keys)]
 
         got = self._call("get", None, fn)
         return [None] * len(keys) if got is None else list(got)
@@ -308,3 +295,16 @@ _REFUSED = {
 
 def _skip_counter(exc_name: str) -> str:
     return "save_skipped_exists" if exc_name == "AlreadyPresent" else "save_skipped_" + exc_name.lower()
+
+
+def as_location(loc: Any) -> tuple[list[tuple[int, int]], int, int, int | None] | None:
+    """A client's BlockLocation (or anything shaped like it) as the connector's Location tuple."""
+    if loc is None:
+        return None
+    checksum = getattr(loc, "checksum", None)
+    return (
+        [(int(o), int(n)) for o, n in loc.extents],
+        int(loc.lease_id),
+        int(loc.nbytes),
+        None if checksum is None else int(checksum),
+    )

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_beluga.index_client import BestEffortIndex
+from vllm_beluga.index_client import BestEffortIndex, as_location
 from vllm_beluga.stats import ConnectorStats
 
 log = logging.getLogger("vllm.beluga")
@@ -47,7 +47,7 @@ Location = tuple[list[tuple[int, int]], int, int, int | None]
 
 def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | None:
     """Where a committed block is, with a read lease on it; None if absent or the server is away."""
-    return _as_location(index.get(namespace, key))
+    return as_location(index.get(namespace, key))
 
 
 def locate_many(index: BestEffortIndex, namespace: str, keys: Sequence[bytes]) -> list[Location | None]:
@@ -57,18 +57,6 @@ def locate_many(index: BestEffortIndex, namespace: str, keys: Sequence[bytes]) -
         return [locate(index, namespace, key) for key in keys]
     # The client's own tuples are the Location shape already: no object or int() per block.
     return index.get_many_tuples(namespace, keys)
-
-
-def _as_location(loc: Any) -> Location | None:
-    if loc is None:
-        return None
-    checksum = getattr(loc, "checksum", None)
-    return (
-        [(int(o), int(n)) for o, n in loc.extents],
-        int(loc.lease_id),
-        int(loc.nbytes),
-        None if checksum is None else int(checksum),
-    )
 
 
 @dataclass
