@@ -206,7 +206,7 @@ class MetadataServer:
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             if not served:
-                self.poll_selector(quiet_wait_s(cfg, time.monotonic() - last_request, ring is not None))
+                self.poll_selector(quiet_wait_s(cfg, time.monotonic() - last_request, ring is not None), busy)
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     self.housekeeping()
@@ -224,14 +224,16 @@ class MetadataServer:
                     next_housekeeping = now + cfg.housekeeping_s
         self.close()
 
-    def poll_selector(self, timeout: float) -> None:
+    def poll_selector(self, timeout: float, tcp_clients: bool = False) -> None:
+        """Serve ready sockets, waiting at most `timeout` for one. With TCP clients connected, wait in
+        epoll: a request wakes it at once (epoll counts whole milliseconds, so the rings then wait
+        up to 1 ms). Without, a wait under a millisecond is a zero-timeout look and a sleep, so the
+        rings wait only `timeout` (a new connection waits that long to be accepted)."""
         if not self.selector.get_map():
             if timeout:
                 time.sleep(timeout)
             return
-        if 0 < timeout < 0.001 and self.ring is not None:
-            # epoll counts whole milliseconds (0.1 ms would sleep 1 ms): look at TCP without waiting,
-            # then sleep the fraction. A TCP request waits at most that fraction longer.
+        if 0 < timeout < 0.001 and self.ring is not None and not tcp_clients:
             events = self.selector.select(0)
             if not events:
                 time.sleep(timeout)
