@@ -63,7 +63,7 @@ def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, 
     assert reader.load([5, 6, 7], keys) == []
     assert [_block(bufs, b) for b in (5, 6, 7)] == want
     assert reader.stats.get("loaded_blocks") == 3
-    stats.flush(force=True)
+    stats.flush()
     doc = json.loads((tmp_path / "stats.worker0.json").read_text())
     assert doc["counters"]["saved_blocks"] == 3
     writer.index.close()
@@ -98,7 +98,7 @@ def test_server_down_means_misses_and_skipped_saves(server, tensors, tmp_path) -
     assert t.load([2], [b"k0"]) == [2]
     assert stats.get("server_unavailable") >= 1
     assert t.index.healthy is False
-    stats.flush(force=True)
+    stats.flush()
     assert json.loads((tmp_path / "s.scheduler.json").read_text())["healthy"] is False
 
 

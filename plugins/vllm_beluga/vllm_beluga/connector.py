@@ -566,7 +566,7 @@ class BelugaConnector(KVConnectorBase_V1):
             self._saves.close()
         if self._load_thread is not None:
             self._load_thread.shutdown(wait=True)
-        self.stats.flush(force=True)
+        self.stats.flush()
         self.index.close()
         if self._pool is not None:
             self._engine = None

@@ -1,7 +1,8 @@
 """Counters of what the connector did, readable by operators and tests without scraping logs.
 
 Each connector instance (scheduler, each worker) owns one JSON file (`stats_path` with the role
-appended) and rewrites it atomically when a counter changes, at most every `min_interval_s`.
+appended) and rewrites it atomically when a counter changes, at most every `min_interval_s`, from a
+writer thread of its own (never on the thread that counted).
 
 The same counters also feed vLLM's own metrics (vllm_metrics.py): `take_interval` hands over what
 was added since its last call, and each addition to a timing counter (`*_us`) is one observation
@@ -31,7 +32,11 @@ class ConnectorStats:
         self._min_interval = min_interval_s
         self._last_write = 0.0
         self._dirty = False
-        self._timer: threading.Timer | None = None
+        # Counters change on a request's critical path (the scheduler's lookup, a worker's load):
+        # the file is written by one writer thread, never by the caller. A synchronous rewrite
+        # there (json, write, rename) cost a pool hit's lookup about a millisecond in the engine.
+        self._wanted = threading.Event()
+        self._writer: threading.Thread | None = None
         self._interval: dict[str, int] = {}
         self._observed: dict[str, list[int]] = {}
 
@@ -44,7 +49,8 @@ class ConnectorStats:
                 if len(seen) < MAX_OBSERVATIONS:
                     seen.append(value)
             self._dirty = True
-        self.flush()
+        if self.path is not None:
+            self._schedule_write()
 
     def take_interval(self) -> tuple[dict[str, int], dict[str, list[int]]]:
         """What was added since the last call: counter increments, and each timing counter's
@@ -55,12 +61,14 @@ class ConnectorStats:
         return interval, observed
 
     def set(self, name: str, value: object) -> None:
+        """State (health, addresses, the last error): rare, and written at once, so an operator
+        reading the file sees a ring error as soon as it happened."""
         with self._lock:
             if self.state.get(name) == value:
                 return
             self.state[name] = value
             self._dirty = True
-        self.flush(force=True)
+        self.flush()
 
     def get(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -69,21 +77,14 @@ class ConnectorStats:
         with self._lock:
             return {**self.state, "counters": dict(self.counters), "time": time.time()}
 
-    def flush(self, *, force: bool = False) -> None:
+    def flush(self) -> None:
+        """Write the file now if anything changed since the last write (the caller's thread)."""
         if self.path is None or not self._dirty:
             return
-        now = time.monotonic()
-        if not force and now - self._last_write < self._min_interval:
-            # Too soon to rewrite; make sure the change still reaches the file shortly.
-            with self._lock:
-                if self._timer is None:
-                    self._timer = threading.Timer(self._min_interval, self._deferred)
-                    self._timer.daemon = True
-                    self._timer.start()
-            return
-        doc = self.snapshot()
-        self._dirty = False
-        self._last_write = now
+        with self._lock:  # a change after this snapshot leaves the stats dirty for the next write
+            doc = {**self.state, "counters": dict(self.counters), "time": time.time()}
+            self._dirty = False
+        self._last_write = time.monotonic()
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +94,23 @@ class ConnectorStats:
             # Stats are for operators; a full disk must not fail inference.
             pass
 
+    def _schedule_write(self) -> None:
+        if self._writer is None:
+            with self._lock:
+                if self._writer is None:
+                    name = f"beluga-stats-{self.role}"
+                    self._writer = threading.Thread(target=self._write_loop, name=name, daemon=True)
+                    self._writer.start()
+        self._wanted.set()
 
-    def _deferred(self) -> None:
-        with self._lock:
-            self._timer = None
-        self.flush(force=True)
+    def _write_loop(self) -> None:
+        """At most one write every `min_interval_s`, shortly after a change; idle when nothing changes."""
+        while True:
+            self._wanted.wait()
+            wait = self._last_write + self._min_interval - time.monotonic()
+            time.sleep(max(wait, 0.0) or self._min_interval / 4)  # gathers a burst of adds into one write
+            self._wanted.clear()
+            self.flush()
 
 
 def read_stats(paths: Iterable[Path]) -> dict[str, dict[str, object]]:
