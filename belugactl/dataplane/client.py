@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -171,6 +172,10 @@ def copy_verified(pool: object, loc: BlockLocation, dst: object, dst_off: int = 
 # A writer stops at this fraction of the server's writer window: the server reclaims only after
 # the whole window from when it granted, which is after the client sent; the rest is clock slack.
 WRITER_WINDOW_SHARE = 0.9
+# A reader trusts a read lease by time alone for this fraction of the lease TTL the server announced
+# in HELLO, from before it sent the request that took the lease (the server starts counting later).
+# Half leaves room for clock rate differences between hosts and a late look at the clock.
+LEASE_TRUST_SHARE = 0.5
 
 
 def connect(
@@ -226,6 +231,12 @@ class KVIndexClient:
         self._stale = False
         self._pool = transport.pool
         self.writer_window_s = 0.0  # from HELLO: how long a writer may use a reservation
+        self.lease_ttl_s = 0.0  # from HELLO: how long a read lease lives at least (0: unknown)
+        # RELEASEs sent without waiting (post_release): the lease count each reply should report,
+        # oldest first. Their replies are taken before this client's next request.
+        self._posted: deque[int] = deque()
+        self.posted_leases_ended = 0  # leases a posted RELEASE found ended already (expired)
+        self.posted_refused = 0  # posted RELEASE messages the server refused (or answered malformed)
         self._lookup_cap: dict[int, int] = {}
         # What this client sent: requests, and waits for replies (a pipelined burst waits once per
         # in-flight window). The connector reports them per saved request.
@@ -242,6 +253,7 @@ class KVIndexClient:
         t = self.transport
         try:
             if t.broken or self._stale or self.epoch:
+                self._posted.clear()  # their replies went with the old ring or socket
                 t.reset()
             t.forget_epoch()  # HELLO is how we learn the new epoch
             code, _e, payload = t.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
@@ -249,9 +261,10 @@ class KVIndexClient:
             raise self._unavailable(str(exc)) from None
         if code != Code.OK:
             raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
-        epoch, _pid, max_payload, window_ms = p.decode_hello_reply(payload)
+        epoch, _pid, max_payload, window_ms, lease_ms = p.decode_hello_reply(payload)
         t.adopt(epoch, max_payload)
         self.writer_window_s = (window_ms or p.DEFAULT_WRITER_WINDOW_MS) / 1000
+        self.lease_ttl_s = lease_ms / 1000
         self.epoch = epoch
         self._epoch32 = epoch & 0xFFFFFFFF
         self._ns.clear()
@@ -267,6 +280,8 @@ class KVIndexClient:
         )
 
     def _before_call(self) -> None:
+        if self._posted and not self.transport.broken:
+            self.collect_posted()
         if self._stale:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
         if self.transport.broken:
@@ -638,6 +653,76 @@ class KVIndexClient:
         for g, reply in zip(owner, self._call_many(Op.RELEASE, payloads), strict=True):
             live[g] += p.decode_u32(reply, "RELEASE reply")
         return live
+
+    def lease_trusted_until(self, asked: float) -> float | None:
+        """Until when (time.monotonic) the leases of a request sent after `asked` are certainly
+        live, whatever the server does meanwhile; None when the server did not say its TTL.
+
+        A lease ends only when its TTL ran out on the server's clock, counted from when the server
+        granted it, which is after the request left (a deleted or evicted block's extents are not
+        reused while it is leased). A reader that finished its copy before this needs no live count
+        from its RELEASE, and can post it (`post_release`) instead of waiting for the reply."""
+        if self.lease_ttl_s <= 0:
+            return None
+        return asked + LEASE_TRUST_SHARE * self.lease_ttl_s
+
+    def post_release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> bool:
+        """Send RELEASE for `lease_ids` without waiting for the reply: for a reader that needs no
+        live count (its copy ended within `lease_trusted_until`, or the leases hold nothing it
+        read). The replies are taken before this client's next request (or by `collect_posted`);
+        leases they report ended count in `posted_leases_ended`, refusals in `posted_refused`.
+
+        False when nothing was sent because the transport has no room in flight for it: release
+        them the usual way. Raises as other requests do (server away, stale epoch)."""
+        ids = [i for i in lease_ids if i]
+        if not ids:
+            return True
+        self._before_call()  # takes earlier posted replies first
+        t = self.transport
+        per_call = max(1, p.release_capacity(t.max_payload))
+        flags = p.RELEASE_HANDED_OVER if handed_over else 0
+        chunks = [ids[i : i + per_call] for i in range(0, len(ids), per_call)]
+        if t.pending + len(chunks) > max(1, t.max_inflight):
+            return False
+        current = t.current_epoch()
+        if current is not None and self.epoch and current != self.epoch:
+            raise self._error(Code.STALE_EPOCH, Op.RELEASE)
+        for chunk in chunks:
+            try:
+                t.submit(Op.RELEASE, self._epoch32, p.encode_release(chunk, flags))
+            except TransportError as exc:
+                raise self._unavailable(str(exc)) from None
+            self._posted.append(len(chunk))
+            self.messages += 1
+        return True
+
+    def collect_posted(self) -> None:
+        """Take the replies of posted RELEASEs, oldest first (usually there already: the server
+        answers a RELEASE in microseconds)."""
+        while self._posted:
+            want = self._posted[0]
+            try:
+                code, _epoch, reply = self.transport.collect(self._timeout_ns)
+            except TransportError as exc:
+                self._posted.clear()
+                raise self._unavailable(str(exc)) from None
+            self._posted.popleft()
+            if code:
+                self.posted_refused += 1
+                if code == Code.STALE_EPOCH:
+                    self._stale = True
+                continue
+            try:
+                live = p.decode_u32(reply, "RELEASE reply")
+            except p.ProtocolError:
+                self.posted_refused += 1
+                continue
+            self.posted_leases_ended += max(0, want - live)
+
+    @property
+    def posted(self) -> int:
+        """RELEASE messages sent by `post_release` whose replies were not taken yet."""
+        return len(self._posted)
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -111,8 +112,11 @@ def test_get_many_answers_in_order_and_stops_where_the_reply_is_full() -> None:
     assert len(s.index.leases) == leases_before + 2
 
 
-def test_hello_reply_of_an_older_server_reads_as_an_unknown_writer_window() -> None:
+def test_hello_reply_of_an_older_server_reads_as_an_unknown_writer_window_and_lease_ttl() -> None:
     import struct
 
-    assert p.decode_hello_reply(struct.pack("<QII", 5, 42, 224)) == (5, 42, 224, 0)
-    assert p.decode_hello_reply(p.encode_hello_reply(5, 42, 224, 30000)) == (5, 42, 224, 30000)
+    assert p.decode_hello_reply(struct.pack("<QII", 5, 42, 224)) == (5, 42, 224, 0, 0)
+    assert p.decode_hello_reply(struct.pack("<QIII", 5, 42, 224, 30000)) == (5, 42, 224, 30000, 0)
+    assert p.decode_hello_reply(p.encode_hello_reply(5, 42, 224, 30000, 10000)) == (5, 42, 224, 30000, 10000)
+    with pytest.raises(p.ProtocolError):
+        p.decode_hello_reply(struct.pack("<QIII", 5, 42, 224, 1)[:18])

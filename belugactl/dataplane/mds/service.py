@@ -58,6 +58,9 @@ class MetadataService:
         self.released_handed_over = 0  # leases released by a client they were handed to
         # How long a writer may write into a reservation, from before it asked (HELLO tells it).
         self.writer_window_ms = int(index.config.reservation_ttl_s * 1000)
+        # How long a read lease lives at least, from before its request was sent (HELLO tells readers:
+        # one that finished its copy within that trusts its bytes without waiting for RELEASE's count).
+        self.lease_ttl_ms = int(index.config.lease_ttl_s * 1000)
         self.epoch = epoch
         self.epoch32 = epoch & 0xFFFFFFFF
         # A plain flag (the server flips it when the fencing grace ends): checked on every request.
@@ -130,7 +133,7 @@ class MetadataService:
     # --- handlers -----------------------------------------------------------------------------
     def _hello(self, data, max_reply: int, _owner: int) -> tuple[int, bytes]:
         p.decode_hello(data)
-        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms)
+        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms, self.lease_ttl_ms)
 
     def _open_ns(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, p.encode_u32(self.index.open_namespace(p.decode_name(data)))

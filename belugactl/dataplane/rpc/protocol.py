@@ -104,7 +104,7 @@ def pack_header(buf, offset: int, *, status: int, seq: int, epoch: int, op: int,
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HELLO_REQ = struct.Struct("<II")  # client_id, flags
-_HELLO_REP = struct.Struct("<QIII")  # full epoch, server pid, max payload, writer window (ms)
+_HELLO_REP = struct.Struct("<QIIII")  # full epoch, server pid, max payload, writer window (ms), lease TTL (ms)
 _LOOKUP_REQ = struct.Struct("<IHH")  # ns, count, key length
 _LOOKUP_REP = struct.Struct("<IIQ")  # present count, pad, lease id
 _KEY_REQ = struct.Struct("<IH")  # ns, key length
@@ -158,17 +158,23 @@ def decode_hello(data) -> tuple[int, int]:
     return _HELLO_REQ.unpack_from(data, 0)
 
 
-def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int) -> bytes:
+def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int, lease_ttl_ms: int = 0) -> bytes:
     """writer_window_ms: how long after sending RESERVE a writer may still write the extents it got
-    (the client abandons the reservation after that; docs/dataplane.md, "Fencing")."""
-    return _HELLO_REP.pack(epoch, pid & 0xFFFFFFFF, max_payload, writer_window_ms & 0xFFFFFFFF)
+    (the client abandons the reservation after that; docs/dataplane.md, "Fencing"). lease_ttl_ms:
+    how long a read lease lives at least after the request that took it was sent (a reader that
+    finished its copy within that needs no live count from its release: docs/dataplane.md, "Leases")."""
+    mask = 0xFFFFFFFF
+    return _HELLO_REP.pack(epoch, pid & mask, max_payload, writer_window_ms & mask, lease_ttl_ms & mask)
 
 
-def decode_hello_reply(data) -> tuple[int, int, int, int]:
-    """(epoch, pid, max payload, writer window ms); a server from before writer windows answers 16
-    bytes: window 0, which clients read as "unknown" (they then assume DEFAULT_WRITER_WINDOW_MS)."""
+def decode_hello_reply(data) -> tuple[int, int, int, int, int]:
+    """(epoch, pid, max payload, writer window ms, lease TTL ms). Older servers answer shorter: 16
+    bytes (no writer window) or 20 (no lease TTL); a missing field reads 0, "unknown" (clients then
+    assume DEFAULT_WRITER_WINDOW_MS, and trust no lease by time)."""
+    if len(data) == _HELLO_REP.size - 8:
+        return (*struct.unpack_from("<QII", data, 0), 0, 0)
     if len(data) == _HELLO_REP.size - 4:
-        return (*struct.unpack_from("<QII", data, 0), 0)
+        return (*struct.unpack_from("<QIII", data, 0), 0)
     _need(data, _HELLO_REP.size, "HELLO reply")
     return _HELLO_REP.unpack_from(data, 0)
 

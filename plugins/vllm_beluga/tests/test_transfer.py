@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -278,3 +279,89 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
     assert stats.get("saved_blocks") == 64 and stats.get("load_checksum_mismatch") == 0
     assert stats.get("save_metadata_us") > 0
     t.index.close()
+
+
+def _scheduler_hit(scheduler: BestEffortIndex, keys: list[bytes]):  # noqa: ANN202 - (locations, trusted_until)
+    from vllm_beluga.transfer import locate_many
+
+    asked = time.monotonic()
+    located = locate_many(scheduler, NS, keys)
+    return located, scheduler.lease_trusted_until(asked)
+
+
+def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_bytes(server, tensors) -> None:
+    from vllm_beluga.transfer import monotonic_clock_id
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save([0, 1, 2], [b"a", b"b", b"c"]) == 3
+    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+    located, trusted = _scheduler_hit(scheduler, [b"a", b"b", b"c"])
+    assert trusted is not None and trusted > time.monotonic()
+    assert scheduler._client.stats()["leases"] == 3
+    trips = worker.index.round_trips
+    assert worker.load([4, 5], [b"a", b"b"], located[:2], [located[2][1]], trusted, monotonic_clock_id()) == []
+    assert worker.index.round_trips == trips  # the release was posted: no wait on the load's path
+    assert worker.stats.get("load_releases_posted") == 1
+    assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
+    deadline = time.monotonic() + 5
+    while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler._client.stats()["leases"] == 0  # all three, the spare one too
+    # The worker's next request takes the posted reply first and works as usual.
+    assert worker.index.lookup_prefix(NS, [b"a", b"b"]) == 2
+    assert worker.index._client.posted == 0 and worker.stats.get("posted_release_leases_ended") == 0
+    scheduler.close()
+    worker.index.close()
+
+
+@pytest.mark.parametrize("why", ["window-passed", "other-clock", "no-deadline"])
+def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensors, why) -> None:
+    from vllm_beluga.transfer import monotonic_clock_id
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save([0, 1], [b"p", b"q"]) == 2
+    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+    located, trusted = _scheduler_hit(scheduler, [b"p", b"q"])
+    clock = monotonic_clock_id()
+    if why == "window-passed":
+        trusted = time.monotonic() - 0.001  # the copy ended after the window (a stalled worker)
+    elif why == "other-clock":
+        clock = "another-host/0"  # a deadline read on another host's monotonic clock means nothing here
+    else:
+        trusted = None  # an older server said no TTL
+    trips = worker.index.round_trips
+    assert worker.load([4, 5], [b"p", b"q"], located, [], trusted, clock) == []
+    assert worker.index.round_trips - trips == 1  # the release, waited for: its count is checked
+    assert worker.stats.get("load_releases_posted") == 0
+    assert scheduler._client.stats()["leases"] == 0
+    assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
+    scheduler.close()
+    worker.index.close()
+
+
+def test_leases_that_expired_during_a_slow_load_are_still_caught(tmp_path, tensors) -> None:
+    # A short lease TTL and a load that outlives it: the trust window has passed, so the worker
+    # waits for the release's count, sees the ended leases, and recomputes instead of trusting.
+    from vllm_beluga.transfer import monotonic_clock_id
+
+    from tests.support.mds_process import cpu_demo_mds
+
+    bufs, layout = tensors
+    with cpu_demo_mds(tmp_path, "--lease-ttl", "0.3") as server:
+        pool = PoolMapping.open(server.pool_path)
+        worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
+        assert worker.save([0, 1], [b"s", b"t"]) == 2
+        scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+        located, trusted = _scheduler_hit(scheduler, [b"s", b"t"])
+        assert trusted is not None
+        time.sleep(0.8)  # past the TTL: the server ended both leases
+        failed = worker.load([4, 5], [b"s", b"t"], located, [], trusted, monotonic_clock_id())
+        assert sorted(failed) == [4, 5]
+        assert worker.stats.get("leases_expired_in_load") == 2 and worker.stats.get("load_releases_posted") == 0
+        scheduler.close()
+        worker.index.close()
+        pool.close()

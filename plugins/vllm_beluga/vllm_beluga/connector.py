@@ -49,7 +49,7 @@ from vllm_beluga.kv_events import (
 )
 from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
 from vllm_beluga.stats import ConnectorStats
-from vllm_beluga.transfer import Location, PoolTransfer, locate_many
+from vllm_beluga.transfer import Location, PoolTransfer, locate_many, monotonic_clock_id
 from vllm_beluga.vllm_metrics import BelugaKVConnectorStats, BelugaPromMetrics
 
 if TYPE_CHECKING:
@@ -86,6 +86,16 @@ class BlockTransfer:
     # The scheduler's leases on blocks this load does not copy: the worker hands them back in the
     # same burst as the load's own (no round trip of the scheduler's for them).
     spare_leases: list[int] = field(default_factory=list)
+    # Until when (time.monotonic on the clock `clock` names) the scheduler's leases are certainly
+    # live: a worker reading the same clock that copied within it posts its release (no wait).
+    leases_trusted_until: float | None = None
+    clock: str = ""
+
+
+# A hit between lookup and allocation: (first block to load, its keys, their locations (None: the
+# workers look them up), the leases of this lookup that no block to load holds, until when the
+# leases are certainly live (None: unknown)).
+_PendingHit = tuple[int, list[bytes], list[Location | None] | None, list[int], float | None]
 
 
 @dataclass
@@ -203,9 +213,7 @@ class BelugaConnector(KVConnectorBase_V1):
             self.index.warm_up()
         # scheduler state
         self._requests: dict[str, _RequestState] = {}
-        # request -> (first block to load, its keys, their locations (None: the workers look them
-        # up), the leases of this lookup that no block to load holds)
-        self._pending_hits: dict[str, tuple[int, list[bytes], list[Location | None] | None, list[int]]] = {}
+        self._pending_hits: dict[str, _PendingHit] = {}
         # Lookup leases whose job is done (the blocks were located with leases of their own, or will
         # not be loaded): released in one burst per step, not left to pin blocks for the lease TTL.
         self._done_leases: list[int] = []
@@ -262,6 +270,7 @@ class BelugaConnector(KVConnectorBase_V1):
         if len(keys) <= start:
             return 0, False
         started, trips = time.perf_counter(), self.index.round_trips
+        asked = time.monotonic()
         # Every full block is asked about, the one holding the last token too (never offered): when
         # it is present as well, this request's save skips it instead of meeting "already there".
         found, located, spare = self._lookup(every)
@@ -280,7 +289,8 @@ class BelugaConnector(KVConnectorBase_V1):
             return 0, False
         self.stats.add("hit_blocks", present - start)
         self.stats.add("hit_requests")
-        self._pending_hits[request.request_id] = (start, keys[start:present], located, spare)
+        trusted = self.index.lease_trusted_until(asked) if located is not None else None
+        self._pending_hits[request.request_id] = (start, keys[start:present], located, spare, trusted)
         log.info(
             "Beluga: request %s: %d of %d full blocks in the pool, %d to load",
             request.request_id,
@@ -294,7 +304,7 @@ class BelugaConnector(KVConnectorBase_V1):
         pending = self._pending_hits.pop(request.request_id, None)
         if pending is None:
             return
-        start, keys, located, spare = pending
+        start, keys, located, spare, trusted = pending
         if num_external_tokens <= 0:
             self._done_leases += spare + _lease_ids(located or ())
             return
@@ -310,7 +320,8 @@ class BelugaConnector(KVConnectorBase_V1):
             self._done_leases += spare
             spare = []
         # Blocks without a key or a location are loaded by no one: the worker reports them as load errors.
-        self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations, spare))
+        clock = monotonic_clock_id() if trusted is not None else ""
+        self._loads.append(BlockTransfer(request.request_id, block_ids, keys, locations, spare, trusted, clock))
 
     def _lookup(self, keys: list[bytes]) -> tuple[int, list[Location | None] | None, list[int]]:
         """How many leading `keys` the pool has; where they are (with a read lease each), when this
@@ -334,7 +345,7 @@ class BelugaConnector(KVConnectorBase_V1):
     def _drop_pending_hit(self, req_id: str) -> None:
         pending = self._pending_hits.pop(req_id, None)
         if pending is not None:
-            _start, _keys, located, spare = pending
+            _start, _keys, located, spare, _trusted = pending
             self._done_leases += spare + _lease_ids(located or ())
 
     def _release_done_leases(self) -> None:
@@ -343,7 +354,9 @@ class BelugaConnector(KVConnectorBase_V1):
             return
         leases, self._done_leases = self._done_leases, []
         started, trips = time.perf_counter(), self.index.round_trips
-        self.index.release(leases)
+        # Nothing was read under these: no live count to wait for.
+        if not self.index.post_release(leases):
+            self.index.release(leases)
         self.stats.add("lookup_release_us", int((time.perf_counter() - started) * 1e6))
         self.stats.add("lookup_release_round_trips", self.index.round_trips - trips)
         self.stats.add("lookup_leases_released", len(leases))
@@ -450,7 +463,14 @@ class BelugaConnector(KVConnectorBase_V1):
             return
         for transfer in meta.loads:
             self._load_errors.update(
-                self._transfer.load(transfer.block_ids, transfer.keys, transfer.locations, transfer.spare_leases)
+                self._transfer.load(
+                    transfer.block_ids,
+                    transfer.keys,
+                    transfer.locations,
+                    transfer.spare_leases,
+                    transfer.leases_trusted_until,
+                    transfer.clock,
+                )
             )
 
     def _start_layerwise(self, loads: list[BlockTransfer]) -> bool:
@@ -460,7 +480,12 @@ class BelugaConnector(KVConnectorBase_V1):
         plans = []
         for transfer in loads:
             batch = self._transfer.prepare_load(
-                transfer.block_ids, transfer.keys, transfer.locations, transfer.spare_leases
+                transfer.block_ids,
+                transfer.keys,
+                transfer.locations,
+                transfer.spare_leases,
+                transfer.leases_trusted_until,
+                transfer.clock,
             )
             if batch is None:
                 self._load_errors.update(transfer.block_ids)

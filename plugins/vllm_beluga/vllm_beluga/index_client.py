@@ -103,6 +103,7 @@ class BestEffortIndex:
         if client is None:
             return default
         sent, waited = getattr(client, "messages", 0), getattr(client, "round_trips", 0)
+        ended, refused = getattr(client, "posted_leases_ended", 0), getattr(client, "posted_refused", 0)
         try:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
@@ -117,6 +118,11 @@ class BestEffortIndex:
         finally:
             self.messages += getattr(client, "messages", 0) - sent
             self.round_trips += getattr(client, "round_trips", 0) - waited
+            # Replies to posted RELEASEs are taken at the start of a later call: what they said.
+            if (n := getattr(client, "posted_leases_ended", 0) - ended) > 0:
+                self.stats.add("posted_release_leases_ended", n)
+            if (n := getattr(client, "posted_refused", 0) - refused) > 0:
+                self.stats.add("release_failed", n)
 
     def warm_up(self) -> bool:
         """Connect now, so the first request does not pay for it; a failure is retried lazily."""
@@ -245,6 +251,30 @@ class BestEffortIndex:
         except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
             self.stats.add("release_failed")
             return None
+
+    def lease_trusted_until(self, asked: float) -> float | None:
+        """Until when (time.monotonic) leases of a request sent after `asked` are certainly live
+        (KVIndexClient.lease_trusted_until); None: not known (no client, or an older server)."""
+        client = self._client
+        trusted = getattr(client, "lease_trusted_until", None) if client is not None else None
+        return trusted(asked) if trusted is not None else None
+
+    def post_release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> bool:
+        """Release without waiting for the live count (KVIndexClient.post_release). True when sent,
+        or when there is no server to tell (its leases then expire on their own); False when it
+        could not be posted: release them with `release` instead."""
+        if not any(lease_ids):
+            return True
+
+        def post(c: Any) -> bool:
+            fn = getattr(c, "post_release", None)
+            return False if fn is None else bool(fn(list(lease_ids), handed_over=handed_over))
+
+        try:
+            return self._call("release", True, post)
+        except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
+            self.stats.add("release_failed")
+            return True
 
     def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int] | None:
         """`release` for several sets of leases in one burst: each set's live count (None: unknown)."""

@@ -28,7 +28,9 @@ counted as `load_checksum_mismatch`, and the key is deleted so later readers mis
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +45,24 @@ log = logging.getLogger("vllm.beluga")
 
 # extents, lease id, nbytes, CRC32C its writer committed (None: none given, loaded unchecked)
 Location = tuple[list[tuple[int, int]], int, int, int | None]
+
+
+@functools.cache
+def monotonic_clock_id() -> str:
+    """Which CLOCK_MONOTONIC this process reads: the kernel's boot id and its time namespace. Two
+    processes with the same id read the same clock, so a deadline one took from time.monotonic()
+    means the same instant to the other (the vLLM scheduler hands lease deadlines to its workers,
+    which may be on another host); "" when it cannot be told (no deadline is trusted then)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return ""
+    try:
+        ns = os.stat("/proc/self/ns/time").st_ino  # a time namespace can offset the monotonic clock
+    except OSError:
+        ns = 0  # a kernel without time namespaces: one monotonic clock per boot
+    return f"{boot}/{ns}" if boot else ""
 
 
 def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | None:
@@ -72,6 +92,10 @@ class LoadBatch:
     blocks: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
     checksums: list[int | None] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
+    # Until when (this process's time.monotonic) every lease above is certainly live: a copy that
+    # ended before it trusts its bytes without RELEASE's live count, and posts the release instead
+    # of waiting for it. None: unknown (an older server, or a deadline from another clock).
+    trusted_until: float | None = None
 
 
 def _checksum_of(location: Sequence[Any]) -> int | None:
@@ -94,14 +118,18 @@ class PoolTransfer:
         keys: Sequence[bytes],
         locations: Sequence[Location | None] | None = None,
         spare: Sequence[int] = (),
+        trusted_until: float | None = None,
+        clock: str = "",
     ) -> list[int]:
         """Fill `block_ids` from the pool blocks under `keys`; returns the block ids NOT loaded.
 
         `locations` (extents, lease id, nbytes) per key, when the scheduler looked them up already
         (holding their leases); else each key is looked up here. Block ids without a key are failed.
-        `spare`: more of the scheduler's leases, released with the load's own.
+        `spare`: more of the scheduler's leases, released with the load's own. `trusted_until`:
+        until when the scheduler's leases are certainly live, on the monotonic clock `clock`
+        (monotonic_clock_id) it read.
         """
-        batch = self.prepare_load(block_ids, keys, locations, spare)
+        batch = self.prepare_load(block_ids, keys, locations, spare, trusted_until, clock)
         if batch is None:
             return list(block_ids)
         started = time.perf_counter()
@@ -120,15 +148,21 @@ class PoolTransfer:
         keys: Sequence[bytes],
         locations: Sequence[Location | None] | None = None,
         spare: Sequence[int] = (),
+        trusted_until: float | None = None,
+        clock: str = "",
     ) -> LoadBatch | None:
         """The metadata half of a load: find the blocks (unless the scheduler did), keep those whose
         size fits these tensors. None when there is nothing to copy into (no pool mapped): every
         block failed, leases released."""
         handed_over = locations is not None  # the scheduler's leases, passed to us
+        if handed_over and (not clock or clock != monotonic_clock_id()):
+            trusted_until = None  # the scheduler read another clock: its deadline means nothing here
         if locations is None:
             with self.index_lock:
                 trips, started_meta = self.index.round_trips, time.perf_counter()
+                asked = time.monotonic()
                 locations = locate_many(self.index, self.namespace, keys)
+                trusted_until = self.index.lease_trusted_until(asked)
                 self.stats.add("load_metadata_round_trips", self.index.round_trips - trips)
                 self.stats.add("load_metadata_us", int((time.perf_counter() - started_meta) * 1e6))
         leases = [loc[1] for loc in locations if loc is not None]
@@ -138,7 +172,11 @@ class PoolTransfer:
             self.stats.add("load_errors", len(block_ids))
             return None
         batch = LoadBatch(
-            leases=leases, handed_over=handed_over, failed=list(block_ids[len(locations) :]), spare=list(spare)
+            leases=leases,
+            handed_over=handed_over,
+            failed=list(block_ids[len(locations) :]),
+            spare=list(spare),
+            trusted_until=trusted_until,
         )
         need = self.engine.layout.block_nbytes
         for block_id, key, location in zip(block_ids, keys, locations, strict=False):
@@ -183,12 +221,7 @@ class PoolTransfer:
             self.stats.add("loaded_blocks", len(blocks))
             self.stats.add("loaded_bytes", len(blocks) * need)
         released = time.perf_counter()
-        with self.index_lock:
-            if batch.spare:
-                counts = self.index.release_groups([batch.leases, batch.spare], handed_over=batch.handed_over)
-                live = None if counts is None else counts[0]
-            else:
-                live = self.index.release(batch.leases, handed_over=batch.handed_over)
+        live = self._release(batch)
         self.stats.add("load_release_us", int((time.perf_counter() - released) * 1e6))
         if live is not None and live < len([x for x in batch.leases if x]) and blocks:
             # A lease ended before we released it: its block may have been evicted and its extents
@@ -202,6 +235,23 @@ class PoolTransfer:
             log.warning("Beluga: %d blocks not loaded (gone from the pool, or a failed copy): recomputed", len(failed))
             self.stats.add("load_errors", len(failed))
         return failed
+
+    def _release(self, batch: LoadBatch) -> int | None:
+        """Hand the load's leases back; how many of its own were still live (None: not asked).
+
+        The count matters only if a lease may have ended during the copy. A copy that ended while
+        its leases were certainly live (`trusted_until`, from the TTL the server announced) posts
+        its release and does not wait for the reply: the wait was a round trip on the critical path
+        of every pool hit, against a server the forward pass leaves little CPU to."""
+        with self.index_lock:
+            trusted = batch.trusted_until is not None and time.monotonic() < batch.trusted_until
+            if trusted and self.index.post_release([*batch.leases, *batch.spare], handed_over=batch.handed_over):
+                self.stats.add("load_releases_posted")
+                return None
+            if batch.spare:
+                counts = self.index.release_groups([batch.leases, batch.spare], handed_over=batch.handed_over)
+                return None if counts is None else counts[0]
+            return self.index.release(batch.leases, handed_over=batch.handed_over)
 
     def pool_checksums(self, blocks: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[int]:
         """Each block's CRC32C over its pool bytes (after a copy that could not checksum in flight)."""
