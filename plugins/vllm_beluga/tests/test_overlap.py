@@ -210,3 +210,55 @@ def test_a_failing_save_still_hands_the_blocks_back() -> None:
     assert saves.errors == 1
     assert saves.finished({"r"}) == {"r"}
     saves.close()
+
+
+def test_checks_and_releases_run_on_the_waiting_thread_never_on_the_load_thread(server, tensors) -> None:  # noqa: F811
+    # Python on the load thread would fight the forward pass for the GIL (up to 5 ms a hand-over);
+    # it only copies and checksums, and whoever waits for the job checks and releases.
+    bufs, _, t = _setup(server, tensors)
+    assert t.save([0, 1], [b"a", b"b"]) == 2
+    finished_on: list[str] = []
+    real_finish = t.finish_load
+
+    def finish(*args):  # noqa: ANN002, ANN202
+        finished_on.append(threading.current_thread().name)
+        return real_finish(*args)
+
+    t.finish_load = finish  # type: ignore[method-assign]
+    job, thread = _start(t, [5, 6], [b"a", b"b"])
+    thread.join(WAIT_S)
+    assert job.done and finished_on == []  # copied and checksummed; nothing checked or released yet
+    assert t.index._client.stats()["leases"] == 2
+    assert job.wait() == [] and job.wait() == []  # finished once, on this thread
+    assert finished_on == [threading.current_thread().name]
+    assert t.index._client.stats()["leases"] == 0
+    assert _block(bufs, 5) == _block(bufs, 0) and _block(bufs, 6) == _block(bufs, 1)
+    t.index.close()
+
+
+def test_a_load_thread_that_stops_half_way_leaves_every_batch_failed_and_released(server, tensors) -> None:  # noqa: F811
+    bufs, _, t = _setup(server, tensors)
+    assert t.save([0, 1], [b"a", b"b"]) == 2
+
+    def checksum(blocks):  # noqa: ANN001, ANN202
+        raise KeyboardInterrupt  # escapes the thread's own error handling
+
+    batch = t.prepare_load([5, 6], [b"a", b"b"])
+    plan = t.engine.layer_plan(batch.blocks)
+    job = LayerwiseLoad(lc.layer for lc in plan)
+    with pytest.raises(KeyboardInterrupt):
+        run_layerwise(job, t.engine, [batch], [plan], checksum, t.finish_load)
+    assert sorted(job.wait()) == [5, 6]  # never trusted without its checksum
+    assert t.index._client.stats()["leases"] == 0
+    t.index.close()
+
+
+def test_load_time_counts_the_copy_and_the_check_not_the_wait_in_between(server, tensors) -> None:  # noqa: F811
+    bufs, _, t = _setup(server, tensors)
+    assert t.save([0, 1], [b"a", b"b"]) == 2
+    job, thread = _start(t, [5, 6], [b"a", b"b"])
+    thread.join(WAIT_S)
+    time.sleep(0.5)  # the forward pass, before anyone waits for the job
+    assert job.wait() == []
+    assert 0 < t.stats.get("load_us") < 400_000
+    t.index.close()

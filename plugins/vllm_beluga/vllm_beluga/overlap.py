@@ -9,6 +9,12 @@ transfer.py): a block that fails it is reported through `get_block_ids_with_load
 forward pass, and vLLM then discards what that step computed for the request and recomputes the
 block, so a wrong byte can cost a recompute, never an answer.
 
+The load thread runs native copies and checksums only (the GIL released). Comparing the checksums,
+releasing the leases and counting are Python, and run on the thread that waits for the load (the
+forward pass's, after it): Python on the load thread during the forward pass fights the forward
+pass for the GIL, and each hand-over can cost either side up to the interpreter's switch interval
+(5 ms), which made a posted lease release take 3 to 6 ms in the CPU demo instead of 0.2 ms.
+
 Saves. `wait_for_save` hands a step's saves to a background thread and returns: the step's tokens
 go back to the user without waiting for the pool. The blocks being saved must stay untouched until
 the copy read them:
@@ -42,6 +48,13 @@ class LayerwiseLoad:
         self.failed: list[int] = []
         self.layers_waited = 0
         self.wait_us = 0
+        # What the load thread leaves for the waiting thread: per batch (batch, checksums, error),
+        # the finishing call, and when the copies started.
+        self._copied: list[tuple[Any, list[int] | None, Exception | None]] = []
+        self._finish: Callable[[Any, list[int] | None, Exception | None, float], list[int]] | None = None
+        self._started = 0.0
+        self._copied_at = 0.0
+        self._finished = False
 
     def layer_done(self, layer: str) -> None:
         event = self._layers.get(layer)
@@ -63,8 +76,38 @@ class LayerwiseLoad:
         self.layers_waited += 1
         self.wait_us += int((time.perf_counter() - started) * 1e6)
 
+    def copied(
+        self,
+        results: list[tuple[Any, list[int] | None, Exception | None]],
+        finish: Callable[[Any, list[int] | None, Exception | None, float], list[int]],
+        started: float,
+    ) -> None:
+        """The load thread is done copying: `finish` each batch when someone waits (`wait`)."""
+        self._copied, self._finish, self._started = results, finish, started
+        self._copied_at = time.perf_counter()
+        self.finish(())
+
     def wait(self) -> list[int]:
+        """Wait for the copies, then (once, on this thread) check and release each batch; the block
+        ids not loaded."""
         self._done.wait()
+        if not self._finished:
+            self._finished = True
+            finish, copied = self._finish, self._copied
+            self._copied = []
+            if finish is not None:
+                # finish counts `load_us` from the start it is given to its own end: shifted so that
+                # the count is the copy's own time plus the check, not the forward pass in between.
+                started = time.perf_counter() - (self._copied_at - self._started)
+                failed: list[int] = []
+                for batch, crcs, error in copied:
+                    try:
+                        failed.extend(finish(batch, crcs, error, started))
+                    except Exception as exc:  # noqa: BLE001 - reported per block, never raised into vLLM
+                        log.warning("Beluga: finishing a layer-wise load failed: %s", exc)
+                        failed.extend(b for b, _ in batch.blocks)
+                        failed.extend(batch.failed)
+                self.failed = sorted(set(self.failed) | set(failed))
         return self.failed
 
     @property
@@ -81,31 +124,37 @@ def run_layerwise(
     finish: Callable[[Any, list[int] | None, Exception | None, float], list[int]],
 ) -> None:
     """The body of a layer-wise load (runs on the load thread): per layer, that layer's pieces of
-    every batch; then each batch's checksums over the pool bytes and its check and release."""
+    every batch; then each batch's checksums over the pool bytes. Each batch's check and release
+    (`finish`) is left to the thread that waits for the job (LayerwiseLoad.wait)."""
     started = time.perf_counter()
-    failed: list[int] = []
     error: Exception | None = None
+    results: list[tuple[Any, list[int] | None, Exception | None]] = []
     try:
+        try:
+            for batch in batches:
+                engine.flush_extents(batch.blocks)
+            layer_names = [lc.layer for lc in plans[0]] if plans else []
+            nontemporal = engine._nontemporal([b for batch in batches for b in batch.blocks])
+            for i, layer in enumerate(layer_names):
+                for plan in plans:
+                    engine.copy_layer(plan[i], nontemporal=nontemporal)
+                job.layer_done(layer)
+        except Exception as exc:  # noqa: BLE001 - reported per block by finish, never raised into vLLM
+            error = exc
         for batch in batches:
-            engine.flush_extents(batch.blocks)
-        layer_names = [lc.layer for lc in plans[0]] if plans else []
-        nontemporal = engine._nontemporal([b for batch in batches for b in batch.blocks])
-        for i, layer in enumerate(layer_names):
-            for plan in plans:
-                engine.copy_layer(plan[i], nontemporal=nontemporal)
-            job.layer_done(layer)
-    except Exception as exc:  # noqa: BLE001 - reported per block below, never raised into vLLM
-        error = exc
-    try:
-        for batch in batches:
-            crcs = None if error is not None else checksum(batch.blocks)
-            failed.extend(finish(batch, crcs, error, started))
-    except Exception as exc:  # noqa: BLE001
-        log.warning("Beluga: finishing a layer-wise load failed: %s", exc)
-        failed.extend(b for batch in batches for b, _ in batch.blocks)
-        failed.extend(b for batch in batches for b in batch.failed)
+            crcs = None
+            failed_here = error
+            if error is None:
+                try:
+                    crcs = checksum(batch.blocks)
+                except Exception as exc:  # noqa: BLE001 - this batch cannot be trusted: recomputed
+                    failed_here = exc
+            results.append((batch, crcs, failed_here))
     finally:
-        job.finish(sorted(set(failed)))
+        if len(results) < len(batches):  # stopped half way: the rest is recomputed, never trusted
+            stopped = error or RuntimeError("the load thread stopped before checksumming")
+            results += [(batch, None, stopped) for batch in batches[len(results) :]]
+        job.copied(results, finish, started)
 
 
 class AsyncSaves:
