@@ -75,6 +75,7 @@ static PyMethodDef methods[] = {
     {"rpc_call", py_rpc_call, METH_VARARGS, "rpc_call(...): a client's whole QD1 round trip; see the source."},
     {"rpc_call_many", py_rpc_call_many, METH_VARARGS, "rpc_call_many(...): a client's pipelined burst, replies in order; see the source."},
     {"lease_decode_many", py_lease_decode_many, METH_VARARGS, "lease_decode_many(keys16, ids, owner) -> ([seq, ...], foreign)."},
+    {"get_many_decode", py_get_many_decode, METH_VARARGS, "get_many_decode(reply) -> [(extents, lease, nbytes, checksum) | None, ...]."},
     {"rpc_burst", py_rpc_burst, METH_VARARGS, "rpc_burst(...): C load generator for bench rpc; see the source."},
     {"lease_encode", py_lease_encode, METH_VARARGS, "lease_encode(keys16, seq, owner) -> lease id (the fast path's)."},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, off=0, n=-1, crc=0) -> CRC32C of buf[off:off+n], chained from crc."},

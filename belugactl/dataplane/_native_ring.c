@@ -408,3 +408,71 @@ done:
     PyBuffer_Release(&kv); PyBuffer_Release(&iv);
     return r;
 }
+
+/* get_many_decode(reply) -> [(extents, lease id, nbytes, checksum | None) | None, ...]
+ * A GET_MANY reply (protocol.py: u16 count, u16 pad, then per block u64 lease, u64 nbytes, u16
+ * extent count, u16 checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) decoded
+ * straight into the vLLM connector's location tuples, None where the lease is 0 (absent). The
+ * scheduler decodes a long prompt's reply on a pool hit's critical path: about 1 us a block in
+ * Python, a few hundred ns here. Every length is checked against the reply before it is read;
+ * ValueError on a short reply, a count or extent count past its end, or an unknown checksum kind. */
+PyObject *py_get_many_decode(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    PyObject *out = NULL;
+    const unsigned char *d = (const unsigned char *)b.buf;
+    const Py_ssize_t size = b.len;
+    if (size < 4) { PyErr_SetString(PyExc_ValueError, "GET_MANY reply: shorter than its 4-byte head"); goto done; }
+    uint16_t count;
+    memcpy(&count, d, 2);
+    out = PyList_New(count);
+    if (out == NULL) goto done;
+    Py_ssize_t pos = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (size - pos < 24) {
+            PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd of %u starts past its %zd bytes", i, count, size);
+            goto fail;
+        }
+        uint64_t lease, nbytes; uint16_t n, kind; uint32_t crc;
+        memcpy(&lease, d + pos, 8); memcpy(&nbytes, d + pos + 8, 8);
+        memcpy(&n, d + pos + 16, 2); memcpy(&kind, d + pos + 18, 2); memcpy(&crc, d + pos + 20, 4);
+        pos += 24;
+        if ((Py_ssize_t)n * 16 > size - pos) {
+            PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd's %u extents run past its %zd bytes", i, n, size);
+            goto fail;
+        }
+        if (kind > 1) {
+            PyErr_Format(PyExc_ValueError, "GET_MANY reply: unknown checksum kind %u", kind);
+            goto fail;
+        }
+        if (lease == 0) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(out, i, Py_None);
+            pos += (Py_ssize_t)n * 16;
+            continue;
+        }
+        PyObject *ext = PyList_New(n);
+        if (ext == NULL) goto fail;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            uint64_t off, len;
+            memcpy(&off, d + pos, 8); memcpy(&len, d + pos + 8, 8);
+            pos += 16;
+            PyObject *e = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)len);
+            if (e == NULL) { Py_DECREF(ext); goto fail; }
+            PyList_SET_ITEM(ext, j, e);
+        }
+        PyObject *cs;
+        if (kind == 1) cs = PyLong_FromUnsignedLong(crc);
+        else { cs = Py_None; Py_INCREF(cs); }
+        if (cs == NULL) { Py_DECREF(ext); goto fail; }
+        PyObject *item = Py_BuildValue("(NKKN)", ext, (unsigned long long)lease, (unsigned long long)nbytes, cs);
+        if (item == NULL) goto fail;
+        PyList_SET_ITEM(out, i, item);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&b);
+    return out;
+}

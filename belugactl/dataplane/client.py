@@ -92,7 +92,7 @@ class BlockLocation:
 
 
 # A located block as get_many_tuples returns it: (extents, lease id, nbytes, checksum or None).
-LocationTuple = tuple[list[Extent], int, int, "int | None"]
+LocationTuple = p.LocationTuple
 
 
 @dataclass(frozen=True)
@@ -453,12 +453,11 @@ class KVIndexClient:
             replies = self._call_many(Op.GET_MANY, [p.encode_lookup(ns, [keys[j] for j in c]) for c in chunks])
             left: list[int] = []
             for chunk, reply in zip(chunks, replies, strict=True):
-                items = p.decode_get_many_reply_ex(reply)
+                items = p.decode_get_many_tuples(reply)  # in C when the native helper is built
                 if not items or len(items) > len(chunk):
                     raise RequestRejected(f"GET_MANY answered {len(items)} of {len(chunk)} keys")
-                for j, (lease, nbytes, extents, checksum) in zip(chunk, items, strict=False):
-                    if lease:
-                        out[j] = (extents, lease, nbytes, checksum)
+                for j, loc in zip(chunk, items, strict=False):
+                    out[j] = loc
                 left += chunk[len(items) :]
             todo = left
         return out

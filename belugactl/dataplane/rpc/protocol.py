@@ -373,6 +373,28 @@ def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | N
     return out
 
 
+LocationTuple = tuple[list[Extent], int, int, int | None]  # extents, lease id, nbytes, checksum
+
+
+def decode_get_many_tuples(data) -> list[LocationTuple | None]:
+    """A GET_MANY reply as (extents, lease id, nbytes, checksum or None) per key answered, None for
+    an absent one: the vLLM connector's own shape, built in C when the native helper is there
+    (`get_many_decode`: the same checks as decode_get_many_reply_ex, a malformed reply raises
+    ProtocolError either way)."""
+    from belugactl.dataplane import native  # here, not at import: native is optional
+
+    fast = getattr(native._native, "get_many_decode", None) if native._native is not None else None
+    if fast is not None:
+        try:
+            return fast(data)
+        except ValueError as exc:
+            raise ProtocolError(Code.BAD_LENGTH, str(exc)) from None
+    return [
+        None if not lease else (extents, lease, nbytes, checksum)
+        for lease, nbytes, extents, checksum in decode_get_many_reply_ex(data)
+    ]
+
+
 def decode_get_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
     """(lease id, nbytes, extents) per key answered, in order; lease 0 means absent."""
     return [(lease, nbytes, extents) for lease, nbytes, extents, _c in decode_get_many_reply_ex(data)]
