@@ -91,6 +91,10 @@ class BlockTransfer:
     leases_trusted_until: float | None = None
     clock: str = ""
 
+    def load_args(self) -> tuple[Any, ...]:
+        """PoolTransfer.load's (and prepare_load's) arguments for this transfer, in order."""
+        return (self.block_ids, self.keys, self.locations, self.spare_leases, self.leases_trusted_until, self.clock)
+
 
 # A hit between lookup and allocation: (first block to load, its keys, their locations (None: the
 # workers look them up), the leases of this lookup that no block to load holds, until when the
@@ -462,16 +466,7 @@ class BelugaConnector(KVConnectorBase_V1):
         if self.layerwise_loads and hasattr(self._engine, "layer_plan") and self._start_layerwise(meta.loads):
             return
         for transfer in meta.loads:
-            self._load_errors.update(
-                self._transfer.load(
-                    transfer.block_ids,
-                    transfer.keys,
-                    transfer.locations,
-                    transfer.spare_leases,
-                    transfer.leases_trusted_until,
-                    transfer.clock,
-                )
-            )
+            self._load_errors.update(self._transfer.load(*transfer.load_args()))
 
     def _start_layerwise(self, loads: list[BlockTransfer]) -> bool:
         """Look the step's blocks up, then copy them layer by layer on the load thread (overlap.py).
@@ -479,14 +474,7 @@ class BelugaConnector(KVConnectorBase_V1):
         batches = []
         plans = []
         for transfer in loads:
-            batch = self._transfer.prepare_load(
-                transfer.block_ids,
-                transfer.keys,
-                transfer.locations,
-                transfer.spare_leases,
-                transfer.leases_trusted_until,
-                transfer.clock,
-            )
+            batch = self._transfer.prepare_load(*transfer.load_args())
             if batch is None:
                 self._load_errors.update(transfer.block_ids)
                 continue
