@@ -71,19 +71,24 @@ class Stack:
     port_a: int
     port_b: int
 
-    def counters(self, instance: str, *, settle_s: float = 1.0) -> dict[str, int]:
-        """The instance's connector counters (scheduler + workers); the files are rewritten at most
-        every 0.2 s, so wait until two reads agree."""
+    def counters(self, instance: str, *, quiet_s: float = 1.0, settle_s: float = 6.0) -> dict[str, int]:
+        """The instance's connector counters (scheduler + workers). Each process's writer thread
+        rewrites its file at most every 0.2 s, and inside a busy vLLM worker the write has been seen
+        to trail the count by up to about half a second: wait until the counters stayed the same
+        for `quiet_s` (at most `settle_s`)."""
         import time
 
-        previous = None
-        deadline = time.monotonic() + settle_s
-        while True:
-            current = self._read(instance)
-            if current == previous or time.monotonic() > deadline:
-                return current
-            previous = current
-            time.sleep(0.3)
+        current = self._read(instance)
+        since = time.monotonic()
+        deadline = since + settle_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self._read(instance)
+            if now != current:
+                current, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+        return current
 
     def _read(self, instance: str) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -108,7 +108,8 @@ class ConnectorStats:
         while True:
             self._wanted.wait()
             wait = self._last_write + self._min_interval - time.monotonic()
-            time.sleep(max(wait, 0.0) or self._min_interval / 4)  # gathers a burst of adds into one write
+            if wait > 0:
+                time.sleep(wait)  # the rate limit; the adds meanwhile go into the same write
             self._wanted.clear()
             self.flush()
 
