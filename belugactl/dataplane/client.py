@@ -318,10 +318,7 @@ class KVIndexClient:
             return [self._call(op, payloads[0])]
         self._before_call()
         t = self.transport
-        current = t.current_epoch()
-        if current is not None and self.epoch and current != self.epoch:
-            # The pool header's epoch moved (CXL): fenced without a round trip, as `_call` is.
-            raise self._error(Code.STALE_EPOCH, op)
+        self._check_fence(op)
         window = max(1, t.max_inflight)
         try:
             replies = t.call_many(op, self._epoch32, payloads, self._timeout_ns)
@@ -334,6 +331,12 @@ class KVIndexClient:
             if code:
                 raise self._error(code, op)
         return [reply for _code, _epoch, reply in replies]
+
+    def _check_fence(self, op: int) -> None:
+        """The pool header's epoch moved (CXL): fenced without a round trip, as `_call` is."""
+        current = self.transport.current_epoch()
+        if current is not None and self.epoch and current != self.epoch:
+            raise self._error(Code.STALE_EPOCH, op)
 
     def _error(self, code: int, op: int) -> Exception:
         name = Code(code).name if code in Code._value2member_map_ else str(code)
@@ -635,14 +638,11 @@ class KVIndexClient:
     def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int]:
         """`release` for several sets of leases in one burst, with each set's live count apart (a
         load's own leases, whose count says whether its bytes can be trusted, beside spare ones)."""
-        per_call = max(1, p.release_capacity(self.transport.max_payload))
-        flags = p.RELEASE_HANDED_OVER if handed_over else 0
         payloads: list[bytes] = []
         owner: list[int] = []  # the group of each payload
         for g, lease_ids in enumerate(groups):
-            ids = [i for i in lease_ids if i]
-            for start in range(0, len(ids), per_call):
-                payloads.append(p.encode_release(ids[start : start + per_call], flags))
+            for _count, payload in self._release_payloads([i for i in lease_ids if i], handed_over):
+                payloads.append(payload)
                 owner.append(g)
         live = [0] * len(groups)
         if not payloads:
@@ -652,6 +652,15 @@ class KVIndexClient:
         for g, reply in zip(owner, self._call_many(Op.RELEASE, payloads), strict=True):
             live[g] += p.decode_u32(reply, "RELEASE reply")
         return live
+
+    def _release_payloads(self, ids: Sequence[int], handed_over: bool) -> list[tuple[int, bytes]]:
+        """RELEASE messages for `ids` (no zeros), as many ids each as a message holds: (count, payload)."""
+        per_call = max(1, p.release_capacity(self.transport.max_payload))
+        flags = p.RELEASE_HANDED_OVER if handed_over else 0
+        return [
+            (len(ids[i : i + per_call]), p.encode_release(ids[i : i + per_call], flags))
+            for i in range(0, len(ids), per_call)
+        ]
 
     def lease_trusted_until(self, asked: float) -> float | None:
         """Until when (time.monotonic) the leases of a request sent after `asked` are certainly
@@ -678,20 +687,16 @@ class KVIndexClient:
             return True
         self._before_call()  # takes earlier posted replies first
         t = self.transport
-        per_call = max(1, p.release_capacity(t.max_payload))
-        flags = p.RELEASE_HANDED_OVER if handed_over else 0
-        chunks = [ids[i : i + per_call] for i in range(0, len(ids), per_call)]
+        chunks = self._release_payloads(ids, handed_over)
         if t.pending + len(chunks) > max(1, t.max_inflight):
             return False
-        current = t.current_epoch()
-        if current is not None and self.epoch and current != self.epoch:
-            raise self._error(Code.STALE_EPOCH, Op.RELEASE)
-        for chunk in chunks:
+        self._check_fence(Op.RELEASE)
+        for count, payload in chunks:
             try:
-                t.submit(Op.RELEASE, self._epoch32, p.encode_release(chunk, flags))
+                t.submit(Op.RELEASE, self._epoch32, payload)
             except TransportError as exc:
                 raise self._unavailable(str(exc)) from None
-            self._posted.append(len(chunk))
+            self._posted.append(count)
             self.messages += 1
         return True
 

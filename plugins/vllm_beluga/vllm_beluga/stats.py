@@ -75,14 +75,18 @@ class ConnectorStats:
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
-            return {**self.state, "counters": dict(self.counters), "time": time.time()}
+            return self._document()
+
+    def _document(self) -> dict[str, object]:
+        """What the file holds (called with the lock held)."""
+        return {**self.state, "counters": dict(self.counters), "time": time.time()}
 
     def flush(self) -> None:
         """Write the file now if anything changed since the last write (the caller's thread)."""
         if self.path is None or not self._dirty:
             return
         with self._lock:  # a change after this snapshot leaves the stats dirty for the next write
-            doc = {**self.state, "counters": dict(self.counters), "time": time.time()}
+            doc = self._document()
             self._dirty = False
         self._last_write = time.monotonic()
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
