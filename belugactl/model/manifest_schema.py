@@ -604,6 +604,11 @@ class Vllm(Strict):
     # instances past the list are kv_both. Producers prefill and save, consumers load and decode; the
     # front door (serve.router) then sends each request to a producer, then to a consumer.
     kv_roles: list[Literal["kv_both", "kv_producer", "kv_consumer"]] = []
+    # The connector's pool hits: copied layer by layer beside the forward pass (true), whole before
+    # it (false), or "auto": whole on CPU engines, whose forward pass needs every core the copy
+    # would take (docs/serving.md, "Loads: layer-wise or before the forward pass"). A boolean, not
+    # on/off strings: YAML reads a bare `on` as true anyway.
+    layerwise_loads: bool | Literal["auto"] = "auto"
 
     def kv_role(self, instance: int) -> str:
         return self.kv_roles[instance] if instance < len(self.kv_roles) else "kv_both"

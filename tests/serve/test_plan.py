@@ -65,6 +65,7 @@ def test_cpu_demo_runs_the_server_then_two_pinned_instances() -> None:
         assert extra["namespace"] == "cpu-demo" and extra["hash_seed"] == "0"
         assert extra["stats_path"] == f"/run/beluga/stats/vllm-{i}"
         assert extra["coherence"] == "none"  # one host: no cross-host flushes needed
+        assert extra["layerwise_loads"] == "auto"  # the connector decides by the KV tensors' device
 
 
 def test_gpu_host_gets_its_gpus_and_the_nearest_numa_node() -> None:
@@ -126,3 +127,25 @@ def test_remote_workers_need_a_reachable_rpc_listener(tmp_path: Path) -> None:
     blocked = _plan(tcp, "lab-2")
     assert len(blocked.blockers) == 1 and "rpc_bind" in blocked.blockers[0]
     assert _plan(tcp, "lab-1").blockers == []
+
+
+@pytest.mark.parametrize(("mode", "sent"), [("true", True), ("off", False), ("auto", "auto")])
+def test_the_manifest_picks_how_pool_hits_are_copied(tmp_path: Path, mode: str, sent: object) -> None:
+    text = (REPO / "examples" / "cpu-demo.yaml").read_text().replace(
+        "    gpus_per_instance: 0\n", f"    gpus_per_instance: 0\n    layerwise_loads: {mode}\n"
+    )
+    manifest = load_manifest_text(text, file=str(REPO / "examples" / "cpu-demo.yaml"))
+    rack = RackContext(manifest, str(REPO / "examples" / "cpu-demo.yaml"), wanted_host="cpu-demo", pool_option="/p")
+    plan = build_serve_plan(rack, run_dir=tmp_path, tools=TOOLS)
+    modes = {_kv_config(p.argv)["kv_connector_extra_config"]["layerwise_loads"] for p in plan.processes[1:]}
+    assert modes == {sent}
+
+
+def test_a_layerwise_loads_that_is_no_mode_is_refused_with_its_line() -> None:
+    text = (REPO / "examples" / "cpu-demo.yaml").read_text()
+    text = text.replace("    gpus_per_instance: 0\n", "    gpus_per_instance: 0\n    layerwise_loads: yes-please\n")
+    line = text.splitlines().index("    layerwise_loads: yes-please") + 1
+    with pytest.raises(InputError) as caught:
+        load_manifest_text(text, file="rack.yaml")
+    problems = "\n".join(str(p) for p in caught.value.problems)  # type: ignore[attr-defined]
+    assert f"rack.yaml:{line}:" in problems and "serve.vllm.layerwise_loads" in problems and "'auto'" in problems

@@ -286,6 +286,7 @@ def build_serve_plan(
             "hash_algo": serve.vllm.prefix_caching_hash_algo,
             "coherence": coherence,
             "stats_path": stats_prefix,
+            "layerwise_loads": serve.vllm.layerwise_loads,
         }
         if partition is not None:
             extra["partition"] = {"offset": partition.offset, "size": partition.size}

@@ -100,6 +100,7 @@ kv = {
         "pool_path": pool_path,
         "hash_seed": "0",
         "namespace": "overlap-probe",
+        "layerwise_loads": True,  # the machinery under test; "auto" copies whole on a CPU engine
     },
 }
 llm = LLM(

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from vllm_beluga.config import BelugaConfig, ConnectorConfigError, check_hash_pins, layout_id, namespace_for
+from vllm_beluga.config import (
+    BelugaConfig,
+    ConnectorConfigError,
+    check_hash_pins,
+    layerwise_loads_for,
+    layout_id,
+    namespace_for,
+)
 
 
 def _cfg(**extra: object) -> BelugaConfig:
@@ -32,6 +39,31 @@ def test_missing_server_address_or_bad_coherence_is_refused() -> None:
         BelugaConfig.from_extra({"pool_path": "/dev/dax0.0"})
     with pytest.raises(ConnectorConfigError, match="coherence"):
         _cfg(coherence="sometimes")
+
+
+@pytest.mark.parametrize(
+    ("value", "setting"),
+    [(True, "on"), ("on", "on"), ("TRUE", "on"), (False, "off"), ("off", "off"), ("false", "off"), ("auto", "auto"),
+     (None, "auto")],
+)  # fmt: skip
+def test_layerwise_loads_takes_json_booleans_and_auto(value: object, setting: str) -> None:
+    assert _cfg(layerwise_loads=value).layerwise_loads == setting
+    assert "layerwise_loads" not in _cfg(layerwise_loads=value).extra
+
+
+@pytest.mark.parametrize("value", ["sometimes", 1, 0, "", [True]])
+def test_a_layerwise_loads_that_is_no_switch_is_refused(value: object) -> None:
+    # 0 and 1 are refused, not read as booleans: a typo must not pick the mode silently.
+    with pytest.raises(ConnectorConfigError, match='layerwise_loads is true, false or "auto"'):
+        _cfg(layerwise_loads=value)
+
+
+def test_auto_copies_whole_on_cpu_engines_and_by_layer_elsewhere() -> None:
+    assert _cfg().layerwise_loads == "auto"
+    assert layerwise_loads_for("auto", "cpu") is False  # the copy would take the forward pass's cores
+    assert layerwise_loads_for("auto", "cuda") is True
+    assert layerwise_loads_for("on", "cpu") is True
+    assert layerwise_loads_for("off", "cuda") is False
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,8 @@ class BelugaConfig:
     timeout_s: float = 1.0
     retry_s: float = 5.0  # after the server was unreachable, try again this much later
     stats_path: str | None = None  # JSON counters, rewritten as they change
+    # Layer-wise loads (overlap.py): "auto", "on" or "off"; see `layerwise_loads_for`.
+    layerwise_loads: str = "auto"
     instance: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +75,8 @@ class BelugaConfig:
             for name, value in rings.items():
                 if value is not None and not str(value).startswith("cxl://"):
                     raise ConnectorConfigError(f"transport is 'cxl' but {name} is {value!r}, not a cxl:// ring")
+        if "layerwise_loads" in kwargs:
+            kwargs["layerwise_loads"] = _on_off_auto("layerwise_loads", kwargs["layerwise_loads"])
         if kwargs.get("coherence", "none") not in ("none", "flush"):
             raise ConnectorConfigError(f"coherence must be 'none' or 'flush', not {kwargs['coherence']!r}")
         part = None
@@ -99,6 +103,32 @@ class BelugaConfig:
         else:
             raise ValueError(f"role is 'scheduler' or 'worker', not {role!r}")
         return None if self.transport == "cxl" else self.metadata_address
+
+
+def _on_off_auto(name: str, value: Any) -> str:
+    """A three-way switch from JSON: true/false (or "on"/"off") and "auto"; anything else refused."""
+    if value is True or (isinstance(value, str) and value.lower() in ("on", "true")):
+        return "on"
+    if value is False or (isinstance(value, str) and value.lower() in ("off", "false")):
+        return "off"
+    if value is None or (isinstance(value, str) and value.lower() == "auto"):
+        return "auto"
+    raise ConnectorConfigError(f"{name} is true, false or \"auto\", not {value!r}")
+
+
+def layerwise_loads_for(setting: str, device: str) -> bool:
+    """Whether loads go layer by layer beside the forward pass, for KV tensors on `device`.
+
+    "auto" says no on a CPU engine: the copy thread would run on the very cores the forward pass's
+    threads are bound to, and every core it takes stalls the whole forward (its threads meet at a
+    barrier after each operation). Measured on the 2-core CPU demo (docs/serving.md): the pool hit
+    was slower layer-wise than copied before the forward pass. Elsewhere the copy is the device's
+    (DMA), and "auto" says yes where the engine can copy by layer."""
+    if setting == "on":
+        return True
+    if setting == "off":
+        return False
+    return device != "cpu"
 
 
 def _worker_addresses(value: Any) -> dict[int, str]:

@@ -36,7 +36,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from vllm_beluga.config import BelugaConfig, check_hash_pins, layout_id, namespace_for, refuse_hybrid
+from vllm_beluga.config import (
+    BelugaConfig,
+    check_hash_pins,
+    layerwise_loads_for,
+    layout_id,
+    namespace_for,
+    refuse_hybrid,
+)
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.kv_events import (
     DEFAULT_MEDIUM,
@@ -240,7 +247,8 @@ class BelugaConnector(KVConnectorBase_V1):
         self.saves_enabled = self.kv_role != "kv_consumer"
         if self.kv_role == "kv_producer":
             self.async_saves = False
-        self.layerwise_loads = self.cfg.extra.get("layerwise_loads", True) is not False
+        # Decided once the KV tensors are known (register_kv_caches): "auto" depends on their device.
+        self.layerwise_loads = self.cfg.layerwise_loads == "on"
         self._layer_load: LayerwiseLoad | None = None
         self._load_thread: ThreadPoolExecutor | None = None
         self._saves: AsyncSaves | None = None
@@ -450,12 +458,18 @@ class BelugaConnector(KVConnectorBase_V1):
 
             self._engine = CudaKVCopyEngine(layout, self._pool.buf, coherence=self.cfg.coherence)
         self._transfer.engine = self._engine
+        self.layerwise_loads = layerwise_loads_for(self.cfg.layerwise_loads, layout.device) and hasattr(
+            self._engine, "layer_plan"
+        )
+        self.stats.set("load_mode", "layer-wise" if self.layerwise_loads else "before the forward pass")
         log.info(
-            "Beluga: %d-byte blocks in %d pieces, pool %s (%d bytes)",
+            "Beluga: %d-byte blocks in %d pieces, pool %s (%d bytes), loads %s (layerwise_loads: %s)",
             layout.block_nbytes,
             layout.pieces_per_block,
             self.cfg.pool_path,
             self._pool.size,
+            "layer by layer beside the forward pass" if self.layerwise_loads else "whole, before the forward pass",
+            self.cfg.layerwise_loads,
         )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
