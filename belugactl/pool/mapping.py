@@ -61,6 +61,11 @@ def _is_devdax(path: Path) -> bool:
         return False
 
 
+# Linux's MADV_POPULATE_READ (5.14); Python's mmap module names it only from 3.13 on.
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+PREFAULT_CHUNK = 64 << 20
+
+
 class PoolMapping:
     """One MAP_SHARED mapping of the pool (all of it, or a window at its start).
 
@@ -313,6 +318,33 @@ class PoolMapping:
         old = native.fetch_add64(self.buf, EPOCH_OFFSET, 1)
         native.flush(self.buf, EPOCH_OFFSET, 8)
         return old + 1
+
+    # --- page tables --------------------------------------------------------------------------
+    def prefault(
+        self, offset: int = 0, length: int | None = None, *, chunk: int = PREFAULT_CHUNK, stop: Any = None
+    ) -> int:
+        """Fill this process's page tables for `length` bytes from `offset` without reading or
+        writing a byte (MADV_POPULATE_READ, Linux 5.14); returns the bytes covered.
+
+        Why: a file pool is mapped in 4 KiB pages, and a block another process wrote (another
+        instance's save) is not in this process's page tables yet. Reading it costs a page fault
+        every 16 pages (the kernel's fault-around): about 190 on a 12 MiB pool hit of the CPU demo,
+        1.3 ms of the copy. Done once ahead of time, in `chunk`-sized calls (each holds the GIL, so
+        a thread doing this lets the others run between chunks). `stop` (a threading.Event) ends it
+        early. A devdax pool faults once per 2 MiB or 1 GiB page and needs none of this.
+
+        Raises OSError where the kernel has no MADV_POPULATE_READ (EINVAL) or the range cannot be
+        read (EFAULT, EIO): the caller decides whether that matters."""
+        end = self.size if length is None else min(self.size, offset + length)
+        page = mmap.PAGESIZE
+        pos = offset - offset % page
+        done = 0
+        while pos < end and not (stop is not None and stop.is_set()):
+            n = min(chunk, end - pos)
+            self._mm.madvise(MADV_POPULATE_READ, pos, n)
+            pos += n
+            done += n
+        return done
 
     # --- locks --------------------------------------------------------------------------------
     def server_lock(self) -> lock.ServerLock:

@@ -167,6 +167,7 @@ def test_b_loads_what_a_computed_and_answers_the_same(stack: Stack) -> None:
     assert counters.get("layerwise_loads", 0) == 0
     worker = json.loads(next((stack.run_dir / "stats").glob("vllm-1.worker*.json")).read_text())
     assert worker["load_mode"] == "before the forward pass"
+    assert worker["pool_prefault"].startswith("done: 1024 MiB"), worker["pool_prefault"]  # a file pool
     loaded_tokens = after.get("external_kv_transfer", 0) - middle.get("external_kv_transfer", 0)
     computed_tokens = after.get("local_compute", 0) - middle.get("local_compute", 0)
     assert loaded_tokens == FULL_BLOCKS * BLOCK, (before, middle, after)

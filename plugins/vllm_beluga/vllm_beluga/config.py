@@ -44,6 +44,8 @@ class BelugaConfig:
     stats_path: str | None = None  # JSON counters, rewritten as they change
     # Layer-wise loads (overlap.py): "auto", "on" or "off"; see `layerwise_loads_for`.
     layerwise_loads: str = "auto"
+    # A file pool up to this size has its page tables filled at start-up (prefault.py); 0: never.
+    prefault_max_bytes: int = 16 << 30
     instance: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,6 +77,10 @@ class BelugaConfig:
             for name, value in rings.items():
                 if value is not None and not str(value).startswith("cxl://"):
                     raise ConnectorConfigError(f"transport is 'cxl' but {name} is {value!r}, not a cxl:// ring")
+        if "prefault_max_bytes" in kwargs:
+            value = kwargs["prefault_max_bytes"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConnectorConfigError(f"prefault_max_bytes is a byte count (0: off), not {value!r}")
         if "layerwise_loads" in kwargs:
             kwargs["layerwise_loads"] = _on_off_auto("layerwise_loads", kwargs["layerwise_loads"])
         if kwargs.get("coherence", "none") not in ("none", "flush"):

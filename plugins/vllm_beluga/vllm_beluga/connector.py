@@ -55,6 +55,7 @@ from vllm_beluga.kv_events import (
     worker_events,
 )
 from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
+from vllm_beluga.prefault import PoolPrefault
 from vllm_beluga.stats import ConnectorStats
 from vllm_beluga.transfer import Location, PoolTransfer, locate_many, monotonic_clock_id
 from vllm_beluga.vllm_metrics import BelugaKVConnectorStats, BelugaPromMetrics
@@ -233,6 +234,7 @@ class BelugaConnector(KVConnectorBase_V1):
         # worker state
         self._engine: Any = None
         self._pool: Any = None
+        self._prefault: PoolPrefault | None = None
         self._load_errors: set[int] = set()
         self._init_observability(vllm_config, role)
         self._transfer = PoolTransfer(self._commits, None, self.namespace, self.stats)
@@ -458,6 +460,8 @@ class BelugaConnector(KVConnectorBase_V1):
 
             self._engine = CudaKVCopyEngine(layout, self._pool.buf, coherence=self.cfg.coherence)
         self._transfer.engine = self._engine
+        self._prefault = PoolPrefault(self._pool, self.stats, max_bytes=self.cfg.prefault_max_bytes)
+        self._prefault.start()
         self.layerwise_loads = layerwise_loads_for(self.cfg.layerwise_loads, layout.device) and hasattr(
             self._engine, "layer_plan"
         )
@@ -595,6 +599,8 @@ class BelugaConnector(KVConnectorBase_V1):
             self._load_thread.shutdown(wait=True)
         self.stats.flush()
         self.index.close()
+        if self._prefault is not None:
+            self._prefault.stop()
         if self._pool is not None:
             self._engine = None
             with contextlib.suppress(Exception):  # views into the mapping may still be alive
