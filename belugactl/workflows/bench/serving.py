@@ -323,6 +323,11 @@ def _row(
         "metadata": serving_stats.summarize_hits(hit_changes, ttft_hit),
         "save_metadata": serving_stats.summarize_saves(save_changes),
         "breakdown": serving_stats.breakdown(ttft_hit, ttft_local, hit_changes),
+        "paired": _paired(
+            samples["pool_hit"],
+            samples["local_hit"] if ttft_local is not None else None,
+            [x["hit_s"] for x in example_runs if x["status"] == "ok"] if ttft_example is not None else None,
+        ),
         "samples": {
             "recompute_s": samples["recompute"],
             "pool_hit_s": samples["pool_hit"],
@@ -330,6 +335,22 @@ def _row(
             "example_hit_s": [x["hit_s"] for x in example_runs if x["status"] == "ok"],
         },
     }
+
+
+def _paired(pool: list[float], local: list[float] | None, example: list[float] | None) -> dict[str, Any] | None:
+    """The baselines round by round. Each round times the three hits one after the other, so a
+    slow stretch of the machine (2 shared cores swing by tens of percent) lands on all three; the
+    medians of the per-round differences and ratios see through it better than a ratio of medians."""
+    out: dict[str, Any] = {}
+    if local and len(local) == len(pool):
+        out["pool_above_local_ms"] = 1e3 * statistics.median(p - x for p, x in zip(pool, local, strict=True))
+        if example and len(example) == len(pool):
+            out["example_above_local_ms"] = 1e3 * statistics.median(e - x for e, x in zip(example, local, strict=True))
+    if example and len(example) == len(pool):
+        out["pool_over_example_per_round"] = statistics.median(p / e for p, e in zip(pool, example, strict=True) if e)
+        out["rounds_pool_faster"] = sum(p < e for p, e in zip(pool, example, strict=True))
+        out["rounds"] = len(pool)
+    return out or None
 
 
 def _example_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -75,6 +75,19 @@ def _row_notes(row: dict[str, Any]) -> list[str]:
         )
     elif meta:
         out.append(f"  {n} tokens: connector metadata per pool hit: no stats file reported it")
+    paired = row.get("paired") or {}
+    if "pool_over_example_per_round" in paired:
+        above = ""
+        if "example_above_local_ms" in paired:
+            above = (
+                f"above the local hit pool +{paired['pool_above_local_ms']:.1f} ms, ExampleConnector "
+                f"+{paired['example_above_local_ms']:.1f} ms; "
+            )
+        out.append(
+            f"  {n} tokens: round by round (medians): {above}pool/example "
+            f"{paired['pool_over_example_per_round']:.2f}x; the pool faster in {paired['rounds_pool_faster']} "
+            f"of {paired['rounds']} rounds"
+        )
     brk = row.get("breakdown")
     if brk:
         out.append(
