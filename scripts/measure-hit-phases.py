@@ -8,14 +8,16 @@ scheduler's `schedule`, the connector's lookup (`get_num_new_matched_tokens`), t
 `start_load_kv`, and the model's forward pass. `--connector example` runs vLLM's ExampleConnector
 instead (its hit read from files). `--drop-page-tables` drops this process's page-table entries of
 the pool before each hit, as a worker has them for blocks another instance saved (what the
-connector's prefault, vllm_beluga/prefault.py, fills in ahead); the minor faults per hit are printed.
+connector's prefault, vllm_beluga/prefault.py, fills in ahead; `--no-prefault` turns that off); the
+minor faults per hit are printed.
 
 Run with the vLLM environment's Python, from the repository root (it starts its own metadata
 server on a fresh file pool with belugactl's Python):
     .venv-vllm/bin/python scripts/measure-hit-phases.py [--connector beluga|example]
-        [--layerwise-loads auto|true|false] [--rounds 9] [--drop-page-tables]
-Saves are synchronous here (`async_saves` false): an asynchronous save holds the request's blocks
-until the next engine step, and vLLM's prefix cache cannot be reset while they are held.
+        [--layerwise-loads auto|true|false] [--rounds 9] [--drop-page-tables] [--no-prefault]
+Prints one line, `RESULT {json}`. Saves are synchronous here (`async_saves` false): an asynchronous
+save holds the request's blocks until the next engine step, and vLLM's prefix cache cannot be reset
+while they are held.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--drop-page-tables", action="store_true")
+    ap.add_argument("--no-prefault", action="store_true", help="prefault_max_bytes 0: the connector as before")
     args = ap.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # scheduler and worker in this process
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace, pool: Path, tmp: Path) -> None:
                 "namespace": "hit-phases",
                 "layerwise_loads": layerwise,
                 "async_saves": False,
+                "prefault_max_bytes": 0 if args.no_prefault else 16 << 30,
             },
         }
     else:
@@ -183,6 +187,7 @@ def run(args: argparse.Namespace, pool: Path, tmp: Path) -> None:
         "connector": args.connector,
         "layerwise_loads": args.layerwise_loads if args.connector == "beluga" else None,
         "drop_page_tables": args.drop_page_tables,
+        "prefault": not args.no_prefault,
         "rounds": args.rounds,
         "local_hit_ms": med([r["local_s"] for r in rows]),
         "hit_ms": med([r["hit_s"] for r in rows]),
@@ -191,7 +196,7 @@ def run(args: argparse.Namespace, pool: Path, tmp: Path) -> None:
         "phases_hit_ms": {k: med([r["hit"].get(k, 0.0) for r in rows]) for k in keys},
         "minor_faults_per_hit": statistics.median(r["faults"] for r in rows),
     }
-    print(json.dumps(summary, indent=1))
+    print("RESULT " + json.dumps(summary), flush=True)  # vLLM logs to stdout too
 
 
 if __name__ == "__main__":
