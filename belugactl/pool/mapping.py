@@ -37,6 +37,8 @@ from belugactl.pool.header import EPOCH_OFFSET, MAX_HEADER_SIZE, PoolHeader, dif
 from belugactl.units import format_size
 
 if TYPE_CHECKING:
+    import threading
+
     from belugactl.host.host import Host
     from belugactl.model.layout import PoolLayout
     from belugactl.model.manifest_schema import Manifest
@@ -321,7 +323,12 @@ class PoolMapping:
 
     # --- page tables --------------------------------------------------------------------------
     def prefault(
-        self, offset: int = 0, length: int | None = None, *, chunk: int = PREFAULT_CHUNK, stop: Any = None
+        self,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        chunk: int = PREFAULT_CHUNK,
+        stop: threading.Event | None = None,
     ) -> int:
         """Fill this process's page tables for `length` bytes from `offset` without reading or
         writing a byte (MADV_POPULATE_READ, Linux 5.14); returns the bytes covered.
@@ -330,8 +337,8 @@ class PoolMapping:
         instance's save) is not in this process's page tables yet. Reading it costs a page fault
         every 16 pages (the kernel's fault-around): about 190 on a 12 MiB pool hit of the CPU demo,
         1.3 ms of the copy. Done once ahead of time, in `chunk`-sized calls (each holds the GIL, so
-        a thread doing this lets the others run between chunks). `stop` (a threading.Event) ends it
-        early. A devdax pool faults once per 2 MiB or 1 GiB page and needs none of this.
+        a thread doing this lets the others run between chunks). `stop`, once set, ends it early.
+        A devdax pool faults once per 2 MiB or 1 GiB page and needs none of this.
 
         Raises OSError where the kernel has no MADV_POPULATE_READ (EINVAL) or the range cannot be
         read (EFAULT, EIO): the caller decides whether that matters."""

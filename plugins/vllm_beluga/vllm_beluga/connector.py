@@ -249,8 +249,9 @@ class BelugaConnector(KVConnectorBase_V1):
         self.saves_enabled = self.kv_role != "kv_consumer"
         if self.kv_role == "kv_producer":
             self.async_saves = False
-        # Decided once the KV tensors are known (register_kv_caches): "auto" depends on their device.
-        self.layerwise_loads = self.cfg.layerwise_loads == "on"
+        # Decided once the KV tensors and the copy engine are known (register_kv_caches): "auto"
+        # depends on the tensors' device, and only an engine with `layer_plan` copies by layer.
+        self.layerwise_loads = False
         self._layer_load: LayerwiseLoad | None = None
         self._load_thread: ThreadPoolExecutor | None = None
         self._saves: AsyncSaves | None = None
@@ -465,14 +466,15 @@ class BelugaConnector(KVConnectorBase_V1):
         self.layerwise_loads = layerwise_loads_for(self.cfg.layerwise_loads, layout.device) and hasattr(
             self._engine, "layer_plan"
         )
-        self.stats.set("load_mode", "layer-wise" if self.layerwise_loads else "before the forward pass")
+        load_mode = "layer-wise" if self.layerwise_loads else "before the forward pass"
+        self.stats.set("load_mode", load_mode)
         log.info(
             "Beluga: %d-byte blocks in %d pieces, pool %s (%d bytes), loads %s (layerwise_loads: %s)",
             layout.block_nbytes,
             layout.pieces_per_block,
             self.cfg.pool_path,
             self._pool.size,
-            "layer by layer beside the forward pass" if self.layerwise_loads else "whole, before the forward pass",
+            load_mode,
             self.cfg.layerwise_loads,
         )
 
@@ -481,7 +483,7 @@ class BelugaConnector(KVConnectorBase_V1):
         if not isinstance(meta, BelugaConnectorMetadata) or not meta.loads:
             return
         self._finish_layer_load()  # never two loads in flight into the same tensors
-        if self.layerwise_loads and hasattr(self._engine, "layer_plan") and self._start_layerwise(meta.loads):
+        if self.layerwise_loads and self._start_layerwise(meta.loads):
             return
         for transfer in meta.loads:
             self._load_errors.update(self._transfer.load(*transfer.load_args()))
