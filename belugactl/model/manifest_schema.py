@@ -617,6 +617,14 @@ class Vllm(Strict):
     def disaggregated(self) -> bool:
         return any(r != "kv_both" for r in self.kv_roles)
 
+    @field_validator("layerwise_loads", mode="before")
+    @classmethod
+    def _layerwise(cls, value: object) -> object:
+        # One message for the one field (the union alone reports each of its members' refusals).
+        if value is True or value is False or value == "auto":
+            return value
+        raise ValueError(f"expected true, false or 'auto', got {value!r}")
+
     @field_validator("instances_per_host")
     @classmethod
     def _instances(cls, value: int) -> int:
