@@ -99,17 +99,21 @@ def test_the_table_puts_every_baseline_beside_the_pool_hit_from_what_was_timed(m
     # Round by round: each round's pool hit against that round's local and ExampleConnector hits.
     paired, sm = row["paired"], row["samples"]
     rounds = list(zip(sm["pool_hit_s"], sm["local_hit_s"], sm["example_hit_s"], strict=True))
-    assert paired["rounds"] == 2 and paired["rounds_pool_faster"] == sum(p < e for p, _, e in rounds) == 2
+    assert paired["rounds"] == 2 and paired["rounds_pool_faster"] == sum(p < e for p, _, e in rounds)
     assert paired["pool_above_local_ms"] == pytest.approx(1e3 * sum(p - lo for p, lo, _ in rounds) / 2)
     assert paired["example_above_local_ms"] == pytest.approx(1e3 * sum(e - lo for _, lo, e in rounds) / 2)
     assert paired["pool_over_example_per_round"] == pytest.approx(sum(p / e for p, _, e in rounds) / 2)
-    assert "the pool faster in 2 of 2 rounds" in text
+    assert f"the pool faster in {paired['rounds_pool_faster']} of 2 rounds" in text
 
     # Other costs, other results: nothing in the table is fixed.
     other = make_stack(Costs(pool_s=0.01, local_s=0.08, example_s=0.005), name="t").run()["rows"][0]
     assert other["ratios"]["pool_hit_over_local_hit"] < 1.0 and other["targets"]["local_met"] is True
     assert other["ratios"]["pool_hit_over_example_hit"] > 1.0 and other["targets"]["example_met"] is False
-    assert other["paired"]["rounds_pool_faster"] == 0 and other["paired"]["pool_over_example_per_round"] > 1.0
+    # Counted from the samples, not assumed from the costs: 5 ms apart, a loaded machine can swap a round.
+    osm = other["samples"]
+    pairs = list(zip(osm["pool_hit_s"], osm["example_hit_s"], strict=True))
+    assert other["paired"]["rounds_pool_faster"] == sum(p < e for p, e in pairs)
+    assert other["paired"]["pool_over_example_per_round"] == pytest.approx(sum(p / e for p, e in pairs) / 2)
 
 
 def test_an_example_connector_that_fails_is_reported_as_fails_with_the_reason_not_a_number(make_stack) -> None:
