@@ -1,5 +1,6 @@
 """How the metadata server's loop waits when its rings are quiet: busy-poll, then a short warm period
-of 0.1 ms looks, then the idle poll; and waits under a millisecond are not rounded up by epoll."""
+of 0.1 ms looks, then the idle poll (only the idle poll when it never busy-polls); and waits under a
+millisecond are not rounded up by epoll."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ def test_the_wait_follows_busy_then_warm_then_idle() -> None:
     assert quiet_wait_s(cfg, 0.06, rings=True) == 0.0001  # warm: the client's next burst is near
     assert quiet_wait_s(cfg, 0.2, rings=True) == 0.0005  # idle
     assert quiet_wait_s(cfg, 0.0, rings=False) == 0.0005  # no rings: TCP wakes the select anyway
-    # spin_after_ms 0 (the CPU demo): no busy-poll, the warm looks start at once.
+    # spin_after_ms 0 (the CPU demo): no busy-poll and no warm looks either, only the idle poll,
+    # right after a request as later (the warm looks slowed the forward pass beside them).
     cpu = ServerConfig(idle_after_s=0.0)
-    assert quiet_wait_s(cpu, 0.001, rings=True) == cpu.warm_poll_s
-    assert quiet_wait_s(cpu, 0.051, rings=True) == cpu.idle_poll_s
+    assert cpu.warm_poll_s < cpu.idle_poll_s and cpu.warm_after_s > 0
+    for quiet in (0.0, 0.001, 0.049, 0.051, 1.0):
+        assert quiet_wait_s(cpu, quiet, rings=True) == cpu.idle_poll_s
 
 
 class RecordingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]

@@ -27,7 +27,8 @@ The loop is single-threaded (the index needs no locks). It spins on the spinning
 rings; GIL released in the native helper), drains the selector (TCP) every few requests, and
 after `idle_after_s` without a request sleeps in select() (woken at once by TCP, within
 `idle_poll_s` by CXL) so an idle server does not burn a core; for `warm_after_s` after a request
-it looks every `warm_poll_s` instead (the next burst of the same client is usually near).
+it looks every `warm_poll_s` instead (the next burst of the same client is usually near), unless
+it never busy-polls (`idle_after_s` 0: a host whose cores run the model).
 """
 
 from __future__ import annotations
@@ -58,8 +59,14 @@ RESTART_POLICIES = ("start-empty", "journal")
 
 def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
     """How long the loop sleeps when the rings had nothing, `quiet_s` after the last request: not at
-    all while busy-polling, `warm_poll_s` for `warm_after_s` after that, then `idle_poll_s`."""
-    if not rings:
+    all while busy-polling, `warm_poll_s` for `warm_after_s` after that, then `idle_poll_s`.
+
+    Without a busy-poll (`idle_after_s` 0, `spin_after_ms: 0`) there are no warm looks either: that
+    setting is for a host whose few cores run the model, and 10 000 wake-ups a second for 50 ms
+    after every request land in the forward pass that follows a pool hit. On the CPU demo they cost
+    it about 2 ms (docs/serving.md), more than they saved the worker's release, which nobody waits
+    for (it is posted)."""
+    if not rings or cfg.idle_after_s <= 0:
         return cfg.idle_poll_s
     if quiet_s <= cfg.idle_after_s:
         return 0.0
@@ -82,6 +89,7 @@ class ServerConfig:
     # Between busy-polling and the idle poll: for this long after the busy-poll ended (a client's
     # next burst usually follows within milliseconds: a lookup, then the worker's release) look
     # every warm_poll_s. Each look is a few microseconds; a busy-poll would take a whole core.
+    # Only after a busy-poll: with idle_after_s 0 the server only ever looks every idle_poll_s.
     warm_after_s: float = 0.05
     warm_poll_s: float = 0.0001
     housekeeping_s: float = 0.1
