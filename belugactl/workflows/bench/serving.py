@@ -43,7 +43,9 @@ from belugactl.workflows.bench.serving_baselines import ExampleInstance, example
 from belugactl.workflows.serve.traffic import Completion, complete, prompt_token_sources, token_prompt
 
 LOCAL_RATIO_TARGET = 1.5  # pool hit within 1.5x of the local prefix-cache hit (issue 12)
-STATS_LAG_S = 0.3  # the connector rewrites its stats files at most every 0.2 s
+# The connector writes its stats files once their counters were still for 0.05 s, looking every
+# 0.2 s (vllm_beluga/stats.py): a reading this long after the last change holds it.
+STATS_LAG_S = 0.5
 SAVE_WAIT_S = 15.0
 
 

@@ -64,7 +64,7 @@ def run_concurrent(
         time.sleep(settle_s)
         before, counters = _sources(port_b), serving_stats.read_counters(stats_b)
         answers[kind], wall = complete_all(port_b, prompts, use_pool=use_pool, cache_salt=salt)
-        time.sleep(settle_s)  # the connector's stats files lag by up to 0.2 s
+        time.sleep(settle_s)  # the connector's stats files lag by up to 0.25 s
         change = serving_stats.delta(counters, serving_stats.read_counters(stats_b))
         passes[kind] = {
             "wall_s": wall,

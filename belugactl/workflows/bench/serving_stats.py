@@ -2,9 +2,9 @@
 and where a pool hit's time goes beside the local prefix-cache hit.
 
 The connector (plugins/vllm_beluga stats.py) keeps cumulative counters per role in
-`<stats prefix>.<role>.json` (`scheduler`, `worker<rank>`), rewritten at most every 0.2 s. The bench
-reads them at quiet points (after the settle before each timed request), so the difference between
-two readings is what the one request in between cost.
+`<stats prefix>.<role>.json` (`scheduler`, `worker<rank>`), rewritten about 0.25 s after they
+changed. The bench reads them at quiet points (after the settle before each timed request), so the
+difference between two readings is what the one request in between cost.
 
 Metadata time is every microsecond counter named for a metadata operation (lookup, locate, release,
 reserve, commit, or `metadata` in its name: `lookup_us`, `load_metadata_us`, `save_metadata_us`

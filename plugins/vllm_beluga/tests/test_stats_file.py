@@ -1,4 +1,6 @@
-"""The connector's stats file is written off the counting thread, at most every min_interval_s."""
+"""The connector's stats file is written off the counting thread: once the counters are still (the
+request that changed them is past its critical path), or after max_delay_s of steady change, and at
+most every min_interval_s."""
 
 from __future__ import annotations
 
@@ -52,21 +54,45 @@ def test_writes_are_rate_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     real_replace = stats_mod.os.replace
 
     def replace(src, dst):  # noqa: ANN001
-        writes.append(time.monotonic())
+        if Path(dst).parent == tmp_path:  # not a writer thread left by an earlier test
+            writes.append(time.monotonic())
         real_replace(src, dst)
 
     monkeypatch.setattr(stats_mod.os, "replace", replace)
-    stats = ConnectorStats(str(tmp_path / "w"), role="worker0", min_interval_s=0.2)
+    # Steady counting, never still: written every max_delay_s, and never more often than min_interval_s.
+    stats = ConnectorStats(str(tmp_path / "w"), role="worker0", min_interval_s=0.2, quiet_s=10, max_delay_s=0.05)
     started = time.monotonic()
-    while time.monotonic() - started < 0.7:
+    while time.monotonic() - started < 1.0:
         stats.add("loaded_blocks")
         time.sleep(0.001)
+    counting = list(writes)
     assert _wait_for(lambda: json.loads((tmp_path / "w.worker0.json").read_text())["counters"]["loaded_blocks"] > 0)
-    time.sleep(0.3)
-    # ~0.7 s of counting at one write per 0.2 s at most: 5 writes, never one per add
-    assert 1 <= len(writes) <= 6
+    # ~1 s of counting at one write per 0.2 s at most: about 5 writes, never one per add
+    assert 2 <= len(counting) <= 6, counting
     gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
     assert all(g >= 0.19 for g in gaps), gaps
+
+
+def test_a_write_waits_until_the_counters_are_still(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[float] = []
+    real_replace = stats_mod.os.replace
+
+    def replace(src, dst):  # noqa: ANN001
+        if Path(dst).parent == tmp_path:  # not a writer thread left by an earlier test
+            writes.append(time.monotonic())
+        real_replace(src, dst)
+
+    monkeypatch.setattr(stats_mod.os, "replace", replace)
+    stats = ConnectorStats(str(tmp_path / "s"), role="scheduler", min_interval_s=0.01, quiet_s=0.15, max_delay_s=30)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:  # a burst of changes 5 ms apart: never still for 0.15 s
+        stats.add("lookups")
+        time.sleep(0.005)
+    last_change = time.monotonic()
+    assert _wait_for(lambda: bool(writes))
+    assert writes[0] - last_change >= 0.14, writes[0] - last_change  # nothing written during the burst
+    assert json.loads((tmp_path / "s.scheduler.json").read_text())["counters"]["lookups"] == stats.get("lookups")
+    assert stats.due(time.monotonic()) is False  # written, nothing new
 
 
 def test_state_changes_are_written_at_once(tmp_path: Path) -> None:
