@@ -49,16 +49,22 @@ def test_counting_never_writes_on_the_counting_thread(tmp_path: Path, monkeypatc
     assert json.loads(path.read_text())["counters"]["lookup_us"] == 1400
 
 
-def test_writes_are_rate_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    writes: list[float] = []
+@pytest.fixture
+def writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When each stats file under tmp_path was written (renamed into place)."""
+    at: list[float] = []
     real_replace = stats_mod.os.replace
 
     def replace(src, dst):  # noqa: ANN001
         if Path(dst).parent == tmp_path:  # not a writer thread left by an earlier test
-            writes.append(time.monotonic())
+            at.append(time.monotonic())
         real_replace(src, dst)
 
     monkeypatch.setattr(stats_mod.os, "replace", replace)
+    return at
+
+
+def test_writes_are_rate_limited(tmp_path: Path, writes: list[float]) -> None:
     # Steady counting, never still: written every max_delay_s, and never more often than min_interval_s.
     stats = ConnectorStats(str(tmp_path / "w"), role="worker0", min_interval_s=0.2, quiet_s=10, max_delay_s=0.05)
     started = time.monotonic()
@@ -73,16 +79,7 @@ def test_writes_are_rate_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert all(g >= 0.19 for g in gaps), gaps
 
 
-def test_a_write_waits_until_the_counters_are_still(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    writes: list[float] = []
-    real_replace = stats_mod.os.replace
-
-    def replace(src, dst):  # noqa: ANN001
-        if Path(dst).parent == tmp_path:  # not a writer thread left by an earlier test
-            writes.append(time.monotonic())
-        real_replace(src, dst)
-
-    monkeypatch.setattr(stats_mod.os, "replace", replace)
+def test_a_write_waits_until_the_counters_are_still(tmp_path: Path, writes: list[float]) -> None:
     stats = ConnectorStats(str(tmp_path / "s"), role="scheduler", min_interval_s=0.01, quiet_s=0.15, max_delay_s=30)
     started = time.monotonic()
     while time.monotonic() - started < 0.5:  # a burst of changes 5 ms apart: never still for 0.15 s
