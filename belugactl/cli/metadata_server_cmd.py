@@ -67,8 +67,8 @@ def metadata_server(
     spin_after_ms: int | None = typer.Option(
         None, "--spin-after-ms", metavar="MS",
         help="Busy-poll the CXL-RPC rings this long after a request, then poll every 0.1 ms for 50 ms "
-        "and every 0.5 ms after that (default: serve.metadata.spin_after_ms, 50; 0: never busy-poll, "
-        "only the 0.5 ms poll).",
+        "and every 0.25 ms after that (default: serve.metadata.spin_after_ms, 50; 0: never busy-poll, "
+        "only the 0.25 ms poll).",
     ),  # fmt: skip
     json_out: bool = typer.Option(False, "--json", help="Print the start-up record as JSON on stdout."),
 ) -> None:

@@ -191,6 +191,115 @@ done:
 #define CALL_MANY_HELD_NS 200000ull
 #define CALL_MANY_SLEEP_AFTER_NS 300000ull
 #define CALL_MANY_NAP_NS 20000L
+#define BURST_OK 0
+#define BURST_TIMEOUT 1
+#define BURST_SLOT_BUSY 2
+#define BURST_MALFORMED 3
+
+/* The burst loop of rpc_call_many and rpc_get_many: request i (src[i], src_len[i] bytes, each at
+ * most maxp) goes out as sequence seq0 + i in slot offs[(seq0 + i) % S], at most `window` in flight;
+ * reply i's header lands in hdrs[i] and its payload at out + i * maxp. Called with the GIL held; it
+ * keeps it for the first CALL_MANY_HELD_NS of waiting and hands it back once for the rest. */
+static int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq0, uint32_t epoch32, uint16_t op,
+                     const char *const *src, const Py_ssize_t *src_len, Py_ssize_t n, Py_ssize_t maxp,
+                     Py_ssize_t window, uint64_t timeout_ns, int flush, struct slot_hdr *hdrs, char *out,
+                     Py_ssize_t *posted_out, Py_ssize_t *taken_out) {
+    Py_ssize_t posted = 0, taken = 0;
+    int state = BURST_OK;
+    PyThreadState *ts = NULL;
+    uint64_t t0 = now_ns(), last = t0;
+    unsigned spins = 0;
+    while (taken < n) {
+        while (posted < n && posted - taken < window) {
+            char *slot = base + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
+            if (flush) { flush_range(slot, 8, 1); full_fence(); }
+            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { state = BURST_SLOT_BUSY; break; }
+            publish(slot, seq0 + (uint64_t)posted, epoch32, op, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
+            posted++;
+        }
+        if (state) break;
+        uint64_t seq = seq0 + (uint64_t)taken;
+        char *slot = base + offs[seq % (uint64_t)S];
+        struct slot_hdr *h = (struct slot_hdr *)slot;
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) != ST_RESP) {
+            if ((++spins & 63) == 0) {
+                uint64_t t = now_ns();
+                if (t - last > timeout_ns) { state = BURST_TIMEOUT; break; }
+                if (ts == NULL && t - t0 > CALL_MANY_HELD_NS) ts = PyEval_SaveThread();
+                if (ts != NULL && t - last > CALL_MANY_SLEEP_AFTER_NS) {
+                    /* A slow answer: the server is asleep or waits for a core. Sleep between looks
+                     * rather than yield-spin, so this client does not take the core it waits on
+                     * (or the forward pass's, beside it). */
+                    struct timespec nap = {0, CALL_MANY_NAP_NS};
+                    nanosleep(&nap, NULL);
+                } else if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
+            }
+            cpu_relax();
+            continue;
+        }
+        if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+        memcpy(&hdrs[taken], slot, sizeof hdrs[taken]);
+        if (hdrs[taken].magic != RPC_MAGIC || hdrs[taken].seq != seq || hdrs[taken].length > (uint64_t)maxp) {
+            state = BURST_MALFORMED;
+            __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+            break;
+        }
+        memcpy(out + (size_t)taken * (size_t)maxp, slot + HDR, hdrs[taken].length);
+        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
+        if (flush) { flush_range(slot, 8, 0); full_fence(); }
+        taken++;
+        last = now_ns();
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    *posted_out = posted; *taken_out = taken;
+    return state;
+}
+
+/* Checks a ring's slot offsets against the mapping (8-byte aligned, a whole slot inside it). */
+static int check_ring(Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, Py_ssize_t window) {
+    Py_ssize_t S = ov->len / 8;
+    const int64_t *offs = (const int64_t *)ov->buf;
+    if (ov->len % 8 != 0 || S == 0 || window < 1 || window > S || maxp < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad ring, window or max_payload");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < S; i++) {
+        if (offs[i] < 0 || offs[i] > v->len - HDR - maxp || (((uintptr_t)v->buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The Python value for a burst that did not complete: None (timeout), (-2, done) (a slot still
+ * busy from an abandoned request, nothing from `done` on sent), or NULL with ValueError set. */
+static PyObject *burst_failure(int state, Py_ssize_t posted, Py_ssize_t taken, struct slot_hdr *hdrs, uint64_t seq0) {
+    if (state == BURST_TIMEOUT) Py_RETURN_NONE;
+    if (state == BURST_SLOT_BUSY) {
+        if (posted == taken) return Py_BuildValue("(in)", -2, posted);
+        PyErr_SetString(PyExc_ValueError, "ring slot still busy from an abandoned request in mid-burst");
+        return NULL;
+    }
+    struct slot_hdr *b = &hdrs[taken];
+    PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", b->magic,
+                 (unsigned long long)b->seq, (unsigned long long)(seq0 + (uint64_t)taken), b->length);
+    return NULL;
+}
+
+/* rpc_call_many(buf, slot_offsets_int64[S], seq0, epoch32, op, payloads, max_payload, window, timeout_ns, flush)
+ *   -> [(code, epoch, payload), ...] | (-2, done) | None on timeout
+ * A client's pipelined burst in one call: request i goes out as sequence seq0 + i in slot
+ * (seq0 + i) % S, at most `window` in flight, and the replies come back in order. Why native:
+ * a Python loop takes the GIL back after every reply it waited for, and beside a busy thread in the
+ * same process (vLLM's engine core: sockets, the load thread) each take can cost milliseconds.
+ * Here the GIL is held for a short first spin (a busy-polling server answers a whole burst within
+ * it), then released once for the rest and taken back once; past 0.3 ms without progress the wait
+ * sleeps 20 us between looks instead of spinning. Replies are copied out of their slots
+ * into private memory as they arrive, so a slot is free for the next request at once.
+ * (-2, done): the slot for request `done` still held REQ_READY from an abandoned request (nothing
+ * from `done` on was sent). A malformed reply raises ValueError. */
 PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, op; PyObject *seq_obj;
     Py_ssize_t maxp, window; int flush = 0;
@@ -199,17 +308,7 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
     PyObject *r = NULL, *items = NULL;
     const char **src = NULL; Py_ssize_t *src_len = NULL;
     char *out = NULL; struct slot_hdr *hdrs = NULL;
-    Py_ssize_t S = ov.len / 8;
-    const int64_t *offs = (const int64_t *)ov.buf;
-    if (ov.len % 8 != 0 || S == 0 || window < 1 || window > S || maxp < 0) {
-        PyErr_SetString(PyExc_ValueError, "bad ring, window or max_payload"); goto done;
-    }
-    for (Py_ssize_t i = 0; i < S; i++) {
-        if (offs[i] < 0 || offs[i] > v.len - HDR - maxp || (((uintptr_t)v.buf + offs[i]) & 7)) {
-            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
-            goto done;
-        }
-    }
+    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
     /* A private tuple of the payloads: the caller's list could change while the GIL is released,
      * the bytes objects it holds cannot. */
     items = PySequence_Tuple(seq_obj);
@@ -228,66 +327,10 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
         src[i] = PyBytes_AS_STRING(b); src_len[i] = PyBytes_GET_SIZE(b);
         if (src_len[i] > maxp) { PyErr_SetString(PyExc_ValueError, "payload larger than the slot"); goto done; }
     }
-    Py_ssize_t posted = 0, taken = 0;
-    int state = 0; /* 0 running, 1 timeout, 2 slot busy, 3 malformed */
-    PyThreadState *ts = NULL;
-    uint64_t t0 = now_ns(), last = t0;
-    unsigned spins = 0;
-    while (taken < n) {
-        while (posted < n && posted - taken < window) {
-            char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
-            if (flush) { flush_range(slot, 8, 1); full_fence(); }
-            if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { state = 2; break; }
-            publish(slot, seq0 + (uint64_t)posted, epoch32, (uint16_t)op, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
-            posted++;
-        }
-        if (state) break;
-        uint64_t seq = seq0 + (uint64_t)taken;
-        char *slot = (char *)v.buf + offs[seq % (uint64_t)S];
-        struct slot_hdr *h = (struct slot_hdr *)slot;
-        if (flush) { flush_range(slot, 8, 1); full_fence(); }
-        if (__atomic_load_n(&h->status, __ATOMIC_ACQUIRE) != ST_RESP) {
-            if ((++spins & 63) == 0) {
-                uint64_t t = now_ns();
-                if (t - last > timeout_ns) { state = 1; break; }
-                if (ts == NULL && t - t0 > CALL_MANY_HELD_NS) ts = PyEval_SaveThread();
-                if (ts != NULL && t - last > CALL_MANY_SLEEP_AFTER_NS) {
-                    /* A slow answer: the server is asleep or waits for a core. Sleep between looks
-                     * rather than yield-spin, so this client does not take the core it waits on
-                     * (or the forward pass's, beside it). */
-                    struct timespec nap = {0, CALL_MANY_NAP_NS};
-                    nanosleep(&nap, NULL);
-                } else if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
-            }
-            cpu_relax();
-            continue;
-        }
-        if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
-        memcpy(&hdrs[taken], slot, sizeof hdrs[taken]);
-        if (hdrs[taken].magic != RPC_MAGIC || hdrs[taken].seq != seq || hdrs[taken].length > (uint64_t)maxp) {
-            state = 3;
-            __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
-            break;
-        }
-        memcpy(out + (size_t)taken * (size_t)maxp, slot + HDR, hdrs[taken].length);
-        __atomic_store_n(&h->status, (uint64_t)ST_FREE, __ATOMIC_RELEASE);
-        if (flush) { flush_range(slot, 8, 0); full_fence(); }
-        taken++;
-        last = now_ns();
-    }
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    if (state == 1) { r = Py_None; Py_INCREF(r); goto done; }
-    if (state == 2) {
-        if (posted == taken) r = Py_BuildValue("(in)", -2, posted);
-        else PyErr_SetString(PyExc_ValueError, "ring slot still busy from an abandoned request in mid-burst");
-        goto done;
-    }
-    if (state == 3) {
-        struct slot_hdr *b = &hdrs[taken];
-        PyErr_Format(PyExc_ValueError, "malformed reply (magic %#x, seq %llu for %llu, length %u)", b->magic,
-                     (unsigned long long)b->seq, (unsigned long long)(seq0 + (uint64_t)taken), b->length);
-        goto done;
-    }
+    Py_ssize_t posted, taken;
+    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, (uint16_t)op, src, src_len,
+                          n, maxp, window, timeout_ns, flush, hdrs, out, &posted, &taken);
+    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
     r = PyList_New(n);
     if (r == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -299,6 +342,158 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(out);
     Py_XDECREF(items);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* One block of a GET_MANY reply (protocol.py: u64 lease, u64 nbytes, u16 extent count, u16
+ * checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) at d + *pos, as the vLLM
+ * connector's location tuple (extents, lease id, nbytes, checksum | None), or None where the lease
+ * is 0 (absent). Every length is checked against `size` before it is read. Returns a new reference;
+ * NULL with ValueError set for a block past the reply's end or an unknown checksum kind. */
+static PyObject *decode_get_many_block(const unsigned char *d, Py_ssize_t size, Py_ssize_t *pos, Py_ssize_t i,
+                                       unsigned count) {
+    if (size - *pos < 24) {
+        PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd of %u starts past its %zd bytes", i, count, size);
+        return NULL;
+    }
+    uint64_t lease, nbytes; uint16_t n, kind; uint32_t crc;
+    const unsigned char *p = d + *pos;
+    memcpy(&lease, p, 8); memcpy(&nbytes, p + 8, 8); memcpy(&n, p + 16, 2); memcpy(&kind, p + 18, 2); memcpy(&crc, p + 20, 4);
+    *pos += 24;
+    if ((Py_ssize_t)n * 16 > size - *pos) {
+        PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd's %u extents run past its %zd bytes", i, n, size);
+        return NULL;
+    }
+    if (kind > 1) {
+        PyErr_Format(PyExc_ValueError, "GET_MANY reply: unknown checksum kind %u", kind);
+        return NULL;
+    }
+    if (lease == 0) {
+        *pos += (Py_ssize_t)n * 16;
+        Py_RETURN_NONE;
+    }
+    PyObject *ext = PyList_New(n);
+    if (ext == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t off, len;
+        memcpy(&off, d + *pos, 8); memcpy(&len, d + *pos + 8, 8);
+        *pos += 16;
+        PyObject *e = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)len);
+        if (e == NULL) { Py_DECREF(ext); return NULL; }
+        PyList_SET_ITEM(ext, j, e);
+    }
+    PyObject *cs;
+    if (kind == 1) cs = PyLong_FromUnsignedLong(crc);
+    else { cs = Py_None; Py_INCREF(cs); }
+    if (cs == NULL) { Py_DECREF(ext); return NULL; }
+    return Py_BuildValue("(NKKN)", ext, (unsigned long long)lease, (unsigned long long)nbytes, cs);
+}
+
+/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush)
+ *   -> (0, [location | None per key], [index of a key no reply answered, ...])
+ *    | (code, message index): the server refused that message (the first one it refused)
+ *    | (-3, why): a reply whose payload is not a GET_MANY answer; (-4, why): a reply answering
+ *      none of its keys, or more than it was asked (the ring is in step after both)
+ *    | (-2, done) | None on timeout | ValueError, as rpc_call_many
+ *    | TypeError, before anything is sent, for keys that are not bytes of one length or do not fit
+ * The vLLM scheduler's pool-hit lookup in one call: the GET_MANY messages for `keys` (all of one
+ * length, `per_message` to a message) are encoded here, sent as one pipelined burst, and their
+ * replies decoded straight into location tuples (decode_get_many_block). In Python the encoding,
+ * the chunking and the decode loop cost about 0.25 ms for a 125-block prompt after an idle spell,
+ * which is when a pool hit's lookup runs; here they are a few microseconds. A reply that could not
+ * carry all of its message's keys answers a prefix: the rest are listed for the caller to ask again. */
+PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, ns; PyObject *keys_obj;
+    Py_ssize_t per_msg, maxp, window; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
+                          &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL, *keys = NULL, *locs = NULL, *left = NULL;
+    const char **src = NULL; Py_ssize_t *src_len = NULL;
+    char *req = NULL, *out = NULL; struct slot_hdr *hdrs = NULL;
+    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
+    keys = PySequence_Tuple(keys_obj);
+    if (keys == NULL) goto done;
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
+    if (nkeys == 0) { r = Py_BuildValue("(iNN)", 0, PyList_New(0), PyList_New(0)); goto done; }
+    PyObject *k0 = PyTuple_GET_ITEM(keys, 0);
+    if (!PyBytes_Check(k0)) { PyErr_SetString(PyExc_TypeError, "keys must be bytes"); goto done; }
+    Py_ssize_t klen = PyBytes_GET_SIZE(k0);
+    if (klen < 1 || klen > 0xFFFF || per_msg < 1 || per_msg > 0xFFFF || 8 + per_msg * klen > maxp) {
+        PyErr_SetString(PyExc_TypeError, "rpc_get_many: key length or keys per message do not fit a slot");
+        goto done;
+    }
+    Py_ssize_t m = (nkeys + per_msg - 1) / per_msg;
+    if ((size_t)m > ((size_t)1 << 30) / ((size_t)maxp + 1)) { PyErr_SetString(PyExc_ValueError, "burst too large (over 1 GiB of replies): split it"); goto done; }
+    Py_ssize_t stride = 8 + per_msg * klen;
+    src = PyMem_Malloc(sizeof *src * (size_t)m);
+    src_len = PyMem_Malloc(sizeof *src_len * (size_t)m);
+    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
+    req = PyMem_Malloc((size_t)m * (size_t)stride);
+    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
+    if (!src || !src_len || !hdrs || !req || !out) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t first = i * per_msg, cnt = nkeys - first < per_msg ? nkeys - first : per_msg;
+        char *q = req + (size_t)i * (size_t)stride;
+        uint32_t ns32 = ns; uint16_t c16 = (uint16_t)cnt, k16 = (uint16_t)klen;
+        memcpy(q, &ns32, 4); memcpy(q + 4, &c16, 2); memcpy(q + 6, &k16, 2);
+        for (Py_ssize_t j = 0; j < cnt; j++) {
+            PyObject *k = PyTuple_GET_ITEM(keys, first + j);
+            if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) != klen) {
+                PyErr_SetString(PyExc_TypeError, "all keys of one GET_MANY must be bytes of the same length");
+                goto done;
+            }
+            memcpy(q + 8 + j * klen, PyBytes_AS_STRING(k), (size_t)klen);
+        }
+        src[i] = q; src_len[i] = 8 + cnt * klen;
+    }
+    Py_ssize_t posted, taken;
+    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, OP_GET_MANY, src, src_len,
+                          m, maxp, window, timeout_ns, flush, hdrs, out, &posted, &taken);
+    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (hdrs[i].code) { r = Py_BuildValue("(in)", (int)hdrs[i].code, i); goto done; }
+    }
+    locs = PyList_New(nkeys);
+    left = PyList_New(0);
+    if (locs == NULL || left == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nkeys; i++) { Py_INCREF(Py_None); PyList_SET_ITEM(locs, i, Py_None); }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        const unsigned char *d = (const unsigned char *)out + (size_t)i * (size_t)maxp;
+        Py_ssize_t size = hdrs[i].length, first = i * per_msg;
+        Py_ssize_t cnt = nkeys - first < per_msg ? nkeys - first : per_msg;
+        uint16_t count;
+        if (size < 4) { r = Py_BuildValue("(is)", -3, "GET_MANY reply: shorter than its 4-byte head"); goto done; }
+        memcpy(&count, d, 2);
+        if (count == 0 || count > cnt) {
+            r = Py_BuildValue("(iN)", -4, PyUnicode_FromFormat("GET_MANY answered %u of %zd keys", (unsigned)count, cnt));
+            goto done;
+        }
+        Py_ssize_t pos = 4;
+        for (Py_ssize_t j = 0; j < count; j++) {
+            PyObject *item = decode_get_many_block(d, size, &pos, j, count);
+            if (item == NULL) {
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                PyObject *why = ev != NULL ? PyObject_Str(ev) : NULL;
+                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+                if (why == NULL) goto done;
+                r = Py_BuildValue("(iN)", -3, why);
+                goto done;
+            }
+            PyList_SetItem(locs, first + j, item); /* steals; drops the None */
+        }
+        for (Py_ssize_t j = count; j < cnt; j++) {
+            PyObject *x = PyLong_FromSsize_t(first + j);
+            if (x == NULL || PyList_Append(left, x) < 0) { Py_XDECREF(x); goto done; }
+            Py_DECREF(x);
+        }
+    }
+    r = Py_BuildValue("(iOO)", 0, locs, left);
+done:
+    PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(req); PyMem_Free(out);
+    Py_XDECREF(keys); Py_XDECREF(locs); Py_XDECREF(left);
     PyBuffer_Release(&v); PyBuffer_Release(&ov);
     return r;
 }
@@ -429,49 +624,10 @@ PyObject *py_get_many_decode(PyObject *self, PyObject *args) {
     if (out == NULL) goto done;
     Py_ssize_t pos = 4;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (size - pos < 24) {
-            PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd of %u starts past its %zd bytes", i, count, size);
-            goto fail;
-        }
-        uint64_t lease, nbytes; uint16_t n, kind; uint32_t crc;
-        memcpy(&lease, d + pos, 8); memcpy(&nbytes, d + pos + 8, 8);
-        memcpy(&n, d + pos + 16, 2); memcpy(&kind, d + pos + 18, 2); memcpy(&crc, d + pos + 20, 4);
-        pos += 24;
-        if ((Py_ssize_t)n * 16 > size - pos) {
-            PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd's %u extents run past its %zd bytes", i, n, size);
-            goto fail;
-        }
-        if (kind > 1) {
-            PyErr_Format(PyExc_ValueError, "GET_MANY reply: unknown checksum kind %u", kind);
-            goto fail;
-        }
-        if (lease == 0) {
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(out, i, Py_None);
-            pos += (Py_ssize_t)n * 16;
-            continue;
-        }
-        PyObject *ext = PyList_New(n);
-        if (ext == NULL) goto fail;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            uint64_t off, len;
-            memcpy(&off, d + pos, 8); memcpy(&len, d + pos + 8, 8);
-            pos += 16;
-            PyObject *e = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)len);
-            if (e == NULL) { Py_DECREF(ext); goto fail; }
-            PyList_SET_ITEM(ext, j, e);
-        }
-        PyObject *cs;
-        if (kind == 1) cs = PyLong_FromUnsignedLong(crc);
-        else { cs = Py_None; Py_INCREF(cs); }
-        if (cs == NULL) { Py_DECREF(ext); goto fail; }
-        PyObject *item = Py_BuildValue("(NKKN)", ext, (unsigned long long)lease, (unsigned long long)nbytes, cs);
-        if (item == NULL) goto fail;
+        PyObject *item = decode_get_many_block(d, size, &pos, i, count);
+        if (item == NULL) { Py_CLEAR(out); goto done; }
         PyList_SET_ITEM(out, i, item);
     }
-    goto done;
-fail:
-    Py_CLEAR(out);
 done:
     PyBuffer_Release(&b);
     return out;

@@ -238,6 +238,7 @@ class KVIndexClient:
         self.posted_leases_ended = 0  # leases a posted RELEASE found ended already (expired)
         self.posted_refused = 0  # posted RELEASE messages the server refused (or answered malformed)
         self._lookup_cap: dict[int, int] = {}
+        self._get_many_cap: dict[tuple[int, int], int] = {}  # (max payload, key length): keys a message
         # What this client sent: requests, and waits for replies (a pipelined burst waits once per
         # in-flight window). The connector reports them per saved request.
         self.messages = 0
@@ -446,13 +447,37 @@ class KVIndexClient:
         if not keys:
             return []
         ns = self._ns_id(namespace)
-        per_call = p.get_many_capacity(self.transport.max_payload, len(keys[0]))
+        shape = (self.transport.max_payload, len(keys[0]))
+        per_call = self._get_many_cap.get(shape)
+        if per_call is None:
+            per_call = self._get_many_cap[shape] = p.get_many_capacity(*shape)
         out: list[LocationTuple | None] = [None] * len(keys)
-        todo = list(range(len(keys)))
+        todo = range(len(keys))
+        fused = getattr(self.transport, "get_many", None)
+        if fused is not None:
+            # The whole burst, encoded and decoded, in one native call (CXL rings).
+            self._before_call()
+            self._check_fence(Op.GET_MANY)
+            try:
+                got = fused(self._epoch32, ns, keys, per_call, self._timeout_ns)
+            except TransportError as exc:
+                raise self._unavailable(str(exc)) from None
+            if got is not None:
+                sent = -(-len(keys) // per_call)
+                self.messages += sent
+                self.round_trips += -(-sent // max(1, self.transport.max_inflight))
+                code, located, *rest = got
+                if code == -3:
+                    raise p.ProtocolError(Code.BAD_LENGTH, str(located))
+                if code == -4:
+                    raise RequestRejected(str(located))
+                if code:
+                    raise self._error(code, Op.GET_MANY)
+                out, todo = located, rest[0]
         # All the messages go out as one pipelined burst; a reply that could not carry every key of
         # its message (many extents) answers a prefix, and the rest goes out in the next burst.
         while todo:
-            chunks = [todo[i : i + per_call] for i in range(0, len(todo), per_call)]
+            chunks = [list(todo[i : i + per_call]) for i in range(0, len(todo), per_call)]
             replies = self._call_many(Op.GET_MANY, [p.encode_lookup(ns, [keys[j] for j in c]) for c in chunks])
             left: list[int] = []
             for chunk, reply in zip(chunks, replies, strict=True):

@@ -14,6 +14,7 @@ BELUGACTL_NATIVE=0 to force the stand-ins (tests of the fallback path use it).
 from __future__ import annotations
 
 import os
+import select
 import struct
 import sys
 import time
@@ -187,6 +188,28 @@ def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: boo
             return -1
 
 
+def _py_nap_wait_any(
+    buf: Any, offsets: Any, value: int, timeout_ns: int, nap_ns: int, flush: bool = False, fd: int = -1
+) -> int:
+    if not 0 < nap_ns <= 1_000_000_000:
+        raise ValueError("nap_ns must be in (0, 1 s]")
+    offs = list(memoryview(offsets).cast("B").cast("q"))
+    for off in offs:
+        _word(buf, off)
+    deadline = time.perf_counter_ns() + timeout_ns
+    unpack = _Q.unpack_from
+    while True:
+        for i, off in enumerate(offs):
+            if unpack(buf, off)[0] == value:
+                return i
+        if time.perf_counter_ns() >= deadline:
+            return -1
+        if fd < 0:
+            time.sleep(nap_ns / 1e9)
+        elif select.select([fd], [], [], nap_ns / 1e9)[0]:
+            return -2
+
+
 # --- CRC32C (Castagnoli): checksums of KV blocks (docs/dataplane.md, "Checksums") -------------
 # The stand-in is a byte-at-a-time table in Python: correct and slow (a few MB/s), fine for tests
 # and small pools; the helper's SSE4.2 kernel runs at tens of GB/s. If the PyPI `crc32c` package
@@ -260,6 +283,7 @@ if _native is not None:
     fetch_add64 = _native.fetch_add64
     wait64 = _native.wait64
     wait_any = _native.wait_any
+    nap_wait_any = _native.nap_wait_any
     _gather = _native.gather
     _gather_blocks = _native.gather_blocks
     fi_new = getattr(_native, "fi_new", None)
@@ -280,6 +304,7 @@ else:
     fetch_add64 = _py_fetch_add64
     wait64 = _py_wait64
     wait_any = _py_wait_any
+    nap_wait_any = _py_nap_wait_any
     _gather = _py_gather
     _gather_blocks = _py_gather_blocks
     # The metadata server's native lookup fast path has no Python twin: the server's own Python

@@ -523,10 +523,10 @@ class MetadataServe(Strict):
     # then OPEN_NS answers NS_LIMIT (a client cannot grow the server's memory without bound).
     max_namespaces: Int = 4096
     # After a request the server busy-polls the CXL-RPC rings this long (a request then waits
-    # microseconds), then looks every 0.1 ms for 50 ms, then every 0.5 ms. The poll takes a core:
+    # microseconds), then looks every 0.1 ms for 50 ms, then every 0.25 ms. The poll takes a core:
     # right on a GPU server, where cores are spare; on a host whose few cores run the model (CPU
     # serving) it slows the forward pass it waits beside, so such a host sets 0: no busy-poll and
-    # no 0.1 ms looks, only a look every 0.5 ms.
+    # no 0.1 ms looks, only a look every 0.25 ms.
     spin_after_ms: Int = 50
 
     @field_validator("spin_after_ms")

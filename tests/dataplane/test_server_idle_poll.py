@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import selectors
 import socket
+import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from belugactl.dataplane.mds import server as server_mod
-from belugactl.dataplane.mds.server import MetadataServer, ServerConfig, quiet_wait_s
+from belugactl.dataplane.mds.server import MetadataServer, ServerConfig, nap_timeout_s, quiet_wait_s
 from belugactl.pool.mapping import PoolMapping
 
 
@@ -75,4 +78,92 @@ def test_waits_under_a_millisecond_are_a_zero_select_and_a_sleep(
         a.close()
         b.close()
         srv.close()
+        pool.close()
+
+
+def test_an_idle_nap_lasts_until_housekeeping_and_not_past_the_warm_looks() -> None:
+    cfg = ServerConfig(idle_after_s=0.05, warm_after_s=0.05, warm_poll_s=0.0001, idle_poll_s=0.0005)
+    assert nap_timeout_s(cfg, 0.2, 0.08) == pytest.approx(0.08)  # idle: until the housekeeping
+    assert nap_timeout_s(cfg, 0.07, 0.08) == pytest.approx(0.03)  # warm: until its 0.1 ms looks end
+    assert nap_timeout_s(cfg, 0.07, 0.01) == pytest.approx(0.01)
+    assert nap_timeout_s(cfg, 0.2, -0.5) == 0.0  # housekeeping overdue: one look, no nap
+    cpu = ServerConfig(idle_after_s=0.0)  # never busy-polls: no warm phase to end
+    assert nap_timeout_s(cpu, 0.0, 0.1) == pytest.approx(0.1)
+
+
+NAP_IMPLS = [pytest.param(True, id="native", marks=pytest.mark.native), pytest.param(False, id="python")]
+
+
+@pytest.mark.parametrize("use_native", NAP_IMPLS)
+def test_nap_wait_any_wakes_on_a_word_a_socket_or_the_timeout(use_native: bool) -> None:
+    from array import array
+
+    from belugactl.dataplane import native
+
+    if use_native and native._native is None:
+        pytest.skip("the native helper is not built")
+    nap_wait_any = native._native.nap_wait_any if use_native else native._py_nap_wait_any
+    buf = bytearray(64)
+    offs = array("q", [8, 32])
+    a, b = socket.socketpair()
+    try:
+        t0 = time.monotonic()
+        assert nap_wait_any(buf, offs, 7, 30_000_000, 500_000, False, a.fileno()) == -1
+        assert 0.025 < time.monotonic() - t0 < 1.0  # it waited its timeout, napping
+        timer = threading.Timer(0.02, lambda: struct.pack_into("<Q", buf, 32, 7))
+        timer.start()
+        t0 = time.monotonic()
+        assert nap_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == 1
+        assert time.monotonic() - t0 < 1.0
+        timer.join()
+        struct.pack_into("<Q", buf, 32, 0)
+        b.send(b"x")
+        assert nap_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == -2
+        assert nap_wait_any(buf, offs, 7, 20_000_000, 200_000, False, -1) == -1  # no fd: only the words
+        with pytest.raises(ValueError):
+            nap_wait_any(buf, array("q", [60]), 7, 1000, 1000)  # a word past the buffer
+        with pytest.raises(ValueError):
+            nap_wait_any(buf, offs, 7, 1000, 0)  # a nap of nothing would be a busy loop
+        with pytest.raises((ValueError, OSError)):
+            fd = a.fileno()
+            a.close()
+            nap_wait_any(buf, offs, 7, 50_000_000, 100_000, False, fd)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["native-server", "python-server"])
+def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: Path, fast_path: bool) -> None:
+    """The real loop (serve_forever) with spin_after_ms 0, so it only ever naps: a ring request and
+    a new TCP connection are both answered within the idle poll, not at the next housekeeping."""
+    from belugactl.dataplane.client import KVIndexClient, connect
+    from belugactl.dataplane.rpc.protocol import Op
+    from belugactl.dataplane.rpc.transport_cxl import CxlTransport
+
+    pool = PoolMapping.open(pool_path)
+    cfg = ServerConfig(rpc_port=0, admin_port=None, fence_grace_s=0, idle_after_s=0.0, fast_path=fast_path)
+    cfg.housekeeping_s = 3.0  # a nap would last this long if only the housekeeping ended it
+    srv = MetadataServer(pool, cfg)
+    srv.start()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.2)  # into its nap
+        c = KVIndexClient(CxlTransport(pool, 1), address="cxl://test#1", client_id=1, timeout_s=5.0)
+        c.reconnect()
+        for _ in range(20):
+            time.sleep(0.01)
+            t0 = time.monotonic()
+            c.transport.call(Op.PING, c._epoch32, b"p", 5_000_000_000)
+            assert time.monotonic() - t0 < 1.0
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        tcp = connect(f"tcp://127.0.0.1:{srv.tcp_port}", timeout_s=5)  # accepted, HELLO answered
+        tcp.close()
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        srv.stop()  # seen at the latest when the nap ends at the housekeeping
+        thread.join(timeout=10)
+        assert not thread.is_alive()
         pool.close()

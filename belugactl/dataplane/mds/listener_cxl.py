@@ -98,6 +98,16 @@ class RingListener(Listener):
             served += 1
         return served
 
+    def nap(self, nap_s: float, timeout_s: float, fd: int = -1) -> int:
+        """Wait, without a core, for a request in a ring (a value >= 0), `fd` readable (-2), or
+        `timeout_s` (-1): every ring's cursor slot and slot 0 looked at every `nap_s`, in C without
+        the GIL (`nap_wait_any`), instead of a turn of the server's Python loop for each look."""
+        return int(
+            native.nap_wait_any(
+                self.buf, self._offs, REQ_READY, int(timeout_s * 1e9), max(1, int(nap_s * 1e9)), self.flush, fd
+            )
+        )
+
     def rotate(self) -> None:
         """Fairness between rings: look at the next ring first next time."""
         self._start = self._start + 1 if self._start + 1 < self.geometry.ring_count else 0

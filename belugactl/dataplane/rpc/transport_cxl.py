@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from belugactl.dataplane import native
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 _rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
 _rpc_call_many = getattr(native._native, "rpc_call_many", None) if native._native is not None else None
+_rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native is not None else None
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20
@@ -215,6 +216,44 @@ class CxlTransport(ClientTransport):
             self._seq = seq + len(part)
             replies += r
         return replies
+
+    def get_many(
+        self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int, timeout_ns: int
+    ) -> tuple[int, Any, Any] | tuple[int, Any] | None:
+        """A GET_MANY lookup of `keys` (`per_message` to a message) encoded, sent as one burst and
+        decoded in one native call (`rpc_get_many` in _native_ring.c): what a vLLM scheduler's pool
+        hit waits for, without the Python around the burst. Returns what that call returns,
+        (0, locations, unanswered key indices) or (code, message index) for a refused message, or
+        (-3 / -4, why) for a reply that is not a GET_MANY answer; None when this transport cannot
+        (no native helper, requests in flight, a burst larger than one native call takes, keys of
+        several lengths): nothing was sent, and the caller uses `call_many`. Raises TransportError
+        where `call_many` does."""
+        if _rpc_get_many is None or self._inflight or not keys:
+            return None
+        messages = -(-len(keys) // max(1, per_message))
+        if messages > max(1, _BURST_REPLY_BYTES // max(1, self.max_payload)):
+            return None
+        if self._offsets_buf is None:
+            self._offsets_buf = b"".join(off.to_bytes(8, "little", signed=True) for off in self._offsets)
+        seq = self._seq
+        try:
+            r = _rpc_get_many(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
+                              self.max_inflight, timeout_ns, self.flush)  # fmt: skip
+        except TypeError:
+            return None  # keys of several lengths, or too long for a slot: nothing was sent
+        except ValueError as exc:  # a malformed reply slot: nothing of this ring can be trusted now
+            self._seq = seq + messages
+            self.broken = True
+            raise TransportError(str(exc)) from None
+        if r is None:
+            self._seq = seq + messages
+            self.broken = True
+            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+        if r[0] == -2:  # a slot still busy from an abandoned request
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        self._seq = seq + messages
+        return r
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])
