@@ -56,30 +56,43 @@ PyObject *py_wait64(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(x);
 }
 
+/* Checks a set of word offsets (int64 buffer) against the buffer: each 8-byte aligned and inside. */
+static int check_words(Py_buffer *v, Py_buffer *ov) {
+    if (ov->len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "offsets must be int64"); return -1; }
+    const int64_t *offs = (const int64_t *)ov->buf;
+    for (Py_ssize_t i = 0; i < ov->len / 8; i++) {
+        if (offs[i] < 0 || offs[i] > v->len - 8 || (((uintptr_t)v->buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "word offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The index of the first word at `offs` that holds `value`, or -1 (one look at each). */
+static Py_ssize_t first_equal(char *base, const int64_t *offs, Py_ssize_t count, uint64_t value, int flush) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t *w = (uint64_t *)(base + offs[i]);
+        if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
+        if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == value) return i;
+    }
+    return -1;
+}
+
 /* Spin over a set of word offsets (int64 buffer) until one equals `value`; return its index,
  * or -1 after `timeout_ns`. The metadata server keeps one offset per ring (its cursor slot). */
 PyObject *py_wait_any(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long value, timeout_ns; int flush = 0;
     if (!PyArg_ParseTuple(args, "y*y*KK|p", &v, &ov, &value, &timeout_ns, &flush)) return NULL;
     PyObject *result = NULL;
-    if (ov.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "offsets must be int64"); goto done; }
+    if (check_words(&v, &ov) < 0) goto done;
     Py_ssize_t count = ov.len / 8;
     const int64_t *offs = (const int64_t *)ov.buf;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (offs[i] < 0 || offs[i] > v.len - 8 || (((uintptr_t)v.buf + offs[i]) & 7)) {
-            PyErr_Format(PyExc_ValueError, "word offset %lld is outside the buffer or unaligned", (long long)offs[i]);
-            goto done;
-        }
-    }
     Py_ssize_t found = -1;
     Py_BEGIN_ALLOW_THREADS
     uint64_t deadline = now_ns() + timeout_ns;
     for (;;) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            uint64_t *w = (uint64_t *)((char *)v.buf + offs[i]);
-            if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
-            if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == value) { found = i; break; }
-        }
+        found = first_equal((char *)v.buf, offs, count, value, flush);
         if (found >= 0 || now_ns() >= deadline) break;
         cpu_relax();
     }
@@ -102,17 +115,11 @@ PyObject *py_nap_wait_any(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long value, timeout_ns, nap_ns; int flush = 0, fd = -1;
     if (!PyArg_ParseTuple(args, "y*y*KKK|pi", &v, &ov, &value, &timeout_ns, &nap_ns, &flush, &fd)) return NULL;
     PyObject *result = NULL;
-    if (ov.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "offsets must be int64"); goto done; }
+    if (check_words(&v, &ov) < 0) goto done;
     if (nap_ns == 0 || nap_ns > 1000000000ull) { PyErr_SetString(PyExc_ValueError, "nap_ns must be in (0, 1 s]"); goto done; }
     if (fd < -1) { PyErr_SetString(PyExc_ValueError, "fd must be a file descriptor or -1"); goto done; }
     Py_ssize_t count = ov.len / 8;
     const int64_t *offs = (const int64_t *)ov.buf;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (offs[i] < 0 || offs[i] > v.len - 8 || (((uintptr_t)v.buf + offs[i]) & 7)) {
-            PyErr_Format(PyExc_ValueError, "word offset %lld is outside the buffer or unaligned", (long long)offs[i]);
-            goto done;
-        }
-    }
     Py_ssize_t found = -1;
     int bad_fd = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -122,11 +129,7 @@ PyObject *py_nap_wait_any(PyObject *self, PyObject *args) {
     struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
     struct pollfd pfd = {fd, POLLIN, 0};
     for (;;) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            uint64_t *w = (uint64_t *)((char *)v.buf + offs[i]);
-            if (flush) { flush_range((char *)w, 8, 1); full_fence(); }
-            if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == value) { found = i; break; }
-        }
+        found = first_equal((char *)v.buf, offs, count, value, flush);
         if (found >= 0 || now_ns() >= deadline) break;
         /* A signal ends the wait (as a timeout): the caller's handlers run at once, not after it. */
         if (fd < 0) {

@@ -175,17 +175,7 @@ def _py_wait64(buf: Any, off: int, value: int, timeout_ns: int, flush: bool = Fa
 
 
 def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: bool = False) -> int:
-    offs = list(memoryview(offsets).cast("B").cast("q"))
-    for off in offs:
-        _word(buf, off)
-    deadline = time.perf_counter_ns() + timeout_ns
-    unpack = _Q.unpack_from
-    while True:
-        for i, off in enumerate(offs):
-            if unpack(buf, off)[0] == value:
-                return i
-        if time.perf_counter_ns() >= deadline:
-            return -1
+    return _py_wait_words(buf, offsets, value, timeout_ns, 0, -1)
 
 
 def _py_nap_wait_any(
@@ -193,6 +183,12 @@ def _py_nap_wait_any(
 ) -> int:
     if not 0 < nap_ns <= 1_000_000_000:
         raise ValueError("nap_ns must be in (0, 1 s]")
+    return _py_wait_words(buf, offsets, value, timeout_ns, nap_ns, fd)
+
+
+def _py_wait_words(buf: Any, offsets: Any, value: int, timeout_ns: int, nap_ns: int, fd: int) -> int:
+    """The index of the first word at `offsets` equal to `value`, -1 after `timeout_ns`, -2 when `fd`
+    (not -1) is readable; between looks, a spin (`nap_ns` 0) or a sleep (in select, on `fd`)."""
     offs = list(memoryview(offsets).cast("B").cast("q"))
     for off in offs:
         _word(buf, off)
@@ -204,6 +200,8 @@ def _py_nap_wait_any(
                 return i
         if time.perf_counter_ns() >= deadline:
             return -1
+        if not nap_ns:
+            continue
         if fd < 0:
             time.sleep(nap_ns / 1e9)
         elif select.select([fd], [], [], nap_ns / 1e9)[0]:

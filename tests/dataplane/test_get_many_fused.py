@@ -21,23 +21,12 @@ from belugactl.dataplane.rpc import transport_cxl
 from belugactl.dataplane.rpc.protocol import HEADER_SIZE, Op
 from belugactl.dataplane.rpc.transport_cxl import CxlTransport
 from belugactl.pool.mapping import PoolMapping
-from tests.dataplane.test_call_many import ServerThread, _hostile_server
+from tests.dataplane.test_call_many import ServerThread, _hostile_server, served  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.native
 NS = 5_000_000_000
 
 needs_fused = pytest.mark.skipif(transport_cxl._rpc_get_many is None, reason="the native helper is not built")
-
-
-@pytest.fixture
-def served(pool_path: Path) -> Iterator[tuple[PoolMapping, ServerThread]]:
-    pool = PoolMapping.open(pool_path)
-    st = ServerThread(pool, fast_path=True)
-    try:
-        yield pool, st
-    finally:
-        st.close()
-        pool.close()
 
 
 def _client(pool: PoolMapping, ring: int) -> KVIndexClient:
@@ -82,7 +71,7 @@ def test_the_fused_lookup_answers_what_the_python_path_answers(pool_path: Path, 
 
 
 @needs_fused
-def test_keys_of_several_lengths_go_the_python_way_and_nothing_is_sent_natively(served) -> None:
+def test_keys_of_several_lengths_go_the_python_way_and_nothing_is_sent_natively(served) -> None:  # noqa: F811
     pool, _st = served
     c = _client(pool, 3)
     t = c.transport
