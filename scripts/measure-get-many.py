@@ -30,9 +30,7 @@ from vllm_beluga.index_client import BestEffortIndex  # noqa: E402
 from vllm_beluga.stats import ConnectorStats  # noqa: E402
 from vllm_beluga.transfer import locate_many  # noqa: E402
 
-from belugactl.dataplane.client import connect  # noqa: E402
-from belugactl.pool.mapping import PoolMapping  # noqa: E402
-from tests.support.mds_process import cpu_demo_mds  # noqa: E402
+from tests.support.mds_process import committed_keys, cpu_demo_mds  # noqa: E402
 
 NS = "measure"
 YIELD_SPIN = "import os\nwhile True: os.sched_yield()"
@@ -82,11 +80,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     with cpu_demo_mds(Path(tempfile.mkdtemp()), "--spin-after-ms", args.spin_after_ms) as m:
-        pool = PoolMapping.open(m.pool_path)
-        writer = connect(m.cxl(1), pool=pool, timeout_s=5)
-        keys = [os.urandom(32) for _ in range(125)]
-        for k in keys:
-            writer.commit(writer.reserve(NS, k, 96 * 1024).token)
+        writer, keys = committed_keys(m, NS)
         index = BestEffortIndex(m.cxl(2), stats=ConnectorStats(None, role="scheduler"))
         print(f"server --spin-after-ms {args.spin_after_ms}; {os.cpu_count()} cores; slot payload "
               f"{writer.transport.max_payload} B")  # fmt: skip

@@ -10,7 +10,6 @@ PYTHONPATH=. python scripts/measure-lookup-fused.py [--pause 0.2] [--rounds 40] 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -23,10 +22,8 @@ from vllm_beluga.index_client import BestEffortIndex  # noqa: E402
 from vllm_beluga.stats import ConnectorStats  # noqa: E402
 from vllm_beluga.transfer import locate_many  # noqa: E402
 
-from belugactl.dataplane.client import connect  # noqa: E402
 from belugactl.dataplane.rpc import transport_cxl  # noqa: E402
-from belugactl.pool.mapping import PoolMapping  # noqa: E402
-from tests.support.mds_process import cpu_demo_mds  # noqa: E402
+from tests.support.mds_process import committed_keys, cpu_demo_mds  # noqa: E402
 
 NS = "measure"
 
@@ -41,11 +38,7 @@ def main() -> None:
     if fused is None:
         sys.exit("the native helper has no rpc_get_many: build it first (bash scripts/bootstrap)")
     with cpu_demo_mds(Path(tempfile.mkdtemp()), "--spin-after-ms", args.spin_after_ms) as m:
-        pool = PoolMapping.open(m.pool_path)
-        writer = connect(m.cxl(1), pool=pool, timeout_s=5)
-        keys = [os.urandom(32) for _ in range(125)]
-        for k in keys:
-            writer.commit(writer.reserve(NS, k, 96 * 1024).token)
+        writer, keys = committed_keys(m, NS)
         index = BestEffortIndex(m.cxl(2), stats=ConnectorStats(None, role="scheduler"))
         locate_many(index, NS, keys)  # connect, open the namespace
         times: dict[str, list[float]] = {"one native call": [], "call_many + Python": []}

@@ -6,6 +6,7 @@ The hostile tests and the connector's tests against a real server all start it h
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -107,3 +109,16 @@ def cpu_demo_mds(tmp_path: Path, *extra: str) -> Iterator[Mds]:
     create_file_pool(pool, CPU_DEMO)
     with start_mds(CPU_DEMO, pool, "--fence-grace", "0", *extra) as m:
         yield m
+
+
+def committed_keys(m: Mds, namespace: str, count: int = 125, nbytes: int = 96 * 1024) -> tuple[Any, list[bytes]]:
+    """`count` random 32-byte keys committed to `namespace` through ring 1 (a 4000-token prompt's
+    blocks of the CPU demo by default): (the writer client, the keys). Ring 2 is left for a reader."""
+    from belugactl.dataplane.client import connect
+    from belugactl.pool.mapping import PoolMapping
+
+    writer = connect(m.cxl(1), pool=PoolMapping.open(m.pool_path), timeout_s=5)
+    keys = [os.urandom(32) for _ in range(count)]
+    for k in keys:
+        writer.commit(writer.reserve(namespace, k, nbytes).token)
+    return writer, keys

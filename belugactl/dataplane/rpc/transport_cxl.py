@@ -86,7 +86,8 @@ class CxlTransport(ClientTransport):
         self.max_payload = g.slot_size - HEADER_SIZE
         self._offsets = [g.slot_offset(ring, s) for s in range(g.slots_per_ring)]
         self._inflight: deque[int] = deque()
-        self._offsets_buf: bytes | None = None  # the slot offsets as int64s, for the native burst
+        # The slot offsets as int64s, for the native bursts (they never change).
+        self._offsets_buf = b"".join(off.to_bytes(8, "little", signed=True) for off in self._offsets)
         self.broken = False
         # The epoch the client adopted: a call first checks the header's epoch word against it.
         self.fence_epoch: int | None = None
@@ -192,8 +193,6 @@ class CxlTransport(ClientTransport):
         for pl in payloads:
             if len(pl) > self.max_payload:
                 raise ValueError(f"payload of {len(pl)} bytes exceeds the slot's {self.max_payload}")
-        if self._offsets_buf is None:
-            self._offsets_buf = b"".join(off.to_bytes(8, "little", signed=True) for off in self._offsets)
         per_call = max(1, _BURST_REPLY_BYTES // max(1, self.max_payload))
         replies: list[Reply] = []
         for start in range(0, len(payloads), per_call):
@@ -233,8 +232,6 @@ class CxlTransport(ClientTransport):
         messages = -(-len(keys) // max(1, per_message))
         if messages > max(1, _BURST_REPLY_BYTES // max(1, self.max_payload)):
             return None
-        if self._offsets_buf is None:
-            self._offsets_buf = b"".join(off.to_bytes(8, "little", signed=True) for off in self._offsets)
         seq = self._seq
         try:
             r = _rpc_get_many(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
