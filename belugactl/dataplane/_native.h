@@ -10,6 +10,9 @@
 #include <string.h>
 #include <time.h>
 #include <sched.h>
+#include <errno.h>
+#include <poll.h>
+#include <sys/prctl.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BELUGA_X86 1
@@ -97,6 +100,31 @@ static inline uint64_t spin_wait_u64(uint64_t *w, uint64_t value, int flush, uin
     return x;
 }
 
+/* One idle nap of a waiter that must not hold a core: sleep `nap_ns`, or until `pfd->fd` (when
+ * not -1) is readable. Returns 0 after the nap, 1 when the fd is readable, 2 when it is not open,
+ * -1 when a signal ended it (the caller returns at once, so Python's handlers run). Call with the
+ * GIL released, inside nap_slack_begin/nap_slack_end. */
+static inline int nap_step(struct pollfd *pfd, uint64_t nap_ns) {
+    struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
+    if (pfd->fd < 0) return nanosleep(&nap, NULL) < 0 && errno == EINTR ? -1 : 0;
+    int n = ppoll(pfd, 1, &nap, NULL);
+    if (n < 0) return errno == EINTR ? -1 : 0;
+    if (n == 0) return 0;
+    return (pfd->revents & POLLNVAL) ? 2 : 1;
+}
+
+/* Naps run with a 1 us timer slack: Linux's default 50 us would stretch a 0.25 ms nap by a fifth.
+ * Returns the slack to restore (nap_slack_end). */
+static inline int nap_slack_begin(void) {
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    return slack;
+}
+
+static inline void nap_slack_end(int slack) {
+    if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+}
+
 /* ---- argument helpers ------------------------------------------------------------------- */
 
 static inline int get_range(Py_buffer *view, Py_ssize_t off, Py_ssize_t n, char **out) {
@@ -128,7 +156,7 @@ PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_b
 PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);
 PYFN(py_wait_any); PYFN(py_nap_wait_any);                                                                               /* atomics */
 PYFN(py_rpc_post); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
-PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many);                                                       /* ring */
+PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many); PYFN(py_rpc_post_release);                                                       /* ring */
 PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                              /* crc */
 HIDDEN PyObject *py_crc32c_kernel(PyObject *self, PyObject *noargs);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);

@@ -1,8 +1,5 @@
 /* 64-bit atomics on mapped memory and bounded spin-waits on status words. */
 #include "_native.h"
-#include <sys/prctl.h>
-#include <poll.h>
-#include <errno.h>
 
 PyObject *py_load64(PyObject *self, PyObject *args) {
     Py_buffer v; Py_ssize_t off; uint64_t *w;
@@ -123,28 +120,17 @@ PyObject *py_nap_wait_any(PyObject *self, PyObject *args) {
     Py_ssize_t found = -1;
     int bad_fd = 0;
     Py_BEGIN_ALLOW_THREADS
-    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (slack > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    int slack = nap_slack_begin();
     uint64_t deadline = now_ns() + timeout_ns;
-    struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
     struct pollfd pfd = {fd, POLLIN, 0};
     for (;;) {
         found = first_equal((char *)v.buf, offs, count, value, flush);
         if (found >= 0 || now_ns() >= deadline) break;
-        /* A signal ends the wait (as a timeout): the caller's handlers run at once, not after it. */
-        if (fd < 0) {
-            if (nanosleep(&nap, NULL) < 0 && errno == EINTR) break;
-            continue;
-        }
-        int n = ppoll(&pfd, 1, &nap, NULL);
-        if (n < 0 && errno == EINTR) break;
-        if (n > 0) {
-            if (pfd.revents & POLLNVAL) bad_fd = 1;
-            found = -2;
-            break;
-        }
+        int got = nap_step(&pfd, nap_ns);
+        if (got < 0) break; /* a signal ends the wait (as a timeout): the caller's handlers run at once */
+        if (got > 0) { bad_fd = got == 2; found = -2; break; }
     }
-    if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    nap_slack_end(slack);
     Py_END_ALLOW_THREADS
     if (bad_fd) { PyErr_Format(PyExc_ValueError, "fd %d is not open", fd); goto done; }
     result = PyLong_FromSsize_t(found);

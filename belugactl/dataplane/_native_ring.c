@@ -498,6 +498,62 @@ done:
     return r;
 }
 
+/* rpc_post_release(buf, slot_offsets_int64[S], seq0, epoch32, lease_ids, flags, per_message, max_payload, flush)
+ *   -> [ids in each message posted] | (-2, [ids in each message posted before the busy slot])
+ * A reader's lease release posted without waiting for its replies (KVIndexClient.post_release):
+ * the non-zero ids, `per_message` to a RELEASE message (u16 count, u16 flags, u32 0, u64 ids),
+ * published as sequences seq0, seq0 + 1, ... The vLLM worker posts this right after its copy,
+ * when the interpreter is cold: in Python the encoding and the submits took 80 to 180 us for a
+ * 125-block hit. A slot still busy from an abandoned request stops the posting there (-2).
+ * Ids that are not integers of 64 bits raise (nothing posted); the caller checks the window. */
+PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0; unsigned int epoch32, flags; PyObject *ids_obj;
+    Py_ssize_t per_msg, maxp; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIOInn|p", &v, &ov, &seq0, &epoch32, &ids_obj, &flags, &per_msg, &maxp, &flush))
+        return NULL;
+    PyObject *r = NULL, *ids = NULL, *counts = NULL;
+    uint64_t *vals = NULL; char *msg = NULL;
+    if (check_ring(&v, &ov, maxp, 1) < 0) goto done;
+    if (per_msg < 1 || per_msg > 0xFFFF || 8 + per_msg * 8 > maxp || flags > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "rpc_post_release: ids per message or flags do not fit a slot");
+        goto done;
+    }
+    ids = PySequence_Fast(ids_obj, "lease ids must be a sequence");
+    if (ids == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids), k = 0;
+    vals = PyMem_Malloc(sizeof *vals * (size_t)(n ? n : 1));
+    msg = PyMem_Malloc((size_t)(8 + per_msg * 8));
+    counts = PyList_New(0);
+    if (!vals || !msg || !counts) { if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(ids, i));
+        if (x == (uint64_t)-1 && PyErr_Occurred()) goto done;
+        if (x) vals[k++] = x;
+    }
+    Py_ssize_t S = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    int busy = 0;
+    for (Py_ssize_t first = 0, i = 0; first < k; first += per_msg, i++) {
+        char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)i) % (uint64_t)S];
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { busy = 1; break; }
+        uint16_t cnt = (uint16_t)(k - first < per_msg ? k - first : per_msg), f16 = (uint16_t)flags;
+        uint32_t pad = 0;
+        memcpy(msg, &cnt, 2); memcpy(msg + 2, &f16, 2); memcpy(msg + 4, &pad, 4);
+        memcpy(msg + 8, vals + first, (size_t)cnt * 8);
+        publish(slot, seq0 + (uint64_t)i, epoch32, OP_RELEASE, 0, msg, 8 + (size_t)cnt * 8, ST_REQ, flush);
+        PyObject *c = PyLong_FromLong(cnt);
+        if (c == NULL || PyList_Append(counts, c) < 0) { Py_XDECREF(c); goto done; }
+        Py_DECREF(c);
+    }
+    r = busy ? Py_BuildValue("(iO)", -2, counts) : (Py_INCREF(counts), counts);
+done:
+    PyMem_Free(vals); PyMem_Free(msg);
+    Py_XDECREF(ids); Py_XDECREF(counts);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
 /* rpc_burst(buf, slot_offsets_int64[S], seq_start, epoch32, op, payload, qd, total, timeout_ns, flush)
  *   -> (completed, elapsed_ns)
  * A load generator in C: keeps `qd` requests in flight on one ring until `total` completed, to

@@ -712,11 +712,23 @@ class KVIndexClient:
             return True
         self._before_call()  # takes earlier posted replies first
         t = self.transport
-        chunks = self._release_payloads(ids, handed_over)
-        if t.pending + len(chunks) > max(1, t.max_inflight):
+        per_call = max(1, p.release_capacity(t.max_payload))
+        if t.pending + -(-len(ids) // per_call) > max(1, t.max_inflight):
             return False
         self._check_fence(Op.RELEASE)
-        for count, payload in chunks:
+        flags = p.RELEASE_HANDED_OVER if handed_over else 0
+        fused = getattr(t, "post_release", None)
+        if fused is not None:
+            # Encoded and posted in one native call (CXL rings): this runs right after a copy, cold.
+            try:
+                counts = fused(self._epoch32, ids, flags, per_call)
+            except TransportError as exc:
+                raise self._unavailable(str(exc)) from None
+            if counts is not None:
+                self._posted.extend(counts)
+                self.messages += len(counts)
+                return True
+        for count, payload in self._release_payloads(ids, handed_over):
             try:
                 t.submit(Op.RELEASE, self._epoch32, payload)
             except TransportError as exc:

@@ -4,6 +4,7 @@ millisecond are not rounded up by epoll."""
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
@@ -166,4 +167,57 @@ def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: P
         srv.stop()  # seen at the latest when the nap ends at the housekeeping
         thread.join(timeout=10)
         assert not thread.is_alive()
+        pool.close()
+
+
+def test_a_nap_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path) -> None:
+    """RingListener.nap on the fast path: a PING or GET_MANY that arrives mid-nap is answered by the
+    nap itself (no turn of the Python loop first), its lease bookkept before the nap returns; a
+    request the fast path leaves to Python (RELEASE) ends the nap unanswered; a socket ends it as
+    -2, the timeout as -1; a closed fd is refused."""
+    from belugactl.dataplane.rpc import protocol as p
+    from belugactl.dataplane.rpc.protocol import Op
+    from belugactl.dataplane.rpc.transport_cxl import CxlTransport
+
+    pool = PoolMapping.open(pool_path)
+    srv = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, fast_path=True))
+    a, b = socket.socketpair()
+    try:
+        srv.start()
+        ring, epoch, ns_timeout = srv.ring, srv.service.epoch32, 5_000_000_000
+        assert ring._fast is not None  # the native helper is built
+        t = CxlTransport(pool, 1)
+        later = threading.Timer(0.05, t.submit, (Op.PING, epoch, b"mid-nap"))
+        later.start()
+        t0 = time.monotonic()
+        assert ring.nap(0.0002, 5.0) == (-1, 1)  # answered, then back for the bookkeeping
+        assert 0.04 < time.monotonic() - t0 < 2.0
+        assert t.collect(ns_timeout) == (0, epoch, b"mid-nap")
+        # A GET_MANY hit: its lease is granted in C and applied to the index before nap returns.
+        ns = srv.index.open_namespace("n")
+        tok, _ext = srv.index.reserve(ns, b"k" * 32, 4096, 1)
+        srv.index.commit(tok, 1)
+        t.submit(Op.GET_MANY, epoch, p.encode_lookup(ns, [b"k" * 32, b"x" * 32]))
+        assert ring.nap(0.0002, 5.0) == (-1, 1)
+        assert srv.index.burst_leases == 1 and srv.index.entries[(ns, b"k" * 32)].leases == 1
+        (lease, nbytes, extents, _crc), (absent, *_rest) = p.decode_get_many_reply_ex(t.collect(ns_timeout)[2])
+        assert lease and nbytes == 4096 and extents and absent == 0
+        # RELEASE is Python's: the nap ends on it, answers nothing, and the loop's serve answers it.
+        t.submit(Op.RELEASE, epoch, p.encode_release([lease]))
+        got, answered = ring.nap(0.0002, 5.0)
+        assert got >= 0 and answered == 0
+        assert ring.serve(0) == 1 and p.decode_u32(t.collect(ns_timeout)[2], "RELEASE reply") == 1
+        # The selector's fd, the timeout, a closed fd.
+        b.send(b"x")
+        assert ring.nap(0.0002, 5.0, a.fileno()) == (-2, 0)
+        t0 = time.monotonic()
+        assert ring.nap(0.0002, 0.03) == (-1, 0) and time.monotonic() - t0 >= 0.025
+        fd = os.dup(a.fileno())
+        os.close(fd)
+        with pytest.raises(ValueError, match="not open"):
+            ring.nap(0.0002, 0.05, fd)
+    finally:
+        a.close()
+        b.close()
+        srv.close()
         pool.close()

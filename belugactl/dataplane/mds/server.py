@@ -30,7 +30,9 @@ so an idle server does not burn a core; for `warm_after_s` after a request it lo
 `warm_poll_s` instead (the next burst of the same client is usually near), unless it never
 busy-polls (`idle_after_s` 0: a host whose cores run the model). The nap is one native call
 (RingListener.nap) that looks at the rings between sleeps and wakes on the selector's fd, so an
-idle server runs no Python until a request, a socket event or the housekeeping is due.
+idle server runs no Python until a request, a socket event or the housekeeping is due; the
+requests the fast path handles (a pool hit's lookup) it answers in that same call, before any
+Python runs.
 """
 
 from __future__ import annotations
@@ -239,8 +241,12 @@ class MetadataServer:
                     # a ring has a request, the selector has an event (a TCP connection), or the
                     # housekeeping is due, with no turn of this loop in between (each costs tens of
                     # microseconds of CPU on the cores the model runs on).
-                    got = nap(wait, nap_timeout_s(cfg, now - last_request, next_housekeeping - now), selector_fd)
+                    timeout = nap_timeout_s(cfg, now - last_request, next_housekeeping - now)
+                    got, answered = nap(wait, timeout, selector_fd)
                     woke = got != -1
+                    if answered:  # answered in the nap, bookkept: a request as any other
+                        served_since_poll += answered
+                        last_request = time.monotonic()
                     if got == -2:
                         self.poll_selector(0)
                 else:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 _rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
 _rpc_call_many = getattr(native._native, "rpc_call_many", None) if native._native is not None else None
 _rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native is not None else None
+_rpc_post_release = getattr(native._native, "rpc_post_release", None) if native._native is not None else None
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20
@@ -251,6 +252,26 @@ class CxlTransport(ClientTransport):
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + messages
         return r
+
+    def post_release(self, epoch: int, lease_ids: Sequence[int], flags: int, per_message: int) -> list[int] | None:
+        """RELEASE messages for `lease_ids` (`per_message` to a message) encoded and posted in one
+        native call (`rpc_post_release`), their replies left in flight: what a vLLM worker posts
+        right after a pool hit's copy. Returns the ids in each message posted; None when this
+        transport cannot (no native helper): nothing was sent, the caller submits them itself. The
+        caller keeps within `max_inflight`. Raises TransportError for a slot still busy from an
+        abandoned request (the ring is out of step)."""
+        if _rpc_post_release is None:
+            return None
+        seq = self._seq
+        r = _rpc_post_release(self.buf, self._offsets_buf, seq, epoch, lease_ids, flags, per_message,
+                              self.max_payload, self.flush)  # fmt: skip
+        counts = r[1] if isinstance(r, tuple) else r
+        self._inflight.extend(range(seq, seq + len(counts)))
+        self._seq = seq + len(counts)
+        if isinstance(r, tuple):
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        return counts
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])

@@ -1,0 +1,141 @@
+"""A reader's lease release posted in one native call (`rpc_post_release`, `CxlTransport.post_release`,
+used by `KVIndexClient.post_release` on a CXL ring). Its slots must hold exactly what the Python
+path (`encode_release` + `submit`) posts, byte for byte; a slot still busy from an abandoned request
+stops it and breaks the ring; ids that are not 64-bit integers post nothing; and against a real
+server the replies come back as the posted counts say."""
+
+from __future__ import annotations
+
+import random
+import time
+from array import array
+from pathlib import Path
+
+import pytest
+
+from belugactl.dataplane.client import KVIndexClient
+from belugactl.dataplane.metadata_errors import MetadataUnavailable
+from belugactl.dataplane.rpc import protocol as p
+from belugactl.dataplane.rpc import transport_cxl
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, Op
+from belugactl.dataplane.rpc.transport_cxl import CxlTransport
+from belugactl.pool.mapping import PoolMapping
+from tests.dataplane.test_call_many import ServerThread
+
+pytestmark = pytest.mark.native
+NS = 5_000_000_000
+fused = transport_cxl._rpc_post_release
+needs_fused = pytest.mark.skipif(fused is None, reason="the native helper is not built")
+
+SLOT, SLOTS = 256, 8  # a small ring in private memory: 8 slots of 224-byte payloads (27 ids each)
+MAXP = SLOT - HEADER_SIZE
+
+
+def _ring() -> tuple[bytearray, array]:
+    return bytearray(SLOT * SLOTS), array("q", [i * SLOT for i in range(SLOTS)])
+
+
+def _slots(buf: bytearray, first_seq: int, count: int) -> list[tuple[tuple, bytes]]:
+    out = []
+    for i in range(count):
+        off = ((first_seq + i) % SLOTS) * SLOT
+        head = HEADER.unpack_from(buf, off)
+        out.append((head, bytes(buf[off + HEADER_SIZE : off + HEADER_SIZE + head[6]])))
+    return out
+
+
+@needs_fused
+@pytest.mark.parametrize("flags", [0, p.RELEASE_HANDED_OVER])
+def test_the_posted_slots_are_what_the_python_path_posts(flags: int) -> None:
+    rng = random.Random(7)
+    per = p.release_capacity(MAXP)
+    for n in (1, per - 1, per, per + 1, 3 * per + 5):
+        ids = [rng.getrandbits(64) or 1 for _ in range(n)]
+        with_zeros = [x for i in ids for x in ((0, i) if i % 5 == 0 else (i,))]  # zeros are skipped
+        buf, offs = _ring()
+        seq0 = rng.randrange(1 << 40)
+        counts = fused(buf, offs.tobytes(), seq0, 0xABCD, with_zeros, flags, per, MAXP, False)
+        chunks = [ids[i : i + per] for i in range(0, n, per)]
+        assert counts == [len(c) for c in chunks]
+        for i, (head, payload) in enumerate(_slots(buf, seq0, len(chunks))):
+            assert head == (REQ_READY, seq0 + i, MAGIC, 0xABCD, Op.RELEASE, 0, len(payload))
+            assert payload == p.encode_release(chunks[i], flags)
+
+
+@needs_fused
+def test_a_busy_slot_stops_the_posting_and_bad_ids_post_nothing() -> None:
+    buf, offs = _ring()
+    per = 4
+    HEADER.pack_into(buf, 2 * SLOT, REQ_READY, 99, MAGIC, 1, Op.PING, 0, 0)  # abandoned request in slot 2
+    assert fused(buf, offs.tobytes(), 0, 1, list(range(1, 20)), 0, per, MAXP, False) == (-2, [4, 4])
+    assert [h[0] for h, _ in _slots(buf, 0, 2)] == [REQ_READY, REQ_READY]
+    for bad in ([1, -1], [1, 1 << 64], [1, "2"], 5):
+        buf, offs = _ring()
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            fused(buf, offs.tobytes(), 0, 1, bad, 0, per, MAXP, False)
+        assert not any(buf)
+    buf, offs = _ring()
+    for per_message, maxp in ((0, MAXP), (28, MAXP), (4, SLOT)):  # no ids, more than a slot holds, past the ring
+        with pytest.raises(ValueError):
+            fused(buf, offs.tobytes(), 0, 1, [1, 2], 0, per_message, maxp, False)
+    assert not any(buf)
+
+
+@needs_fused
+def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailable(pool_path: Path) -> None:
+    pool = PoolMapping.open(pool_path)
+    st = ServerThread(pool, fast_path=True)
+    try:
+        c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
+        c.reconnect()
+        t = c.transport
+        pool.buf[t._offsets[t._seq % t.slots_per_ring] : t._offsets[t._seq % t.slots_per_ring] + 8] = (
+            REQ_READY.to_bytes(8, "little")
+        )
+        with pytest.raises(MetadataUnavailable):
+            c.post_release([1, 2, 3])
+        assert t.broken
+    finally:
+        st.close()
+        pool.close()
+
+
+def _held(st: ServerThread, want: int, timeout: float = 5.0) -> int:
+    """Leases the server holds on the test's entries, once its loop has bookkept them (the fast path
+    applies a burst's leases just after answering it)."""
+    deadline = time.monotonic() + timeout
+    held = -1
+    while time.monotonic() < deadline:
+        held = sum(e.leases for e in list(st.server.index.entries.values()))
+        if held == want:
+            break
+        time.sleep(0.01)
+    return held
+
+
+@pytest.mark.parametrize("native_post", [True, False], ids=["native", "python"])
+def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: bool, monkeypatch) -> None:
+    if native_post and fused is None:
+        pytest.skip("the native helper is not built")
+    if not native_post:
+        monkeypatch.setattr(transport_cxl, "_rpc_post_release", None)
+    pool = PoolMapping.open(pool_path)
+    st = ServerThread(pool, fast_path=True)
+    try:
+        c = KVIndexClient(CxlTransport(pool, 3), address="cxl://test#3", client_id=3, timeout_s=5.0)
+        c.reconnect()
+        keys = [bytes([i]) * 32 for i in range(40)]
+        for k in keys:
+            c.commit(c.reserve("r", k, 4096).token)
+        leases = [loc[1] for loc in c.get_many_tuples("r", keys)]
+        assert len(set(leases)) == 40 and _held(st, 40) == 40
+        sent = c.messages
+        assert c.post_release(leases + [0], handed_over=False) is True
+        assert c.posted == c.messages - sent >= 1
+        c.collect_posted()
+        assert c.posted == 0 and c.posted_leases_ended == 0 and c.posted_refused == 0
+        assert _held(st, 0) == 0
+        assert all(loc is not None for loc in c.get_many_tuples("r", keys))  # the ring is in step
+    finally:
+        st.close()
+        pool.close()
