@@ -12,20 +12,16 @@ PYTHONPATH=. python scripts/measure-lookup-fused.py [--pause 0.2] [--rounds 40] 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / "vllm_beluga"))
 
-from vllm_beluga.index_client import BestEffortIndex  # noqa: E402
-from vllm_beluga.stats import ConnectorStats  # noqa: E402
 from vllm_beluga.transfer import locate_many  # noqa: E402
 
 from belugactl.dataplane.rpc import transport_cxl  # noqa: E402
-from tests.support.mds_process import committed_keys, cpu_demo_mds  # noqa: E402
+from tests.support.mds_process import plugin_reader, print_quartiles  # noqa: E402
 
 NS = "measure"
 
@@ -41,10 +37,7 @@ def main() -> None:
     fused = transport_cxl._rpc_get_many
     if fused is None:
         sys.exit("the native helper has no rpc_get_many: build it first (bash scripts/bootstrap)")
-    with cpu_demo_mds(Path(tempfile.mkdtemp()), "--spin-after-ms", args.spin_after_ms) as m:
-        writer, keys = committed_keys(m, NS)
-        index = BestEffortIndex(m.cxl(2), stats=ConnectorStats(None, role="scheduler"))
-        locate_many(index, NS, keys)  # connect, open the namespace
+    with plugin_reader("scheduler", "--spin-after-ms", args.spin_after_ms, namespace=NS) as (index, keys):
         times: dict[str, list[float]] = {"one native call": [], "call_many + Python": []}
         for i in range(2 * args.rounds):
             label = "one native call" if i % 2 == 0 else "call_many + Python"
@@ -60,12 +53,7 @@ def main() -> None:
             f"125-key lookup after {args.pause * 1e3:.0f} ms idle and a {args.copy_mib} MiB copy, "
             f"server --spin-after-ms {args.spin_after_ms}:"
         )
-        for label, xs in times.items():
-            xs.sort()
-            print(
-                f"  {label:20} median {statistics.median(xs):6.0f} us, p25 {xs[len(xs) // 4]:6.0f}, "
-                f"p75 {xs[3 * len(xs) // 4]:6.0f}"
-            )
+        print_quartiles(times, 20)
 
 
 if __name__ == "__main__":

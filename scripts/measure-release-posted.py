@@ -11,20 +11,16 @@ PYTHONPATH=. python scripts/measure-release-posted.py [--pause 0.1] [--rounds 40
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / "vllm_beluga"))
 
-from vllm_beluga.index_client import BestEffortIndex  # noqa: E402
-from vllm_beluga.stats import ConnectorStats  # noqa: E402
 from vllm_beluga.transfer import locate_many  # noqa: E402
 
 from belugactl.dataplane.rpc import transport_cxl  # noqa: E402
-from tests.support.mds_process import committed_keys, cpu_demo_mds  # noqa: E402
+from tests.support.mds_process import plugin_reader, print_quartiles  # noqa: E402
 
 NS = "measure"
 HIT_BYTES = 12 << 20
@@ -39,10 +35,7 @@ def main() -> None:
     if fused is None:
         sys.exit("the native helper has no rpc_post_release: build it first (bash scripts/bootstrap)")
     src, dst = bytes(HIT_BYTES), bytearray(HIT_BYTES)
-    with cpu_demo_mds(Path(tempfile.mkdtemp()), "--spin-after-ms", "0") as m:
-        writer, keys = committed_keys(m, NS)
-        index = BestEffortIndex(m.cxl(2), stats=ConnectorStats(None, role="worker0"))
-        locate_many(index, NS, keys)  # connect, open the namespace
+    with plugin_reader("worker0", "--spin-after-ms", "0", namespace=NS) as (index, keys):
         times: dict[str, list[float]] = {"one native call": [], "Python encode + submit": []}
         for i in range(2 * args.rounds):
             label = "one native call" if i % 2 == 0 else "Python encode + submit"
@@ -57,12 +50,7 @@ def main() -> None:
             index._client.collect_posted()
             assert index._client.posted_leases_ended == 0 and index._client.posted_refused == 0
         print(f"posted release of {len(keys)} leases after a 12 MiB copy, {args.pause * 1e3:.0f} ms idle before it:")
-        for label, xs in times.items():
-            xs.sort()
-            print(
-                f"  {label:24} median {statistics.median(xs):6.0f} us, p25 {xs[len(xs) // 4]:6.0f}, "
-                f"p75 {xs[3 * len(xs) // 4]:6.0f}"
-            )
+        print_quartiles(times, 24)
 
 
 if __name__ == "__main__":
