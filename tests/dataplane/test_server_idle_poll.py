@@ -173,10 +173,11 @@ def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: P
 def test_a_nap_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path) -> None:
     """RingListener.nap on the fast path: a PING or GET_MANY that arrives mid-nap is answered by the
     nap itself (no turn of the Python loop first), its lease bookkept before the nap returns; a
-    request the fast path leaves to Python (RELEASE) ends the nap unanswered; a socket ends it as
-    -2, the timeout as -1; a closed fd is refused."""
+    request the fast path leaves to Python (RELEASE) ends the nap unanswered, and so does a hostile
+    slot (Python answers it BAD_MAGIC, and the next nap serves on); a socket ends it as -2, the
+    timeout as -1; a closed fd is refused."""
     from belugactl.dataplane.rpc import protocol as p
-    from belugactl.dataplane.rpc.protocol import Op
+    from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, REQ_READY, Op
     from belugactl.dataplane.rpc.transport_cxl import CxlTransport
 
     pool = PoolMapping.open(pool_path)
@@ -207,6 +208,19 @@ def test_a_nap_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path)
         got, answered = ring.nap(0.0002, 5.0)
         assert got >= 0 and answered == 0
         assert ring.serve(0) == 1 and p.decode_u32(t.collect(ns_timeout)[2], "RELEASE reply") == 1
+        # A hostile slot (wrong magic) mid-nap: left to Python, which answers it BAD_MAGIC; the
+        # nap after it answers the next ping as before.
+        off = t._offsets[t._seq % t.slots_per_ring]
+        pool.buf[off + HEADER_SIZE : off + HEADER_SIZE + 4] = b"evil"
+        HEADER.pack_into(pool.buf, off, REQ_READY, t._seq, 0xBAD, epoch, Op.PING, 0, 4)
+        t._seq += 1
+        t._inflight.append(t._seq - 1)
+        got, answered = ring.nap(0.0002, 5.0)
+        assert got >= 0 and answered == 0
+        assert ring.serve(0) == 1 and ring.bad_slots == 1
+        assert t.collect(ns_timeout)[0] == p.Code.BAD_MAGIC
+        t.submit(Op.PING, epoch, b"after")
+        assert ring.nap(0.0002, 5.0) == (-1, 1) and t.collect(ns_timeout) == (0, epoch, b"after")
         # The selector's fd, the timeout, a closed fd.
         b.send(b"x")
         assert ring.nap(0.0002, 5.0, a.fileno()) == (-2, 0)
