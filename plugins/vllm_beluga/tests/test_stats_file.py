@@ -103,3 +103,43 @@ def test_no_path_no_thread() -> None:
     stats = ConnectorStats(None, role="scheduler")
     stats.add("lookups")
     assert stats.get("lookups") == 1 and stats._writer is None
+
+
+def test_concurrent_flushes_never_leave_a_torn_file(tmp_path: Path) -> None:
+    """The writer thread and a thread that sets state (a ring error, an address) may flush at the
+    same moment; each write must land whole, never one document over the tail of another (CI once
+    read `{...}"worker0", ...}` from a worker's file)."""
+    stats = ConnectorStats(str(tmp_path / "v"), role="worker0", min_interval_s=10)
+    path = tmp_path / "v.worker0.json"
+    stop = threading.Event()
+    torn: list[str] = []
+
+    def writer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            # Documents of different lengths, so an overlap of two writes shows as trailing bytes.
+            stats.set(f"note{n}", "x" * (i % 97))
+            stats.add("loads")
+            stats.flush()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue
+            try:
+                json.loads(text)
+            except ValueError:
+                torn.append(text)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not torn, torn[0]
+    assert json.loads(path.read_text())["counters"]["loads"] == stats.get("loads")

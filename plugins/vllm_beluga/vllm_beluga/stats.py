@@ -45,6 +45,10 @@ class ConnectorStats:
         self.counters: dict[str, int] = {}
         self.state: dict[str, object] = {"role": role, "pid": os.getpid(), "healthy": True}
         self._lock = threading.Lock()
+        # Held for a whole write: the writer thread and a thread that sets state may flush at
+        # once, and two writes of the one temporary file interleave (CI read a document with the
+        # tail of a longer one after it). It also keeps an older snapshot from replacing a newer.
+        self._write_lock = threading.Lock()
         self._min_interval = min_interval_s
         self._quiet = quiet_s
         self._max_delay = max_delay_s
@@ -108,18 +112,21 @@ class ConnectorStats:
         """Write the file now if anything changed since the last write (the caller's thread)."""
         if self.path is None or not self._dirty:
             return
-        with self._lock:  # a change after this snapshot leaves the stats dirty for the next write
-            doc = self._document()
-            self._dirty = False
-        self._last_write = time.monotonic()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
-        except OSError:
-            # Stats are for operators; a full disk must not fail inference.
-            pass
+        with self._write_lock:
+            with self._lock:  # a change after this snapshot leaves the stats dirty for the next write
+                if not self._dirty:
+                    return  # another thread wrote it while this one waited
+                doc = self._document()
+                self._dirty = False
+            self._last_write = time.monotonic()
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)
+            except OSError:
+                # Stats are for operators; a full disk must not fail inference.
+                pass
 
     def _start_writer(self) -> None:
         with self._lock:
