@@ -156,7 +156,7 @@ PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_b
 PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);
 PYFN(py_wait_any); PYFN(py_nap_wait_any);                                                                               /* atomics */
 PYFN(py_rpc_post); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
-PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many); PYFN(py_rpc_post_release);                                                       /* ring */
+PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many); PYFN(py_rpc_get_many_post); PYFN(py_rpc_get_many_collect); PYFN(py_rpc_post_release);                                                       /* ring */
 PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                              /* crc */
 HIDDEN PyObject *py_crc32c_kernel(PyObject *self, PyObject *noargs);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);

@@ -88,6 +88,8 @@ static PyMethodDef methods[] = {
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
     {"fi_len", py_fi_len, METH_O, "fi_len(fi) -> keys mirrored."},
+    {"rpc_get_many_post", py_rpc_get_many_post, METH_VARARGS, "rpc_get_many_post(buf, offsets, seq0, epoch32, ns, keys, per_message, max_payload, window, flush) -> messages | (-2, posted) | None: a GET_MANY lookup posted, replies left in flight."},
+    {"rpc_get_many_collect", py_rpc_get_many_collect, METH_VARARGS, "rpc_get_many_collect(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_post's burst."},
     {"rpc_post_release", py_rpc_post_release, METH_VARARGS, "rpc_post_release(buf, offsets, seq0, epoch32, lease_ids, flags, per_message, max_payload, flush) -> [ids per message] | (-2, [...]): RELEASE messages posted without waiting."},
     {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
     {NULL, NULL, 0, NULL},

@@ -198,13 +198,14 @@ done:
 
 /* The burst loop of rpc_call_many and rpc_get_many: request i (src[i], src_len[i] bytes, each at
  * most maxp) goes out as sequence seq0 + i in slot offs[(seq0 + i) % S], at most `window` in flight;
- * reply i's header lands in hdrs[i] and its payload at out + i * maxp. Called with the GIL held; it
+ * reply i's header lands in hdrs[i] and its payload at out + i * maxp; the first `posted0` requests
+ * were posted already (rpc_get_many_post: only their replies are taken). Called with the GIL held; it
  * keeps it for the first CALL_MANY_HELD_NS of waiting and hands it back once for the rest. */
 static int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq0, uint32_t epoch32, uint16_t op,
                      const char *const *src, const Py_ssize_t *src_len, Py_ssize_t n, Py_ssize_t maxp,
                      Py_ssize_t window, uint64_t timeout_ns, int flush, struct slot_hdr *hdrs, char *out,
-                     Py_ssize_t *posted_out, Py_ssize_t *taken_out) {
-    Py_ssize_t posted = 0, taken = 0;
+                     Py_ssize_t posted0, Py_ssize_t *posted_out, Py_ssize_t *taken_out) {
+    Py_ssize_t posted = posted0, taken = 0;
     int state = BURST_OK;
     PyThreadState *ts = NULL;
     uint64_t t0 = now_ns(), last = t0;
@@ -329,7 +330,7 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
     }
     Py_ssize_t posted, taken;
     int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, (uint16_t)op, src, src_len,
-                          n, maxp, window, timeout_ns, flush, hdrs, out, &posted, &taken);
+                          n, maxp, window, timeout_ns, flush, hdrs, out, 0, &posted, &taken);
     if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
     r = PyList_New(n);
     if (r == NULL) goto done;
@@ -403,57 +404,51 @@ static PyObject *decode_get_many_block(const unsigned char *d, Py_ssize_t size, 
  * the chunking and the decode loop cost about 0.25 ms for a 125-block prompt after an idle spell,
  * which is when a pool hit's lookup runs; here they are a few microseconds. A reply that could not
  * carry all of its message's keys answers a prefix: the rest are listed for the caller to ask again. */
-PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, ns; PyObject *keys_obj;
-    Py_ssize_t per_msg, maxp, window; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
-                          &timeout_ns, &flush))
-        return NULL;
-    PyObject *r = NULL, *keys = NULL, *locs = NULL, *left = NULL;
-    const char **src = NULL; Py_ssize_t *src_len = NULL;
-    char *req = NULL, *out = NULL; struct slot_hdr *hdrs = NULL;
-    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
-    keys = PySequence_Tuple(keys_obj);
-    if (keys == NULL) goto done;
+/* The GET_MANY messages for `keys` (bytes of one length, `per_msg` to a message) encoded into one
+ * private buffer: message i at src[i], src_len[i] bytes. Returns the message count, or -1 with
+ * TypeError (keys that are not bytes of one length, or do not fit a slot) or MemoryError set. */
+static Py_ssize_t encode_get_many(PyObject *keys, unsigned int ns, Py_ssize_t per_msg, Py_ssize_t maxp, char **req,
+                                  const char ***src, Py_ssize_t **src_len) {
     Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
-    if (nkeys == 0) { r = Py_BuildValue("(iNN)", 0, PyList_New(0), PyList_New(0)); goto done; }
     PyObject *k0 = PyTuple_GET_ITEM(keys, 0);
-    if (!PyBytes_Check(k0)) { PyErr_SetString(PyExc_TypeError, "keys must be bytes"); goto done; }
+    if (!PyBytes_Check(k0)) { PyErr_SetString(PyExc_TypeError, "keys must be bytes"); return -1; }
     Py_ssize_t klen = PyBytes_GET_SIZE(k0);
     if (klen < 1 || klen > 0xFFFF || per_msg < 1 || per_msg > 0xFFFF || 8 + per_msg * klen > maxp) {
         PyErr_SetString(PyExc_TypeError, "rpc_get_many: key length or keys per message do not fit a slot");
-        goto done;
+        return -1;
     }
     Py_ssize_t m = (nkeys + per_msg - 1) / per_msg;
-    if ((size_t)m > ((size_t)1 << 30) / ((size_t)maxp + 1)) { PyErr_SetString(PyExc_ValueError, "burst too large (over 1 GiB of replies): split it"); goto done; }
+    if ((size_t)m > ((size_t)1 << 30) / ((size_t)maxp + 1)) { PyErr_SetString(PyExc_ValueError, "burst too large (over 1 GiB of replies): split it"); return -1; }
     Py_ssize_t stride = 8 + per_msg * klen;
-    src = PyMem_Malloc(sizeof *src * (size_t)m);
-    src_len = PyMem_Malloc(sizeof *src_len * (size_t)m);
-    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
-    req = PyMem_Malloc((size_t)m * (size_t)stride);
-    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
-    if (!src || !src_len || !hdrs || !req || !out) { PyErr_NoMemory(); goto done; }
+    *src = PyMem_Malloc(sizeof **src * (size_t)m);
+    *src_len = PyMem_Malloc(sizeof **src_len * (size_t)m);
+    *req = PyMem_Malloc((size_t)m * (size_t)stride);
+    if (!*src || !*src_len || !*req) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0; i < m; i++) {
         Py_ssize_t first = i * per_msg, cnt = nkeys - first < per_msg ? nkeys - first : per_msg;
-        char *q = req + (size_t)i * (size_t)stride;
+        char *q = *req + (size_t)i * (size_t)stride;
         uint32_t ns32 = ns; uint16_t c16 = (uint16_t)cnt, k16 = (uint16_t)klen;
         memcpy(q, &ns32, 4); memcpy(q + 4, &c16, 2); memcpy(q + 6, &k16, 2);
         for (Py_ssize_t j = 0; j < cnt; j++) {
             PyObject *k = PyTuple_GET_ITEM(keys, first + j);
             if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) != klen) {
                 PyErr_SetString(PyExc_TypeError, "all keys of one GET_MANY must be bytes of the same length");
-                goto done;
+                return -1;
             }
             memcpy(q + 8 + j * klen, PyBytes_AS_STRING(k), (size_t)klen);
         }
-        src[i] = q; src_len[i] = 8 + cnt * klen;
+        (*src)[i] = q; (*src_len)[i] = 8 + cnt * klen;
     }
-    Py_ssize_t posted, taken;
-    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, OP_GET_MANY, src, src_len,
-                          m, maxp, window, timeout_ns, flush, hdrs, out, &posted, &taken);
-    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
+    return m;
+}
+
+/* The m replies of a GET_MANY burst for `nkeys` keys (`per_msg` to a message; reply i's header in
+ * hdrs[i], its payload at out + i * maxp) as rpc_get_many's result (see there). */
+static PyObject *decode_get_many_replies(const struct slot_hdr *hdrs, const char *out, Py_ssize_t m, Py_ssize_t nkeys,
+                                         Py_ssize_t per_msg, Py_ssize_t maxp) {
+    PyObject *r = NULL, *locs = NULL, *left = NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
-        if (hdrs[i].code) { r = Py_BuildValue("(in)", (int)hdrs[i].code, i); goto done; }
+        if (hdrs[i].code) return Py_BuildValue("(in)", (int)hdrs[i].code, i);
     }
     locs = PyList_New(nkeys);
     left = PyList_New(0);
@@ -492,8 +487,117 @@ PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
     }
     r = Py_BuildValue("(iOO)", 0, locs, left);
 done:
+    Py_XDECREF(locs); Py_XDECREF(left);
+    return r;
+}
+
+/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush)
+ *   -> (0, [location | None per key], [index of a key no reply answered, ...])
+ *    | (code, message index): the server refused that message (the first one it refused)
+ *    | (-3, why): a reply whose payload is not a GET_MANY answer; (-4, why): a reply answering
+ *      none of its keys, or more than it was asked (the ring is in step after both)
+ *    | (-2, done) | None on timeout | ValueError, as rpc_call_many
+ *    | TypeError, before anything is sent, for keys that are not bytes of one length or do not fit
+ * The vLLM scheduler's pool-hit lookup in one call: the GET_MANY messages for `keys` (all of one
+ * length, `per_message` to a message) are encoded here, sent as one pipelined burst, and their
+ * replies decoded straight into location tuples (decode_get_many_block). In Python the encoding,
+ * the chunking and the decode loop cost about 0.25 ms for a 125-block prompt after an idle spell,
+ * which is when a pool hit's lookup runs; here they are a few microseconds. A reply that could not
+ * carry all of its message's keys answers a prefix: the rest are listed for the caller to ask again. */
+PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, ns; PyObject *keys_obj;
+    Py_ssize_t per_msg, maxp, window; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
+                          &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL, *keys = NULL;
+    const char **src = NULL; Py_ssize_t *src_len = NULL;
+    char *req = NULL, *out = NULL; struct slot_hdr *hdrs = NULL;
+    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
+    keys = PySequence_Tuple(keys_obj);
+    if (keys == NULL) goto done;
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
+    if (nkeys == 0) { r = Py_BuildValue("(iNN)", 0, PyList_New(0), PyList_New(0)); goto done; }
+    Py_ssize_t m = encode_get_many(keys, ns, per_msg, maxp, &req, &src, &src_len);
+    if (m < 0) goto done;
+    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
+    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
+    if (!hdrs || !out) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t posted, taken;
+    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, OP_GET_MANY, src, src_len,
+                          m, maxp, window, timeout_ns, flush, hdrs, out, 0, &posted, &taken);
+    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
+    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
+done:
     PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(req); PyMem_Free(out);
-    Py_XDECREF(keys); Py_XDECREF(locs); Py_XDECREF(left);
+    Py_XDECREF(keys);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* rpc_get_many_post(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, flush)
+ *   -> m (the messages posted, as sequences seq0 .. seq0 + m - 1) | (-2, posted) | None
+ *    | TypeError, before anything is sent, as rpc_get_many
+ * The first half of rpc_get_many: the messages encoded and published, their replies left in flight
+ * for rpc_get_many_collect. The vLLM scheduler posts a request's lookup when the request arrives
+ * and takes the answer when it schedules it, so the server's wake-up and work overlap the engine's
+ * own bookkeeping in between. None: more messages than `window` (nothing sent). (-2, posted): a
+ * slot still busy from an abandoned request stopped the posting there. */
+PyObject *py_rpc_get_many_post(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0; unsigned int epoch32, ns; PyObject *keys_obj;
+    Py_ssize_t per_msg, maxp, window; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
+                          &flush))
+        return NULL;
+    PyObject *r = NULL, *keys = NULL;
+    const char **src = NULL; Py_ssize_t *src_len = NULL; char *req = NULL;
+    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
+    keys = PySequence_Tuple(keys_obj);
+    if (keys == NULL) goto done;
+    if (PyTuple_GET_SIZE(keys) == 0) { r = PyLong_FromLong(0); goto done; }
+    Py_ssize_t m = encode_get_many(keys, ns, per_msg, maxp, &req, &src, &src_len);
+    if (m < 0) goto done;
+    if (m > window) { r = Py_None; Py_INCREF(r); goto done; }
+    Py_ssize_t S = ov.len / 8;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    Py_ssize_t posted = 0;
+    for (; posted < m; posted++) {
+        char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
+        if (flush) { flush_range(slot, 8, 1); full_fence(); }
+        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) break;
+        publish(slot, seq0 + (uint64_t)posted, epoch32, OP_GET_MANY, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
+    }
+    r = posted == m ? PyLong_FromSsize_t(m) : Py_BuildValue("(in)", -2, posted);
+done:
+    PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(req);
+    Py_XDECREF(keys);
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* rpc_get_many_collect(buf, slot_offsets_int64[S], seq0, nkeys, per_message, max_payload, timeout_ns, flush)
+ *   -> what rpc_get_many returns, for the burst rpc_get_many_post sent as seq0 onwards
+ * The second half: the replies of the `nkeys`-key lookup posted earlier, taken in order (waiting as
+ * rpc_call_many waits) and decoded. The caller takes nothing else from the ring in between. */
+PyObject *py_rpc_get_many_collect(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long seq0, timeout_ns; Py_ssize_t nkeys, per_msg, maxp; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KnnnKp", &v, &ov, &seq0, &nkeys, &per_msg, &maxp, &timeout_ns, &flush))
+        return NULL;
+    PyObject *r = NULL;
+    char *out = NULL; struct slot_hdr *hdrs = NULL;
+    if (nkeys < 1 || per_msg < 1 || per_msg > 0xFFFF) { PyErr_SetString(PyExc_ValueError, "rpc_get_many_collect: bad key count"); goto done; }
+    Py_ssize_t m = (nkeys + per_msg - 1) / per_msg;
+    if (check_ring(&v, &ov, maxp, m) < 0) goto done;
+    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
+    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
+    if (!hdrs || !out) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t posted, taken;
+    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, 0, OP_GET_MANY, NULL, NULL,
+                          m, maxp, m, timeout_ns, flush, hdrs, out, m, &posted, &taken);
+    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
+    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
+done:
+    PyMem_Free(hdrs); PyMem_Free(out);
     PyBuffer_Release(&v); PyBuffer_Release(&ov);
     return r;
 }

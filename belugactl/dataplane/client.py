@@ -6,6 +6,8 @@
     n = c.lookup_prefix("qwen32b/tp0", hashes)     # how many leading blocks are in the pool
     loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes, checksum) or None
     locs = c.get_many("qwen32b/tp0", hashes[:n])   # the same for many keys, few round trips
+    t = c.post_get_many("qwen32b/tp0", hashes)     # sent now (None: cannot post), the answer taken later:
+    locs = c.take_get_many(t)                      # ... as get_many_tuples answers
     copy_verified(pool.buf, loc, out)              # copy loc.extents out, checking the writer's CRC32C
     c.release([loc.lease_id])                      # -> how many leases it ended
     r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes, deadline, epoch)
@@ -53,7 +55,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from belugactl.dataplane import native
@@ -93,6 +95,21 @@ class BlockLocation:
 
 # A located block as get_many_tuples returns it: (extents, lease id, nbytes, checksum or None).
 LocationTuple = p.LocationTuple
+
+
+@dataclass(eq=False)
+class PostedLookup:
+    """A GET_MANY lookup sent by `post_get_many` whose answer `take_get_many` takes (or an earlier
+    caller's wait took and kept here: replies come back in the order they were sent)."""
+
+    namespace: str
+    keys: Sequence[bytes]
+    seq: int
+    per_call: int
+    reply: tuple | None = None  # what the transport's collect_get_many returned
+    error: Exception | None = None  # why no reply will come (the ring broke, the client reconnected)
+    taken: bool = False
+    owner: object = field(default=None, repr=False)  # the client that sent it: only it can take the answer
 
 
 @dataclass(frozen=True)
@@ -234,7 +251,8 @@ class KVIndexClient:
         self.lease_ttl_s = 0.0  # from HELLO: how long a read lease lives at least (0: unknown)
         # RELEASEs sent without waiting (post_release): the lease count each reply should report,
         # oldest first. Their replies are taken before this client's next request.
-        self._posted: deque[int] = deque()
+        # Lookups posted by post_get_many sit in the same queue, in the order they were sent.
+        self._posted: deque[int | PostedLookup] = deque()
         self.posted_leases_ended = 0  # leases a posted RELEASE found ended already (expired)
         self.posted_refused = 0  # posted RELEASE messages the server refused (or answered malformed)
         self._lookup_cap: dict[int, int] = {}
@@ -254,7 +272,7 @@ class KVIndexClient:
         t = self.transport
         try:
             if t.broken or self._stale or self.epoch:
-                self._posted.clear()  # their replies went with the old ring or socket
+                self._drop_posted("the client reconnected: the reply went with the old ring or socket")
                 t.reset()
             t.forget_epoch()  # HELLO is how we learn the new epoch
             code, _e, payload = t.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
@@ -737,15 +755,28 @@ class KVIndexClient:
             self.messages += 1
         return True
 
-    def collect_posted(self) -> None:
-        """Take the replies of posted RELEASEs, oldest first (usually there already: the server
-        answers a RELEASE in microseconds)."""
+    def collect_posted(self, until: PostedLookup | None = None) -> None:
+        """Take the replies of posted RELEASEs and lookups, oldest first (usually there already: the
+        server answers a RELEASE in microseconds), up to and including `until` (None: all). A
+        lookup's answer is kept for its `take_get_many`."""
         while self._posted:
             want = self._posted[0]
+            if isinstance(want, PostedLookup):
+                try:
+                    want.reply = self.transport.collect_get_many(
+                        want.seq, len(want.keys), want.per_call, self._timeout_ns
+                    )
+                except TransportError as exc:
+                    self._drop_posted(str(exc))
+                    raise self._unavailable(str(exc)) from None
+                self._posted.popleft()
+                if want is until:
+                    return
+                continue
             try:
                 code, _epoch, reply = self.transport.collect(self._timeout_ns)
             except TransportError as exc:
-                self._posted.clear()
+                self._drop_posted(str(exc))
                 raise self._unavailable(str(exc)) from None
             self._posted.popleft()
             if code:
@@ -760,10 +791,83 @@ class KVIndexClient:
                 continue
             self.posted_leases_ended += max(0, want - live)
 
+    def _drop_posted(self, why: str) -> None:
+        """Forget every posted request (its reply will never be taken); a lookup among them answers
+        its `take_get_many` with MetadataUnavailable."""
+        for item in self._posted:
+            if isinstance(item, PostedLookup) and item.reply is None:
+                item.error = self._unavailable(why)
+        self._posted.clear()
+
     @property
     def posted(self) -> int:
-        """RELEASE messages sent by `post_release` whose replies were not taken yet."""
+        """Posted requests (RELEASE messages, lookups) whose replies were not taken yet."""
         return len(self._posted)
+
+    # --- a lookup sent now, its answer taken later --------------------------------------------
+    def post_get_many(self, namespace: str, keys: Sequence[bytes]) -> PostedLookup | None:
+        """Send a `get_many_tuples` lookup of `keys` now and take its answer later (`take_get_many`),
+        so the server works while the caller does something else: the vLLM scheduler posts a
+        request's lookup when the request arrives and takes it when it schedules the request.
+
+        None when this transport cannot post it (TCP, no native helper, the ring's in-flight slots
+        taken, keys of several lengths): nothing was sent; ask with `get_many_tuples`. The leases
+        of the answer start when the server reads the request, as `get_many_tuples`' do: count a
+        deadline from before this call. Requests sent before the answer is taken take it first
+        and keep it. Raises as other requests do (server away, stale epoch)."""
+        post = getattr(self.transport, "post_get_many", None)
+        if post is None or not keys:
+            return None
+        if self._stale:
+            raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
+        if self.transport.broken or namespace not in self._ns:
+            self._before_call()  # reconnects; or the OPEN_NS round trip below needs the ring to itself
+        ns = self._ns_id(namespace)
+        self._check_fence(Op.GET_MANY)
+        shape = (self.transport.max_payload, len(keys[0]))
+        per_call = self._get_many_cap.get(shape)
+        if per_call is None:
+            per_call = self._get_many_cap[shape] = p.get_many_capacity(*shape)
+        try:
+            seq = post(self._epoch32, ns, keys, per_call)
+        except TransportError as exc:
+            self._drop_posted(str(exc))
+            raise self._unavailable(str(exc)) from None
+        if seq is None:
+            return None
+        ticket = PostedLookup(namespace, keys, seq, per_call, owner=self)
+        self._posted.append(ticket)
+        self.messages += -(-len(keys) // per_call)
+        return ticket
+
+    def take_get_many(self, ticket: PostedLookup) -> list[LocationTuple | None]:
+        """The answer to a lookup `post_get_many` sent: one LocationTuple (with its own lease) or None
+        per key, as `get_many_tuples` answers (keys a reply could not carry are asked again here).
+        Raises as `get_many_tuples` does; each answer can be taken once."""
+        if ticket.owner is not self:
+            raise ValueError("this lookup was not posted by this client")
+        if ticket.taken:
+            raise ValueError("this posted lookup's answer was taken already")
+        ticket.taken = True
+        self.round_trips += 1  # one wait for the whole burst, counted where it is taken
+        if ticket.reply is None and ticket.error is None:
+            self.collect_posted(until=ticket)
+        if ticket.error is not None:
+            raise ticket.error
+        code, located, *rest = ticket.reply or (0, None)
+        if code == -3:
+            raise p.ProtocolError(Code.BAD_LENGTH, str(located))
+        if code == -4:
+            raise RequestRejected(str(located))
+        if code:
+            raise self._error(code, Op.GET_MANY)
+        out: list[LocationTuple | None] = located
+        left = rest[0]
+        if left:
+            again = self.get_many_tuples(ticket.namespace, [ticket.keys[j] for j in left])
+            for j, loc in zip(left, again, strict=True):
+                out[j] = loc
+        return out
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""

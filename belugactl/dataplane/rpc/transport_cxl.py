@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ _rpc_call = getattr(native._native, "rpc_call", None) if native._native is not N
 _rpc_call_many = getattr(native._native, "rpc_call_many", None) if native._native is not None else None
 _rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native is not None else None
 _rpc_post_release = getattr(native._native, "rpc_post_release", None) if native._native is not None else None
+_rpc_get_many_post = getattr(native._native, "rpc_get_many_post", None) if native._native is not None else None
+_rpc_get_many_collect = getattr(native._native, "rpc_get_many_collect", None) if native._native is not None else None
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20
@@ -251,6 +254,55 @@ class CxlTransport(ClientTransport):
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + messages
+        return r
+
+    def post_get_many(self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int) -> int | None:
+        """The first half of `get_many`: the GET_MANY messages for `keys` encoded and posted in one
+        native call (`rpc_get_many_post`), their replies left in flight for `collect_get_many`.
+        Returns the first message's sequence number; None when this transport cannot (no native
+        helper, more messages than the ring has free slots, keys of several lengths): nothing was
+        sent. Raises TransportError for a slot still busy from an abandoned request."""
+        if _rpc_get_many_post is None or _rpc_get_many_collect is None or not keys:
+            return None
+        free = self.max_inflight - len(self._inflight)
+        if free < 1:
+            return None
+        seq = self._seq
+        try:
+            r = _rpc_get_many_post(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
+                                   free, self.flush)  # fmt: skip
+        except TypeError:
+            return None
+        if r is None:
+            return None
+        posted = r[1] if isinstance(r, tuple) else r
+        self._inflight.extend(range(seq, seq + posted))
+        self._seq = seq + posted
+        if isinstance(r, tuple):
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        return seq
+
+    def collect_get_many(
+        self, seq: int, nkeys: int, per_message: int, timeout_ns: int
+    ) -> tuple[int, Any, Any] | tuple[int, Any]:
+        """The second half: the replies of the lookup `post_get_many` sent from `seq`, which must be
+        the oldest requests in flight, taken and decoded in one native call. Returns what `get_many`
+        returns; raises TransportError where it does (the ring is then broken)."""
+        messages = -(-nkeys // max(1, per_message))
+        if list(itertools.islice(self._inflight, messages)) != list(range(seq, seq + messages)):
+            raise ValueError("collect_get_many: that lookup's replies are not the next ones in flight")
+        try:
+            r = _rpc_get_many_collect(self.buf, self._offsets_buf, seq, nkeys, per_message, self.max_payload,
+                                      timeout_ns, self.flush)  # fmt: skip
+        except ValueError as exc:  # a malformed reply slot: nothing of this ring can be trusted now
+            self.broken = True
+            raise TransportError(str(exc)) from None
+        if r is None:
+            self.broken = True
+            raise TransportError(f"no reply within {timeout_ns / 1e9:.3f} s")
+        for _ in range(messages):
+            self._inflight.popleft()
         return r
 
     def post_release(self, epoch: int, lease_ids: Sequence[int], flags: int, per_message: int) -> list[int] | None:

@@ -110,6 +110,19 @@ class BlockTransfer:
 _PendingHit = tuple[int, list[bytes], list[Location | None] | None, list[int], float | None]
 
 
+# A request's lookup is posted when it arrives (on_new_request) and its answer taken when vLLM first
+# schedules it, if that comes within this long; later the answer is dropped (its leases handed back)
+# and the lookup asked again, so a request that waited in the queue sees what the pool has now.
+POSTED_LOOKUP_FRESH_S = 0.5
+
+
+@dataclass
+class _PostedLookup:
+    ticket: Any  # BestEffortIndex.post_get_many's
+    keys: list[bytes]
+    asked: float  # time.monotonic() before it was sent: where its leases' deadline counts from
+
+
 @dataclass
 class BelugaConnectorMetadata(KVConnectorMetadata):
     loads: list[BlockTransfer] = field(default_factory=list)
@@ -226,6 +239,11 @@ class BelugaConnector(KVConnectorBase_V1):
         # scheduler state
         self._requests: dict[str, _RequestState] = {}
         self._pending_hits: dict[str, _PendingHit] = {}
+        self._posted_lookups: dict[str, _PostedLookup] = {}
+        # Post each request's lookup when it arrives (one rank: the GET_MANY the scheduler asks
+        # anyway), so the metadata server wakes and answers while the engine does its own work
+        # before it schedules the request; {"post_lookups": false} asks at scheduling instead.
+        self.post_lookups = self.tp_size == 1 and self.cfg.extra.get("post_lookups", True) is not False
         # Lookup leases whose job is done (the blocks were located with leases of their own, or will
         # not be loaded): released in one burst per step, not left to pin blocks for the lease TTL.
         self._done_leases: list[int] = []
@@ -269,6 +287,32 @@ class BelugaConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         self._requests.setdefault(request.request_id, _RequestState(request=request, save=self.saves_enabled))
+        if self.post_lookups and _request_switches(request).get("load", True) is not False:
+            self._post_lookup(request)
+
+    def _post_lookup(self, request: Request) -> None:
+        """Send the request's lookup now (every full block, as get_num_new_matched_tokens asks);
+        its answer is taken when vLLM schedules the request."""
+        if (request.num_tokens - 1) // self.block_size < 1:
+            return  # nothing could be offered
+        every = self._block_keys(request)
+        started, asked = time.perf_counter(), time.monotonic()
+        ticket = self.index.post_get_many(self.namespace, every)
+        self.stats.add("lookup_post_us", int((time.perf_counter() - started) * 1e6))
+        if ticket is not None:
+            self._posted_lookups[request.request_id] = _PostedLookup(ticket, every, asked)
+            self.stats.add("lookups_posted")
+
+    def _drop_posted_lookup(self, req_id: str) -> None:
+        """A posted lookup no one will use: take its answer and hand its leases back."""
+        posted = self._posted_lookups.pop(req_id, None)
+        if posted is None:
+            return
+        started = time.perf_counter()
+        got = self.index.take_get_many(posted.ticket)
+        self._done_leases += _lease_ids(got or ())
+        self.stats.add("lookup_dropped_us", int((time.perf_counter() - started) * 1e6))
+        self.stats.add("lookups_posted_dropped")
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.setdefault(request.request_id, _RequestState(request=request))
@@ -276,6 +320,7 @@ class BelugaConnector(KVConnectorBase_V1):
         state.save = self.saves_enabled and switches.get("save", True) is not False
         self._drop_pending_hit(request.request_id)  # looked up again: vLLM could not schedule it last time
         if switches.get("load", True) is False:
+            self._drop_posted_lookup(request.request_id)
             return 0, False
         # The last token is never offered: vLLM must compute at least one token to sample from.
         loadable = (request.num_tokens - 1) // self.block_size
@@ -283,12 +328,22 @@ class BelugaConnector(KVConnectorBase_V1):
         keys = every[:loadable]
         start = num_computed_tokens // self.block_size
         if len(keys) <= start:
+            self._drop_posted_lookup(request.request_id)
             return 0, False
+        posted = self._posted_lookups.get(request.request_id)
+        if posted is not None and (posted.keys != every or time.monotonic() - posted.asked > POSTED_LOOKUP_FRESH_S):
+            self._drop_posted_lookup(request.request_id)  # stale, or asked about other blocks
+            posted = None
         started, trips = time.perf_counter(), self.index.round_trips
         asked = time.monotonic()
         # Every full block is asked about, the one holding the last token too (never offered): when
         # it is present as well, this request's save skips it instead of meeting "already there".
-        found, located, spare = self._lookup(every)
+        if posted is not None:
+            del self._posted_lookups[request.request_id]
+            found, located, spare = self._take_posted(posted, every)
+            asked = posted.asked
+        else:
+            found, located, spare = self._lookup(every)
         present = min(found, loadable)
         state.known_present = found
         self.stats.add("lookups")
@@ -356,6 +411,18 @@ class BelugaConnector(KVConnectorBase_V1):
             return found, located, []
         found, leases = self.index.lookup_prefix_leased(self.namespace, keys)
         return found, None, leases
+
+    def _take_posted(
+        self, posted: _PostedLookup, keys: list[bytes]
+    ) -> tuple[int, list[Location | None] | None, list[int]]:
+        """`_lookup`'s answer from the lookup posted when the request arrived (one rank only)."""
+        located = self.index.take_get_many(posted.ticket)
+        if located is None:  # the server went away meanwhile: a miss, as a lookup would say
+            located = [None] * len(keys)
+        else:
+            self.stats.add("lookups_posted_used")
+        found = next((i for i, loc in enumerate(located) if loc is None), len(located))
+        return found, located, []
 
     def _drop_pending_hit(self, req_id: str) -> None:
         pending = self._pending_hits.pop(req_id, None)
@@ -431,6 +498,7 @@ class BelugaConnector(KVConnectorBase_V1):
         # reported its saves complete (get_finished); the others are freed now.
         state = self._requests.pop(request.request_id, None)
         self._drop_pending_hit(request.request_id)
+        self._drop_posted_lookup(request.request_id)
         return bool(state is not None and state.saving and self.async_saves), None
 
     # ------------------------------------------------------------------ worker side

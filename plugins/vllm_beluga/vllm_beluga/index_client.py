@@ -168,6 +168,29 @@ class BestEffortIndex:
         got = self._call("get", None, fn)
         return [None] * len(keys) if got is None else list(got)
 
+    def post_get_many(self, namespace: str, keys: Sequence[bytes]) -> Any:
+        """`get_many_tuples` sent now, answered by `take_get_many` later (the client's
+        `post_get_many`): a ticket, or None when nothing was sent (the client cannot post, the
+        server is down): ask with `get_many_tuples` then."""
+        if not keys:
+            return None
+
+        def post(c: Any) -> Any:
+            fn = getattr(c, "post_get_many", None)
+            ticket = fn(namespace, keys) if fn is not None else None
+            return None if ticket is None else (c, ticket)
+
+        return self._call("get", None, post)
+
+    def take_get_many(self, ticket: Any) -> list[Any] | None:
+        """The answer to a posted lookup, as `get_many_tuples` answers; None when it cannot be had
+        (the server went away, the ring broke): the blocks count as absent and any leases the
+        answer held are lost with it, to expire on the server."""
+        client, posted = ticket
+        if client is not self._client:
+            return None  # sent by a client this door has since dropped: its answer went with it
+        return self._call("get", None, lambda c: c.take_get_many(posted))
+
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Any:
         """A Reservation, or None when the key is present already, the pool is full, or the server is down."""
         try:
