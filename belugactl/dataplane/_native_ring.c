@@ -602,18 +602,25 @@ done:
     return r;
 }
 
-/* rpc_post_release(buf, slot_offsets_int64[S], seq0, epoch32, lease_ids, flags, per_message, max_payload, flush)
+/* rpc_post_release(buf, slot_offsets_int64[S], seq0, epoch32, lease_ids, flags, per_message, max_payload,
+ *                  flush=False, epoch_off=-1, expected_epoch=0)
  *   -> [ids in each message posted] | (-2, [ids in each message posted before the busy slot])
+ *    | (-1, []): fenced, nothing posted
  * A reader's lease release posted without waiting for its replies (KVIndexClient.post_release):
  * the non-zero ids, `per_message` to a RELEASE message (u16 count, u16 flags, u32 0, u64 ids),
  * published as sequences seq0, seq0 + 1, ... The vLLM worker posts this right after its copy,
  * when the interpreter is cold: in Python the encoding and the submits took 80 to 180 us for a
- * 125-block hit. A slot still busy from an abandoned request stops the posting there (-2).
- * Ids that are not integers of 64 bits raise (nothing posted); the caller checks the window. */
+ * 125-block hit, and after a copy every Python object or function touched first costs 20 to 60 us
+ * on the 2-vCPU test VM. So `lease_ids` may be a buffer of native uint64 (an array('Q') packed
+ * while the ids were warm) as well as a sequence of ints, and with epoch_off >= 0 the pool
+ * header's epoch word is compared with expected_epoch first (as rpc_call does): moved, nothing is
+ * posted (-1). A slot still busy from an abandoned request stops the posting there (-2). Ids that
+ * are not integers of 64 bits raise (nothing posted); the caller checks the window. */
 PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long seq0; unsigned int epoch32, flags; PyObject *ids_obj;
-    Py_ssize_t per_msg, maxp; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIOInn|p", &v, &ov, &seq0, &epoch32, &ids_obj, &flags, &per_msg, &maxp, &flush))
+    Py_buffer v, ov, ib; unsigned long long seq0, expected = 0; unsigned int epoch32, flags; PyObject *ids_obj;
+    Py_ssize_t per_msg, maxp, epoch_off = -1; int flush = 0, have_ib = 0;
+    if (!PyArg_ParseTuple(args, "w*y*KIOInn|pnK", &v, &ov, &seq0, &epoch32, &ids_obj, &flags, &per_msg, &maxp, &flush,
+                          &epoch_off, &expected))
         return NULL;
     PyObject *r = NULL, *ids = NULL, *counts = NULL;
     uint64_t *vals = NULL; char *msg = NULL;
@@ -622,17 +629,35 @@ PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "rpc_post_release: ids per message or flags do not fit a slot");
         goto done;
     }
-    ids = PySequence_Fast(ids_obj, "lease ids must be a sequence");
-    if (ids == NULL) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids), k = 0;
+    Py_ssize_t n, k = 0;
+    if (!PyList_Check(ids_obj) && !PyTuple_Check(ids_obj) && PyObject_CheckBuffer(ids_obj)) {
+        if (PyObject_GetBuffer(ids_obj, &ib, PyBUF_SIMPLE) < 0) goto done;
+        have_ib = 1;
+        if (ib.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "rpc_post_release: a buffer of lease ids holds 8-byte words"); goto done; }
+        n = ib.len / 8;
+    } else {
+        ids = PySequence_Fast(ids_obj, "lease ids must be a sequence or a buffer of uint64");
+        if (ids == NULL) goto done;
+        n = PySequence_Fast_GET_SIZE(ids);
+    }
     vals = PyMem_Malloc(sizeof *vals * (size_t)(n ? n : 1));
     msg = PyMem_Malloc((size_t)(8 + per_msg * 8));
     counts = PyList_New(0);
     if (!vals || !msg || !counts) { if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(ids, i));
-        if (x == (uint64_t)-1 && PyErr_Occurred()) goto done;
+        uint64_t x;
+        if (have_ib) memcpy(&x, (const char *)ib.buf + 8 * i, 8);
+        else {
+            x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(ids, i));
+            if (x == (uint64_t)-1 && PyErr_Occurred()) goto done;
+        }
         if (x) vals[k++] = x;
+    }
+    if (epoch_off >= 0) {
+        uint64_t *ew;
+        if (get_word(&v, epoch_off, &ew) < 0) goto done;
+        if (flush) { flush_range((char *)ew, 8, 1); full_fence(); }
+        if (__atomic_load_n(ew, __ATOMIC_ACQUIRE) != expected) { r = Py_BuildValue("(iO)", -1, counts); goto done; }
     }
     Py_ssize_t S = ov.len / 8;
     const int64_t *offs = (const int64_t *)ov.buf;
@@ -654,6 +679,7 @@ PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(vals); PyMem_Free(msg);
     Py_XDECREF(ids); Py_XDECREF(counts);
+    if (have_ib) PyBuffer_Release(&ib);
     PyBuffer_Release(&v); PyBuffer_Release(&ov);
     return r;
 }

@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -256,6 +257,7 @@ class KVIndexClient:
         self.posted_leases_ended = 0  # leases a posted RELEASE found ended already (expired)
         self.posted_refused = 0  # posted RELEASE messages the server refused (or answered malformed)
         self._lookup_cap: dict[int, int] = {}
+        self._release_cap: dict[int, int] = {}  # max payload -> lease ids a RELEASE message carries
         self._get_many_cap: dict[tuple[int, int], int] = {}  # (max payload, key length): keys a message
         # What this client sent: requests, and waits for replies (a pipelined burst waits once per
         # in-flight window). The connector reports them per saved request.
@@ -717,36 +719,47 @@ class KVIndexClient:
             return None
         return asked + LEASE_TRUST_SHARE * self.lease_ttl_s
 
-    def post_release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> bool:
+    def post_release(self, lease_ids: Sequence[int] | array, *, handed_over: bool = False) -> bool:
         """Send RELEASE for `lease_ids` without waiting for the reply: for a reader that needs no
         live count (its copy ended within `lease_trusted_until`, or the leases hold nothing it
         read). The replies are taken before this client's next request (or by `collect_posted`);
         leases they report ended count in `posted_leases_ended`, refusals in `posted_refused`.
+        `lease_ids` may be an array('Q') packed earlier (the vLLM worker packs its load's leases
+        before the copy, while they are warm: after it, every object touched costs a cache miss).
 
         False when nothing was sent because the transport has no room in flight for it: release
         them the usual way. Raises as other requests do (server away, stale epoch)."""
-        ids = [i for i in lease_ids if i]
+        if isinstance(lease_ids, array):
+            ids: Sequence[int] | array = lease_ids  # zeros are skipped where they are encoded
+        else:
+            ids = [i for i in lease_ids if i]
         if not ids:
             return True
-        self._before_call()  # takes earlier posted replies first
         t = self.transport
-        per_call = max(1, p.release_capacity(t.max_payload))
+        if self._posted or self._stale or t.broken:
+            self._before_call()  # takes earlier posted replies first
+        per_call = self._release_cap.get(t.max_payload)
+        if per_call is None:
+            per_call = self._release_cap[t.max_payload] = max(1, p.release_capacity(t.max_payload))
         if t.pending + -(-len(ids) // per_call) > max(1, t.max_inflight):
             return False
-        self._check_fence(Op.RELEASE)
         flags = p.RELEASE_HANDED_OVER if handed_over else 0
         fused = getattr(t, "post_release", None)
         if fused is not None:
-            # Encoded and posted in one native call (CXL rings): this runs right after a copy, cold.
+            # Encoded and posted in one native call (CXL rings), the fence checked in it too: this
+            # runs right after a copy, cold.
             try:
                 counts = fused(self._epoch32, ids, flags, per_call)
             except TransportError as exc:
                 raise self._unavailable(str(exc)) from None
+            if counts == FENCED:
+                raise self._error(Code.STALE_EPOCH, Op.RELEASE)
             if counts is not None:
                 self._posted.extend(counts)
                 self.messages += len(counts)
                 return True
-        for count, payload in self._release_payloads(ids, handed_over):
+        self._check_fence(Op.RELEASE)
+        for count, payload in self._release_payloads([i for i in ids if i], handed_over):
             try:
                 t.submit(Op.RELEASE, self._epoch32, payload)
             except TransportError as exc:

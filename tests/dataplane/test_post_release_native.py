@@ -63,6 +63,40 @@ def test_the_posted_slots_are_what_the_python_path_posts(flags: int) -> None:
 
 
 @needs_fused
+def test_packed_ids_post_what_a_list_posts() -> None:
+    """An array('Q') of ids (the vLLM worker packs its load's leases before the copy) posts the same
+    slots as the list of the same ids; zeros are skipped either way; a buffer of odd size posts nothing."""
+    rng = random.Random(11)
+    per = p.release_capacity(MAXP)
+    ids = [rng.getrandbits(64) or 1 for _ in range(2 * per + 3)]
+    ids[4] = ids[per + 1] = 0
+    got = []
+    for form in (ids, array("Q", ids), bytes(array("Q", ids))):
+        buf, offs = _ring()
+        counts = fused(buf, offs.tobytes(), 5, 7, form, 0, per, MAXP, False)
+        got.append((counts, bytes(buf)))
+    assert got[0] == got[1] == got[2] and sum(got[0][0]) == len(ids) - 2
+    buf, offs = _ring()
+    with pytest.raises(ValueError, match="8-byte"):
+        fused(buf, offs.tobytes(), 5, 7, b"\x01" * 12, 0, per, MAXP, False)
+    assert not any(buf)
+
+
+@needs_fused
+def test_a_moved_epoch_posts_nothing() -> None:
+    """With the pool header's epoch word given (as the client does), a release after a server restart
+    (the epoch moved) posts nothing and says so (-1); the unchanged epoch posts."""
+    buf, offs = _ring()
+    epoch_off = SLOT * (SLOTS - 1)  # a word of the buffer stands in for the pool header's epoch
+    buf[epoch_off : epoch_off + 8] = (41).to_bytes(8, "little")
+    assert fused(buf, offs.tobytes(), 0, 1, [1, 2], 0, 4, MAXP, False, epoch_off, 40) == (-1, [])
+    assert not any(buf[:epoch_off])
+    assert fused(buf, offs.tobytes(), 0, 1, [1, 2], 0, 4, MAXP, False, epoch_off, 41) == [2]
+    with pytest.raises(ValueError):
+        fused(buf, offs.tobytes(), 0, 1, [1, 2], 0, 4, MAXP, False, len(buf), 41)  # a word past the buffer
+
+
+@needs_fused
 def test_a_busy_slot_stops_the_posting_and_bad_ids_post_nothing() -> None:
     buf, offs = _ring()
     per = 4
@@ -136,6 +170,26 @@ def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: 
         assert c.posted == 0 and c.posted_leases_ended == 0 and c.posted_refused == 0
         assert _held(st, 0) == 0
         assert all(loc is not None for loc in c.get_many_tuples("r", keys))  # the ring is in step
+    finally:
+        st.close()
+        pool.close()
+
+
+@needs_fused
+def test_a_release_after_the_pool_epoch_moved_is_fenced_without_sending(pool_path: Path) -> None:
+    from belugactl.dataplane.metadata_errors import StaleEpoch
+
+    pool = PoolMapping.open(pool_path)
+    st = ServerThread(pool, fast_path=True)
+    try:
+        c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
+        c.reconnect()
+        t = c.transport
+        seq = t._seq
+        t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined
+        with pytest.raises(StaleEpoch):
+            c.post_release(array("Q", [1, 2, 3]))
+        assert t._seq == seq and t.pending == 0 and c.posted == 0  # nothing was posted
     finally:
         st.close()
         pool.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -305,18 +306,25 @@ class CxlTransport(ClientTransport):
             self._inflight.popleft()
         return r
 
-    def post_release(self, epoch: int, lease_ids: Sequence[int], flags: int, per_message: int) -> list[int] | None:
-        """RELEASE messages for `lease_ids` (`per_message` to a message) encoded and posted in one
-        native call (`rpc_post_release`), their replies left in flight: what a vLLM worker posts
-        right after a pool hit's copy. Returns the ids in each message posted; None when this
-        transport cannot (no native helper): nothing was sent, the caller submits them itself. The
-        caller keeps within `max_inflight`. Raises TransportError for a slot still busy from an
+    def post_release(
+        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int
+    ) -> list[int] | int | None:
+        """RELEASE messages for `lease_ids` (ints, or an array('Q')) `per_message` to a message,
+        encoded and posted in one native call (`rpc_post_release`), their replies left in flight:
+        what a vLLM worker posts right after a pool hit's copy. Returns the ids in each message
+        posted; FENCED when the pool's epoch moved since `adopt` (checked in the same call: nothing
+        was sent); None when this transport cannot (no native helper): nothing was sent, the caller
+        submits them itself. The caller keeps within `max_inflight`. Raises TransportError for a slot still busy from an
         abandoned request (the ring is out of step)."""
         if _rpc_post_release is None:
             return None
         seq = self._seq
+        fence = self.fence_epoch
         r = _rpc_post_release(self.buf, self._offsets_buf, seq, epoch, lease_ids, flags, per_message,
-                              self.max_payload, self.flush)  # fmt: skip
+                              self.max_payload, self.flush, self._epoch_off if fence is not None else -1,
+                              fence or 0)  # fmt: skip
+        if isinstance(r, tuple) and r[0] == FENCED:
+            return FENCED  # the pool's epoch moved: nothing was posted
         counts = r[1] if isinstance(r, tuple) else r
         self._inflight.extend(range(seq, seq + len(counts)))
         self._seq = seq + len(counts)

@@ -38,7 +38,8 @@ def config(**extra):
         kv_connector_extra_config={"metadata_address": ring, "hash_seed": "0", "namespace": "probe", **extra},
     )
     args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BS,
-                      prefix_caching_hash_algo="sha256_cbor", enable_prefix_caching=False, kv_transfer_config=kv)  # fmt: skip
+                      prefix_caching_hash_algo="sha256_cbor", enable_prefix_caching=False,
+                      kv_transfer_config=kv)  # fmt: skip
     return args.create_engine_config()
 
 

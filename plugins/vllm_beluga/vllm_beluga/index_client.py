@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -282,16 +283,18 @@ class BestEffortIndex:
         trusted = getattr(client, "lease_trusted_until", None) if client is not None else None
         return trusted(asked) if trusted is not None else None
 
-    def post_release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> bool:
+    def post_release(self, lease_ids: Sequence[int] | array, *, handed_over: bool = False) -> bool:
         """Release without waiting for the live count (KVIndexClient.post_release). True when sent,
         or when there is no server to tell (its leases then expire on their own); False when it
-        could not be posted: release them with `release` instead."""
-        if not any(lease_ids):
+        could not be posted: release them with `release` instead. An array('Q') of ids (packed
+        while they were warm) goes to the client as it is."""
+        packed = isinstance(lease_ids, array)
+        if not (len(lease_ids) if packed else any(lease_ids)):
             return True
 
         def post(c: Any) -> bool:
             fn = getattr(c, "post_release", None)
-            return False if fn is None else bool(fn(list(lease_ids), handed_over=handed_over))
+            return False if fn is None else bool(fn(lease_ids if packed else list(lease_ids), handed_over=handed_over))
 
         try:
             return self._call("release", True, post)
