@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 from array import array
 from collections import deque
@@ -291,7 +290,8 @@ class CxlTransport(ClientTransport):
         the oldest requests in flight, taken and decoded in one native call. Returns what `get_many`
         returns; raises TransportError where it does (the ring is then broken)."""
         messages = -(-nkeys // max(1, per_message))
-        if list(itertools.islice(self._inflight, messages)) != list(range(seq, seq + messages)):
+        # Its messages went out as consecutive sequences: the oldest in flight must be its first.
+        if len(self._inflight) < messages or self._inflight[0] != seq:
             raise ValueError("collect_get_many: that lookup's replies are not the next ones in flight")
         try:
             r = _rpc_get_many_collect(self.buf, self._offsets_buf, seq, nkeys, per_message, self.max_payload,
