@@ -486,14 +486,7 @@ class KVIndexClient:
                 sent = -(-len(keys) // per_call)
                 self.messages += sent
                 self.round_trips += -(-sent // max(1, self.transport.max_inflight))
-                code, located, *rest = got
-                if code == -3:
-                    raise p.ProtocolError(Code.BAD_LENGTH, str(located))
-                if code == -4:
-                    raise RequestRejected(str(located))
-                if code:
-                    raise self._error(code, Op.GET_MANY)
-                out, todo = located, rest[0]
+                out, todo = self._get_many_answer(got)
         # All the messages go out as one pipelined burst; a reply that could not carry every key of
         # its message (many extents) answers a prefix, and the rest goes out in the next burst.
         while todo:
@@ -509,6 +502,18 @@ class KVIndexClient:
                 left += chunk[len(items) :]
             todo = left
         return out
+
+    def _get_many_answer(self, got: tuple) -> tuple[list[LocationTuple | None], list[int]]:
+        """The native GET_MANY burst's result (`rpc_get_many`, `rpc_get_many_collect`): the locations
+        and the indices of keys no reply carried; a refused or malformed answer raises."""
+        code, located, *rest = got
+        if code == -3:
+            raise p.ProtocolError(Code.BAD_LENGTH, str(located))
+        if code == -4:
+            raise RequestRejected(str(located))
+        if code:
+            raise self._error(code, Op.GET_MANY)
+        return located, rest[0]
 
     def reserve(self, namespace: str, key: bytes, nbytes: int) -> Reservation:
         ns = self._ns_id(namespace)
@@ -867,15 +872,7 @@ class KVIndexClient:
             self.collect_posted(until=ticket)
         if ticket.error is not None:
             raise ticket.error
-        code, located, *rest = ticket.reply or (0, None)
-        if code == -3:
-            raise p.ProtocolError(Code.BAD_LENGTH, str(located))
-        if code == -4:
-            raise RequestRejected(str(located))
-        if code:
-            raise self._error(code, Op.GET_MANY)
-        out: list[LocationTuple | None] = located
-        left = rest[0]
+        out, left = self._get_many_answer(ticket.reply)
         if left:
             again = self.get_many_tuples(ticket.namespace, [ticket.keys[j] for j in left])
             for j, loc in zip(left, again, strict=True):

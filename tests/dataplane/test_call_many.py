@@ -57,16 +57,20 @@ class ServerThread:
         self.server.close()
 
 
-@pytest.fixture(params=[False, True], ids=["flush-off", "flush-on"])
-def served(pool_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[PoolMapping, ServerThread]]:
-    pool = PoolMapping.open(pool_path)
-    pool.needs_flush = request.param
+def serve_pool(pool: PoolMapping, *, flush: bool) -> Iterator[tuple[PoolMapping, ServerThread]]:
+    """`pool` served by a real server thread (fast path on), flushing as a non-coherent host would."""
+    pool.needs_flush = flush
     st = ServerThread(pool, fast_path=True)
     try:
         yield pool, st
     finally:
         st.close()
         pool.close()
+
+
+@pytest.fixture(params=[False, True], ids=["flush-off", "flush-on"])
+def served(pool_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[PoolMapping, ServerThread]]:
+    yield from serve_pool(PoolMapping.open(pool_path), flush=request.param)
 
 
 @pytest.mark.parametrize("use_native", PATHS, indirect=True)

@@ -23,7 +23,7 @@ from belugactl.dataplane.rpc.protocol import Op
 from belugactl.pool.file_pool import create_file_pool
 from belugactl.pool.mapping import PoolMapping
 from tests.dataplane.test_batched_puts import RACK_64
-from tests.dataplane.test_call_many import ServerThread
+from tests.dataplane.test_call_many import ServerThread, serve_pool
 from tests.dataplane.test_get_many_fused import (  # noqa: F401 - `hostile` is a fixture
     KEYS,
     NS,
@@ -49,14 +49,7 @@ def _demo_rings(tmp_path: Path) -> PoolMapping:
 
 @pytest.fixture(params=[False, True], ids=["flush-off", "flush-on"])
 def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[PoolMapping, ServerThread]]:
-    pool = _demo_rings(tmp_path)
-    pool.needs_flush = request.param
-    st = ServerThread(pool, fast_path=True)
-    try:
-        yield pool, st
-    finally:
-        st.close()
-        pool.close()
+    yield from serve_pool(_demo_rings(tmp_path), flush=request.param)
 
 
 def _commit(writer: KVIndexClient, keys: list[bytes], present: set[int]) -> None:
