@@ -303,9 +303,8 @@ class BelugaConnector(KVConnectorBase_V1):
             self._posted_lookups[request.request_id] = _PostedLookup(ticket, every, asked)
             self.stats.add("lookups_posted")
 
-    def _drop_posted_lookup(self, req_id: str) -> None:
+    def _drop_posted_lookup(self, posted: _PostedLookup | None) -> None:
         """A posted lookup no one will use: take its answer and hand its leases back."""
-        posted = self._posted_lookups.pop(req_id, None)
         if posted is None:
             return
         started = time.perf_counter()
@@ -319,8 +318,9 @@ class BelugaConnector(KVConnectorBase_V1):
         switches = _request_switches(request)
         state.save = self.saves_enabled and switches.get("save", True) is not False
         self._drop_pending_hit(request.request_id)  # looked up again: vLLM could not schedule it last time
+        posted = self._posted_lookups.pop(request.request_id, None)
         if switches.get("load", True) is False:
-            self._drop_posted_lookup(request.request_id)
+            self._drop_posted_lookup(posted)
             return 0, False
         # The last token is never offered: vLLM must compute at least one token to sample from.
         loadable = (request.num_tokens - 1) // self.block_size
@@ -328,18 +328,16 @@ class BelugaConnector(KVConnectorBase_V1):
         keys = every[:loadable]
         start = num_computed_tokens // self.block_size
         if len(keys) <= start:
-            self._drop_posted_lookup(request.request_id)
+            self._drop_posted_lookup(posted)
             return 0, False
-        posted = self._posted_lookups.get(request.request_id)
         if posted is not None and (posted.keys != every or time.monotonic() - posted.asked > POSTED_LOOKUP_FRESH_S):
-            self._drop_posted_lookup(request.request_id)  # stale, or asked about other blocks
+            self._drop_posted_lookup(posted)  # stale, or asked about other blocks
             posted = None
         started, trips = time.perf_counter(), self.index.round_trips
         asked = time.monotonic()
         # Every full block is asked about, the one holding the last token too (never offered): when
         # it is present as well, this request's save skips it instead of meeting "already there".
         if posted is not None:
-            del self._posted_lookups[request.request_id]
             found, located, spare = self._take_posted(posted, every)
             asked = posted.asked
         else:
@@ -498,7 +496,7 @@ class BelugaConnector(KVConnectorBase_V1):
         # reported its saves complete (get_finished); the others are freed now.
         state = self._requests.pop(request.request_id, None)
         self._drop_pending_hit(request.request_id)
-        self._drop_posted_lookup(request.request_id)
+        self._drop_posted_lookup(self._posted_lookups.pop(request.request_id, None))
         return bool(state is not None and state.saving and self.async_saves), None
 
     # ------------------------------------------------------------------ worker side
