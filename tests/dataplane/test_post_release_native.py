@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 import time
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -115,13 +117,23 @@ def test_a_busy_slot_stops_the_posting_and_bad_ids_post_nothing() -> None:
     assert not any(buf)
 
 
-@needs_fused
-def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailable(pool_path: Path) -> None:
+@contextmanager
+def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexClient]]:
+    """A real server thread on the pool and a client joined on its ring 2."""
     pool = PoolMapping.open(pool_path)
     st = ServerThread(pool, fast_path=True)
     try:
         c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
         c.reconnect()
+        yield pool, c
+    finally:
+        st.close()
+        pool.close()
+
+
+@needs_fused
+def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailable(pool_path: Path) -> None:
+    with _client_on_ring_2(pool_path) as (pool, c):
         t = c.transport
         pool.buf[t._offsets[t._seq % t.slots_per_ring] : t._offsets[t._seq % t.slots_per_ring] + 8] = (
             REQ_READY.to_bytes(8, "little")
@@ -129,9 +141,6 @@ def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailab
         with pytest.raises(MetadataUnavailable):
             c.post_release([1, 2, 3])
         assert t.broken
-    finally:
-        st.close()
-        pool.close()
 
 
 def _held(st: ServerThread, want: int, timeout: float = 5.0) -> int:
@@ -179,17 +188,10 @@ def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: 
 def test_a_release_after_the_pool_epoch_moved_is_fenced_without_sending(pool_path: Path) -> None:
     from belugactl.dataplane.metadata_errors import StaleEpoch
 
-    pool = PoolMapping.open(pool_path)
-    st = ServerThread(pool, fast_path=True)
-    try:
-        c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
-        c.reconnect()
+    with _client_on_ring_2(pool_path) as (_pool, c):
         t = c.transport
         seq = t._seq
         t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined
         with pytest.raises(StaleEpoch):
             c.post_release(array("Q", [1, 2, 3]))
         assert t._seq == seq and t.pending == 0 and c.posted == 0  # nothing was posted
-    finally:
-        st.close()
-        pool.close()
