@@ -11,54 +11,20 @@ import os
 import sys
 import time
 
-from vllm.config import KVTransferConfig
+from probe_vllm import BS, Blocks, engine_config, request
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.engine.arg_utils import EngineArgs
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.request import Request
 from vllm_beluga import connector as connector_module
 from vllm_beluga.connector import BelugaConnector
 
 from belugactl.dataplane.client import connect
 
 model, tcp, ring = sys.argv[1], sys.argv[2], sys.argv[3]
-BS = 32
 os.environ["PYTHONHASHSEED"] = "0"
 
 
 def config(**extra):
-    kv = KVTransferConfig(
-        kv_connector="BelugaConnector",
-        kv_connector_module_path="vllm_beluga.connector",
-        kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"metadata_address": ring, "hash_seed": "0", "namespace": "probe", **extra},
-    )
-    args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BS,
-                      prefix_caching_hash_algo="sha256_cbor", enable_prefix_caching=False,
-                      kv_transfer_config=kv)  # fmt: skip
-    return args.create_engine_config()
-
-
-hash_fn = get_hash_fn_by_name("sha256_cbor")
-init_none_hash(hash_fn)
-hasher = get_request_block_hasher(BS, hash_fn)
-
-
-def request(rid: str, tokens: list[int], params: dict | None = None) -> Request:
-    sp = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params} if params else None)
-    return Request(rid, tokens, sp, None, block_hasher=hasher)
-
-
-class Blocks:  # what update_state_after_alloc reads of vLLM's KVCacheBlocks: one group's block ids
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-    def get_block_ids(self) -> tuple[list[int]]:
-        return (self.ids,)
+    return engine_config(model, ring, **extra)
 
 
 client = connect(tcp)
