@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,8 +38,9 @@ def bystander():
 def _forged(proc: subprocess.Popen, *, start_offset: float = -3600.0) -> dict:
     """The bystander's pid and command line, but the start time of an older process that had the pid."""
     real = ProcessIdentity.of(proc.pid)
-    assert real is not None
-    return {**real.to_dict(), "start_time": real.start_time + start_offset}
+    assert real is not None and real.start_ticks is not None
+    ticks = max(0, real.start_ticks + round(start_offset * os.sysconf("SC_CLK_TCK")))
+    return {**real.to_dict(), "start_time": real.start_time + start_offset, "start_ticks": ticks}
 
 
 def _state(tmp_path: Path, proc: subprocess.Popen, *, supervisor: dict | None, entry: dict | None) -> None:
@@ -69,6 +71,26 @@ def test_identity_matches_only_the_same_process(bystander):
     renamed = ProcessIdentity(real.pid, real.start_time, ("VLLM::EngineCore",), real.exe)
     assert renamed.matches(real)
     assert not ProcessIdentity(real.pid, real.start_time, ("other",), "/bin/other").matches(real)
+
+
+def test_a_stepped_wall_clock_does_not_make_a_live_process_look_gone(bystander):
+    """psutil's create_time is boot time + ticks, and the kernel's boot time moves when NTP steps the
+    clock: a later reader can see one process's create_time a second off. The ticks decide."""
+    real = ProcessIdentity.of(bystander.pid)
+    assert real is not None and real.start_ticks is not None and real.boot_id
+    stepped = ProcessIdentity.from_dict({**real.to_dict(), "start_time": real.start_time - 1.0})
+    assert stepped is not None and stepped.start_ticks == real.start_ticks
+    assert is_running(stepped)
+    # one tick later is another process, whatever the wall clock says
+    other = ProcessIdentity.from_dict({**real.to_dict(), "start_ticks": real.start_ticks + 1})
+    assert not is_running(other)
+    # ticks of another boot do not compare: the wall-clock time decides, tightly
+    old_boot = {**real.to_dict(), "boot_id": "another-boot", "start_time": real.start_time - 1.0}
+    assert not is_running(ProcessIdentity.from_dict(old_boot))
+    # a state file from before ticks were recorded still works on the wall-clock time
+    legacy = {k: v for k, v in real.to_dict().items() if k not in ("start_ticks", "boot_id")}
+    assert is_running(ProcessIdentity.from_dict(legacy))
+    assert not is_running(ProcessIdentity.from_dict({**legacy, "start_time": real.start_time - 1.0}))
 
 
 def test_signals_never_reach_a_reused_pid(bystander):

@@ -5,8 +5,14 @@ the next process that starts. `serve` records each process it starts as (pid, st
 line, executable) and every signal `stop`, `status` and the supervisor send is preceded by a check
 that the pid still belongs to that process:
 
-- the start time (the kernel's, in clock ticks since boot, as psutil reports it) decides: two
-  processes with one pid never share a start time within a boot;
+- the start time decides: two processes with one pid never share a start time within a boot. It is
+  compared as the kernel keeps it, clock ticks since boot (`/proc/PID/stat` field 22) within one
+  boot id. psutil's wall-clock `create_time` is that plus the boot time, and the boot time the
+  kernel reports (`btime` in /proc/stat) is derived from the current clock, so it moves by a second
+  when NTP steps the clock: two processes (serve's supervisor and a later `belugactl status`) can
+  see one process's create_time a second apart. The wall-clock time is kept for reports and for
+  state files written before ticks were recorded, where it is compared with a tight tolerance
+  (a mismatch there only reads as "not running", never as a signal to the wrong process);
 - the command line must match too, or, where a process renamed itself (vLLM sets process titles),
   the executable must. A recorded entry without an identity (a state file from an older belugactl)
   is never signalled.
@@ -36,6 +42,8 @@ class ProcessIdentity:
     start_time: float  # seconds since the epoch (psutil's create_time)
     cmdline: tuple[str, ...]
     exe: str | None = None
+    start_ticks: int | None = None  # /proc/PID/stat starttime: clock ticks since boot
+    boot_id: str | None = None  # /proc/sys/kernel/random/boot_id: the boot those ticks count from
 
     @classmethod
     def of(cls, pid: int | None) -> ProcessIdentity | None:
@@ -60,10 +68,17 @@ class ProcessIdentity:
                     exe = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return None
-        return cls(pid, start, cmdline, exe)
+        return cls(pid, start, cmdline, exe, _start_ticks(pid), _boot_id())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "start_time": self.start_time, "cmdline": list(self.cmdline), "exe": self.exe}
+        return {
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "cmdline": list(self.cmdline),
+            "exe": self.exe,
+            "start_ticks": self.start_ticks,
+            "boot_id": self.boot_id,
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> ProcessIdentity | None:
@@ -77,17 +92,62 @@ class ProcessIdentity:
             return None
         if not isinstance(cmdline, list) or not all(isinstance(x, str) for x in cmdline):
             return None
-        return cls(pid, float(start), tuple(cmdline), exe if isinstance(exe, str) else None)
+        ticks, boot = data.get("start_ticks"), data.get("boot_id")
+        return cls(
+            pid,
+            float(start),
+            tuple(cmdline),
+            exe if isinstance(exe, str) else None,
+            ticks if isinstance(ticks, int) and not isinstance(ticks, bool) and ticks >= 0 else None,
+            boot if isinstance(boot, str) and boot else None,
+        )
 
     def matches(self, current: ProcessIdentity | None) -> bool:
         """Whether `current` (what holds this pid now) is the process this identity recorded."""
         if current is None or current.pid != self.pid:
             return False
-        if abs(current.start_time - self.start_time) > _START_TOLERANCE_S:
+        if self._same_clock(current):
+            if current.start_ticks != self.start_ticks:
+                return False
+        elif abs(current.start_time - self.start_time) > _START_TOLERANCE_S:
             return False
         if current.cmdline == self.cmdline:
             return True
         return self.exe is not None and current.exe == self.exe
+
+
+    def _same_clock(self, current: ProcessIdentity) -> bool:
+        """Both start times are in ticks of one boot, so they compare exactly."""
+        return (
+            self.start_ticks is not None
+            and current.start_ticks is not None
+            and self.boot_id is not None
+            and self.boot_id == current.boot_id
+        )
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot; None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ')': fields after the last
+    # ')' start at field 3 (state), so starttime (field 22) is the 20th of them.
+    rest = raw[raw.rfind(b")") + 1 :].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def is_running(identity: ProcessIdentity | None) -> bool:
