@@ -157,8 +157,21 @@ PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py
 PYFN(py_wait_any); PYFN(py_nap_wait_any);                                                                               /* atomics */
 PYFN(py_rpc_post); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
 PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many); PYFN(py_rpc_get_many_post); PYFN(py_rpc_get_many_collect); PYFN(py_rpc_post_release);                                                       /* ring */
-PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                              /* crc */
+PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c); PYFN(py_load_blocks_checked);                             /* crc */
 HIDDEN PyObject *py_crc32c_kernel(PyObject *self, PyObject *noargs);
+
+/* A posted lease release (rpc_post_release's arguments, parsed and checked), sent by
+ * rpc_post_release or right after load_blocks_checked's copy. */
+struct posted_release {
+    Py_buffer v, ov; int have_bufs;
+    unsigned long long seq0, expected; unsigned int epoch32, flags;
+    Py_ssize_t per_msg, maxp, epoch_off, k; int flush;
+    uint64_t *vals; char *msg; uint64_t *epoch_word;
+};
+HIDDEN int posted_release_parse(PyObject *args, struct posted_release *pr);
+HIDDEN int posted_release_send(struct posted_release *pr, Py_ssize_t *posted);
+HIDDEN PyObject *posted_release_result(const struct posted_release *pr, int state, Py_ssize_t posted);
+HIDDEN void posted_release_free(struct posted_release *pr);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);
 HIDDEN void crc_init(void);
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */

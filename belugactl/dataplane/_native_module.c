@@ -83,6 +83,7 @@ static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, off=0, n=-1, crc=0) -> CRC32C of buf[off:off+n], chained from crc."},
     {"copy_crc32c", py_copy_crc32c, METH_VARARGS, "copy_crc32c(dst, doff, src, soff, n, crc=0, nontemporal=False) -> CRC32C of the bytes copied."},
     {"gather_blocks_crc32c", py_gather_blocks_crc32c, METH_VARARGS, "gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal=False) -> [CRC32C per block]."},
+    {"load_blocks_checked", py_load_blocks_checked, METH_VARARGS, "load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal=False, release=None, deadline=0.0) -> (bad block indices, rpc_post_release result | None, release ns): a load, its CRC check and its posted release in one call."},
     {"crc32c_kernel", py_crc32c_kernel, METH_NOARGS, "The CRC32C kernel in use: sse4.2-3way or table."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},

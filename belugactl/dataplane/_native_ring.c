@@ -616,20 +616,24 @@ done:
  * header's epoch word is compared with expected_epoch first (as rpc_call does): moved, nothing is
  * posted (-1). A slot still busy from an abandoned request stops the posting there (-2). Ids that
  * are not integers of 64 bits raise (nothing posted); the caller checks the window. */
-PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
-    Py_buffer v, ov, ib; unsigned long long seq0, expected = 0; unsigned int epoch32, flags; PyObject *ids_obj;
-    Py_ssize_t per_msg, maxp, epoch_off = -1; int flush = 0, have_ib = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIOInn|pnK", &v, &ov, &seq0, &epoch32, &ids_obj, &flags, &per_msg, &maxp, &flush,
-                          &epoch_off, &expected))
-        return NULL;
-    PyObject *r = NULL, *ids = NULL, *counts = NULL;
-    uint64_t *vals = NULL; char *msg = NULL;
-    if (check_ring(&v, &ov, maxp, 1) < 0) goto done;
-    if (per_msg < 1 || per_msg > 0xFFFF || 8 + per_msg * 8 > maxp || flags > 0xFFFF) {
+/* The three steps of a posted release, shared by rpc_post_release and load_blocks_checked (which
+ * posts its release right after its copy, inside the same call). */
+HIDDEN int posted_release_parse(PyObject *args, struct posted_release *pr) {
+    PyObject *ids_obj; Py_buffer ib; int have_ib = 0;
+    memset(pr, 0, sizeof *pr);
+    pr->epoch_off = -1;
+    if (!PyArg_ParseTuple(args, "w*y*KIOInn|pnK", &pr->v, &pr->ov, &pr->seq0, &pr->epoch32, &ids_obj, &pr->flags,
+                          &pr->per_msg, &pr->maxp, &pr->flush, &pr->epoch_off, &pr->expected))
+        return -1;
+    pr->have_bufs = 1;
+    PyObject *ids = NULL;
+    int rc = -1;
+    if (check_ring(&pr->v, &pr->ov, pr->maxp, 1) < 0) goto done;
+    if (pr->per_msg < 1 || pr->per_msg > 0xFFFF || 8 + pr->per_msg * 8 > pr->maxp || pr->flags > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "rpc_post_release: ids per message or flags do not fit a slot");
         goto done;
     }
-    Py_ssize_t n, k = 0;
+    Py_ssize_t n;
     if (!PyList_Check(ids_obj) && !PyTuple_Check(ids_obj) && PyObject_CheckBuffer(ids_obj)) {
         if (PyObject_GetBuffer(ids_obj, &ib, PyBUF_SIMPLE) < 0) goto done;
         have_ib = 1;
@@ -640,10 +644,9 @@ PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
         if (ids == NULL) goto done;
         n = PySequence_Fast_GET_SIZE(ids);
     }
-    vals = PyMem_Malloc(sizeof *vals * (size_t)(n ? n : 1));
-    msg = PyMem_Malloc((size_t)(8 + per_msg * 8));
-    counts = PyList_New(0);
-    if (!vals || !msg || !counts) { if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
+    pr->vals = PyMem_Malloc(sizeof *pr->vals * (size_t)(n ? n : 1));
+    pr->msg = PyMem_Malloc((size_t)(8 + pr->per_msg * 8));
+    if (!pr->vals || !pr->msg) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t x;
         if (have_ib) memcpy(&x, (const char *)ib.buf + 8 * i, 8);
@@ -651,36 +654,73 @@ PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
             x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(ids, i));
             if (x == (uint64_t)-1 && PyErr_Occurred()) goto done;
         }
-        if (x) vals[k++] = x;
+        if (x) pr->vals[pr->k++] = x;
     }
-    if (epoch_off >= 0) {
-        uint64_t *ew;
-        if (get_word(&v, epoch_off, &ew) < 0) goto done;
-        if (flush) { flush_range((char *)ew, 8, 1); full_fence(); }
-        if (__atomic_load_n(ew, __ATOMIC_ACQUIRE) != expected) { r = Py_BuildValue("(iO)", -1, counts); goto done; }
-    }
-    Py_ssize_t S = ov.len / 8;
-    const int64_t *offs = (const int64_t *)ov.buf;
-    int busy = 0;
-    for (Py_ssize_t first = 0, i = 0; first < k; first += per_msg, i++) {
-        char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)i) % (uint64_t)S];
-        if (flush) { flush_range(slot, 8, 1); full_fence(); }
-        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { busy = 1; break; }
-        uint16_t cnt = (uint16_t)(k - first < per_msg ? k - first : per_msg), f16 = (uint16_t)flags;
-        uint32_t pad = 0;
-        memcpy(msg, &cnt, 2); memcpy(msg + 2, &f16, 2); memcpy(msg + 4, &pad, 4);
-        memcpy(msg + 8, vals + first, (size_t)cnt * 8);
-        publish(slot, seq0 + (uint64_t)i, epoch32, OP_RELEASE, 0, msg, 8 + (size_t)cnt * 8, ST_REQ, flush);
-        PyObject *c = PyLong_FromLong(cnt);
-        if (c == NULL || PyList_Append(counts, c) < 0) { Py_XDECREF(c); goto done; }
-        Py_DECREF(c);
-    }
-    r = busy ? Py_BuildValue("(iO)", -2, counts) : (Py_INCREF(counts), counts);
+    if (pr->epoch_off >= 0 && get_word(&pr->v, pr->epoch_off, &pr->epoch_word) < 0) goto done;
+    rc = 0;
 done:
-    PyMem_Free(vals); PyMem_Free(msg);
-    Py_XDECREF(ids); Py_XDECREF(counts);
+    Py_XDECREF(ids);
     if (have_ib) PyBuffer_Release(&ib);
-    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return rc;
+}
+
+/* No Python objects: runs with the GIL released. 0: every message posted; -1: the pool's epoch
+ * moved (nothing posted); -2: a slot still busy from an abandoned request stopped the posting.
+ * `*posted` says how many messages went out. */
+HIDDEN int posted_release_send(struct posted_release *pr, Py_ssize_t *posted) {
+    *posted = 0;
+    if (pr->epoch_word != NULL) {
+        if (pr->flush) { flush_range((char *)pr->epoch_word, 8, 1); full_fence(); }
+        if (__atomic_load_n(pr->epoch_word, __ATOMIC_ACQUIRE) != pr->expected) return -1;
+    }
+    Py_ssize_t S = pr->ov.len / 8;
+    const int64_t *offs = (const int64_t *)pr->ov.buf;
+    for (Py_ssize_t first = 0, i = 0; first < pr->k; first += pr->per_msg, i++) {
+        char *slot = (char *)pr->v.buf + offs[(pr->seq0 + (uint64_t)i) % (uint64_t)S];
+        if (pr->flush) { flush_range(slot, 8, 1); full_fence(); }
+        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) return -2;
+        uint16_t cnt = (uint16_t)(pr->k - first < pr->per_msg ? pr->k - first : pr->per_msg), f16 = (uint16_t)pr->flags;
+        uint32_t pad = 0;
+        memcpy(pr->msg, &cnt, 2); memcpy(pr->msg + 2, &f16, 2); memcpy(pr->msg + 4, &pad, 4);
+        memcpy(pr->msg + 8, pr->vals + first, (size_t)cnt * 8);
+        publish(slot, pr->seq0 + (uint64_t)i, pr->epoch32, OP_RELEASE, 0, pr->msg, 8 + (size_t)cnt * 8, ST_REQ, pr->flush);
+        *posted = i + 1;
+    }
+    return 0;
+}
+
+/* rpc_post_release's value for a send's outcome: [ids in each message posted], (-1, []) or
+ * (-2, [ids in each message posted before the busy slot]). */
+HIDDEN PyObject *posted_release_result(const struct posted_release *pr, int state, Py_ssize_t posted) {
+    PyObject *counts = PyList_New(posted);
+    if (counts == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < posted; i++) {
+        Py_ssize_t first = i * pr->per_msg;
+        PyObject *c = PyLong_FromSsize_t(pr->k - first < pr->per_msg ? pr->k - first : pr->per_msg);
+        if (c == NULL) { Py_DECREF(counts); return NULL; }
+        PyList_SET_ITEM(counts, i, c);
+    }
+    if (state == 0) return counts;
+    PyObject *r = Py_BuildValue("(iO)", state, counts);
+    Py_DECREF(counts);
+    return r;
+}
+
+HIDDEN void posted_release_free(struct posted_release *pr) {
+    PyMem_Free(pr->vals); PyMem_Free(pr->msg);
+    pr->vals = NULL; pr->msg = NULL;
+    if (pr->have_bufs) { PyBuffer_Release(&pr->v); PyBuffer_Release(&pr->ov); pr->have_bufs = 0; }
+}
+
+PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
+    struct posted_release pr;
+    PyObject *r = NULL;
+    if (posted_release_parse(args, &pr) == 0) {
+        Py_ssize_t posted;
+        int state = posted_release_send(&pr, &posted);
+        r = posted_release_result(&pr, state, posted);
+    }
+    posted_release_free(&pr);
     return r;
 }
 

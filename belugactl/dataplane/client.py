@@ -57,7 +57,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane import native
 from belugactl.dataplane.metadata_errors import (
@@ -111,6 +111,35 @@ class PostedLookup:
     error: Exception | None = None  # why no reply will come (the ring broke, the client reconnected)
     taken: bool = False
     owner: object = field(default=None, repr=False)  # the client that sent it: only it can take the answer
+
+
+class PreparedRelease:
+    """A posted release made ready by `KVIndexClient.prepare_post_release`: `args` go to the native
+    call that posts it, whose result goes to `done`."""
+
+    __slots__ = ("args", "client")
+
+    def __init__(self, client: KVIndexClient, args: tuple) -> None:
+        self.client = client
+        self.args = args
+
+    def done(self, result: Any) -> bool:
+        """True when the release went out (its replies are taken before the client's next request);
+        False when nothing was posted (`result` None: the copy ended too late to trust its leases):
+        release them the usual way, which says how many were still live. Raises StaleEpoch (the
+        pool's epoch moved: nothing posted) or MetadataUnavailable, as `post_release` does."""
+        if result is None:
+            return False
+        c = self.client
+        try:
+            counts = c.transport.account_release(self.args[2], result)
+        except TransportError as exc:
+            raise c._unavailable(str(exc)) from None
+        if counts == FENCED:
+            raise c._error(Code.STALE_EPOCH, Op.RELEASE)
+        c._posted.extend(counts)
+        c.messages += len(counts)
+        return True
 
 
 @dataclass(frozen=True)
@@ -772,6 +801,29 @@ class KVIndexClient:
             self._posted.append(count)
             self.messages += 1
         return True
+
+    def prepare_post_release(self, lease_ids: array, *, handed_over: bool = False) -> PreparedRelease | None:
+        """`post_release` in two halves, for a caller whose own native call posts the release (the
+        vLLM worker's `load_blocks_checked`, right after its copy, with no Python in between):
+        earlier posted replies taken, the room in flight checked and rpc_post_release's arguments
+        made now, while everything is warm. None when it cannot go that way (a transport without
+        the native helper, no room in flight): use `post_release` or `release`.
+
+        Until the native call's result went to `PreparedRelease.done`, nothing else may use this
+        client (the caller holds its lock across both)."""
+        t = self.transport
+        if self._posted or self._stale or t.broken:
+            self._before_call()
+        make = getattr(t, "release_args", None)
+        if make is None or not len(lease_ids):
+            return None
+        per_call = self._release_cap.get(t.max_payload)
+        if per_call is None:
+            per_call = self._release_cap[t.max_payload] = max(1, p.release_capacity(t.max_payload))
+        if t.pending + -(-len(lease_ids) // per_call) > max(1, t.max_inflight):
+            return None
+        args = make(self._epoch32, lease_ids, p.RELEASE_HANDED_OVER if handed_over else 0, per_call)
+        return None if args is None else PreparedRelease(self, args)
 
     def collect_posted(self, until: PostedLookup | None = None) -> None:
         """Take the replies of posted RELEASEs and lookups, oldest first (usually there already: the

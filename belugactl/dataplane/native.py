@@ -354,6 +354,13 @@ def gather_blocks_crc32c(
     return _gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal)
 
 
+# load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal, release, deadline)
+#   -> (indices of blocks whose CRC32C differs from `expected`, rpc_post_release's result or None, post ns)
+# A CPU load, its checksum check and its posted lease release in one call (see _native_crc.c):
+# None without the helper, and then the caller copies, checks and releases as separate steps.
+load_blocks_checked: Any = getattr(_native, "load_blocks_checked", None) if _native is not None else None
+
+
 def extents_crc32c(buf: Any, extents: Sequence[tuple[int, int]], nbytes: int) -> int:
     """CRC32C of the first `nbytes` bytes laid out across `extents` (pool offset, length), in order."""
     crc = 0

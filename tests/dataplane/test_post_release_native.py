@@ -118,14 +118,14 @@ def test_a_busy_slot_stops_the_posting_and_bad_ids_post_nothing() -> None:
 
 
 @contextmanager
-def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexClient]]:
+def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexClient, ServerThread]]:
     """A real server thread on the pool and a client joined on its ring 2."""
     pool = PoolMapping.open(pool_path)
     st = ServerThread(pool, fast_path=True)
     try:
         c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
         c.reconnect()
-        yield pool, c
+        yield pool, c, st
     finally:
         st.close()
         pool.close()
@@ -133,7 +133,7 @@ def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexCli
 
 @needs_fused
 def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailable(pool_path: Path) -> None:
-    with _client_on_ring_2(pool_path) as (pool, c):
+    with _client_on_ring_2(pool_path) as (pool, c, _st):
         t = c.transport
         pool.buf[t._offsets[t._seq % t.slots_per_ring] : t._offsets[t._seq % t.slots_per_ring] + 8] = (
             REQ_READY.to_bytes(8, "little")
@@ -188,7 +188,7 @@ def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: 
 def test_a_release_after_the_pool_epoch_moved_is_fenced_without_sending(pool_path: Path) -> None:
     from belugactl.dataplane.metadata_errors import StaleEpoch
 
-    with _client_on_ring_2(pool_path) as (_pool, c):
+    with _client_on_ring_2(pool_path) as (_pool, c, _st):
         t = c.transport
         seq = t._seq
         t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined

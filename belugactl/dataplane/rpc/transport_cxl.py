@@ -316,22 +316,39 @@ class CxlTransport(ClientTransport):
         was sent); None when this transport cannot (no native helper): nothing was sent, the caller
         submits them itself. The caller keeps within `max_inflight`. Raises TransportError for a slot still busy from an
         abandoned request (the ring is out of step)."""
+        args = self.release_args(epoch, lease_ids, flags, per_message)
+        if args is None:
+            return None
+        return self.account_release(args[2], _rpc_post_release(*args))
+
+    def release_args(
+        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int
+    ) -> tuple[Any, ...] | None:
+        """rpc_post_release's arguments for posting `lease_ids` at this ring's next sequence, for a
+        caller whose own native call posts them (the data plane's `load_blocks_checked`, right after
+        its copy): None without the native helper. Nothing else may use this transport until
+        `account_release` took that call's result."""
         if _rpc_post_release is None:
             return None
-        seq = self._seq
         fence = self.fence_epoch
-        r = _rpc_post_release(self.buf, self._offsets_buf, seq, epoch, lease_ids, flags, per_message,
-                              self.max_payload, self.flush, self._epoch_off if fence is not None else -1,
-                              fence or 0)  # fmt: skip
+        return (self.buf, self._offsets_buf, self._seq, epoch, lease_ids, flags, per_message, self.max_payload,
+                self.flush, self._epoch_off if fence is not None else -1, fence or 0)  # fmt: skip
+
+    def account_release(self, seq: int, r: Any) -> list[int] | int:
+        """What a posted release (from `seq`) sent: its messages' replies are now in flight.
+        Returns the ids in each message posted, or FENCED; raises TransportError for a slot still
+        busy from an abandoned request."""
+        if r.__class__ is list:  # everything posted: the usual case, kept short (it runs cold)
+            self._inflight.extend(range(seq, seq + len(r)))
+            self._seq = seq + len(r)
+            return r
         if isinstance(r, tuple) and r[0] == FENCED:
             return FENCED  # the pool's epoch moved: nothing was posted
-        counts = r[1] if isinstance(r, tuple) else r
+        counts = r[1]
         self._inflight.extend(range(seq, seq + len(counts)))
         self._seq = seq + len(counts)
-        if isinstance(r, tuple):
-            self.broken = True
-            raise TransportError("ring slot still busy from an abandoned request")
-        return counts
+        self.broken = True
+        raise TransportError("ring slot still busy from an abandoned request")
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])

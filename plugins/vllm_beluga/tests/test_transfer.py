@@ -289,9 +289,36 @@ def _scheduler_hit(scheduler: BestEffortIndex, keys: list[bytes]):  # noqa: ANN2
     return located, scheduler.lease_trusted_until(asked)
 
 
-def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_bytes(server, tensors) -> None:
+def _count_fused(monkeypatch, *, enabled: bool) -> list[int]:
+    """Calls of the one-call load (copy, check, posted release: `load_blocks_checked`); with
+    `enabled` False the worker has no such helper and runs the steps separately."""
+    from belugactl.dataplane import native
+
+    calls: list[int] = []
+    real = native.load_blocks_checked
+    if not enabled or real is None:
+        monkeypatch.setattr(native, "load_blocks_checked", None)
+        return calls
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        calls.append(len(args))
+        return real(*args)
+
+    monkeypatch.setattr(native, "load_blocks_checked", spy)
+    return calls
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["one-native-call", "separate-steps"])
+def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_bytes(
+    server, tensors, fused, monkeypatch
+) -> None:
     from vllm_beluga.transfer import monotonic_clock_id
 
+    from belugactl.dataplane import native
+
+    if fused and native.load_blocks_checked is None:
+        pytest.skip("the native helper is not built")
+    calls = _count_fused(monkeypatch, enabled=fused)
     bufs, layout = tensors
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
@@ -303,7 +330,8 @@ def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_byt
     trips = worker.index.round_trips
     assert worker.load([4, 5], [b"a", b"b"], located[:2], [located[2][1]], trusted, monotonic_clock_id()) == []
     assert worker.index.round_trips == trips  # the release was posted: no wait on the load's path
-    assert worker.stats.get("load_releases_posted") == 1
+    assert worker.stats.get("load_releases_posted") == 1 and len(calls) == int(fused)
+    assert worker.stats.get("load_release_us") > 0
     assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
     deadline = time.monotonic() + 5
     while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
@@ -317,9 +345,10 @@ def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_byt
 
 
 @pytest.mark.parametrize("why", ["window-passed", "other-clock", "no-deadline"])
-def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensors, why) -> None:
+def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensors, why, monkeypatch) -> None:
     from vllm_beluga.transfer import monotonic_clock_id
 
+    calls = _count_fused(monkeypatch, enabled=True)
     bufs, layout = tensors
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
@@ -337,6 +366,10 @@ def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensor
     assert worker.load([4, 5], [b"p", b"q"], located, [], trusted, clock) == []
     assert worker.index.round_trips - trips == 1  # the release, waited for: its count is checked
     assert worker.stats.get("load_releases_posted") == 0
+    # The one-call load copied (and, with a deadline, did not post: it had passed or meant nothing).
+    from belugactl.dataplane import native
+
+    assert len(calls) == (1 if native.load_blocks_checked is not None else 0)
     assert scheduler._client.stats()["leases"] == 0
     assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
     scheduler.close()

@@ -19,6 +19,8 @@ from vllm_beluga.stats import ConnectorStats
 # A child of vLLM's logger, so our lines land in vLLM's log with its format and level.
 log = logging.getLogger("vllm.beluga")
 T = TypeVar("T")
+# Errors that say something about the request, not the server: raised to the caller, the door stays up.
+_RAISED = ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected", "NotOwner")
 
 
 class BestEffortIndex:
@@ -109,7 +111,7 @@ class BestEffortIndex:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
             name = type(exc).__name__
-            if name in ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected", "NotOwner"):
+            if name in _RAISED:
                 raise
             if name == "StaleEpoch":
                 # The server restarted: our leases and reservations are void; start over.
@@ -302,6 +304,33 @@ class BestEffortIndex:
             self.stats.add("release_failed")
             return True
 
+    def prepare_post_release(self, lease_ids: array, *, handed_over: bool = False) -> DoorRelease | None:
+        """`post_release` in two halves (KVIndexClient.prepare_post_release): the release made ready
+        now, posted by the caller's native call (the worker's `load_blocks_checked`, right after its
+        copy), its result handed to `DoorRelease.done`. None when it cannot go that way (no server,
+        no native helper, no room in flight): use `post_release` or `release` after the copy."""
+
+        def prepare(c: Any) -> Any:
+            fn = getattr(c, "prepare_post_release", None)
+            return None if fn is None else fn(lease_ids, handed_over=handed_over)
+
+        try:
+            prepared = self._call("release", None, prepare)
+        except Exception:  # noqa: BLE001 - refused: the usual release after the copy says why
+            return None
+        return None if prepared is None else DoorRelease(self, prepared)
+
+    def _release_post_failed(self, exc: Exception) -> bool:
+        """What `_call` and `post_release` make of an error, for a release a native call posted."""
+        name = type(exc).__name__
+        if name in _RAISED:
+            self.stats.add("release_failed")
+        else:
+            if name == "StaleEpoch":
+                self.stats.add("stale_epoch")
+            self._down(f"release failed ({name}: {exc})")
+        return True
+
     def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int] | None:
         """`release` for several sets of leases in one burst: each set's live count (None: unknown)."""
         if not any(groups):
@@ -364,3 +393,30 @@ def as_location(loc: Any) -> tuple[list[tuple[int, int]], int, int, int | None] 
         int(loc.nbytes),
         None if checksum is None else int(checksum),
     )
+
+
+class DoorRelease:
+    """A release `BestEffortIndex.prepare_post_release` made ready: `args` for the native call that
+    posts it, `done` with that call's result. Kept to one frame and the client's `done` (two):
+    it runs right after a copy, when every function touched first is a cache miss."""
+
+    __slots__ = ("door", "prepared")
+
+    def __init__(self, door: BestEffortIndex, prepared: Any) -> None:
+        self.door = door
+        self.prepared = prepared
+
+    @property
+    def args(self) -> tuple:
+        return self.prepared.args
+
+    def done(self, result: Any) -> bool:
+        """True: posted, or refused by a server that will not hear it (the leases expire there);
+        False: nothing was posted (the copy ended too late): release the usual way."""
+        try:
+            posted = self.prepared.done(result)
+        except Exception as exc:  # noqa: BLE001 - a refused release leaves the leases to expire
+            return self.door._release_post_failed(exc)
+        if posted:
+            self.door.messages += len(result)
+        return posted
