@@ -117,29 +117,37 @@ class PreparedRelease:
     """A posted release made ready by `KVIndexClient.prepare_post_release`: `args` go to the native
     call that posts it, whose result goes to `done`."""
 
-    __slots__ = ("args", "client")
+    __slots__ = ("args", "client", "messages")
 
-    def __init__(self, client: KVIndexClient, args: tuple) -> None:
+    def __init__(self, client: KVIndexClient, args: tuple, messages: int) -> None:
         self.client = client
         self.args = args
+        self.messages = messages  # booked as posted by prepare_post_release
 
     def done(self, result: Any) -> bool:
         """True when the release went out (its replies are taken before the client's next request);
-        False when nothing was posted (`result` None: the copy ended too late to trust its leases):
-        release them the usual way, which says how many were still live. Raises StaleEpoch (the
-        pool's epoch moved: nothing posted) or MetadataUnavailable, as `post_release` does."""
+        False when nothing was posted (`result` None: the copy ended too late to trust its leases,
+        or the native call raised before it): release them the usual way, which says how many were
+        still live. Raises StaleEpoch (the pool's epoch moved: nothing posted) or
+        MetadataUnavailable (a slot still busy from an abandoned request), as `post_release` does."""
+        if result.__class__ is list:
+            return True  # everything went out as booked: nothing to touch (this runs cold)
+        return self._not_all_posted(result)
+
+    def _not_all_posted(self, result: Any) -> bool:
+        c = self.client
+        fenced = result is not None and result[0] == FENCED
+        posted = 0 if result is None or fenced else len(result[1])
+        c.transport.unreserve(self.args[2], self.messages, posted)
+        for _ in range(self.messages - posted):
+            c._posted.pop()
+        c.messages -= self.messages - posted
         if result is None:
             return False
-        c = self.client
-        try:
-            counts = c.transport.account_release(self.args[2], result)
-        except TransportError as exc:
-            raise c._unavailable(str(exc)) from None
-        if counts == FENCED:
+        if fenced:
             raise c._error(Code.STALE_EPOCH, Op.RELEASE)
-        c._posted.extend(counts)
-        c.messages += len(counts)
-        return True
+        c.transport.broken = True
+        raise c._unavailable("ring slot still busy from an abandoned request")
 
 
 @dataclass(frozen=True)
@@ -812,7 +820,7 @@ class KVIndexClient:
         Until the native call's result went to `PreparedRelease.done`, nothing else may use this
         client (the caller holds its lock across both)."""
         t = self.transport
-        if self._posted or self._stale or t.broken:
+        if self._stale or t.broken:
             self._before_call()
         make = getattr(t, "release_args", None)
         if make is None or not len(lease_ids):
@@ -820,10 +828,24 @@ class KVIndexClient:
         per_call = self._release_cap.get(t.max_payload)
         if per_call is None:
             per_call = self._release_cap[t.max_payload] = max(1, p.release_capacity(t.max_payload))
-        if t.pending + -(-len(lease_ids) // per_call) > max(1, t.max_inflight):
+        ids = len(lease_ids) - lease_ids.count(0)  # the native call skips zeros
+        if not ids:
             return None
-        args = make(self._epoch32, lease_ids, p.RELEASE_HANDED_OVER if handed_over else 0, per_call)
-        return None if args is None else PreparedRelease(self, args)
+        messages = -(-ids // per_call)
+        if t.pending + messages > max(1, t.max_inflight) and self._posted:
+            # Earlier posted replies are taken only when their room is needed: otherwise the next
+            # ordinary request takes them (a save's burst, on the worker's background thread).
+            self.collect_posted()
+        if t.pending + messages > max(1, t.max_inflight):
+            return None
+        args = make(self._epoch32, lease_ids, p.RELEASE_HANDED_OVER if handed_over else 0, per_call, messages)
+        if args is None:
+            return None
+        # Booked as posted now, while warm; `done` undoes it for what the native call did not post.
+        counts = [per_call] * (ids // per_call) + ([ids % per_call] if ids % per_call else [])
+        self._posted.extend(counts)
+        self.messages += messages
+        return PreparedRelease(self, args, messages)
 
     def collect_posted(self, until: PostedLookup | None = None) -> None:
         """Take the replies of posted RELEASEs and lookups, oldest first (usually there already: the

@@ -160,16 +160,19 @@ def test_a_prepared_release_hands_the_leases_back_to_a_real_server(pool_path: Pa
         pairs, expected = _pairs([(2, 0)]), array("q", [-1])
 
         # Too late: nothing posted, the client's ring untouched, and the usual release still works.
+        seq, sent = c.transport._seq, c.messages
         prepared = c.prepare_post_release(leases)
         assert prepared is not None
-        seq = c.transport._seq
+        # Booked as posted before the copy (so nothing is left to do after it) ...
+        assert c.transport._seq == seq + prepared.messages and c.posted == prepared.messages
         _, result, _ = native.load_blocks_checked(
             src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() - 1
         )
-        assert prepared.done(result) is False and c.transport._seq == seq and c.posted == 0
+        # ... and given back when nothing went out.
+        assert prepared.done(result) is False
+        assert c.transport._seq == seq and c.posted == 0 and c.transport.pending == 0 and c.messages == sent
 
         prepared = c.prepare_post_release(leases)
-        sent = c.messages
         _, result, _ = native.load_blocks_checked(
             src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
         )
@@ -180,3 +183,38 @@ def test_a_prepared_release_hands_the_leases_back_to_a_real_server(pool_path: Pa
         assert _held(st, 0) == 0
         assert all(loc is not None for loc in c.get_many_tuples("r", keys))  # the ring is in step
 
+
+
+def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(pool_path: Path) -> None:
+    from belugactl.dataplane.metadata_errors import MetadataUnavailable, StaleEpoch
+
+    src, template = _pool(1), _layout()[1]
+    pairs, expected = _pairs([(0, 0)]), array("q", [-1])
+    with _client_on_ring_2(pool_path) as (pool, c, _st):
+        t = c.transport
+        seq, sent = t._seq, c.messages
+        t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined
+        prepared = c.prepare_post_release(array("Q", [1, 2, 3]))
+        _, result, _ = native.load_blocks_checked(
+            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
+        )
+        assert result == (-1, [])
+        with pytest.raises(StaleEpoch):
+            prepared.done(result)
+        assert t._seq == seq and t.pending == 0 and c.posted == 0 and c.messages == sent
+
+    with _client_on_ring_2(pool_path) as (pool, c, _st):
+        t = c.transport
+        per = p.release_capacity(t.max_payload)
+        seq = t._seq
+        busy = t._offsets[(seq + 1) % t.slots_per_ring]  # an abandoned request in the second slot
+        pool.buf[busy : busy + 8] = REQ_READY.to_bytes(8, "little")
+        prepared = c.prepare_post_release(array("Q", range(1, per + 3)))  # two messages
+        assert prepared.messages == 2
+        _, result, _ = native.load_blocks_checked(
+            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
+        )
+        assert result == (-2, [per])
+        with pytest.raises(MetadataUnavailable):
+            prepared.done(result)
+        assert t.broken and t._seq == seq + 1 and t.pending == 1  # the first went out; its reply is awaited

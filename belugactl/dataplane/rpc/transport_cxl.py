@@ -322,17 +322,29 @@ class CxlTransport(ClientTransport):
         return self.account_release(args[2], _rpc_post_release(*args))
 
     def release_args(
-        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int
+        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int, messages: int = 0
     ) -> tuple[Any, ...] | None:
         """rpc_post_release's arguments for posting `lease_ids` at this ring's next sequence, for a
         caller whose own native call posts them (the data plane's `load_blocks_checked`, right after
-        its copy): None without the native helper. Nothing else may use this transport until
-        `account_release` took that call's result."""
+        its copy): None without the native helper. With `messages`, that many sequences are taken
+        now, as if posted (the call after the copy then needs no bookkeeping): `unreserve` gives
+        back those it did not post. Nothing else may use this transport until then."""
         if _rpc_post_release is None:
             return None
+        seq = self._seq
         fence = self.fence_epoch
-        return (self.buf, self._offsets_buf, self._seq, epoch, lease_ids, flags, per_message, self.max_payload,
+        if messages:
+            self._inflight.extend(range(seq, seq + messages))
+            self._seq = seq + messages
+        return (self.buf, self._offsets_buf, seq, epoch, lease_ids, flags, per_message, self.max_payload,
                 self.flush, self._epoch_off if fence is not None else -1, fence or 0)  # fmt: skip
+
+    def unreserve(self, seq: int, reserved: int, posted: int) -> None:
+        """Give back the sequences `release_args` took from `seq` that were not posted (the newest
+        in flight): the ring goes on from the first one not used."""
+        for _ in range(reserved - posted):
+            self._inflight.pop()
+        self._seq = seq + posted
 
     def account_release(self, seq: int, r: Any) -> list[int] | int:
         """What a posted release (from `seq`) sent: its messages' replies are now in flight.

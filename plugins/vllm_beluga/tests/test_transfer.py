@@ -344,6 +344,41 @@ def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_byt
     worker.index.close()
 
 
+def test_a_one_call_load_that_raises_gives_its_booked_release_back(server, tensors, monkeypatch) -> None:
+    """The release is booked on the ring before the copy; a native call that raises (its arguments
+    are checked before a byte moves) posted nothing: the booking is undone, the batch recomputed,
+    the leases released the usual way, and the worker's ring stays in step."""
+    from vllm_beluga.transfer import monotonic_clock_id
+
+    from belugactl.dataplane import native
+
+    if native.load_blocks_checked is None:
+        pytest.skip("the native helper is not built")
+
+    def refuse(*args):  # noqa: ANN002, ANN202
+        raise ValueError("block 4 piece 0 is outside the tensors")
+
+    bufs, layout = tensors
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save([0, 1], [b"u", b"v"]) == 2
+    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+    located, trusted = _scheduler_hit(scheduler, [b"u", b"v"])
+    before = bytes(_block(bufs, 4))
+    monkeypatch.setattr(native, "load_blocks_checked", refuse)
+    assert sorted(worker.load([4, 5], [b"u", b"v"], located, [], trusted, monotonic_clock_id())) == [4, 5]
+    assert _block(bufs, 4) == before
+    deadline = time.monotonic() + 5
+    while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler._client.stats()["leases"] == 0  # released the usual way (the window is still open)
+    assert worker.index.lookup_prefix(NS, [b"u", b"v"]) == 2  # the ring is in step
+    assert worker.index._client.posted == 0 and worker.stats.get("server_unavailable") == 0
+    assert worker.stats.get("posted_release_leases_ended") == 0 and worker.stats.get("release_failed") == 0
+    scheduler.close()
+    worker.index.close()
+
+
 @pytest.mark.parametrize("why", ["window-passed", "other-clock", "no-deadline"])
 def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensors, why, monkeypatch) -> None:
     from vllm_beluga.transfer import monotonic_clock_id

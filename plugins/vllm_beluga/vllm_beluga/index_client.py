@@ -310,15 +310,28 @@ class BestEffortIndex:
         copy), its result handed to `DoorRelease.done`. None when it cannot go that way (no server,
         no native helper, no room in flight): use `post_release` or `release` after the copy."""
 
-        def prepare(c: Any) -> Any:
-            fn = getattr(c, "prepare_post_release", None)
-            return None if fn is None else fn(lease_ids, handed_over=handed_over)
-
-        try:
-            prepared = self._call("release", None, prepare)
-        except Exception:  # noqa: BLE001 - refused: the usual release after the copy says why
+        # Not through `_call`: this runs on every pool hit, and a connection that is down or not
+        # yet made is left to the usual release after the copy (which retries it).
+        client = self._client
+        prepare = getattr(client, "prepare_post_release", None)
+        if prepare is None:
             return None
-        return None if prepared is None else DoorRelease(self, prepared)
+        ended, refused = client.posted_leases_ended, client.posted_refused
+        try:
+            prepared = prepare(lease_ids, handed_over=handed_over)
+        except Exception as exc:  # noqa: BLE001 - as `_call` takes it: the release after the copy retries
+            self._release_post_failed(exc)
+            return None
+        finally:
+            # Earlier posted replies it took (only when their room was needed): what they said.
+            if (n := client.posted_leases_ended - ended) > 0:
+                self.stats.add("posted_release_leases_ended", n)
+            if (n := client.posted_refused - refused) > 0:
+                self.stats.add("release_failed", n)
+        if prepared is None:
+            return None
+        self.messages += prepared.messages  # booked as posted; `done` takes back what was not
+        return DoorRelease(self, prepared)
 
     def _release_post_failed(self, exc: Exception) -> bool:
         """What `_call` and `post_release` make of an error, for a release a native call posted."""
@@ -412,11 +425,15 @@ class DoorRelease:
 
     def done(self, result: Any) -> bool:
         """True: posted, or refused by a server that will not hear it (the leases expire there);
-        False: nothing was posted (the copy ended too late): release the usual way."""
+        False: nothing was posted (the copy ended too late, or `result` None after the native call
+        raised): release the usual way."""
+        if result.__class__ is list:
+            return True  # posted as booked (this runs right after the copy: touch nothing)
+        door = self.door
+        before = self.prepared.client.messages
         try:
-            posted = self.prepared.done(result)
+            return self.prepared.done(result)
         except Exception as exc:  # noqa: BLE001 - a refused release leaves the leases to expire
-            return self.door._release_post_failed(exc)
-        if posted:
-            self.door.messages += len(result)
-        return posted
+            return door._release_post_failed(exc)
+        finally:
+            door.messages += self.prepared.client.messages - before

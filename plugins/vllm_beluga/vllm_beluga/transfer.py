@@ -188,6 +188,8 @@ class PoolTransfer:
                     None if release is None else release.args, deadline or 0.0,
                 )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - checked before any byte moved: nothing copied or posted
+                if release is not None:
+                    release.done(None)  # gives back what it booked: the ring goes on in step
                 return self.finish_load(batch, None, exc, started)
             copied = time.perf_counter()
             posted = release is not None and release.done(result)
