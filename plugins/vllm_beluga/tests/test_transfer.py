@@ -289,6 +289,25 @@ def _scheduler_hit(scheduler: BestEffortIndex, keys: list[bytes]):  # noqa: ANN2
     return located, scheduler.lease_trusted_until(asked)
 
 
+def _saved_and_hit(server, layout: KVBlockLayout, keys: list[bytes]):  # noqa: ANN001, ANN202
+    """A worker on ring 2 that saved `keys` into blocks 0.., and a scheduler on ring 1 that found
+    them: (worker, scheduler, locations with their leases, trusted_until)."""
+    pool = PoolMapping.open(server.pool_path)
+    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
+    assert worker.save(list(range(len(keys))), keys) == len(keys)
+    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+    located, trusted = _scheduler_hit(scheduler, keys)
+    return worker, scheduler, located, trusted
+
+
+def _leases_held(scheduler: BestEffortIndex, timeout_s: float = 5.0) -> int:
+    """Leases the server still holds once posted releases had time to arrive."""
+    deadline = time.monotonic() + timeout_s
+    while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return scheduler._client.stats()["leases"]
+
+
 def _count_fused(monkeypatch, *, enabled: bool) -> list[int]:
     """Calls of the one-call load (copy, check, posted release: `load_blocks_checked`); with
     `enabled` False the worker has no such helper and runs the steps separately."""
@@ -320,11 +339,7 @@ def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_byt
         pytest.skip("the native helper is not built")
     calls = _count_fused(monkeypatch, enabled=fused)
     bufs, layout = tensors
-    pool = PoolMapping.open(server.pool_path)
-    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
-    assert worker.save([0, 1, 2], [b"a", b"b", b"c"]) == 3
-    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
-    located, trusted = _scheduler_hit(scheduler, [b"a", b"b", b"c"])
+    worker, scheduler, located, trusted = _saved_and_hit(server, layout, [b"a", b"b", b"c"])
     assert trusted is not None and trusted > time.monotonic()
     assert scheduler._client.stats()["leases"] == 3
     trips = worker.index.round_trips
@@ -333,10 +348,7 @@ def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_byt
     assert worker.stats.get("load_releases_posted") == 1 and len(calls) == int(fused)
     assert worker.stats.get("load_release_us") > 0
     assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
-    deadline = time.monotonic() + 5
-    while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert scheduler._client.stats()["leases"] == 0  # all three, the spare one too
+    assert _leases_held(scheduler) == 0  # all three, the spare one too
     # The worker's next request takes the posted reply first and works as usual.
     assert worker.index.lookup_prefix(NS, [b"a", b"b"]) == 2
     assert worker.index._client.posted == 0 and worker.stats.get("posted_release_leases_ended") == 0
@@ -359,19 +371,12 @@ def test_a_one_call_load_that_raises_gives_its_booked_release_back(server, tenso
         raise ValueError("block 4 piece 0 is outside the tensors")
 
     bufs, layout = tensors
-    pool = PoolMapping.open(server.pool_path)
-    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
-    assert worker.save([0, 1], [b"u", b"v"]) == 2
-    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
-    located, trusted = _scheduler_hit(scheduler, [b"u", b"v"])
+    worker, scheduler, located, trusted = _saved_and_hit(server, layout, [b"u", b"v"])
     before = bytes(_block(bufs, 4))
     monkeypatch.setattr(native, "load_blocks_checked", refuse)
     assert sorted(worker.load([4, 5], [b"u", b"v"], located, [], trusted, monotonic_clock_id())) == [4, 5]
     assert _block(bufs, 4) == before
-    deadline = time.monotonic() + 5
-    while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert scheduler._client.stats()["leases"] == 0  # released the usual way (the window is still open)
+    assert _leases_held(scheduler) == 0  # released the usual way (the window is still open)
     assert worker.index.lookup_prefix(NS, [b"u", b"v"]) == 2  # the ring is in step
     assert worker.index._client.posted == 0 and worker.stats.get("server_unavailable") == 0
     assert worker.stats.get("posted_release_leases_ended") == 0 and worker.stats.get("release_failed") == 0
@@ -385,11 +390,7 @@ def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensor
 
     calls = _count_fused(monkeypatch, enabled=True)
     bufs, layout = tensors
-    pool = PoolMapping.open(server.pool_path)
-    worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
-    assert worker.save([0, 1], [b"p", b"q"]) == 2
-    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
-    located, trusted = _scheduler_hit(scheduler, [b"p", b"q"])
+    worker, scheduler, located, trusted = _saved_and_hit(server, layout, [b"p", b"q"])
     clock = monotonic_clock_id()
     if why == "window-passed":
         trusted = time.monotonic() - 0.001  # the copy ended after the window (a stalled worker)
