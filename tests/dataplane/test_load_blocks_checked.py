@@ -17,7 +17,7 @@ import pytest
 from belugactl.dataplane import native
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC, REQ_READY, Op
-from tests.dataplane.test_post_release_native import MAXP, SLOT, _client_on_ring_2, _held, _ring, _slots
+from tests.dataplane.test_post_release_native import MAXP, SLOT, _client_on_ring, _held, _ring, _slots
 
 pytestmark = [
     pytest.mark.native,
@@ -150,7 +150,7 @@ def test_bad_arguments_raise_before_a_byte_moves(what: str) -> None:
 
 
 def test_a_prepared_release_hands_the_leases_back_to_a_real_server(pool_path: Path) -> None:
-    with _client_on_ring_2(pool_path) as (_pool_map, c, st):
+    with _client_on_ring(pool_path) as (_pool_map, c, st):
         keys = [bytes([i]) * 32 for i in range(30)]
         for k in keys:
             c.commit(c.reserve("r", k, 4096).token)
@@ -190,7 +190,7 @@ def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(
 
     src, template = _pool(1), _layout()[1]
     pairs, expected = _pairs([(0, 0)]), array("q", [-1])
-    with _client_on_ring_2(pool_path) as (pool, c, _st):
+    with _client_on_ring(pool_path) as (pool, c, _st):
         t = c.transport
         seq, sent = t._seq, c.messages
         t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined
@@ -203,7 +203,7 @@ def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(
             prepared.done(result)
         assert t._seq == seq and t.pending == 0 and c.posted == 0 and c.messages == sent
 
-    with _client_on_ring_2(pool_path) as (pool, c, _st):
+    with _client_on_ring(pool_path) as (pool, c, _st):
         t = c.transport
         per = p.release_capacity(t.max_payload)
         seq = t._seq

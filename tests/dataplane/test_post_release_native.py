@@ -118,12 +118,14 @@ def test_a_busy_slot_stops_the_posting_and_bad_ids_post_nothing() -> None:
 
 
 @contextmanager
-def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexClient, ServerThread]]:
-    """A real server thread on the pool and a client joined on its ring 2."""
+def _client_on_ring(
+    pool_path: Path, ring: int = 2, timeout_s: float = 2.0
+) -> Iterator[tuple[PoolMapping, KVIndexClient, ServerThread]]:
+    """A real server thread on the pool and a client joined on one of its rings."""
     pool = PoolMapping.open(pool_path)
     st = ServerThread(pool, fast_path=True)
     try:
-        c = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=2.0)
+        c = KVIndexClient(CxlTransport(pool, ring), address=f"cxl://test#{ring}", client_id=ring, timeout_s=timeout_s)
         c.reconnect()
         yield pool, c, st
     finally:
@@ -133,7 +135,7 @@ def _client_on_ring_2(pool_path: Path) -> Iterator[tuple[PoolMapping, KVIndexCli
 
 @needs_fused
 def test_a_busy_slot_breaks_the_ring_and_the_client_reports_the_server_unavailable(pool_path: Path) -> None:
-    with _client_on_ring_2(pool_path) as (pool, c, _st):
+    with _client_on_ring(pool_path) as (pool, c, _st):
         t = c.transport
         pool.buf[t._offsets[t._seq % t.slots_per_ring] : t._offsets[t._seq % t.slots_per_ring] + 8] = (
             REQ_READY.to_bytes(8, "little")
@@ -162,11 +164,7 @@ def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: 
         pytest.skip("the native helper is not built")
     if not native_post:
         monkeypatch.setattr(transport_cxl, "_rpc_post_release", None)
-    pool = PoolMapping.open(pool_path)
-    st = ServerThread(pool, fast_path=True)
-    try:
-        c = KVIndexClient(CxlTransport(pool, 3), address="cxl://test#3", client_id=3, timeout_s=5.0)
-        c.reconnect()
+    with _client_on_ring(pool_path, ring=3, timeout_s=5.0) as (_pool, c, st):
         keys = [bytes([i]) * 32 for i in range(40)]
         for k in keys:
             c.commit(c.reserve("r", k, 4096).token)
@@ -179,16 +177,13 @@ def test_released_by_a_post_against_a_real_server(pool_path: Path, native_post: 
         assert c.posted == 0 and c.posted_leases_ended == 0 and c.posted_refused == 0
         assert _held(st, 0) == 0
         assert all(loc is not None for loc in c.get_many_tuples("r", keys))  # the ring is in step
-    finally:
-        st.close()
-        pool.close()
 
 
 @needs_fused
 def test_a_release_after_the_pool_epoch_moved_is_fenced_without_sending(pool_path: Path) -> None:
     from belugactl.dataplane.metadata_errors import StaleEpoch
 
-    with _client_on_ring_2(pool_path) as (_pool, c, _st):
+    with _client_on_ring(pool_path) as (_pool, c, _st):
         t = c.transport
         seq = t._seq
         t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined

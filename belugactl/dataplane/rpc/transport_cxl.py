@@ -350,17 +350,15 @@ class CxlTransport(ClientTransport):
         """What a posted release (from `seq`) sent: its messages' replies are now in flight.
         Returns the ids in each message posted, or FENCED; raises TransportError for a slot still
         busy from an abandoned request."""
-        if r.__class__ is list:  # everything posted: the usual case, kept short (it runs cold)
-            self._inflight.extend(range(seq, seq + len(r)))
-            self._seq = seq + len(r)
-            return r
         if isinstance(r, tuple) and r[0] == FENCED:
             return FENCED  # the pool's epoch moved: nothing was posted
-        counts = r[1]
+        counts = r if r.__class__ is list else r[1]
         self._inflight.extend(range(seq, seq + len(counts)))
         self._seq = seq + len(counts)
-        self.broken = True
-        raise TransportError("ring slot still busy from an abandoned request")
+        if counts is not r:
+            self.broken = True
+            raise TransportError("ring slot still busy from an abandoned request")
+        return counts
 
     def status_of_next(self) -> int:
         return native.load64(self.buf, self._offsets[self._seq % self.slots_per_ring])

@@ -110,22 +110,29 @@ class BestEffortIndex:
         try:
             return fn(client)
         except Exception as exc:  # noqa: BLE001
-            name = type(exc).__name__
-            if name in _RAISED:
+            if type(exc).__name__ in _RAISED:
                 raise
-            if name == "StaleEpoch":
-                # The server restarted: our leases and reservations are void; start over.
-                self.stats.add("stale_epoch")
-            self._down(f"{what} failed ({name}: {exc})")
+            self._failed(what, exc)
             return default
         finally:
             self.messages += getattr(client, "messages", 0) - sent
             self.round_trips += getattr(client, "round_trips", 0) - waited
-            # Replies to posted RELEASEs are taken at the start of a later call: what they said.
-            if (n := getattr(client, "posted_leases_ended", 0) - ended) > 0:
-                self.stats.add("posted_release_leases_ended", n)
-            if (n := getattr(client, "posted_refused", 0) - refused) > 0:
-                self.stats.add("release_failed", n)
+            self._posted_said(client, ended, refused)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """A request that failed for a reason of the server's, not the request's: the door goes down."""
+        if type(exc).__name__ == "StaleEpoch":
+            # The server restarted: our leases and reservations are void; start over.
+            self.stats.add("stale_epoch")
+        self._down(f"{what} failed ({type(exc).__name__}: {exc})")
+
+    def _posted_said(self, client: Any, ended: int, refused: int) -> None:
+        """What replies to posted RELEASEs said, taken since the client's counts were `ended` and
+        `refused` (they are taken at the start of a later call)."""
+        if (n := getattr(client, "posted_leases_ended", 0) - ended) > 0:
+            self.stats.add("posted_release_leases_ended", n)
+        if (n := getattr(client, "posted_refused", 0) - refused) > 0:
+            self.stats.add("release_failed", n)
 
     def warm_up(self) -> bool:
         """Connect now, so the first request does not pay for it; a failure is retried lazily."""
@@ -323,11 +330,7 @@ class BestEffortIndex:
             self._release_post_failed(exc)
             return None
         finally:
-            # Earlier posted replies it took (only when their room was needed): what they said.
-            if (n := client.posted_leases_ended - ended) > 0:
-                self.stats.add("posted_release_leases_ended", n)
-            if (n := client.posted_refused - refused) > 0:
-                self.stats.add("release_failed", n)
+            self._posted_said(client, ended, refused)  # earlier replies it took, when their room was needed
         if prepared is None:
             return None
         self.messages += prepared.messages  # booked as posted; `done` takes back what was not
@@ -335,13 +338,10 @@ class BestEffortIndex:
 
     def _release_post_failed(self, exc: Exception) -> bool:
         """What `_call` and `post_release` make of an error, for a release a native call posted."""
-        name = type(exc).__name__
-        if name in _RAISED:
+        if type(exc).__name__ in _RAISED:
             self.stats.add("release_failed")
         else:
-            if name == "StaleEpoch":
-                self.stats.add("stale_epoch")
-            self._down(f"release failed ({name}: {exc})")
+            self._failed("release", exc)
         return True
 
     def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int] | None:

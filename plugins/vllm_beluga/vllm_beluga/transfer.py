@@ -264,14 +264,12 @@ class PoolTransfer:
         failed = batch.failed
         blocks = batch.blocks
         need = self.engine.layout.block_nbytes if self.engine is not None else 0
-        if bad is not None and error is None:
-            crcs = ()  # checked already
-        if error is not None or (blocks and crcs is None):
+        if error is not None or (blocks and crcs is None and bad is None):
             log.warning("Beluga: loading %d blocks failed: %s", len(blocks), error)
             failed.extend(b for b, _ in blocks if b not in failed)
             blocks = []
-        elif blocks and crcs is not None:
-            if bad is None:
+        elif blocks:
+            if bad is None:  # not compared in the copy call: compare here
                 bad = [
                     i
                     for i, (want, got) in enumerate(zip(batch.checksums, crcs, strict=True))
