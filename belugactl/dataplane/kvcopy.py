@@ -330,10 +330,11 @@ class KVCopyEngine:
         if coherence == "flush":
             native.require_coherence(shared_by_hosts=True)
 
-    def _block_pairs(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> array | None:
+    def block_pairs(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> array | None:
         """Check a batch (extents inside the pool, block ids inside the tensors, extents long enough)
         and return it as int64 (block id, pool offset) pairs for the native planner, or None when a
-        block is split over several extents (then the batch goes through `plan_copies`)."""
+        block is split over several extents (then the batch goes through `plan_copies`). Public for
+        callers that hand the pairs to a native call of their own (the vLLM worker's one-call load)."""
         need = self.layout.block_nbytes
         num_blocks = self.layout.num_blocks
         size = self.pool_size
@@ -356,14 +357,15 @@ class KVCopyEngine:
                 whole = False
         return pairs if whole else None
 
-    def _nontemporal(self, blocks: Sequence[object]) -> bool:
+    def nontemporal_for(self, blocks: Sequence[object]) -> bool:
+        """Whether a batch of this many blocks is copied with non-temporal stores (`NONTEMPORAL_FROM`)."""
         return len(blocks) * self.layout.block_nbytes >= NONTEMPORAL_FROM
 
     def save(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> int:
         """Gather each block's pieces from the tensors into its extents. Returns bytes written."""
-        pairs = self._block_pairs(blocks)
+        pairs = self.block_pairs(blocks)
         # On a shared write-back pool non-temporal stores are what publishes the bytes to other hosts.
-        nontemporal = self.coherence == "flush" or self._nontemporal(blocks)
+        nontemporal = self.coherence == "flush" or self.nontemporal_for(blocks)
         if pairs is not None:
             return self.native.gather_blocks(
                 self.pool, self.tensors, self.template, pairs, save=True, nontemporal=nontemporal
@@ -375,7 +377,7 @@ class KVCopyEngine:
         """A batch split by layer, for loads that overlap the forward pass (each layer copied as
         one native call, in model order). The batch is checked as for `load` (ValueError on a bad
         extent or block id); None when a block is split over several extents (load it whole)."""
-        pairs = self._block_pairs(blocks)
+        pairs = self.block_pairs(blocks)
         if pairs is None:
             return None
         plan: list[LayerCopy] = []
@@ -403,13 +405,13 @@ class KVCopyEngine:
 
     def load(self, blocks: Sequence[tuple[int, Sequence[Extent]]]) -> int:
         """Scatter each block's bytes from its extents into the tensors. Returns bytes read."""
-        pairs = self._block_pairs(blocks)
+        pairs = self.block_pairs(blocks)
         if self.coherence == "flush":
             # Another host wrote these lines with non-temporal stores; drop any stale copy we cache.
             for _, extents in blocks:
                 for off, length in extents:
                     self.native.flush(self.pool, off, length, True)
-        nontemporal = self._nontemporal(blocks)
+        nontemporal = self.nontemporal_for(blocks)
         if pairs is not None:
             return self.native.gather_blocks(
                 self.pool, self.tensors, self.template, pairs, save=False, nontemporal=nontemporal

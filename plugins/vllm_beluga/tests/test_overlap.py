@@ -1,6 +1,6 @@
 """Layer-wise loads and asynchronous saves (overlap.py) against a real metadata server and a real file
 pool: each layer is usable as soon as its own pieces landed, a bad block is still caught after the
-copy, and a finished request's blocks are handed back only once its saves read them."""
+copy, and a finished request's blocks are given back to vLLM only once its saves read them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from test_transfer import NS, PIECE, _block, tensors  # noqa: F401 - fixtures
+from test_transfer import NS, PIECE, _block, _present, tensors  # noqa: F401 - fixtures
 from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.overlap import AsyncSaves, LayerwiseLoad, run_layerwise
 from vllm_beluga.stats import ConnectorStats
@@ -76,23 +76,23 @@ def test_each_layer_is_usable_once_its_own_pieces_landed(server, tensors) -> Non
     thread.join(WAIT_S)
     assert _block(bufs, 5) == _block(bufs, 0) and _block(bufs, 6) == _block(bufs, 1)
     assert t.stats.get("loaded_blocks") == 2
-    assert t.index.warm_up() and t.index._client.stats()["leases"] == 0  # released after the copy
+    assert t.index.connect_now() and t.index._client.stats()["leases"] == 0  # released after the copy
     t.index.close()
 
 
 def test_a_block_overwritten_after_commit_is_still_caught_after_a_layer_wise_copy(server, tensors) -> None:  # noqa: F811
     bufs, pool, t = _setup(server, tensors)
     assert t.save([0, 1], [b"a", b"b"]) == 2
-    loc = t.index.get(NS, b"b")
-    t.index.release([loc.lease_id])
-    off, n = loc.extents[0]
+    loc = t.index.get_many_tuples(NS, [b"b"])[0]
+    t.index.release([loc[1]])
+    off, n = loc[0][0]
     pool.write(off + n - 64, b"\x5a" * 64)  # a stalled writer, in the last layer's piece
     job, thread = _start(t, [6, 7], [b"a", b"b"])
     assert job.wait() == [7]  # reported after the forward pass: vLLM discards and recomputes it
     thread.join(WAIT_S)
     assert _block(bufs, 6) == _block(bufs, 0)
     assert t.stats.get("load_checksum_mismatch") == 1
-    assert t.index.lookup_prefix(NS, [b"b"]) == 0
+    assert _present(t.index, [b"b"]) == 0
     t.index.close()
 
 
@@ -109,7 +109,7 @@ def test_a_failing_copy_releases_every_layer_and_fails_every_block(server, tenso
     job.wait_layer("l2")  # does not hang
     assert sorted(job.wait()) == [5, 6]
     thread.join(WAIT_S)
-    assert t.index.warm_up() and t.index._client.stats()["leases"] == 0
+    assert t.index.connect_now() and t.index._client.stats()["leases"] == 0
     t.index.close()
 
 
@@ -153,7 +153,7 @@ def test_layer_spans_follow_the_tensors_and_shift_the_pool_offsets() -> None:
         b.close()
 
 
-def test_a_finished_request_is_handed_back_only_after_its_saves_read_its_blocks() -> None:
+def test_a_finished_requests_blocks_are_given_back_only_after_its_saves_read_them() -> None:
     gate = threading.Event()
     saved: list[list[int]] = []
 
@@ -213,7 +213,7 @@ def test_a_failing_save_still_hands_the_blocks_back() -> None:
 
 
 def test_checks_and_releases_run_on_the_waiting_thread_never_on_the_load_thread(server, tensors) -> None:  # noqa: F811
-    # Python on the load thread would fight the forward pass for the GIL (up to 5 ms a hand-over);
+    # Python on the load thread would fight the forward pass for the GIL (a switch interval each time);
     # it only copies and checksums, and whoever waits for the job checks and releases.
     bufs, _, t = _setup(server, tensors)
     assert t.save([0, 1], [b"a", b"b"]) == 2

@@ -47,15 +47,21 @@ def _transfer(address: str, pool: PoolMapping, layout: KVBlockLayout, stats: Con
     return PoolTransfer(index, KVCopyEngine(layout, pool.buf), NS, stats)
 
 
+def _present(index: BestEffortIndex, keys: list[bytes]) -> int:
+    """How many leading `keys` the pool has, asked on the index's own client without taking leases."""
+    assert index.connect_now()
+    return index._client.lookup_prefix(NS, keys)
+
+
 def test_saved_blocks_load_back_into_other_slots_byte_for_byte(server, tensors, tmp_path) -> None:
     bufs, layout = tensors
     pool = PoolMapping.open(server.pool_path)
     stats = ConnectorStats(str(tmp_path / "stats"), role="worker0")
     writer = _transfer(server.tcp, pool, layout, stats)
     keys = [f"key{i}".encode() for i in range(3)]
-    assert writer.index.lookup_prefix(NS, keys) == 0
+    assert _present(writer.index, keys) == 0
     assert writer.save([1, 2, 3], keys) == 3
-    assert writer.index.lookup_prefix(NS, keys) == 3
+    assert _present(writer.index, keys) == 3
     assert writer.save([1], keys[:1]) == 0  # present already: skipped, counted
     assert stats.get("save_skipped_exists") == 1
     want = [_block(bufs, b) for b in (1, 2, 3)]
@@ -76,7 +82,7 @@ def test_a_block_gone_from_the_pool_is_reported_failed_not_loaded(server, tensor
     pool = PoolMapping.open(server.pool_path)
     t = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert t.save([0, 1], [b"a", b"b"]) == 2
-    assert t.index.warm_up()
+    assert t.index.connect_now()
     t.index._client.delete(NS, b"b")  # evicted between the scheduler's lookup and the load
     before = _block(bufs, 7)
     assert t.load([6, 7], [b"a", b"b"]) == [7]
@@ -94,7 +100,7 @@ def test_server_down_means_misses_and_skipped_saves(server, tensors, tmp_path) -
     assert t.save([0], [b"k0"]) == 1
     server.proc.terminate()
     server.proc.wait(timeout=20)
-    assert t.index.lookup_prefix(NS, [b"k0"]) == 0  # unreachable: a miss, not an exception
+    assert t.index.lookup_prefix_leased(NS, [b"k0"]) == (0, [])  # unreachable: a miss, not an exception
     assert t.save([1], [b"k1"]) == 0
     assert t.load([2], [b"k0"]) == [2]
     assert stats.get("server_unavailable") >= 1
@@ -111,16 +117,16 @@ def test_nothing_is_copied_without_a_pool(tensors) -> None:
 
 
 def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(server, tensors) -> None:
-    from vllm_beluga.transfer import locate
+    from vllm_beluga.transfer import locate_many
 
     bufs, layout = tensors
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert worker.save([0, 1], [b"p", b"q"]) == 2
     scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"))
-    locations = [locate(scheduler, NS, k) for k in (b"p", b"zz", b"q")]
+    locations = [locate_many(scheduler, NS, [k])[0] for k in (b"p", b"zz", b"q")]
     assert locations[1] is None and locations[0] is not None
-    assert scheduler.warm_up()
+    assert scheduler.connect_now()
     leases_held = scheduler._client.stats()["leases"]
     assert leases_held >= 2
     # the third block id has no location at all (a short list): it fails too
@@ -133,7 +139,7 @@ def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(s
 
 def test_spare_leases_are_released_with_the_loads_own_in_one_burst(server, tensors) -> None:
     # The scheduler located more blocks than the load copies (the block holding the last token): the
-    # worker hands those leases back in its release burst, and only the load's own say whether the
+    # worker releases those leases in its own release burst, and only the load's own say whether the
     # copied bytes can be trusted.
     from vllm_beluga.transfer import locate_many
 
@@ -178,14 +184,15 @@ def test_release_groups_counts_each_set_apart(server) -> None:
 
 class _SplitEngine(KVCopyEngine):
     """Plans every batch piece by piece (as for blocks split over extents), so the transfer takes
-    the engine's copy and checksums the pool bytes after it, instead of the fused copy."""
+    the engine's copy and checksums the pool bytes after it, instead of the copy that checksums
+    in flight."""
 
-    def _block_pairs(self, blocks):  # noqa: ANN001, ANN202 - the engine's own signature
-        super()._block_pairs(blocks)  # its checks still run
+    def block_pairs(self, blocks):  # noqa: ANN001, ANN202 - the engine's own signature
+        super().block_pairs(blocks)  # its checks still run
         return None
 
 
-@pytest.mark.parametrize("engine_cls", [KVCopyEngine, _SplitEngine], ids=["fused", "pool-side"])
+@pytest.mark.parametrize("engine_cls", [KVCopyEngine, _SplitEngine], ids=["checksum-in-copy", "pool-side"])
 def test_a_block_overwritten_after_its_commit_is_a_load_error_counted_and_deleted(
     server, tensors, engine_cls, monkeypatch
 ) -> None:
@@ -201,22 +208,22 @@ def test_a_block_overwritten_after_its_commit_is_a_load_error_counted_and_delete
         monkeypatch.setattr(native._native or native, "gather_blocks_crc32c", _refuse, raising=False)
     assert t.save([0, 1], [b"a", b"b"]) == 2
     assert stats.get("saved_blocks") == 2
-    loc = t.index.get(NS, b"b")
-    assert loc.checksum == native.crc32c(_block(bufs, 1))  # the saver committed the bytes' CRC32C
-    t.index.release([loc.lease_id])
+    loc = t.index.get_many_tuples(NS, [b"b"])[0]
+    assert loc[3] == native.crc32c(_block(bufs, 1))  # the saver committed the bytes' CRC32C
+    t.index.release([loc[1]])
     # A stalled writer stores into b's extents after b's commit (its reservation was reclaimed).
-    off, n = loc.extents[0]
+    off, n = loc[0][0]
     pool.write(off + n // 2, b"\x5a" * 64)
     assert t.load([6, 7], [b"a", b"b"]) == [7]  # block 7 holds the bad bytes: vLLM recomputes it
     assert _block(bufs, 6) == _block(bufs, 0)
     assert stats.get("load_checksum_mismatch") == 1 and stats.get("load_errors") == 1
     assert stats.get("loaded_blocks") == 1
-    assert t.index.lookup_prefix(NS, [b"b"]) == 0  # deleted: later readers miss instead of re-reading it
+    assert _present(t.index, [b"b"]) == 0  # deleted: later readers miss instead of re-reading it
     t.index.close()
 
 
 def _refuse(*_a: object, **_k: object) -> list[int]:
-    raise AssertionError("the pool-side path must not use the fused copy")
+    raise AssertionError("the pool-side path must not checksum in the copy")
 
 
 @pytest.fixture
@@ -245,7 +252,7 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
     address = server.tcp if transport == "tcp" else f"cxl://{server.pool_path}#1"
     stats = ConnectorStats(None, role="worker0")
     t = _transfer(address, pool, layout, stats)
-    assert t.index.lookup_prefix(NS, [b"warm"]) == 0  # connects and opens the namespace: once per connection
+    assert _present(t.index, [b"first"]) == 0  # connects and opens the namespace: once per connection
     cost = {}
     load_cost = {}
     for blocks in (2, 62):
@@ -255,7 +262,7 @@ def test_a_requests_save_costs_the_same_metadata_round_trips_for_2_and_62_blocks
         after = {k: stats.get(k) - v for k, v in before.items()}
         assert after["save_requests"] == 1
         cost[blocks] = (after["save_metadata_round_trips"], after["save_metadata_messages"])
-        assert t.index.lookup_prefix(NS, keys) == blocks
+        assert _present(t.index, keys) == blocks
         # loaded back byte for byte (over scrambled tensors), checksums verified on the way
         want = [_block(bufs, b) for b in range(blocks)]
         for b in bufs:
@@ -300,16 +307,24 @@ def _saved_and_hit(server, layout: KVBlockLayout, keys: list[bytes]):  # noqa: A
     return worker, scheduler, located, trusted
 
 
+def _found_then_released(index: BestEffortIndex, keys: list[bytes]) -> int:
+    """The index's own lookup (it takes earlier pending replies first, and counts what they said),
+    its leases released at once."""
+    found, leases = index.lookup_prefix_leased(NS, keys)
+    index.release(leases)
+    return found
+
+
 def _leases_held(scheduler: BestEffortIndex, timeout_s: float = 5.0) -> int:
-    """Leases the server still holds once posted releases had time to arrive."""
+    """Leases the server still holds once releases sent without waiting had time to arrive."""
     deadline = time.monotonic() + timeout_s
     while scheduler._client.stats()["leases"] and time.monotonic() < deadline:
         time.sleep(0.01)
     return scheduler._client.stats()["leases"]
 
 
-def _count_fused(monkeypatch, *, enabled: bool) -> list[int]:
-    """Calls of the one-call load (copy, check, posted release: `load_blocks_checked`); with
+def _count_one_call_loads(monkeypatch, *, enabled: bool) -> list[int]:
+    """Calls of the one-call load (copy, check, release sent without waiting: `load_blocks_checked`); with
     `enabled` False the worker has no such helper and runs the steps separately."""
     from belugactl.dataplane import native
 
@@ -327,45 +342,42 @@ def _count_fused(monkeypatch, *, enabled: bool) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["one-native-call", "separate-steps"])
-def test_a_load_within_the_lease_window_posts_its_release_and_loads_the_same_bytes(
-    server, tensors, fused, monkeypatch
+@pytest.mark.parametrize(
+    "one_call",
+    [pytest.param(True, id="one-native-call", marks=pytest.mark.native), pytest.param(False, id="separate-steps")],
+)
+def test_a_load_within_the_lease_window_sends_its_release_without_waiting_and_loads_the_same_bytes(
+    server, tensors, one_call, monkeypatch
 ) -> None:
     from vllm_beluga.transfer import monotonic_clock_id
 
-    from belugactl.dataplane import native
-
-    if fused and native.load_blocks_checked is None:
-        pytest.skip("the native helper is not built")
-    calls = _count_fused(monkeypatch, enabled=fused)
+    calls = _count_one_call_loads(monkeypatch, enabled=one_call)
     bufs, layout = tensors
     worker, scheduler, located, trusted = _saved_and_hit(server, layout, [b"a", b"b", b"c"])
     assert trusted is not None and trusted > time.monotonic()
     assert scheduler._client.stats()["leases"] == 3
     trips = worker.index.round_trips
     assert worker.load([4, 5], [b"a", b"b"], located[:2], [located[2][1]], trusted, monotonic_clock_id()) == []
-    assert worker.index.round_trips == trips  # the release was posted: no wait on the load's path
-    assert worker.stats.get("load_releases_posted") == 1 and len(calls) == int(fused)
+    assert worker.index.round_trips == trips  # the release was sent: no wait on the load's path
+    assert worker.stats.get("load_releases_posted") == 1 and len(calls) == int(one_call)
     assert worker.stats.get("load_release_us") > 0
     assert _block(bufs, 4) == _block(bufs, 0) and _block(bufs, 5) == _block(bufs, 1)
     assert _leases_held(scheduler) == 0  # all three, the spare one too
-    # The worker's next request takes the posted reply first and works as usual.
-    assert worker.index.lookup_prefix(NS, [b"a", b"b"]) == 2
-    assert worker.index._client.posted == 0 and worker.stats.get("posted_release_leases_ended") == 0
+    # The worker's next request takes the pending reply first and works as usual.
+    assert _found_then_released(worker.index, [b"a", b"b"]) == 2
+    assert worker.index._client.replies_pending == 0 and worker.stats.get("posted_release_leases_ended") == 0
     scheduler.close()
     worker.index.close()
 
 
+@pytest.mark.native
 def test_a_one_call_load_that_raises_gives_its_booked_release_back(server, tensors, monkeypatch) -> None:
     """The release is booked on the ring before the copy; a native call that raises (its arguments
-    are checked before a byte moves) posted nothing: the booking is undone, the batch recomputed,
+    are checked before a byte moves) sent nothing: the booking is undone, the batch recomputed,
     the leases released the usual way, and the worker's ring stays in step."""
     from vllm_beluga.transfer import monotonic_clock_id
 
     from belugactl.dataplane import native
-
-    if native.load_blocks_checked is None:
-        pytest.skip("the native helper is not built")
 
     def refuse(*args):  # noqa: ANN002, ANN202
         raise ValueError("block 4 piece 0 is outside the tensors")
@@ -377,8 +389,8 @@ def test_a_one_call_load_that_raises_gives_its_booked_release_back(server, tenso
     assert sorted(worker.load([4, 5], [b"u", b"v"], located, [], trusted, monotonic_clock_id())) == [4, 5]
     assert _block(bufs, 4) == before
     assert _leases_held(scheduler) == 0  # released the usual way (the window is still open)
-    assert worker.index.lookup_prefix(NS, [b"u", b"v"]) == 2  # the ring is in step
-    assert worker.index._client.posted == 0 and worker.stats.get("server_unavailable") == 0
+    assert _found_then_released(worker.index, [b"u", b"v"]) == 2  # the ring is in step
+    assert worker.index._client.replies_pending == 0 and worker.stats.get("server_unavailable") == 0
     assert worker.stats.get("posted_release_leases_ended") == 0 and worker.stats.get("release_failed") == 0
     scheduler.close()
     worker.index.close()
@@ -388,7 +400,7 @@ def test_a_one_call_load_that_raises_gives_its_booked_release_back(server, tenso
 def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensors, why, monkeypatch) -> None:
     from vllm_beluga.transfer import monotonic_clock_id
 
-    calls = _count_fused(monkeypatch, enabled=True)
+    calls = _count_one_call_loads(monkeypatch, enabled=True)
     bufs, layout = tensors
     worker, scheduler, located, trusted = _saved_and_hit(server, layout, [b"p", b"q"])
     clock = monotonic_clock_id()
@@ -402,7 +414,7 @@ def test_outside_the_lease_window_a_load_waits_for_the_live_count(server, tensor
     assert worker.load([4, 5], [b"p", b"q"], located, [], trusted, clock) == []
     assert worker.index.round_trips - trips == 1  # the release, waited for: its count is checked
     assert worker.stats.get("load_releases_posted") == 0
-    # The one-call load copied (and, with a deadline, did not post: it had passed or meant nothing).
+    # The one-call load copied (and, with a deadline, sent no release: it had passed or meant nothing).
     from belugactl.dataplane import native
 
     assert len(calls) == (1 if native.load_blocks_checked is not None else 0)

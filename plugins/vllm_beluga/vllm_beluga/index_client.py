@@ -1,8 +1,11 @@
-"""The connector's door to the metadata server: best effort, never an exception into vLLM.
+"""The best-effort index: the connector's way to the metadata server, never an exception into vLLM.
 
 A KV pool is a cache. When the server is unreachable, slow, restarted (stale epoch) or full, the
 right answer is "no blocks" (vLLM recomputes) and "save skipped", plus a warning and a counter, and
 a new connection attempt after `retry_s`, not a failed request.
+
+`BestEffortIndex` declares only the calls the connector makes; each one wraps the same call of
+`belugactl.dataplane.client.KVIndexClient`.
 """
 
 from __future__ import annotations
@@ -12,15 +15,27 @@ import logging
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from belugactl.dataplane.metadata_errors import (
+    AlreadyPresent,
+    NotOwner,
+    PoolFull,
+    RequestRejected,
+    ReservationExpired,
+    StaleEpoch,
+)
+from belugactl.dataplane.rpc.protocol import LocationTuple
 from vllm_beluga.stats import ConnectorStats
+
+if TYPE_CHECKING:
+    from belugactl.dataplane.client import CopyRelease, KVIndexClient, PendingLookup, Removals, Reservation
 
 # A child of vLLM's logger, so our lines land in vLLM's log with its format and level.
 log = logging.getLogger("vllm.beluga")
 T = TypeVar("T")
-# Errors that say something about the request, not the server: raised to the caller, the door stays up.
-_RAISED = ("PoolFull", "AlreadyPresent", "ReservationExpired", "RequestRejected", "NotOwner")
+# Errors that say something about the request, not the server: raised to the caller, the index stays up.
+_RAISED: tuple[type[Exception], ...] = (PoolFull, AlreadyPresent, ReservationExpired, RequestRejected, NotOwner)
 
 
 class BestEffortIndex:
@@ -34,17 +49,17 @@ class BestEffortIndex:
         stats: ConnectorStats,
         timeout_s: float = 1.0,
         retry_s: float = 5.0,
-        connect: Callable[..., Any] | None = None,
+        connect: Callable[..., KVIndexClient] | None = None,
     ) -> None:
         self.address = address
         self.stats = stats
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self._connect = connect
-        self._client: Any = None
+        self._client: KVIndexClient | None = None
         self._retry_at = 0.0
         self._warned_down = False
-        # Metadata requests sent and waits for replies, over every client this door has used (it
+        # Metadata requests sent and waits for replies, over every client this index has used (it
         # reconnects after failures); the connector reports them per saved request.
         self.messages = 0
         self.round_trips = 0
@@ -58,7 +73,7 @@ class BestEffortIndex:
     def healthy(self) -> bool:
         return self._client is not None
 
-    def _get_client(self) -> Any:
+    def _get_client(self) -> KVIndexClient | None:
         if self._client is not None:
             return self._client
         if time.monotonic() < self._retry_at:
@@ -101,128 +116,96 @@ class BestEffortIndex:
             log.warning("Beluga: %s; serving without the pool (misses, saves skipped) until it answers", why)
             self._warned_down = True
 
-    def _call(self, what: str, default: T, fn: Callable[[Any], T]) -> T:
+    def _call(self, what: str, default: T, fn: Callable[[KVIndexClient], T]) -> T:
         client = self._get_client()
         if client is None:
             return default
-        sent, waited = getattr(client, "messages", 0), getattr(client, "round_trips", 0)
-        ended, refused = getattr(client, "posted_leases_ended", 0), getattr(client, "posted_refused", 0)
+        sent, waited = client.messages, client.round_trips
+        ended, refused = client.nowait_leases_ended, client.nowait_refused
         try:
             return fn(client)
+        except _RAISED:
+            raise
         except Exception as exc:  # noqa: BLE001
-            if type(exc).__name__ in _RAISED:
-                raise
             self._failed(what, exc)
             return default
         finally:
-            self.messages += getattr(client, "messages", 0) - sent
-            self.round_trips += getattr(client, "round_trips", 0) - waited
-            self._posted_said(client, ended, refused)
+            self.messages += client.messages - sent
+            self.round_trips += client.round_trips - waited
+            self._count_nowait_replies(client, ended, refused)
 
     def _failed(self, what: str, exc: Exception) -> None:
-        """A request that failed for a reason of the server's, not the request's: the door goes down."""
-        if type(exc).__name__ == "StaleEpoch":
+        """A request that failed for a reason of the server's, not the request's: the index goes down."""
+        if isinstance(exc, StaleEpoch):
             # The server restarted: our leases and reservations are void; start over.
             self.stats.add("stale_epoch")
         self._down(f"{what} failed ({type(exc).__name__}: {exc})")
 
-    def _posted_said(self, client: Any, ended: int, refused: int) -> None:
-        """What replies to posted RELEASEs said, taken since the client's counts were `ended` and
+    def _count_nowait_replies(self, client: KVIndexClient, ended: int, refused: int) -> None:
+        """What replies to no-wait RELEASEs said, taken since the client's counts were `ended` and
         `refused` (they are taken at the start of a later call)."""
-        if (n := getattr(client, "posted_leases_ended", 0) - ended) > 0:
-            self.stats.add("posted_release_leases_ended", n)
-        if (n := getattr(client, "posted_refused", 0) - refused) > 0:
+        if (n := client.nowait_leases_ended - ended) > 0:
+            self.stats.add("posted_release_leases_ended", n)  # the stats file's name, kept
+        if (n := client.nowait_refused - refused) > 0:
             self.stats.add("release_failed", n)
 
-    def warm_up(self) -> bool:
+    def connect_now(self) -> bool:
         """Connect now, so the first request does not pay for it; a failure is retried lazily."""
         return self._get_client() is not None
 
     # -- the calls the connector makes -------------------------------------------------------
-    def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
-        if not keys:
-            return 0
-        return int(self._call("lookup", 0, lambda c: c.lookup_prefix(namespace, keys)))
-
     def lookup_prefix_leased(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, list[int]]:
-        """`lookup_prefix`, also returning the read leases it was granted (the found blocks cannot be
-        evicted while they last): whoever asks must release them (`release`) once done, or they
-        pin those blocks for the server's lease TTL."""
+        """How many leading `keys` the pool has, and the read leases it granted on them (the found
+        blocks cannot be evicted while they last): whoever asks must release them (`release`) once
+        done, or they pin those blocks for the server's lease TTL."""
         if not keys:
             return 0, []
         found, leases = self._call("lookup", (0, []), lambda c: c.lookup_prefix_leased(namespace, keys))
         return int(found), list(leases)
 
-    def get(self, namespace: str, key: bytes) -> Any:
-        return self._call("get", None, lambda c: c.get(namespace, key))
-
-    def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[Any]:
-        """`get` for a request's keys in one burst: a location (with its lease) or None per key."""
+    def get_many_tuples(self, namespace: str, keys: Sequence[bytes]) -> list[LocationTuple | None]:
+        """Where each key's block is, with a read lease on it, in one burst; None per key absent
+        (all None when the server is away)."""
         if not keys:
             return []
-        got = self._call("get", None, lambda c: c.get_many(namespace, keys))
+        got = self._call("get", None, lambda c: c.get_many_tuples(namespace, keys))
         return [None] * len(keys) if got is None else list(got)
 
-    def get_many_tuples(self, namespace: str, keys: Sequence[bytes]) -> list[Any]:
-        """`get_many` as (extents, lease id, nbytes, checksum) tuples or None, one per key (a client
-        without that call: its locations converted here)."""
-        if not keys:
-            return []
-
-        def fn(c: Any) -> list[Any]:
-            fast = getattr(c, "get_many_tuples", None)
-            if fast is not None:
-                return fast(namespace, keys)
-            return [as_location(loc) for loc in c.get_many(namespace, keys)]
-
-        got = self._call("get", None, fn)
-        return [None] * len(keys) if got is None else list(got)
-
-    def post_get_many(self, namespace: str, keys: Sequence[bytes]) -> Any:
-        """`get_many_tuples` sent now, answered by `take_get_many` later (the client's
-        `post_get_many`): a ticket, or None when nothing was sent (the client cannot post, the
-        server is down): ask with `get_many_tuples` then."""
+    def start_lookup(self, namespace: str, keys: Sequence[bytes]) -> tuple[KVIndexClient, PendingLookup] | None:
+        """`get_many_tuples` sent now, its answer taken by `finish_lookup` later (the client's
+        `start_lookup`); None when nothing was sent (the transport cannot, the server is down):
+        ask with `get_many_tuples` then."""
         if not keys:
             return None
 
-        def post(c: Any) -> Any:
-            fn = getattr(c, "post_get_many", None)
-            ticket = fn(namespace, keys) if fn is not None else None
-            return None if ticket is None else (c, ticket)
+        def start(c: KVIndexClient) -> tuple[KVIndexClient, PendingLookup] | None:
+            pending = c.start_lookup(namespace, keys)
+            return None if pending is None else (c, pending)
 
-        return self._call("get", None, post)
+        return self._call("get", None, start)
 
-    def take_get_many(self, ticket: Any) -> list[Any] | None:
-        """The answer to a posted lookup, as `get_many_tuples` answers; None when it cannot be had
-        (the server went away, the ring broke): the blocks count as absent and any leases the
-        answer held are lost with it, to expire on the server."""
-        client, posted = ticket
+    def finish_lookup(self, started: tuple[KVIndexClient, PendingLookup]) -> list[LocationTuple | None] | None:
+        """The answer to a lookup `start_lookup` sent, as `get_many_tuples` answers; None when it
+        cannot be had (the server went away, the ring broke): the blocks count as absent and any
+        leases the answer held are lost with it, to expire on the server."""
+        client, pending = started
         if client is not self._client:
-            return None  # sent by a client this door has since dropped: its answer went with it
-        return self._call("get", None, lambda c: c.take_get_many(posted))
+            return None  # sent by a client this index has since dropped: its answer went with it
+        return self._call("get", None, lambda c: c.finish_lookup(pending))
 
-    def reserve(self, namespace: str, key: bytes, nbytes: int) -> Any:
-        """A Reservation, or None when the key is present already, the pool is full, or the server is down."""
-        try:
-            return self._call("reserve", None, lambda c: c.reserve(namespace, key, nbytes))
-        except Exception as exc:  # noqa: BLE001
-            name = type(exc).__name__
-            self.stats.add(_skip_counter(name))
-            return None
-
-    def reserve_many(self, namespace: str, keys: Sequence[bytes], nbytes: int) -> list[Any]:
-        """`reserve` for a request's blocks in one burst: a Reservation or None per key (present
-        already, no space, or the server is down), skips counted as the single calls count them."""
+    def reserve_many(self, namespace: str, keys: Sequence[bytes], nbytes: int) -> list[Reservation | None]:
+        """Reservations for a request's blocks in one burst: a Reservation or None per key (present
+        already, no space, or the server is down), each skip counted by why."""
         if not keys:
             return []
         try:
             got = self._call("reserve", None, lambda c: c.reserve_many(namespace, [(k, nbytes) for k in keys]))
         except Exception as exc:  # noqa: BLE001 - the whole request was refused: no block is saved
-            self.stats.add(_skip_counter(type(exc).__name__), len(keys))
+            self.stats.add(_skip_counter(exc), len(keys))
             return [None] * len(keys)
         if got is None:
             return [None] * len(keys)
-        out: list[Any] = []
+        out: list[Reservation | None] = []
         for r in got:
             if isinstance(r, int):  # the protocol's Code that refused this key
                 self.stats.add(_REFUSED.get(getattr(r, "name", ""), "save_skipped_refused"))
@@ -248,7 +231,7 @@ class BestEffortIndex:
             self.stats.add("commit_failed", ok.count(False))
         return ok
 
-    def writable(self, reservation: Any) -> bool:
+    def writable(self, reservation: Reservation) -> bool:
         """May we still write into this reservation (deadline not passed, same epoch)? See fencing."""
         client = self._client
         try:
@@ -256,31 +239,21 @@ class BestEffortIndex:
         except Exception:  # noqa: BLE001 - when in doubt, do not write
             return False
 
-    def commit(self, token: Any, checksum: int | None = None) -> bool:
-        """Make a saved block visible; `checksum`: the CRC32C of its bytes, which loads verify."""
-        try:
-            return bool(self._call("commit", False, lambda c: (c.commit(token, checksum=checksum), True)[1]))
-        except Exception:  # noqa: BLE001 - an expired reservation only loses this block
-            self.stats.add("commit_failed")
-            return False
-
     def delete(self, namespace: str, key: bytes) -> None:
         """Drop a key (a block found corrupt), so later readers miss instead of reading it again."""
         with contextlib.suppress(Exception):  # best effort: at worst the next reader detects it too
             self._call("delete", None, lambda c: c.delete(namespace, key))
 
-    def abort(self, token: Any) -> None:
-        with contextlib.suppress(Exception):  # the server reclaims it after its timeout anyway
-            self._call("abort", None, lambda c: c.abort(token))
-
-    def release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> int | None:
+    def release(self, lease_ids: Sequence[int], *, granted_elsewhere: bool = False) -> int | None:
         """How many of the leases were still live (None: unknown, the server did not answer).
 
-        `handed_over`: the scheduler got these leases and passed them to this worker."""
+        `granted_elsewhere`: the scheduler got these leases and passed them to this worker."""
         if not lease_ids:
             return 0
         try:
-            return self._call("release", None, lambda c: c.release(list(lease_ids), handed_over=handed_over))
+            return self._call(
+                "release", None, lambda c: c.release(list(lease_ids), granted_elsewhere=granted_elsewhere)
+            )
         except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
             self.stats.add("release_failed")
             return None
@@ -289,86 +262,86 @@ class BestEffortIndex:
         """Until when (time.monotonic) leases of a request sent after `asked` are certainly live
         (KVIndexClient.lease_trusted_until); None: not known (no client, or an older server)."""
         client = self._client
-        trusted = getattr(client, "lease_trusted_until", None) if client is not None else None
-        return trusted(asked) if trusted is not None else None
+        return client.lease_trusted_until(asked) if client is not None else None
 
-    def post_release(self, lease_ids: Sequence[int] | array, *, handed_over: bool = False) -> bool:
-        """Release without waiting for the live count (KVIndexClient.post_release). True when sent,
+    def release_nowait(self, lease_ids: Sequence[int] | array, *, granted_elsewhere: bool = False) -> bool:
+        """Release without waiting for the live count (KVIndexClient.release_nowait). True when sent,
         or when there is no server to tell (its leases then expire on their own); False when it
-        could not be posted: release them with `release` instead. An array('Q') of ids (packed
-        while they were warm) goes to the client as it is."""
+        could not be sent: release them with `release` instead. An array('Q') of ids (packed
+        while they were in the CPU caches) goes to the client as it is."""
         packed = isinstance(lease_ids, array)
         if not (len(lease_ids) if packed else any(lease_ids)):
             return True
 
-        def post(c: Any) -> bool:
-            fn = getattr(c, "post_release", None)
-            return False if fn is None else bool(fn(lease_ids if packed else list(lease_ids), handed_over=handed_over))
+        def send(c: KVIndexClient) -> bool:
+            ids = lease_ids if packed else list(lease_ids)
+            return bool(c.release_nowait(ids, granted_elsewhere=granted_elsewhere))
 
         try:
-            return self._call("release", True, post)
+            return self._call("release", True, send)
         except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
             self.stats.add("release_failed")
             return True
 
-    def prepare_post_release(self, lease_ids: array, *, handed_over: bool = False) -> DoorRelease | None:
-        """`post_release` in two halves (KVIndexClient.prepare_post_release): the release made ready
-        now, posted by the caller's native call (the worker's `load_blocks_checked`, right after its
-        copy), its result handed to `DoorRelease.done`. None when it cannot go that way (no server,
-        no native helper, no room in flight): use `post_release` or `release` after the copy."""
+    def release_with_copy(self, lease_ids: array, *, granted_elsewhere: bool = False) -> BestEffortCopyRelease | None:
+        """`release_nowait` in two halves (KVIndexClient.release_with_copy): the release made ready
+        now, sent by the caller's native call (the worker's `load_blocks_checked`, right after its
+        copy), its result handed to `BestEffortCopyRelease.done`. None when it cannot go that way
+        (no server, no native helper, no room in flight): use `release_nowait` or `release` after
+        the copy."""
 
         # Not through `_call`: this runs on every pool hit, and a connection that is down or not
         # yet made is left to the usual release after the copy (which retries it).
         client = self._client
-        prepare = getattr(client, "prepare_post_release", None)
-        if prepare is None:
+        if client is None:
             return None
-        ended, refused = client.posted_leases_ended, client.posted_refused
+        ended, refused = client.nowait_leases_ended, client.nowait_refused
         try:
-            prepared = prepare(lease_ids, handed_over=handed_over)
+            ready = client.release_with_copy(lease_ids, granted_elsewhere=granted_elsewhere)
         except Exception as exc:  # noqa: BLE001 - as `_call` takes it: the release after the copy retries
-            self._release_post_failed(exc)
+            self.release_error(exc)
             return None
         finally:
-            self._posted_said(client, ended, refused)  # earlier replies it took, when their room was needed
-        if prepared is None:
+            self._count_nowait_replies(client, ended, refused)  # earlier replies it took, when their room was needed
+        if ready is None:
             return None
-        self.messages += prepared.messages  # booked as posted; `done` takes back what was not
-        return DoorRelease(self, prepared)
+        self.messages += ready.messages  # booked as sent; `done` takes back what was not
+        return BestEffortCopyRelease(self, ready)
 
-    def _release_post_failed(self, exc: Exception) -> bool:
-        """What `_call` and `post_release` make of an error, for a release a native call posted."""
-        if type(exc).__name__ in _RAISED:
+    def release_error(self, exc: Exception) -> bool:
+        """What `_call` and `release_nowait` make of an error, for a release a native call sent:
+        counted, or the index goes down; True (the leases expire on the server)."""
+        if isinstance(exc, _RAISED):
             self.stats.add("release_failed")
         else:
             self._failed("release", exc)
         return True
 
-    def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int] | None:
+    def release_groups(self, groups: Sequence[Sequence[int]], *, granted_elsewhere: bool = False) -> list[int] | None:
         """`release` for several sets of leases in one burst: each set's live count (None: unknown)."""
         if not any(groups):
             return [0] * len(groups)
         try:
             return self._call(
-                "release", None, lambda c: c.release_groups([list(g) for g in groups], handed_over=handed_over)
+                "release",
+                None,
+                lambda c: c.release_groups([list(g) for g in groups], granted_elsewhere=granted_elsewhere),
             )
         except Exception:  # noqa: BLE001 - a refused release leaves the leases to expire
             self.stats.add("release_failed")
             return None
 
-    def removals_since(self, namespace: str, cursor: int, epoch: int) -> tuple[Any, bool] | None:
+    def removals_since(self, namespace: str, cursor: int, epoch: int) -> tuple[Removals, bool] | None:
         """Keys of `namespace` the server removed from `cursor` on: (Removals, False), if `epoch`
         is still the server's. Otherwise (the first call with epoch 0, the server restarted since,
-        or it refused the cursor): (a probe, True), whose `head` is where to follow from and whose
-        `epoch` is the server's. None when the server is away."""
+        or it refused the cursor): (a head query's answer, True), whose `head` is where to follow
+        from and whose `epoch` is the server's. None when the server is away."""
 
-        def ask(client: Any) -> tuple[Any, bool]:
+        def ask(client: KVIndexClient) -> tuple[Removals, bool]:
             if client.epoch == epoch:
                 try:
                     return client.removals_since(cursor, namespace), False
-                except Exception as exc:
-                    if type(exc).__name__ != "RequestRejected":
-                        raise
+                except RequestRejected:
                     self.stats.add("removals_refused")  # a cursor this server never issued
             return client.removals_since(0, namespace, max_items=0), True
 
@@ -391,49 +364,39 @@ _REFUSED = {
 }
 
 
-def _skip_counter(exc_name: str) -> str:
-    return "save_skipped_exists" if exc_name == "AlreadyPresent" else "save_skipped_" + exc_name.lower()
+def _skip_counter(exc: Exception) -> str:
+    """The stats file's counter for a refused reservation burst, named after its error class."""
+    if isinstance(exc, AlreadyPresent):
+        return "save_skipped_exists"
+    return "save_skipped_" + type(exc).__name__.lower()
 
 
-def as_location(loc: Any) -> tuple[list[tuple[int, int]], int, int, int | None] | None:
-    """A client's BlockLocation (or anything shaped like it) as the connector's Location tuple."""
-    if loc is None:
-        return None
-    checksum = getattr(loc, "checksum", None)
-    return (
-        [(int(o), int(n)) for o, n in loc.extents],
-        int(loc.lease_id),
-        int(loc.nbytes),
-        None if checksum is None else int(checksum),
-    )
+class BestEffortCopyRelease:
+    """A release `BestEffortIndex.release_with_copy` made ready: `args` for the native call that
+    sends it, `done` with that call's result. Kept to one frame and the client's `done` (two):
+    it runs right after a copy, when every function touched first is out of the CPU caches."""
 
+    __slots__ = ("index", "ready")
 
-class DoorRelease:
-    """A release `BestEffortIndex.prepare_post_release` made ready: `args` for the native call that
-    posts it, `done` with that call's result. Kept to one frame and the client's `done` (two):
-    it runs right after a copy, when every function touched first is a cache miss."""
-
-    __slots__ = ("door", "prepared")
-
-    def __init__(self, door: BestEffortIndex, prepared: Any) -> None:
-        self.door = door
-        self.prepared = prepared
+    def __init__(self, index: BestEffortIndex, ready: CopyRelease) -> None:
+        self.index = index
+        self.ready = ready
 
     @property
     def args(self) -> tuple:
-        return self.prepared.args
+        return self.ready.args
 
     def done(self, result: Any) -> bool:
-        """True: posted, or refused by a server that will not hear it (the leases expire there);
-        False: nothing was posted (the copy ended too late, or `result` None after the native call
+        """True: sent, or refused by a server that will not hear it (the leases expire there);
+        False: nothing was sent (the copy ended too late, or `result` None after the native call
         raised): release the usual way."""
         if result.__class__ is list:
-            return True  # posted as booked (this runs right after the copy: touch nothing)
-        door = self.door
-        before = self.prepared.client.messages
+            return True  # sent as booked (this runs right after the copy: touch nothing)
+        index = self.index
+        before = self.ready.client.messages
         try:
-            return self.prepared.done(result)
+            return self.ready.done(result)
         except Exception as exc:  # noqa: BLE001 - a refused release leaves the leases to expire
-            return door._release_post_failed(exc)
+            return index.release_error(exc)
         finally:
-            door.messages += self.prepared.client.messages - before
+            index.messages += self.ready.client.messages - before

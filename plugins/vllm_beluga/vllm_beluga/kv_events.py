@@ -5,8 +5,8 @@ know which instance holds which blocks. With Beluga an instance also "holds" wha
 in another medium (`medium`, "CXL" unless `kv_connector_extra_config.kv_events_medium` says
 otherwise), so the connector publishes the pool's side of it through vLLM's own path:
 
-- Workers see which keys their saves committed (`CommitObserver`, wrapped around the metadata door
-  the copy code uses: a key counts once the server answered OK to its commit). vLLM collects
+- Workers see which keys their saves committed (`CommitObserver`, wrapped around the best-effort
+  index the copy code uses: a key counts once the server answered OK to its commit). vLLM collects
   `get_kv_connector_kv_cache_events()` after each step from every worker, sums them
   (KVOutputAggregator) and hands them to the scheduler's `update_connector_output`.
 - The scheduler publishes through `take_events()`, the only connector events vLLM 0.32 publishes.
@@ -90,7 +90,7 @@ class BelugaKVEvents(KVConnectorKVEvents):
 
 
 class CommitObserver:
-    """The metadata door (BestEffortIndex) as the copy code sees it, noting which keys committed.
+    """The best-effort index (BestEffortIndex) as the copy code sees it, noting which keys committed.
 
     Reservations are matched to their keys (`reserve_many`) and commits to their reservations
     (`finish_many`, one OK per visible block); everything else passes straight through. Saves may
@@ -304,9 +304,9 @@ class SchedulerEvents:
         for _ in range(MAX_POLL_CALLS):
             answer = self.index.removals_since(self.namespace, self._cursor, self._epoch)
             if answer is None:
-                break  # the server is away (the door reconnects later): try at the next poll
-            got, probe = answer
-            if probe:
+                break  # the server is away (the index reconnects later): try at the next poll
+            got, head_query = answer
+            if head_query:
                 # First poll, or the server restarted (a new epoch, a new log): follow from its present.
                 if self._epoch and got.epoch != self._epoch:
                     self.stats.add("removal_epoch_changes")

@@ -3,7 +3,7 @@
 Loads. vLLM calls `start_load_kv` before the forward pass and `wait_for_layer_load(layer)` before
 each attention layer reads its KV. A `LayerwiseLoad` copies the step's blocks one layer at a time on
 a background thread, in model order, and each layer waits only for its own copy: layer 0 computes
-while layers 1..N are still arriving. The checksum cannot be fused into a layer-sized copy, so it is
+while layers 1..N are still arriving. The checksum cannot be taken in a layer-sized copy, so it is
 taken over the pool bytes once every layer landed (sound for the reason the CUDA path's is, see
 transfer.py): a block that fails it is reported through `get_block_ids_with_load_errors` after the
 forward pass, and vLLM then discards what that step computed for the request and recomputes the
@@ -12,8 +12,9 @@ block, so a wrong byte can cost a recompute, never an answer.
 The load thread runs native copies and checksums only (the GIL released). Comparing the checksums,
 releasing the leases and counting are Python, and run on the thread that waits for the load (the
 forward pass's, after it): Python on the load thread during the forward pass fights the forward
-pass for the GIL, and each hand-over can cost either side up to the interpreter's switch interval
-(5 ms), which made a posted lease release take 3 to 6 ms in the CPU demo instead of 0.2 ms.
+pass for the GIL, and each switch between them can cost either side up to the interpreter's switch
+interval (5 ms by default): in the CPU demo that made a lease release sent without waiting many
+times slower than on a quiet thread.
 
 Saves. `wait_for_save` hands a step's saves to a background thread and returns: the step's tokens
 go back to the user without waiting for the pool. The blocks being saved must stay untouched until
@@ -134,7 +135,7 @@ def run_layerwise(
             for batch in batches:
                 engine.flush_extents(batch.blocks)
             layer_names = [lc.layer for lc in plans[0]] if plans else []
-            nontemporal = engine._nontemporal([b for batch in batches for b in batch.blocks])
+            nontemporal = engine.nontemporal_for([b for batch in batches for b in batch.blocks])
             for i, layer in enumerate(layer_names):
                 for plan in plans:
                     engine.copy_layer(plan[i], nontemporal=nontemporal)

@@ -3,10 +3,9 @@
 A file pool (the CPU demo, CI, single-host development) is mapped in 4 KiB pages. The blocks a
 worker loads were mostly written by another process (another instance's save), through that
 process's own mapping, so this process has no page-table entries for them: the copy faults once
-every 16 pages (the kernel's fault-around), about 190 times on the demo's 12 MiB hit, 1.3 ms of a
-load measured at 4.0 ms against 2.6 ms without them (docs/serving.md). `PoolPrefault` maps the pool's
-pages once, on a thread of its own, right after the KV caches are registered, so the hits that follow
-find them mapped.
+every 16 pages (the kernel's fault-around) of every block it reads, a large share of the load's
+time. `PoolPrefault` maps the pool's pages once, on a thread of its own, right after the KV caches
+are registered, so the hits that follow find them mapped.
 
 Not on a devdax pool: it is mapped in 2 MiB or 1 GiB pages, a handful of faults per hit. Not past
 `max_bytes`: populating a file pool allocates its page cache, all of it (a hole reads as a page of

@@ -8,9 +8,8 @@ and at most every `min_interval_s`.
 
 That thread looks every `min_interval_s` instead of being woken by the counting thread. A pool hit
 changes counters right at its start (the scheduler's lookup, a worker's load), and a wake-up then
-(a futex wake on a sleeping thread, 40 to 120 us on the CPU demo's VM) followed by a JSON dump that
-holds the GIL landed in the hit: measured in one vLLM process, the hit's lookup took 0.96 and 1.00
-ms with a stats file against 0.78 and 0.59 ms without (scripts/measure-hit-phases.py, 9 rounds).
+(a futex wake on a sleeping thread) followed by a JSON dump that holds the GIL landed in the hit
+and made its lookup measurably slower than without a stats file.
 
 The same counters also feed vLLM's own metrics (vllm_metrics.py): `take_interval` hands over what
 was added since its last call, and each addition to a timing counter (`*_us`) is one observation

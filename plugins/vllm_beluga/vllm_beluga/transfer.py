@@ -38,14 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_beluga.index_client import BestEffortIndex, as_location
+from belugactl.dataplane.rpc.protocol import LocationTuple
+from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 
 log = logging.getLogger("vllm.beluga")
-
-
-# extents, lease id, nbytes, CRC32C its writer committed (None: none given, loaded unchecked)
-Location = tuple[list[tuple[int, int]], int, int, int | None]
 
 
 @functools.cache
@@ -66,17 +63,13 @@ def monotonic_clock_id() -> str:
     return f"{boot}/{ns}" if boot else ""
 
 
-def locate(index: BestEffortIndex, namespace: str, key: bytes) -> Location | None:
-    """Where a committed block is, with a read lease on it; None if absent or the server is away."""
-    return as_location(index.get(namespace, key))
-
-
-def locate_many(index: BestEffortIndex, namespace: str, keys: Sequence[bytes]) -> list[Location | None]:
-    """`locate` for a request's keys in one GET_MANY burst (as few round trips as the transport
-    allows) instead of one GET per block; keys of mixed lengths (never the connector's) go one by one."""
+def locate_many(index: BestEffortIndex, namespace: str, keys: Sequence[bytes]) -> list[LocationTuple | None]:
+    """Where each committed block is, with a read lease on it (None: absent, or the server is away),
+    in one GET_MANY burst (as few round trips as the transport allows); keys of mixed lengths (never
+    the connector's) go one by one. The client's tuples are used as they come: no object or int()
+    per block."""
     if len({len(k) for k in keys}) > 1:
-        return [locate(index, namespace, key) for key in keys]
-    # The client's own tuples are the Location shape already: no object or int() per block.
+        return [index.get_many_tuples(namespace, [key])[0] for key in keys]
     return index.get_many_tuples(namespace, keys)
 
 
@@ -85,7 +78,7 @@ class LoadBatch:
     """A load between its lookup and its check: what to copy, and what to release afterwards."""
 
     leases: list[int]
-    handed_over: bool
+    granted_elsewhere: bool  # the scheduler's leases, passed to this worker
     failed: list[int] = field(default_factory=list)
     # Leases the scheduler took on blocks this load does not copy (found beyond what vLLM allocated,
     # or the block holding the last token): handed back in the same burst as the load's own.
@@ -94,13 +87,13 @@ class LoadBatch:
     checksums: list[int | None] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
     # Until when (this process's time.monotonic) every lease above is certainly live: a copy that
-    # ended before it trusts its bytes without RELEASE's live count, and posts the release instead
-    # of waiting for it. None: unknown (an older server, or a deadline from another clock).
+    # ended before it trusts its bytes without RELEASE's live count, and sends the release without
+    # waiting for its reply. None: unknown (an older server, or a deadline from another clock).
     trusted_until: float | None = None
     # leases + spare, non-zero, packed as uint64 when the batch is made: the release after the copy
-    # then touches one small buffer instead of a Python int per lease (each a cache miss by then).
+    # then touches one small buffer instead of a Python int per lease (each out of the CPU caches by then).
     release_ids: array | None = None
-    # Each copied block's expected CRC32C as int64 (-1: not known), for the fused load's check.
+    # Each copied block's expected CRC32C as int64 (-1: not known), for the one-call load's check.
     expected: array | None = None
 
 
@@ -122,7 +115,7 @@ class PoolTransfer:
         self,
         block_ids: Sequence[int],
         keys: Sequence[bytes],
-        locations: Sequence[Location | None] | None = None,
+        locations: Sequence[LocationTuple | None] | None = None,
         spare: Sequence[int] = (),
         trusted_until: float | None = None,
         clock: str = "",
@@ -138,69 +131,71 @@ class PoolTransfer:
         batch = self.prepare_load(block_ids, keys, locations, spare, trusted_until, clock)
         if batch is None:
             return list(block_ids)
-        fused = self._load_fused(batch)
-        if fused is not None:
-            return fused
+        not_loaded = self._load_one_call(batch)
+        if not_loaded is not None:
+            return not_loaded
         started = time.perf_counter()
         crcs: list[int | None] | None = None
         error: Exception | None = None
         try:
             if batch.blocks:
-                crcs = list(self._copy(batch.blocks, save=False))
+                crcs = list(self.copy(batch.blocks, save=False))
         except Exception as exc:  # noqa: BLE001 - a bad extent must cost a recompute, never a wrong answer
             error = exc
         return self.finish_load(batch, crcs, error, started)
 
-    def _load_fused(self, batch: LoadBatch) -> list[int] | None:
+    def _load_one_call(self, batch: LoadBatch) -> list[int] | None:
         """A CPU load in one native call (`load_blocks_checked`): the copy, its checksum check and,
-        while the scheduler's leases are certainly live, their release posted right after the copy,
-        with no Python between (after a copy every function or object touched first is a cache
-        miss: 20 to 60 us each on the test VM). Returns the block ids not loaded, as `load` does;
+        while the scheduler's leases are certainly live, their release sent right after the copy,
+        with no Python between (after a copy every function or object touched first is out of the
+        CPU caches, and each such touch is slow). Returns the block ids not loaded, as `load` does;
         None when this batch cannot go that way (no native helper, another engine, a flushed pool,
         a block split over extents): then the copy and the release run as separate steps.
 
         The index lock is held across the copy so that no save burst takes the ring's next
-        sequence between the release being made ready and posted: a save waits at most one copy."""
+        sequence between the release being made ready and sent: a save waits at most one copy."""
         from belugactl.dataplane import native
         from belugactl.dataplane.kvcopy import KVCopyEngine
 
-        fused = native.load_blocks_checked
+        load_checked = native.load_blocks_checked
         engine = self.engine
-        if fused is None or not batch.blocks or not isinstance(engine, KVCopyEngine) or engine.coherence == "flush":
+        if load_checked is None or not batch.blocks:
+            return None
+        if not isinstance(engine, KVCopyEngine) or engine.coherence == "flush":
             return None
         try:
-            pairs = engine._block_pairs(batch.blocks)
+            pairs = engine.block_pairs(batch.blocks)
         except ValueError:
             return None  # the separate copy raises it again, and the batch is recomputed
         if pairs is None:
             return None
         started = time.perf_counter()
-        nontemporal = engine._nontemporal(batch.blocks)
+        nontemporal = engine.nontemporal_for(batch.blocks)
         with self.index_lock:
             deadline = batch.trusted_until
             release = None
             if deadline is not None and batch.release_ids is not None and len(batch.release_ids):
-                release = self.index.prepare_post_release(batch.release_ids, handed_over=batch.handed_over)
+                release = self.index.release_with_copy(batch.release_ids, granted_elsewhere=batch.granted_elsewhere)
             release_s = time.perf_counter() - started
             try:
-                bad, result, release_ns = fused(
+                bad, result, release_ns = load_checked(
                     engine.pool, engine.tensors, engine.template, pairs, batch.expected, nontemporal,
                     None if release is None else release.args, deadline or 0.0,
                 )  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - checked before any byte moved: nothing copied or posted
+            except Exception as exc:  # noqa: BLE001 - checked before any byte moved: nothing copied or sent
                 if release is not None:
                     release.done(None)  # gives back what it booked: the ring goes on in step
                 return self.finish_load(batch, None, exc, started)
             copied = time.perf_counter()
-            posted = release is not None and release.done(result)
+            sent = release is not None and release.done(result)
             release_s += time.perf_counter() - copied + release_ns / 1e9
-        return self.finish_load(batch, None, None, started, bad=bad, released=posted, release_s=release_s)
+        return self.finish_load(batch, None, None, started, bad=bad, released=sent, release_s=release_s)
 
     def prepare_load(
         self,
         block_ids: Sequence[int],
         keys: Sequence[bytes],
-        locations: Sequence[Location | None] | None = None,
+        locations: Sequence[LocationTuple | None] | None = None,
         spare: Sequence[int] = (),
         trusted_until: float | None = None,
         clock: str = "",
@@ -208,8 +203,8 @@ class PoolTransfer:
         """The metadata half of a load: find the blocks (unless the scheduler did), keep those whose
         size fits these tensors. None when there is nothing to copy into (no pool mapped): every
         block failed, leases released."""
-        handed_over = locations is not None  # the scheduler's leases, passed to us
-        if handed_over and (not clock or clock != monotonic_clock_id()):
+        granted_elsewhere = locations is not None  # the scheduler's leases, passed to us
+        if granted_elsewhere and (not clock or clock != monotonic_clock_id()):
             trusted_until = None  # the scheduler read another clock: its deadline means nothing here
         if locations is None:
             with self.index_lock:
@@ -222,12 +217,12 @@ class PoolTransfer:
         leases = [loc[1] for loc in locations if loc is not None]
         if self.engine is None:
             with self.index_lock:
-                self.index.release([*leases, *spare], handed_over=handed_over)
+                self.index.release([*leases, *spare], granted_elsewhere=granted_elsewhere)
             self.stats.add("load_errors", len(block_ids))
             return None
         batch = LoadBatch(
             leases=leases,
-            handed_over=handed_over,
+            granted_elsewhere=granted_elsewhere,
             failed=list(block_ids[len(locations) :]),
             spare=list(spare),
             trusted_until=trusted_until,
@@ -258,7 +253,7 @@ class PoolTransfer:
     ) -> list[int]:
         """The checking half of a load, once its copy ended: compare checksums, release the leases,
         count. `crcs` per copied block (None: the copy did not complete, `error` says why), or
-        `bad`: the indices of the blocks whose checksum differed, compared already (the fused
+        `bad`: the indices of the blocks whose checksum differed, compared already (the one-call
         load). `released`: the leases were released already, in `release_s` seconds.
         Returns the block ids NOT loaded."""
         failed = batch.failed
@@ -313,19 +308,20 @@ class PoolTransfer:
         """Hand the load's leases back; how many of its own were still live (None: not asked).
 
         The count matters only if a lease may have ended during the copy. A copy that ended while
-        its leases were certainly live (`trusted_until`, from the TTL the server announced) posts
+        its leases were certainly live (`trusted_until`, from the TTL the server announced) sends
         its release and does not wait for the reply: the wait was a round trip on the critical path
         of every pool hit, against a server the forward pass leaves little CPU to."""
         with self.index_lock:
             trusted = batch.trusted_until is not None and time.monotonic() < batch.trusted_until
             ids = batch.release_ids if batch.release_ids is not None else [*batch.leases, *batch.spare]
-            if trusted and self.index.post_release(ids, handed_over=batch.handed_over):
+            if trusted and self.index.release_nowait(ids, granted_elsewhere=batch.granted_elsewhere):
                 self.stats.add("load_releases_posted")
                 return None
             if batch.spare:
-                counts = self.index.release_groups([batch.leases, batch.spare], handed_over=batch.handed_over)
+                groups = [batch.leases, batch.spare]
+                counts = self.index.release_groups(groups, granted_elsewhere=batch.granted_elsewhere)
                 return None if counts is None else counts[0]
-            return self.index.release(batch.leases, handed_over=batch.handed_over)
+            return self.index.release(batch.leases, granted_elsewhere=batch.granted_elsewhere)
 
     def pool_checksums(self, blocks: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> list[int]:
         """Each block's CRC32C over its pool bytes (after a copy that could not checksum in flight)."""
@@ -368,7 +364,7 @@ class PoolTransfer:
         commits: list[tuple[Any, int]] = []
         if fresh:
             try:
-                crcs = self._copy([(block_id, extents) for _, block_id, extents in fresh], save=True)
+                crcs = self.copy([(block_id, extents) for _, block_id, extents in fresh], save=True)
             except Exception as exc:  # noqa: BLE001
                 log.warning("Beluga: saving %d blocks failed: %s", len(fresh), exc)
                 aborts.extend(r.token for r, _, _ in fresh)
@@ -394,16 +390,16 @@ class PoolTransfer:
         self.stats.add("save_us", int((time.perf_counter() - started) * 1e6))
         return committed
 
-    def _copy(self, blocks: list[tuple[int, list[tuple[int, int]]]], *, save: bool) -> list[int]:
+    def copy(self, blocks: list[tuple[int, list[tuple[int, int]]]], *, save: bool) -> list[int]:
         """Copy a batch (save: tensors -> pool, else back) and return each block's CRC32C (see the
-        module's "Checksums"): fused into the copy for CPU tensors in whole extents, else computed
+        module's "Checksums"): computed in the copy for CPU tensors in whole extents, else computed
         over the pool bytes once the copy has completed."""
         from belugactl.dataplane import native
         from belugactl.dataplane.kvcopy import KVCopyEngine
 
         engine = self.engine
         if isinstance(engine, KVCopyEngine) and engine.coherence != "flush":
-            pairs = engine._block_pairs(blocks)
+            pairs = engine.block_pairs(blocks)
             if pairs is not None:
                 return native.gather_blocks_crc32c(
                     engine.pool,
@@ -411,7 +407,7 @@ class PoolTransfer:
                     engine.template,
                     pairs,
                     save=save,
-                    nontemporal=save and engine._nontemporal(blocks),
+                    nontemporal=save and engine.nontemporal_for(blocks),
                 )
         if save:
             engine.save(blocks)
