@@ -26,7 +26,7 @@ BLOCK_BYTES = 64 << 10
 def bench_batched_puts(*, blocks: int = 62, rounds: int = 100, pin: bool = True) -> dict[str, Any]:
     from belugactl.pool.file_pool import create_file_pool
     from belugactl.pool.mapping import PoolMapping
-    from belugactl.workflows.bench.rpc_mds import BENCH_RACK, running_server
+    from belugactl.workflows.bench.server import BENCH_RACK, running_server
 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = pin and len(cpus) >= 2

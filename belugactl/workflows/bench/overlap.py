@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from belugactl.errors import EnvironmentProblem
-from belugactl.workflows.bench.rpc_mds import running_server
+from belugactl.workflows.bench.server import running_server
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "examples" / "cpu-demo.yaml"

@@ -7,43 +7,14 @@ targets, and never assert.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from belugactl.errors import EnvironmentProblem
-
-# A small rack whose ring has room for 128 requests in flight.
-BENCH_RACK = """\
-version: 1
-name: bench-rpc
-pool:
-  source: {kind: cxl-region, memdevs: all, type: ram}
-  size: 256MiB
-  align: 2MiB
-layout:
-  metadata: {slots_per_ring: 128, slot_size: 256B, spare_rings: 2, journal: 2MiB}
-  shared_kv: 128MiB
-  partition_size: equal
-hosts:
-  - name: bench-0
-    address: 127.0.0.1
-    roles: [metadata, worker]
-    platform: gpu
-    numa: {cpu_nodes: 1, cxl_nodes: 1}
-    gpus: {count: 1, model: L40S}
-serve:
-  vllm:
-    model: bench/model
-    instances_per_host: 1
-"""
+from belugactl.workflows.bench.server import BENCH_RACK, running_server
 
 NAMESPACE = "bench/tp0"
 KEY_LEN = 24  # 32 B header + 8 B lookup fields + 24 B key = a 64 B request
@@ -55,38 +26,6 @@ CALIBRATION = {
     "paper_cxl_rpc_qd1_us": 2.11,
     "paper_cxl_rpc_qd128_mops": 12.13,
 }
-
-
-@contextlib.contextmanager
-def running_server(
-    manifest: Path, pool: Path, *, cpu: int | None = None, extra: list[str] | None = None
-) -> Iterator[dict[str, Any]]:
-    """Start `belugactl metadata-server` in a child process; yield its start-up record; stop it."""
-    argv = [
-        sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
-        "--rpc-port", "0", "--admin-port", "0", "--fence-grace", "0", "--json", *(extra or []),
-    ]  # fmt: skip
-    env = dict(os.environ)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # noqa: S603
-    try:
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(proc.pid, {cpu})
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise EnvironmentProblem("the metadata server did not start", why=err.strip()[-2000:])
-        record = json.loads(line)
-        record["pid"] = proc.pid
-        yield record
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _percentile(sorted_ns: list[int], q: float) -> float:
