@@ -1,5 +1,5 @@
 """The connector's vLLM stats class (aggregate, reduce, Prometheus) and its KV-event bookkeeping,
-with vLLM's real types: observability_probe.py runs inside the vLLM venv (no engine)."""
+with vLLM's real types: observability_driver.py runs inside the vLLM venv (no engine)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ CHECKS = [
 def test_stats_and_events_with_vllm_types(vllm_python: Path) -> None:
     # This checkout's code, not whatever the venv has installed.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins" / "vllm_beluga")])}
-    probe = subprocess.run(  # noqa: S603
-        [str(vllm_python), str(Path(__file__).with_name("observability_probe.py"))],
+    driver = subprocess.run(  # noqa: S603
+        [str(vllm_python), str(Path(__file__).with_name("observability_driver.py"))],
         capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
-    lines = [x for x in probe.stdout.splitlines() if x.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, probe.stderr[-4000:]
+    lines = [x for x in driver.stdout.splitlines() if x.startswith("RESULT ")]
+    assert driver.returncode == 0 and lines, driver.stderr[-4000:]
     assert json.loads(lines[-1].removeprefix("RESULT "))["passed"] == CHECKS

@@ -1,5 +1,5 @@
-"""Asynchronous saves and layer-wise loads in the real vLLM CPU engine (overlap_probe.py): a request's
-blocks are never put back on vLLM's free list while a save of them is pending (and the probe does see
+"""Asynchronous saves and layer-wise loads in the real vLLM CPU engine (overlap_driver.py): a request's
+blocks are never put back on vLLM's free list while a save of them is pending (and the driver does see
 it happen when the hold is switched off), and a prompt loaded layer by layer answers as a recompute."""
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ REPO = Path(__file__).resolve().parents[3]
 def test_saves_overlap_yet_never_read_freed_blocks_and_loads_go_layer_by_layer(
     vllm_python: Path, server: Mds
 ) -> None:
-    probe = subprocess.run(  # noqa: S603
-        [str(vllm_python), str(Path(__file__).with_name("overlap_probe.py")),
+    driver = subprocess.run(  # noqa: S603
+        [str(vllm_python), str(Path(__file__).with_name("overlap_driver.py")),
          str(REPO / "examples" / "models" / "llama-cpu-demo"), server.tcp, str(server.pool_path)],
         capture_output=True, text=True, timeout=800, check=False,
     )  # fmt: skip
-    lines = [x for x in probe.stdout.splitlines() if x.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, probe.stderr[-4000:]
+    lines = [x for x in driver.stdout.splitlines() if x.startswith("RESULT ")]
+    assert driver.returncode == 0 and lines, driver.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
     print(json.dumps(out))  # the figures, for `pytest -s`
 
     assert out["held"]["saves"] >= 1
     assert out["held"]["violations"] == 0, out
     assert out["control"]["saves"] >= 1
-    assert out["control"]["violations"] > 0, out  # the probe catches an early free when there is one
+    assert out["control"]["violations"] > 0, out  # the driver catches an early free when there is one
     counters = out["counters"]
     assert out["tokens_equal"], out
     assert counters["layerwise_loads"] >= 1

@@ -18,13 +18,13 @@ BS = 32
 
 
 def test_scheduler_side_in_real_vllm(vllm_python: Path, server: Mds) -> None:
-    probe = subprocess.run(  # noqa: S603
-        [str(vllm_python), str(Path(__file__).with_name("scheduler_probe.py")),
+    driver = subprocess.run(  # noqa: S603
+        [str(vllm_python), str(Path(__file__).with_name("scheduler_driver.py")),
          str(REPO / "examples" / "models" / "llama-cpu-demo"), server.tcp],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-    lines = [x for x in probe.stdout.splitlines() if x.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, probe.stderr[-4000:]
+    lines = [x for x in driver.stdout.splitlines() if x.startswith("RESULT ")]
+    assert driver.returncode == 0 and lines, driver.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
 
     assert "PYTHONHASHSEED is unset" in out["unset_seed"]
@@ -48,23 +48,23 @@ def test_scheduler_side_in_real_vllm(vllm_python: Path, server: Mds) -> None:
     assert out["server_down_healthy"] is False
 
 
-def test_a_lookup_posted_on_arrival_answers_at_scheduling(vllm_python: Path, server: Mds) -> None:
-    """on_new_request posts the GET_MANY over the scheduler's CXL ring; get_num_new_matched_tokens
+def test_a_lookup_started_on_arrival_answers_at_scheduling(vllm_python: Path, server: Mds) -> None:
+    """on_new_request sends the GET_MANY over the scheduler's CXL ring; get_num_new_matched_tokens
     takes it: the same answer as asking then, one round trip, and every lease accounted for
-    (a stale answer asked again, an aborted request's answer handed back, several at once)."""
-    probe = subprocess.run(  # noqa: S603
-        [str(vllm_python), str(Path(__file__).with_name("posted_lookup_probe.py")),
+    (a stale answer asked again, an aborted request's answer released, several at once)."""
+    driver = subprocess.run(  # noqa: S603
+        [str(vllm_python), str(Path(__file__).with_name("lookup_on_arrival_driver.py")),
          str(REPO / "examples" / "models" / "llama-cpu-demo"), server.tcp, server.cxl(1)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-    lines = [x for x in probe.stdout.splitlines() if x.startswith("RESULT ")]
-    assert probe.returncode == 0 and lines, probe.stderr[-4000:]
+    lines = [x for x in driver.stdout.splitlines() if x.startswith("RESULT ")]
+    assert driver.returncode == 0 and lines, driver.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
 
-    assert out["post_lookups"] == [True, False]
+    assert out["lookup_on_arrival"] == [True, False]
     assert out["leases_after_post"] == 5  # granted on arrival, before vLLM asked
-    assert out["posted_answer"] == out["plain_answer"] == [5 * BS, False]
-    assert out["posted_trips"] == 1
+    assert out["early_answer"] == out["plain_answer"] == [5 * BS, False]
+    assert out["early_trips"] == 1
     assert out["located"] == [5]
     assert out["stale_answer"] == [7 * BS, False]  # asked again: the blocks saved meanwhile are found
     assert out["switched_off"] == [0, False]

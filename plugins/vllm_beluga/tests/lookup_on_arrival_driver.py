@@ -1,4 +1,4 @@
-"""Run inside the vLLM venv by test_scheduler.py: the scheduler's lookup posted when a request
+"""Run inside the vLLM venv by test_scheduler.py: the scheduler's lookup started when a request
 arrives (`on_new_request`) and taken when vLLM schedules it, with vLLM's real config, Request and
 block hasher, over a real metadata server's CXL-RPC ring. Prints one JSON document.
 
@@ -11,11 +11,11 @@ import os
 import sys
 import time
 
-from probe_vllm import BS, Blocks, engine_config, request
+from driver_vllm import BS, Blocks, engine_config, request
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm_beluga import connector as connector_module
 from vllm_beluga.connector import BelugaConnector
+from vllm_beluga.scheduler import LOOKUP_FRESH_S
 
 from belugactl.dataplane.client import connect
 
@@ -31,7 +31,7 @@ client = connect(tcp)
 
 
 def leases(want: int | None = None) -> int:
-    """The server's live leases (waiting up to 2 s for `want`: a posted request is read at once,
+    """The server's live leases (waiting up to 2 s for `want`: a request sent without waiting is read at once,
     but on another connection than this count's)."""
     deadline = time.monotonic() + 2
     while True:
@@ -44,19 +44,19 @@ def leases(want: int | None = None) -> int:
 out: dict[str, object] = {}
 conn = BelugaConnector(config(), KVConnectorRole.SCHEDULER, None)
 plain = BelugaConnector(config(post_lookups=False), KVConnectorRole.SCHEDULER, None)
-out["post_lookups"] = [conn.post_lookups, plain.post_lookups]
+out["lookup_on_arrival"] = [conn.connector_scheduler.lookup_on_arrival, plain.connector_scheduler.lookup_on_arrival]
 tokens = list(range(10, 10 + 8 * BS))  # exactly 8 full blocks
 keys = [bytes(h) for h in request("r0", tokens).block_hashes]
 for key in keys[:5]:
     client.commit(client.reserve(conn.namespace, key, 64).token)
 
-# Posted on arrival: the server grants the leases before vLLM asks; the answer is the one asked now.
+# Started on arrival: the server grants the leases before vLLM asks; the answer is the one asked now.
 r1 = request("r1", tokens)
 conn.on_new_request(r1)
 out["leases_after_post"] = leases(5)
 trips = conn.index.round_trips
-out["posted_answer"] = list(conn.get_num_new_matched_tokens(r1, 0))
-out["posted_trips"] = conn.index.round_trips - trips
+out["early_answer"] = list(conn.get_num_new_matched_tokens(r1, 0))
+out["early_trips"] = conn.index.round_trips - trips
 p1 = request("p1", tokens)
 plain.on_new_request(p1)
 out["plain_answer"] = list(plain.get_num_new_matched_tokens(p1, 0))
@@ -64,21 +64,21 @@ conn.update_state_after_alloc(r1, Blocks(list(range(8))), 5 * BS)
 meta = conn.build_connector_meta(SchedulerOutput.make_empty())
 out["located"] = [len([x for x in t.locations or [] if x is not None]) for t in meta.loads]
 
-# Stale: a request that waited longer than POSTED_LOOKUP_FRESH_S is asked again, and sees the
-# blocks saved meanwhile; its first answer's leases are handed back.
+# Stale: a request that waited longer than LOOKUP_FRESH_S is asked again, and sees the
+# blocks saved meanwhile; its first answer's leases are released.
 r2 = request("r2", tokens)
 conn.on_new_request(r2)
 for key in keys[5:]:
     client.commit(client.reserve(conn.namespace, key, 64).token)
-time.sleep(connector_module.POSTED_LOOKUP_FRESH_S + 0.1)
+time.sleep(LOOKUP_FRESH_S + 0.1)
 out["stale_answer"] = list(conn.get_num_new_matched_tokens(r2, 0))
 conn.update_state_after_alloc(r2, Blocks([]), 0)  # vLLM allocated nothing external
 
-# Aborted before vLLM ever scheduled it: the answer is taken and its leases handed back.
+# Aborted before vLLM ever scheduled it: the answer is taken and its leases released.
 r3 = request("r3", tokens)
 conn.on_new_request(r3)
 conn.request_finished(r3, [])
-# Switched off by the request: nothing is posted.
+# Switched off by the request: nothing is sent.
 r4 = request("r4", tokens, {"beluga": {"load": False}})
 conn.on_new_request(r4)
 out["switched_off"] = list(conn.get_num_new_matched_tokens(r4, 0))
@@ -91,10 +91,10 @@ out["many"] = [list(conn.get_num_new_matched_tokens(r, 0)) for r in reversed(man
 for r in many:
     conn.update_state_after_alloc(r, Blocks([]), 0)
 conn.build_connector_meta(SchedulerOutput.make_empty())
-conn.index._client.collect_posted()
+conn.index._client.collect_replies()
 plain.update_state_after_alloc(p1, Blocks([]), 0)
 plain.build_connector_meta(SchedulerOutput.make_empty())
-plain.index._client.collect_posted()
+plain.index._client.collect_replies()
 # Left: r1's 5 blocks to load, kept for the worker, plus r1's spare (none: 5 of 8 found, all loaded).
 out["leases_left"] = leases(5)
 c = conn.stats.counters

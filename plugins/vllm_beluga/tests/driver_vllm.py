@@ -1,6 +1,6 @@
-"""What the scheduler probes (run inside the vLLM venv by test_scheduler.py) build from vLLM: an
+"""What the scheduler drivers (run inside the vLLM venv by test_scheduler.py) build from vLLM: an
 engine config with the Beluga connector, requests with vLLM's real block hasher, and the block ids
-`update_state_after_alloc` reads. Imported by the probe scripts, which sit in this directory."""
+`update_state_after_alloc` reads. Imported by the driver scripts, which sit in this directory."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def engine_config(model: str, address: str, algo: str = "sha256_cbor", **extra: 
         kv_connector_module_path="vllm_beluga.connector",
         kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"metadata_address": address, "hash_seed": "0", "namespace": "probe", **extra},
+        kv_connector_extra_config={"metadata_address": address, "hash_seed": "0", "namespace": "driver", **extra},
     )
     args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BS,
                       prefix_caching_hash_algo=algo, enable_prefix_caching=False,
@@ -37,7 +37,7 @@ _hasher: list[Any] = []
 def request(rid: str, tokens: list[int], params: dict | None = None) -> Request:
     """A one-token request whose block hashes vLLM computes (sha256_cbor), with optional
     kv_transfer_params. The hasher is made at the first call: vLLM seeds it from PYTHONHASHSEED
-    as it is then (the probes set it before their first request)."""
+    as it is then (the drivers set it before their first request)."""
     if not _hasher:
         fn = get_hash_fn_by_name("sha256_cbor")
         init_none_hash(fn)

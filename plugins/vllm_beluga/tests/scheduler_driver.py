@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from probe_vllm import BS, Blocks, engine_config, request
+from driver_vllm import BS, Blocks, engine_config, request
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_beluga.config import ConnectorConfigError
@@ -70,10 +70,10 @@ conn.update_state_after_alloc(r2, Blocks([]), 0)  # vLLM allocated nothing exter
 conn.request_finished(r3, [])  # finished (aborted) before any allocation
 out["leases_before_step"] = client.stats()["leases"]
 meta = conn.build_connector_meta(SchedulerOutput.make_empty())
-# The step's release is posted, not waited for: take its reply (the server handled it by then; its
+# The step's release is sent without waiting: take its reply (the server handled it by then; its
 # connection is served in order) before asking another connection for the count, which could
 # otherwise be answered first.
-conn.index._client.collect_posted()
+conn.index._client.collect_replies()
 out["leases_after_step"] = client.stats()["leases"]
 out["located"] = [len([x for x in t.locations or [] if x is not None]) for t in meta.loads]
 out["spare"] = [len(t.spare_leases) for t in meta.loads]

@@ -4,7 +4,7 @@ one process) with the Beluga connector, a real metadata server and a file pool. 
 It records when vLLM's block pool puts a block back on its free list and when each asynchronous save
 was queued and finished, and counts frees of a block while a save of it was still pending:
 - "held": the connector as shipped (request_finished holds a request's blocks for its saves);
-- "control": the same with that hold switched off, to show the probe sees the violation it tests for;
+- "control": the same with that hold switched off, to show the driver sees the violation it tests for;
 then loads a saved prompt back, layer by layer, and compares the greedy tokens with a recompute.
 """
 
@@ -99,7 +99,7 @@ kv = {
         "metadata_address": address,
         "pool_path": pool_path,
         "hash_seed": "0",
-        "namespace": "overlap-probe",
+        "namespace": "overlap-driver",
         "layerwise_loads": True,  # the machinery under test; "auto" copies whole on a CPU engine
     },
 }
@@ -153,6 +153,7 @@ result["tokens"] = list(loaded)
 result["counters"] = {k: counters.get(k, 0) for k in (
     "layerwise_loads", "layer_waits", "loaded_blocks", "load_errors", "async_saves", "saved_blocks",
     "save_skipped_exists")}  # fmt: skip
-result["num_layers"] = len(worker._engine.layer_spans) if worker._engine is not None else None
+engine = worker.connector_worker.engine
+result["num_layers"] = len(engine.layer_spans) if engine is not None else None
 print("RESULT " + json.dumps(result), flush=True)
 os._exit(0)  # skip the engine's slow teardown; the test stops the server

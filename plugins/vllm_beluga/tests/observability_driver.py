@@ -93,8 +93,8 @@ def prometheus_counters_and_histograms() -> None:
     assert abs(value("vllm:beluga_load_metadata_seconds_sum") - 2 * 250e-6) < 1e-9
 
 
-class FakeDoor:
-    """The metadata door as CommitObserver and SchedulerEvents use it."""
+class FakeIndex:
+    """The best-effort index as CommitObserver and SchedulerEvents use it."""
 
     def __init__(self) -> None:
         self.round_trips = 17
@@ -114,8 +114,8 @@ class FakeDoor:
 
 @check
 def commit_observer_reports_only_committed_keys() -> None:
-    door = FakeDoor()
-    obs = CommitObserver(door)
+    index = FakeIndex()
+    obs = CommitObserver(index)
     assert obs.round_trips == 17  # everything else passes through
     got = obs.reserve_many("ns", [b"a", b"b", b"xc", b"d"], 4096)
     assert obs.finish_many([(got[0].token, 1), (got[1].token, 2)], [got[3].token]) == [True, False]
@@ -126,14 +126,14 @@ def commit_observer_reports_only_committed_keys() -> None:
     events = worker_events(obs, 32, "CXL")
     assert events and [e.block_hashes for e in events.get_all_events()] == [[b"k1"], [b"k2"]]
     assert not BelugaKVEvents() and pickle.loads(pickle.dumps(events)).get_all_events() == events.get_all_events()
-    off = CommitObserver(door, enabled=False)
+    off = CommitObserver(index, enabled=False)
     got = off.reserve_many("ns", [b"a"], 1)
     off.finish_many([(got[0].token, None)], [])
     assert off.take_committed() == []
 
 
 def worker_events_of(keys: list[bytes]) -> list[BlockStored]:
-    obs = CommitObserver(FakeDoor())
+    obs = CommitObserver(FakeIndex())
     obs.committed = list(keys)
     got = worker_events(obs, 4, "CXL")
     return got.get_all_events() if got else []
@@ -150,7 +150,7 @@ def stored_events_wait_for_every_rank_and_carry_tokens() -> None:
     bs = 4
     keys = [bytes([i]) * 32 for i in range(5)]
     req = _request("r1", keys, bs)
-    ev = SchedulerEvents(index=FakeDoor(), namespace="ns", block_size=bs, ranks=2,
+    ev = SchedulerEvents(index=FakeIndex(), namespace="ns", block_size=bs, ranks=2,
                          stats=ConnectorStats(None, role="scheduler"), medium="CXL", poll_s=1e9)  # fmt: skip
     ev._next_poll = float("inf")  # stores only in this check
     saves = [SimpleNamespace(req_id="r1", keys=keys[1:4], block_ids=[7, 8, 9])]
@@ -175,33 +175,33 @@ def stored_events_wait_for_every_rank_and_carry_tokens() -> None:
 
 @check
 def removals_follow_the_cursor_and_restart_with_the_server() -> None:
-    door = FakeDoor()
+    index = FakeIndex()
     clock = [0.0]
-    ev = SchedulerEvents(index=door, namespace="ns", block_size=4, ranks=1, stats=ConnectorStats(None, role="s"),
+    ev = SchedulerEvents(index=index, namespace="ns", block_size=4, ranks=1, stats=ConnectorStats(None, role="s"),
                          medium="CXL", poll_s=1.0, clock=lambda: clock[0])  # fmt: skip
 
     def page(items, nxt, head, lost=0, epoch=7):
         return Removals([Removal(1, k, "evicted") for k in items], nxt, head, lost, epoch)
 
-    door.answers = [(page([], 1, 40), True), (page([b"a" * 32, b"b" * 32], 42, 42), False)]
+    index.answers = [(page([], 1, 40), True), (page([b"a" * 32, b"b" * 32], 42, 42), False)]
     out = ev.take()
-    assert door.asked == [(0, 0), (40, 7)]  # a probe first: follow from the server's present (head 40)
+    assert index.asked == [(0, 0), (40, 7)]  # a head query first: follow from the server's present (head 40)
     assert len(out) == 1 and isinstance(out[0], BlockRemoved)
     assert out[0].block_hashes == [ext(b"a" * 32), ext(b"b" * 32)] and out[0].medium == "CXL"
-    assert ev.take() == [] and len(door.asked) == 2  # not before poll_s
+    assert ev.take() == [] and len(index.asked) == 2  # not before poll_s
     clock[0] = 1.5
     # Behind: MAX_POLL_CALLS pages this step, the rest at the very next step.
-    door.answers = [(page([bytes([i]) * 32], 43 + i, 100), False) for i in range(8)]
+    index.answers = [(page([bytes([i]) * 32], 43 + i, 100), False) for i in range(8)]
     assert len(ev.take()[0].block_hashes) == 8
-    door.answers = [(page([b"c" * 32], 100, 100, lost=3), False)]
+    index.answers = [(page([b"c" * 32], 100, 100, lost=3), False)]
     assert ev.take()[0].block_hashes == [ext(b"c" * 32)] and ev.stats.get("removals_lost") == 3
     clock[0] = 3.0
-    door.answers = [(page([], 1, 5, epoch=8), True), (page([], 5, 5, epoch=8), False)]
-    assert ev.take() == [] and door.asked[-2:] == [(100, 7), (5, 8)]
+    index.answers = [(page([], 1, 5, epoch=8), True), (page([], 5, 5, epoch=8), False)]
+    assert ev.take() == [] and index.asked[-2:] == [(100, 7), (5, 8)]
     assert ev.stats.get("removal_epoch_changes") == 1
     clock[0] = 4.5
-    door.answers = []  # the server is away: nothing, and the cursor is kept
-    assert ev.take() == [] and door.asked[-1] == (5, 8)
+    index.answers = []  # the server is away: nothing, and the cursor is kept
+    assert ev.take() == [] and index.asked[-1] == (5, 8)
 
 
 print("RESULT " + json.dumps({"passed": passed}))
