@@ -40,12 +40,40 @@ def rpc(
     seconds: float = typer.Option(0.5, "--seconds", help="Seconds per queue-depth throughput run."),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs."),
     flush: bool = typer.Option(False, "--flush", help="Flush lines as on a shared write-back devdax pool."),
+    lookup_keys: int = typer.Option(
+        0, "--lookup-keys", metavar="N",
+        help="Also time a pool hit's metadata over CXL-RPC: one GET_MANY burst for N keys (125: a 4000-token "
+        "prompt of 32-token blocks) and its lease release, waited for and no-wait (0: skip; 125 with --idle-ms).",
+    ),
+    idle_ms: str = typer.Option(
+        "", "--idle-ms", metavar="MS,...",
+        help="Idle pauses before each of those lookups, comma separated (e.g. 0,1,100); each is printed beside "
+        "the first one, the baseline. Default 0.",
+    ),
+    lookup_rounds: int = typer.Option(20, "--lookup-rounds", help="Rounds of those lookups per idle pause."),
 ) -> None:
-    """One metadata server, the same 64 B lookup over CXL-RPC (file-backed pool) and TCP loopback."""
+    """One metadata server, the same 64 B lookup over CXL-RPC (file-backed pool) and TCP loopback;
+    with --lookup-keys or --idle-ms, a pool hit's GET_MANY burst and lease release after idle pauses."""
     from belugactl.cli.render import print_json
+    from belugactl.errors import UsageError
     from belugactl.workflows.bench.rpc_mds import QDS, bench_rpc
 
-    result = bench_rpc(samples=samples, seconds=seconds, pin=pin, flush=flush)
+    pauses = _idle_pauses(idle_ms)
+    if idle_ms and not lookup_keys:
+        lookup_keys = 125
+    if not 0 <= lookup_keys <= 4096:
+        raise UsageError(f"--lookup-keys {lookup_keys} is out of range", fix="pass 1 to 4096 keys (0: skip)")
+    if not 1 <= lookup_rounds <= 10_000:
+        raise UsageError(f"--lookup-rounds {lookup_rounds} is out of range", fix="pass 1 to 10000 rounds")
+    result = bench_rpc(
+        samples=samples,
+        seconds=seconds,
+        pin=pin,
+        flush=flush,
+        lookup_keys=lookup_keys,
+        idle_ms=pauses,
+        lookup_rounds=lookup_rounds,
+    )
     if json_out:
         print_json(result)
         return
@@ -92,6 +120,46 @@ def rpc(
         f"TCP echo in Python {cal['tcp_loopback_echo_python_p50_us']} us; paper CXL-RPC "
         f"{cal['paper_cxl_rpc_qd1_us']} us QD1, {cal['paper_cxl_rpc_qd128_mops']} Mops QD128"
     )
+    if result["lookups"]:
+        console.print(_lookups_table(result["lookups"]))
+
+
+def _idle_pauses(text: str) -> list[float]:
+    """`--idle-ms 0,1,100` as milliseconds; checked before any work."""
+    from belugactl.errors import UsageError
+
+    if not text.strip():
+        return [0.0]
+    try:
+        pauses = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--idle-ms {text}: expected numbers separated by commas", fix="e.g. --idle-ms 0,1,100"
+        ) from None
+    if not pauses or not all(0 <= ms <= 10_000 for ms in pauses):
+        raise UsageError(f"--idle-ms {text}: each pause between 0 and 10000 ms", fix="e.g. --idle-ms 0,1,100")
+    return pauses
+
+
+def _lookups_table(doc: dict) -> object:
+    """One row per operation, one column per idle pause, each beside the baseline pause's."""
+    from rich.table import Table
+
+    base = doc["baseline_idle_ms"]
+    title = (
+        f"pool hit's metadata over CXL-RPC: {doc['keys']} keys in {doc['get_many_messages']} GET_MANY messages, "
+        f"median us of {doc['rounds']} rounds (x: over {base} ms idle)"
+    )
+    table = Table("", *[f"after {ms} ms idle" for ms in doc["idle_ms"]], title=title)
+    labels = {"lookup": "lookup (GET_MANY burst)", "release": "release, waited", "release_nowait": "release, no-wait"}
+    for op, label in labels.items():
+        cells = []
+        for ms in doc["idle_ms"]:
+            us = doc["median_us"][op][ms]
+            ratio = doc["over_baseline"][op].get(ms)
+            cells.append("-" if us is None else f"{us:.1f}" + ("" if ratio is None else f" ({ratio:.2f}x)"))
+        table.add_row(label, *cells)
+    return table
 
 
 def mds(
@@ -101,13 +169,29 @@ def mds(
     batch_blocks: int = typer.Option(62, "--batch-blocks", help="Blocks per save in the batched-put comparison."),
     batch_rounds: int = typer.Option(100, "--batch-rounds", help="Saves each way in that comparison (0: skip it)."),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs (comparison)."),
+    idle: bool = typer.Option(
+        False, "--idle",
+        help="Also measure an idle server: its CPU while nobody asks and a PING after a quiet spell, waiting idle "
+        "(--spin-after-ms 0) beside busy-polling.",
+    ),
+    idle_rings: int = typer.Option(4, "--idle-rings", help="Rings the idle server polls (processes + spares)."),
+    idle_seconds: float = typer.Option(5.0, "--idle-seconds", help="Seconds each idle server's CPU is measured over."),
+    idle_pings: int = typer.Option(100, "--idle-pings", help="PINGs timed after a quiet spell, per server."),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
     bytes per zone with software interleave (pool.interleave.mode: software) against none, and a
-    request's save as single reserves+commits against one batched burst (a real server, CXL-RPC and TCP)."""
+    request's save as single reserves+commits against one batched burst (a real server, CXL-RPC and TCP);
+    with --idle, what an idle server costs and how fast it answers."""
     from belugactl.cli.render import print_json
     from belugactl.errors import UsageError
     from belugactl.workflows.bench.rpc_mds import bench_mds
+
+    if not 3 <= idle_rings <= 1024:
+        raise UsageError(f"--idle-rings {idle_rings} is out of range", fix="pass 3 to 1024 rings")
+    if not 1 <= idle_pings <= 100_000:
+        raise UsageError(f"--idle-pings {idle_pings} is out of range", fix="pass 1 to 100000 pings")
+    if not 0.1 <= idle_seconds <= 600:
+        raise UsageError(f"--idle-seconds {idle_seconds} is out of range", fix="pass 0.1 to 600 seconds")
 
     if not 1 <= ways <= 64:
         raise UsageError(f"--ways {ways} is out of range", fix="pass a number of zones between 1 and 64")
@@ -116,6 +200,10 @@ def mds(
     if not 0 <= batch_rounds <= 100_000:
         raise UsageError(f"--batch-rounds {batch_rounds} is out of range", fix="pass 0 (skip) to 100000 rounds")
     result = bench_mds(ops=ops, ways=ways, batch_blocks=batch_blocks, batch_rounds=batch_rounds, pin=pin)
+    if idle:
+        from belugactl.workflows.bench.mds_idle import bench_idle_server
+
+        result["idle_server"] = bench_idle_server(rings=idle_rings, seconds=idle_seconds, pings=idle_pings)
     if json_out:
         print_json(result)
         return
@@ -157,3 +245,34 @@ def mds(
                 f"{many['round_trips_per_save']:.0f} round trips): {b[name]['batched_over_single']:.1f}x; "
                 f"server time a save {one['server_us_per_save']:,.0f} vs {many['server_us_per_save']:,.0f} us"
             )
+    if result.get("idle_server"):
+        _print_idle_server(console, result["idle_server"])
+
+
+def _print_idle_server(console: object, doc: dict) -> None:
+    """The idle-waiting server beside the busy-polling one (the baseline)."""
+    from rich.table import Table
+
+    table = Table(
+        "",
+        "waiting idle (--spin-after-ms 0)",
+        "busy-polling (baseline)",
+        "idle / busy",
+        title=f"idle metadata server, {doc['rings']} rings: CPU over {doc['seconds']} s, "
+        f"PING after {doc['quiet_ms']:g} ms of quiet ({doc['pings']} pings)",
+    )
+    w, b, r = doc["idle_wait"], doc["busy_poll"], doc["idle_wait_over_busy_poll"]
+    cpu = ("CPU while idle (share of a core)", f"{w['cpu_share']:.1%}", f"{b['cpu_share']:.1%}", _x(r["cpu_share"]))
+    table.add_row(*cpu)
+    table.add_row("PING p50 (us)", f"{w['ping_us']['p50']:.0f}", f"{b['ping_us']['p50']:.0f}", _x(r["ping_p50_us"]))
+    table.add_row(
+        "PING p10 to p90 (us)",
+        f"{w['ping_us']['p10']:.0f} to {w['ping_us']['p90']:.0f}",
+        f"{b['ping_us']['p10']:.0f} to {b['ping_us']['p90']:.0f}",
+        "",
+    )
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"

@@ -11,6 +11,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,19 @@ def _native_throughput(client: Any, payload: bytes, qd: int, seconds: float) -> 
     return done / (elapsed_ns / 1e9)
 
 
-def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, flush: bool = False) -> dict[str, Any]:
+def bench_rpc(
+    *,
+    samples: int = 20000,
+    seconds: float = 0.5,
+    pin: bool = True,
+    flush: bool = False,
+    lookup_keys: int = 0,
+    idle_ms: Sequence[float] = (0.0,),
+    lookup_rounds: int = 20,
+) -> dict[str, Any]:
+    """The QD1 latency and the throughput of one small lookup over CXL-RPC and TCP; with `lookup_keys`,
+    also a pool hit's GET_MANY burst of that many keys and its lease release after each of `idle_ms`
+    (`workflows/bench/rpc_lookups.py`)."""
     from belugactl.dataplane import native
     from belugactl.dataplane.client import connect
     from belugactl.dataplane.rpc import protocol as p
@@ -136,6 +149,9 @@ def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, f
                                 results[name]["ops_per_s_native_client"] = native_thr
                     finally:
                         client.close()
+                lookups = None
+                if lookup_keys:
+                    lookups = _bench_lookups(pool, pool_path, lookup_keys, idle_ms, lookup_rounds)
                 pool.close()
         finally:
             if old_affinity is not None:
@@ -173,7 +189,25 @@ def bench_rpc(*, samples: int = 20000, seconds: float = 0.5, pin: bool = True, f
             for k, v in TARGETS.items()
         },
         "calibration": CALIBRATION,
+        "lookups": lookups,
     }
+
+
+def _bench_lookups(
+    pool: Any, pool_path: Path, keys: int, idle_ms: Sequence[float], rounds: int
+) -> dict[str, Any]:
+    """`rpc_lookups.measure_lookups` on its own ring (the first spare), keys committed over another."""
+    from belugactl.dataplane.client import connect
+    from belugactl.workflows.bench.rpc_lookups import commit_keys, measure_lookups
+
+    writer = connect(f"cxl://{pool_path}#0", pool=pool, timeout_s=5.0)
+    reader = connect(f"cxl://{pool_path}#1", pool=pool, timeout_s=5.0)
+    try:
+        committed = commit_keys(writer, keys)
+        return measure_lookups(reader, committed, idle_ms, rounds)
+    finally:
+        reader.close()
+        writer.close()
 
 
 def _met(name: str, value: float, target: float) -> bool:
