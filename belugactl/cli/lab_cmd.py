@@ -30,9 +30,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check/install packages, download and unpack the guest kernel, build the initramfs (cached)."""
         from belugactl.cli.render import print_json
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
-        result = rack.prepare(install=install, refresh=refresh, profile=profile, progress=_progress)
+        result = emulated_rack.prepare(install=install, refresh=refresh, profile=profile, progress=_progress)
         if as_json:
             print_json(result)
             return
@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         Guests come up bare (no region): `lab selftest` or `setup` go next."""
         from belugactl.cli.render import print_json
         from belugactl.errors import UsageError
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
         from belugactl.units import parse_size
 
         if accel not in ("auto", "tcg", "kvm"):
@@ -91,8 +91,8 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         if install:
-            rack.prepare(install=True, profile=profile, progress=_progress)
-        report = rack.up(
+            emulated_rack.prepare(install=True, profile=profile, progress=_progress)
+        report = emulated_rack.up(
             name=name,
             hosts=hosts,
             pool_size=size,
@@ -125,9 +125,9 @@ def register(app: typer.Typer) -> None:
         """Guests and their state (running, booting, unresponsive, crashed), the pool file, the kernel.
         Exits 1 when the lab exists but not every guest runs."""
         from belugactl.cli.render import print_json
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
-        st = rack.status(name)
+        st = emulated_rack.status(name)
         if as_json:
             print_json(st.to_dict())
         elif st.state == "down":
@@ -150,20 +150,20 @@ def register(app: typer.Typer) -> None:
         come back as if it ran locally (124 after --timeout). `belugactl` there is this checkout's.
         Options go before HOST: everything after HOST belongs to the command."""
         from belugactl.errors import UsageError
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
         if command and command[0] == "--":
             command = command[1:]  # interspersed args are off, so click hands `--` through
         if not command:
             raise UsageError("no command given", fix=f"belugactl lab exec {host} -- CMD [ARGS...]")
-        channel = rack.channel(name, host)
+        channel = emulated_rack.channel(name, host)
         cwd = os.getcwd()
         data = sys.stdin.buffer.read() if stdin else None
         result = channel.run(
             command,
             timeout=timeout,
             cwd=cwd,
-            env=rack.guest_env(name, host),
+            env=emulated_rack.guest_env(name, host),
             stdin=data,
             stdout=sys.stdout.buffer,
             stderr=sys.stderr.buffer,
@@ -220,9 +220,9 @@ def register(app: typer.Typer) -> None:
         """Print the OpenSSH client config of a lab brought up with --ssh (also in STATE/NAME/ssh_config):
         Host lab-1 ... on 127.0.0.1, with the lab's own key and known_hosts. Example:
         ssh -F "$(belugactl lab status --json | jq -r .ssh_config)" lab-1 -- belugactl --version"""
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
-        path, text = rack.ssh_config(name)
+        path, text = emulated_rack.ssh_config(name)
         print(f"# {path}")
         sys.stdout.write(text)
 
@@ -236,9 +236,9 @@ def register(app: typer.Typer) -> None:
         """Boot a crashed or stopped guest again with the same pool file and label (LSA) file: a power
         cycle of one host. A guest whose QEMU still runs is refused."""
         from belugactl.cli.render import print_json
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
-        report = rack.restart(name, host, boot_timeout_s=boot_timeout, progress=_progress)
+        report = emulated_rack.restart(name, host, boot_timeout_s=boot_timeout, progress=_progress)
         if as_json:
             print_json(report.to_dict())
         else:
@@ -251,9 +251,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Stop every guest (by pid, after checking it is still our QEMU) and remove the lab's files."""
         from belugactl.cli.render import print_json
-        from belugactl.lab import rack
+        from belugactl.lab import emulated_rack
 
-        report = rack.down(name, progress=_progress)
+        report = emulated_rack.down(name, progress=_progress)
         if as_json:
             print_json(report.to_dict())
         elif not report.existed:
@@ -288,7 +288,7 @@ def _print_ram_prepare(result: dict) -> None:
     print(f"cache      {result['cache']}  (ready in {result['seconds']} s)")
 
 
-def _print_lab(st) -> None:  # st: belugactl.lab.rack.LabStatus
+def _print_lab(st) -> None:  # st: belugactl.lab.emulated_rack.LabStatus
     if st.kernel:
         print(f"  kernel  {st.kernel.get('version')}  ({st.kernel.get('vmlinuz')})")
     print(f"  state   {st.dir}")

@@ -25,13 +25,17 @@ def register(lab: typer.Typer) -> None:
         from pathlib import Path
 
         import belugactl
+        from belugactl.cli.load_rack import rack_context
         from belugactl.cli.render import print_json
         from belugactl.lab import coldstart
 
         manifest = manifest or str(Path(belugactl.__file__).resolve().parent.parent / "examples" / "lab-ram.yaml")
         if profile == "pmem":
             devices, switch = 1, False
-        report = coldstart.run(manifest, name=name, profile=profile, devices=devices, switch=switch, keep=keep,
+        # The lab knows guests, not manifests: the CLI reads the hosts and the pool's size for it.
+        loaded = rack_context(manifest).manifest
+        report = coldstart.run(manifest, hosts=[h.name for h in loaded.hosts], pool_size=int(loaded.pool.size),
+                               name=name, profile=profile, devices=devices, switch=switch, keep=keep,
                                progress=lambda m: print(f"lab: {m}", file=sys.stderr, flush=True))
         if as_json:
             print_json(report.to_dict())

@@ -9,13 +9,6 @@ import typer
 from belugactl.cli.options import file_option, json_option
 
 
-def load_for_cli(file: Path, *, as_json: bool):  # -> Manifest (pydantic is imported lazily)
-    """Load a manifest for a command; with --json its problems also go to stdout as a document."""
-    from belugactl.cli.load_rack import rack_context
-
-    return rack_context(file, as_json=as_json).manifest
-
-
 def register(app: typer.Typer) -> None:
     manifest = typer.Typer(help="Validate rack manifests.", no_args_is_help=True)
 

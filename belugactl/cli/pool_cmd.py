@@ -115,9 +115,9 @@ def register(app: typer.Typer) -> None:
 
         manifest = None
         if file is not None:
-            from belugactl.cli.manifest_cmd import load_for_cli
+            from belugactl.cli.load_rack import rack_context
 
-            manifest = load_for_cli(file, as_json=as_json)
+            manifest = rack_context(file, as_json=as_json).manifest
         doc = inspect_pool(path, manifest, admin_url=admin)
         if as_json:
             from belugactl.cli.render import print_json

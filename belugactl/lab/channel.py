@@ -1,6 +1,6 @@
 """The host side of the exec channel: put a request into a guest's spool, stream its output back.
 
-See `belugactl.lab.guest_agent` for the spool layout. Output is streamed while the command runs; its
+See `belugactl.lab.guest.agent` for the spool layout. Output is streamed while the command runs; its
 exit status comes back unchanged (a command killed by signal N reports 128+N, a timeout 124).
 """
 
@@ -35,7 +35,7 @@ class ExecResult:
     stderr: bytes
     duration_s: float
     timed_out: bool = False
-    warm: bool = False  # run by the guest's resident belugactl (belugactl.lab.warm_start), not spawned
+    warm: bool = False  # run by the guest's resident belugactl (belugactl.lab.guest.resident_cli), not spawned
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -6,7 +6,7 @@ phase took. Setup runs in parallel on purpose: the header step lets one host wri
 and the others verify it, whoever gets there first (`header.write`). Phases:
 
 - boot: QEMU start to every guest's agent answering (kernel, initramfs, modules, agent);
-- warm: until every guest's resident belugactl (`belugactl.lab.warm_start`) has imported the CLI;
+- warm: until every guest's resident belugactl (`belugactl.lab.guest.resident_cli`) has imported the CLI;
   absent with BELUGACTL_LAB_WARM=0, where each command pays its own Python start-up instead;
 - setup: every guest's `belugactl setup` (run from this checkout), slowest guest;
 - doctor: every guest's `belugactl doctor`, slowest guest; must be green on all.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import belugactl
 from belugactl.errors import StepFailed, UsageError
-from belugactl.lab import rack
+from belugactl.lab import emulated_rack
 from belugactl.lab.channel import GuestChannel
 
 TARGET_S = 90.0  # the issue's target for the demo rack on a 2-core machine
@@ -79,18 +79,14 @@ class ColdStartReport:
         }  # fmt: skip
 
 
-def _lab_shape(manifest_path: str) -> tuple[list[str], int]:
-    from belugactl.model.manifest import load_manifest
-
-    manifest = load_manifest(manifest_path)
-    names = [h.name for h in manifest.hosts]
+def _check_lab_hosts(manifest_path: str, names: list[str]) -> None:
+    """The manifest's hosts must be the lab's guests, lab-1 to lab-N in order."""
     expected = [f"lab-{i}" for i in range(1, len(names) + 1)]
     if names != expected:
         raise UsageError(
             f"{manifest_path} names hosts {', '.join(names)}; a lab's guests are {', '.join(expected)}",
             fix="use a lab manifest (examples/lab-ram.yaml, examples/lab-ram-rack.yaml, examples/lab.yaml)",
         )
-    return names, int(manifest.pool.size)
 
 
 def _wait_warm(chans: list[GuestChannel], spools: dict[str, Path], deadline: float) -> None:
@@ -143,6 +139,8 @@ def _summary(command: str, stdout: bytes, stderr: bytes) -> str:
 def run(
     manifest: str,
     *,
+    hosts: list[str],
+    pool_size: int,
     name: str = "coldstart",
     profile: str = "ram",
     devices: int = 2,
@@ -151,20 +149,20 @@ def run(
     progress: Progress = lambda _m: None,
 ) -> ColdStartReport:
     manifest = os.path.abspath(manifest)
-    hosts, pool_size = _lab_shape(manifest)
-    if rack.load(rack.lab_paths(name)) is not None:
+    _check_lab_hosts(manifest, hosts)
+    if emulated_rack.load(emulated_rack.lab_paths(name)) is not None:
         raise UsageError(f"lab {name!r} already exists; a cold start needs a fresh one",
                          fix=f"belugactl lab down --name {name}, or pick another --name")
     report = ColdStartReport(name, manifest, profile, len(hosts), devices, switch)
-    warm = os.environ.get(rack.WARM_ENV, "1") != "0"
+    warm = os.environ.get(emulated_rack.WARM_ENV, "1") != "0"
     t0 = time.monotonic()
     try:
-        up = rack.up(name=name, hosts=len(hosts), pool_size=pool_size, profile=profile, devices=devices,
+        up = emulated_rack.up(name=name, hosts=len(hosts), pool_size=pool_size, profile=profile, devices=devices,
                      switch=switch, progress=progress)
         report.phases.append(("boot: QEMU start to every agent ready", time.monotonic() - t0))
         guests = up.status.guests
-        spools = {g.name: rack.lab_paths(name).guest(g.name).spool for g in guests}
-        chans = [rack.channel(name, g.name) for g in guests]
+        spools = {g.name: emulated_rack.lab_paths(name).guest(g.name).spool for g in guests}
+        chans = [emulated_rack.channel(name, g.name) for g in guests]
         if warm:
             t0 = time.monotonic()
             _wait_warm(chans, spools, t0 + WARM_TIMEOUT_S)
@@ -181,4 +179,4 @@ def run(
         return report
     finally:
         if not keep:
-            rack.down(name)
+            emulated_rack.down(name)

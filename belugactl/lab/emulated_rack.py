@@ -290,7 +290,7 @@ def _guest_env(
     ssh: bool = False,
     profile: str = "pmem",
 ) -> str:
-    agent = Path(__file__).with_name("guest_agent.py").resolve()
+    agent = (Path(__file__).parent / "guest" / "agent.py").resolve()  # run as a script: see lab/guest/
     modules = (RAM_GUEST_MODULES if profile == "ram" else GUEST_MODULES) + (ssh_mod.NET_MODULES if ssh else ())
     values = {
         "LAB_HOSTNAME": name,
@@ -304,7 +304,7 @@ def _guest_env(
         "LAB_VENV": str(venv),
         "LAB_PATH": _guest_path(venv, profile),
         "LAB_SSH": "1" if ssh else "",
-        # A resident belugactl in the guest that forks per command (belugactl.lab.warm_start):
+        # A resident belugactl in the guest that forks per command (belugactl.lab.guest.resident_cli):
         # BELUGACTL_LAB_WARM=0 turns it off, to measure or to debug the plain path.
         "LAB_WARM_PYTHON": str(venv / "bin" / "python") if os.environ.get(WARM_ENV, "1") != "0" else "",
     }

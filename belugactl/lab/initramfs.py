@@ -3,7 +3,7 @@
 /init mounts the host's root (read-only 9p) and the guest's spool (read-write 9p), sets the
 hostname, mounts the guest's own /proc, /sys, /dev, /run over the host's and puts the guest
 kernel's modules at /lib/modules, then chroots into the host root and runs the agent
-(`belugactl.lab.guest_agent`) under the host's Python. The kernel is the guest's; every program is the
+(`belugactl.lab.guest.agent`) under the host's Python. The kernel is the guest's; every program is the
 host's. Images are cached by content hash, so a rebuild happens only when an input changes.
 """
 

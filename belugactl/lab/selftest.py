@@ -13,113 +13,18 @@ destroyed), so `belugactl setup` can start from bare guests; `keep=True` leaves 
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from belugactl.errors import BelugaError, StepFailed
-from belugactl.lab import rack
-from belugactl.lab.channel import GuestChannel
+from belugactl.lab import emulated_rack
+from belugactl.lab.selftest_steps import Check, Provisioned, SelftestReport, StepGuest
 
 NAMESPACE_NAME = "belugactl-selftest"
 PATTERN_BYTES = 64
-CMD_TIMEOUT_S = 120.0
-
-
-@dataclass
-class Step:
-    guest: str
-    what: str
-    argv: list[str]
-    ok: bool
-    seconds: float
-    detail: str = ""
-
-
-@dataclass
-class Provisioned:
-    guest: str
-    region: str  # cxl region, e.g. region0
-    nd_region: str  # nvdimm region, e.g. region0
-    namespace: str  # e.g. namespace0.0
-    dax: str  # e.g. dax0.0
-    dax_size: int
-    file_offset: int  # where byte 0 of the dax device sits in the pool's backing file
-
-
-@dataclass
-class Check:
-    what: str
-    ok: bool
-    detail: str
-
-
-@dataclass
-class SelftestReport:
-    lab: str
-    ok: bool = False
-    uuid: str = ""
-    provisioned: list[Provisioned] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    cleaned_up: bool = False
-    seconds: float = 0.0
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-class _Guest:
-    def __init__(self, name: str, channel: GuestChannel, report: SelftestReport) -> None:
-        self.name = name
-        self.channel = channel
-        self.report = report
-
-    def run(self, what: str, argv: list[str], *, check: bool = True) -> str:
-        start = time.monotonic()
-        result = self.channel.run(argv, timeout=CMD_TIMEOUT_S)
-        out = result.stdout.decode(errors="replace")
-        err = result.stderr.decode(errors="replace").strip()
-        ok = result.returncode == 0
-        detail = "" if ok else f"exit {result.returncode}: {err.splitlines()[-1] if err else '(no stderr)'}"
-        self.report.steps.append(Step(self.name, what, argv, ok, round(time.monotonic() - start, 3), detail))
-        if check and not ok:
-            raise StepFailed(
-                f"selftest: {what} failed in {self.name}",
-                why=f"`{' '.join(argv)}` {detail}",
-                fix="belugactl lab status; rerun on fresh guests: belugactl lab down && belugactl lab up",
-            )
-        return out
-
-    def json(self, what: str, argv: list[str]) -> object:
-        out = self.run(what, argv)
-        try:
-            return json.loads(out) if out.strip() else []
-        except ValueError as exc:
-            raise StepFailed(f"selftest: {what} in {self.name} printed no JSON", why=out[:300]) from exc
-
-    def read_int(self, path: str) -> int:
-        return int(self.run(f"read {path}", ["cat", path]).strip(), 0)
-
-    def poke(self, dax: str, offset: int, data: bytes) -> None:
-        self.run(f"write {len(data)} bytes at {offset:#x} of /dev/{dax}", [*_daxpoke(), "write", f"/dev/{dax}",
-                                                                           str(offset), data.hex()])
-
-    def peek(self, dax: str, offset: int, length: int) -> bytes:
-        out = self.run(f"read {length} bytes at {offset:#x} of /dev/{dax}",
-                       [*_daxpoke(), "read", f"/dev/{dax}", str(offset), str(length)])
-        return bytes.fromhex(out.strip())
-
-
-def _daxpoke() -> list[str]:
-    return [os.path.realpath(sys.executable), "-I", "-S", str(Path(__file__).with_name("daxpoke.py").resolve())]
 
 
 def _as_list(doc: object) -> list[dict]:
@@ -128,7 +33,7 @@ def _as_list(doc: object) -> list[dict]:
     return [d for d in doc if isinstance(d, dict)] if isinstance(doc, list) else []
 
 
-def _provision(g: _Guest, ns_uuid: str) -> Provisioned:
+def _provision(g: StepGuest, ns_uuid: str) -> Provisioned:
     if _as_list(g.json("list existing regions", ["cxl", "list", "-R"])):
         raise StepFailed(
             f"selftest: {g.name} already has a CXL region",
@@ -169,7 +74,7 @@ def _provision(g: _Guest, ns_uuid: str) -> Provisioned:
                        dax_start - region_start + dpa_base)
 
 
-def _teardown(g: _Guest, p: Provisioned) -> None:
+def _teardown(g: StepGuest, p: Provisioned) -> None:
     g.run("destroy the namespace", ["ndctl", "destroy-namespace", "-f", p.namespace])
     g.run("destroy the region", ["cxl", "destroy-region", "-f", p.region])
 
@@ -180,11 +85,11 @@ def _file_bytes(pool: Path, offset: int, length: int) -> bytes:
         return fh.read(length)
 
 
-def run(name: str = rack.DEFAULT_NAME, *, keep: bool = False) -> SelftestReport:
+def run(name: str = emulated_rack.DEFAULT_NAME, *, keep: bool = False) -> SelftestReport:
     """Run the selftest on lab `name`; the report says what passed. Raises only for a lab not up."""
     start = time.monotonic()
     report = SelftestReport(name, uuid=str(uuid.uuid4()))
-    st = rack.status(name)
+    st = emulated_rack.status(name)
     if st.state != "up":
         from belugactl.errors import EnvironmentProblem
 
@@ -194,7 +99,7 @@ def run(name: str = rack.DEFAULT_NAME, *, keep: bool = False) -> SelftestReport:
 
         return selftest_ram.run(st, keep=keep)
     pool = Path(st.pool or "")
-    guests = [_Guest(g.name, rack.channel(name, g.name), report) for g in st.guests]
+    guests = [StepGuest(g.name, emulated_rack.channel(name, g.name), report) for g in st.guests]
     provisioned: list[Provisioned] = []
     try:
         with ThreadPoolExecutor(max_workers=len(guests)) as pool_exec:
@@ -211,7 +116,7 @@ def run(name: str = rack.DEFAULT_NAME, *, keep: bool = False) -> SelftestReport:
     return report
 
 
-def _exchange(report: SelftestReport, guests: list[_Guest], provisioned: list[Provisioned], pool: Path) -> None:
+def _exchange(report: SelftestReport, guests: list[StepGuest], provisioned: list[Provisioned], pool: Path) -> None:
     offsets = {p.file_offset for p in provisioned}
     report.checks.append(Check(
         "every guest's dax device starts at the same place in the pool file",
@@ -244,7 +149,7 @@ def _exchange(report: SelftestReport, guests: list[_Guest], provisioned: list[Pr
         writer.poke(wp.dax, offset, bytes(PATTERN_BYTES))
 
 
-def _cleanup(report: SelftestReport, guests: list[_Guest], provisioned: list[Provisioned]) -> bool:
+def _cleanup(report: SelftestReport, guests: list[StepGuest], provisioned: list[Provisioned]) -> bool:
     ok = True
     by_name = {g.name: g for g in guests}
     for p in provisioned:

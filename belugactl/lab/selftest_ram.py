@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from belugactl.errors import BelugaError, EnvironmentProblem, StepFailed
-from belugactl.lab import rack, ramregion
-from belugactl.lab.selftest import Check, SelftestReport, Step, _daxpoke, _Guest
+from belugactl.lab import emulated_rack, ramregion
+from belugactl.lab.selftest_steps import Check, SelftestReport, Step, StepGuest, daxpoke_argv
 
 PATTERN_BYTES = 16
 # Inside each chunk, past its first bytes, so the detail reads `dax 0x1008 -> pool-1.raw@0x8`.
@@ -257,7 +257,7 @@ def render_lines(report: RamSelftestReport, *, keep: bool) -> list[str]:
 # --- against the lab -------------------------------------------------------------------------
 
 
-def _read_region(g: _Guest, *, created: bool) -> GuestRegion:
+def _read_region(g: StepGuest, *, created: bool) -> GuestRegion:
     return parse_region(
         g.name,
         g.json("list the region and its targets", ["cxl", "list", "-R", "-T"]),
@@ -267,7 +267,7 @@ def _read_region(g: _Guest, *, created: bool) -> GuestRegion:
     )
 
 
-def _prepare(g: _Guest, creating: set[str]) -> GuestRegion:
+def _prepare(g: StepGuest, creating: set[str]) -> GuestRegion:
     if _as_list(g.json("list existing regions", ["cxl", "list", "-R"])):
         return _read_region(g, created=False)
     creating.add(g.name)  # from here on a region there is ours, even if provisioning fails half-way
@@ -286,15 +286,15 @@ def _step(guest: str, what: str, ok: bool, start: float, detail: str) -> Step:
     return Step(guest, what, ["belugactl.lab.ramregion.provision"], ok, round(time.monotonic() - start, 3), detail)
 
 
-def _peek(g: _Guest, dax: str, start: int, size: int) -> bytes:
+def _peek(g: StepGuest, dax: str, start: int, size: int) -> bytes:
     out = g.run(f"read {size} bytes at {start:#x} of /dev/{dax}",
-                [*_daxpoke(), "read", f"/dev/{dax}", hex(start), str(size)])  # fmt: skip
+                [*daxpoke_argv(), "read", f"/dev/{dax}", hex(start), str(size)])  # fmt: skip
     return bytes.fromhex(out.strip())
 
 
-def _poke(g: _Guest, dax: str, start: int, data: bytes, what: str) -> None:
+def _poke(g: StepGuest, dax: str, start: int, data: bytes, what: str) -> None:
     g.run(f"{what}: {len(data)} bytes at {start:#x} of /dev/{dax}",
-          [*_daxpoke(), "write", f"/dev/{dax}", hex(start), data.hex()])  # fmt: skip
+          [*daxpoke_argv(), "write", f"/dev/{dax}", hex(start), data.hex()])  # fmt: skip
 
 
 def _file_bytes(path: Path, offset: int, length: int) -> bytes:
@@ -303,7 +303,7 @@ def _file_bytes(path: Path, offset: int, length: int) -> bytes:
         return fh.read(length)
 
 
-def _round(report: RamSelftestReport, writer: _Guest, wr: GuestRegion, readers: list[tuple[_Guest, GuestRegion]],
+def _round(report: RamSelftestReport, writer: StepGuest, wr: GuestRegion, readers: list[tuple[StepGuest, GuestRegion]],
            probes: list[Probe], files: list[Path]) -> None:  # fmt: skip
     """Writer saves the bytes, writes patterns, readers read them, the host finds them; then restore."""
     ranges = spans([p.offset for p in probes], PATTERN_BYTES)
@@ -357,15 +357,15 @@ def _round(report: RamSelftestReport, writer: _Guest, wr: GuestRegion, readers: 
     ))  # fmt: skip
 
 
-def run(st: rack.LabStatus, *, keep: bool = False) -> RamSelftestReport:
-    """The ram selftest on a lab that is up (`st` from rack.status). Raises only for an unusable lab."""
+def run(st: emulated_rack.LabStatus, *, keep: bool = False) -> RamSelftestReport:
+    """The ram selftest on a lab that is up (`st` from emulated_rack.status). Raises only for an unusable lab."""
     start = time.monotonic()
     report = RamSelftestReport(st.name, backing=list(st.backing))
     if not st.backing:
         raise EnvironmentProblem(f"lab {st.name!r} (profile ram) records no backing files",
                                  fix="belugactl lab down && belugactl lab up --profile ram")  # fmt: skip
     files = [Path(b) for b in st.backing]
-    guests = [_Guest(g.name, rack.channel(st.name, g.name), report) for g in st.guests]
+    guests = [StepGuest(g.name, emulated_rack.channel(st.name, g.name), report) for g in st.guests]
     regions: list[GuestRegion] = []
     creating: set[str] = set()
     try:
@@ -402,7 +402,8 @@ def run(st: rack.LabStatus, *, keep: bool = False) -> RamSelftestReport:
     return report
 
 
-def _cleanup(report: RamSelftestReport, guests: list[_Guest], regions: list[GuestRegion], creating: set[str]) -> bool:
+def _cleanup(report: RamSelftestReport, guests: list[StepGuest], regions: list[GuestRegion],
+             creating: set[str]) -> bool:
     """Destroy only the regions this selftest made; a pre-existing region stays as it was."""
     ok = True
     known = {r.guest: r for r in regions}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from belugactl.errors import ExitCode, UsageError
+from belugactl.model.host_select import select_host
 from belugactl.model.manifest import load_manifest_text
-from belugactl.workflows.rack_context import select_host
 from tests.support.paths import LAB, LAB_GUEST
 
 

@@ -38,7 +38,7 @@ import pytest
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
 from belugactl.lab import kernel, prereqs
 from belugactl.lab.paths import STATE_ENV, cache_root
-from belugactl.lab.rpc_probe import block_bytes
+from belugactl.lab.guest.rpc_driver import block_bytes
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.pool.header import EPOCH_OFFSET
@@ -126,7 +126,7 @@ class Rack:
         there, which saves seconds of Python imports per run under TCG)."""
         blocks = [f"--block={name}:{n}" for name, n in BLOCKS.items()]
         t0 = time.monotonic()
-        r = self.sh(host, sys.executable, "-m", "belugactl.lab.rpc_probe", action, "--pool", DAX,
+        r = self.sh(host, sys.executable, "-m", "belugactl.lab.guest.rpc_driver", action, "--pool", DAX,
                     "--namespace", NAMESPACE, "--seed", str(self.seed), *blocks, *extra)  # fmt: skip
         self.timings[f"{host} {action} {' '.join(extra)}"] = time.monotonic() - t0
         assert r.stdout.strip(), f"{host} probe printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}"

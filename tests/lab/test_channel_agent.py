@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from belugactl.lab import guest_agent as agent_mod
 from belugactl.lab.channel import GuestChannel, GuestRunner, GuestUnavailable
+from belugactl.lab.guest import agent as agent_mod
 
 
 @pytest.fixture

@@ -9,12 +9,16 @@ import pytest
 from belugactl.errors import UsageError
 from belugactl.lab import coldstart, prereqs
 from belugactl.lab.paths import STATE_ENV
+from belugactl.model.manifest import load_manifest
 from tests.support.lab import REPO, our_qemus, run_cli, unavailable
 
 
 def test_a_manifest_whose_hosts_are_not_the_labs_guests_is_refused():
+    path = REPO / "examples" / "beluga-rack.yaml"
+    manifest = load_manifest(path)
     with pytest.raises(UsageError) as err:
-        coldstart.run(str(REPO / "examples" / "beluga-rack.yaml"), name="never-booted")
+        coldstart.run(str(path), hosts=[h.name for h in manifest.hosts], pool_size=int(manifest.pool.size),
+                      name="never-booted")
     assert "lab-1" in str(err.value) and "examples/lab-ram.yaml" in (err.value.fix or "")
 
 

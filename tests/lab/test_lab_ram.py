@@ -25,7 +25,7 @@ from tests.support.lab import REPO, our_qemus, run_cli, unavailable
 pytestmark = [pytest.mark.lab, pytest.mark.lab_ram, pytest.mark.timeout(420)]
 
 LAB = "pytest-ram"
-DAXPOKE = str(REPO / "belugactl" / "lab" / "daxpoke.py")
+DAXPOKE = str(REPO / "belugactl" / "lab" / "guest" / "daxpoke.py")
 CHUNK_BYTES = 16
 
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.lab_ram, pytest.mark.timeout(900)]
 LAB = "pytest-ram-rack"
 MANIFEST = REPO / "examples" / "lab-ram-rack.yaml"
 HOSTS = ("lab-1", "lab-2", "lab-3")
-DAXPOKE = str(REPO / "belugactl" / "lab" / "daxpoke.py")
+DAXPOKE = str(REPO / "belugactl" / "lab" / "guest" / "daxpoke.py")
 GRANULARITY, WAYS = 4096, 2
 CHUNK_BYTES = 16
 

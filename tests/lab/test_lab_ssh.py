@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from belugactl.lab import initramfs, qemu, rack, ssh
+from belugactl.lab import emulated_rack, initramfs, qemu, ssh
 from belugactl.lab.paths import LabPaths
 from tests.support.lab import unavailable
 
@@ -96,7 +96,7 @@ def test_guest_env_loads_the_network_module_and_turns_ssh_on_only_when_asked(tmp
         modules_dir = tmp_path
 
     def env(ssh_on: bool) -> dict[str, str]:
-        text = rack._guest_env(K(), "lab-1", tmp_path / ".venv", tmp_path, "loose", ssh_on)  # type: ignore[arg-type]
+        text = emulated_rack._guest_env(K(), "lab-1", tmp_path / ".venv", tmp_path, "loose", ssh_on)  # type: ignore[arg-type]
         return dict(line.split("=", 1) for line in text.splitlines())
 
     on, off = env(True), env(False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from belugactl.errors import EnvironmentProblem, UsageError
+from belugactl.lab import emulated_rack
 from belugactl.lab import kernel as kernel_mod
-from belugactl.lab import rack
 from belugactl.lab.paths import STATE_ENV, LabPaths
 
 
@@ -32,9 +32,10 @@ def kernel(tmp_path, monkeypatch) -> kernel_mod.GuestKernel:
 
 def _lab(root: Path, name: str, initramfs: Path, *, ssh_port: int | None = None) -> LabPaths:
     paths = LabPaths(root, name)
-    record = rack.LabRecord(name, 2, 512 << 20, 768, "tcg", {"version": "6.1.0-test-amd64"}, str(initramfs), 0.0,
-                            "/repo", "/venv", [rack.GuestRecord("lab-1", 1, pid=999999999, ssh_port=ssh_port),
-                                               rack.GuestRecord("lab-2", 2)])
+    guests = [emulated_rack.GuestRecord("lab-1", 1, pid=999999999, ssh_port=ssh_port),
+              emulated_rack.GuestRecord("lab-2", 2)]
+    record = emulated_rack.LabRecord(name, 2, 512 << 20, 768, "tcg", {"version": "6.1.0-test-amd64"}, str(initramfs),
+                                     0.0, "/repo", "/venv", guests)
     for g in ("lab-1", "lab-2"):
         gp = paths.guest(g)
         for sub in ("req", "out", "cancel", "share"):
@@ -57,8 +58,8 @@ def _capture_spawn(monkeypatch) -> list[list[str]]:
         g.pidfile.write_text("4242\n")
         return 4242
 
-    monkeypatch.setattr(rack, "_spawn", spawn)
-    monkeypatch.setattr(rack, "_is_ours", lambda pid, g: pid == 4242)
+    monkeypatch.setattr(emulated_rack, "_spawn", spawn)
+    monkeypatch.setattr(emulated_rack, "_is_ours", lambda pid, g: pid == 4242)
     return spawned
 
 
@@ -75,7 +76,7 @@ def test_restart_boots_a_crashed_guest_on_the_same_pool_and_labels(state, kernel
     (g.spool / "share" / "keep.txt").write_text("kept")
     spawned = _capture_spawn(monkeypatch)
 
-    report = rack.restart("r1", "lab-1")
+    report = emulated_rack.restart("r1", "lab-1")
 
     assert report.was == "crashed" and report.pid == 4242 and report.host == "lab-1"
     (argv,) = spawned
@@ -87,7 +88,7 @@ def test_restart_boots_a_crashed_guest_on_the_same_pool_and_labels(state, kernel
     assert not (g.spool / "req" / "abc.json").exists() and not (g.spool / "out" / "abc").exists()
     assert (g.spool / "share" / "keep.txt").read_text() == "kept"
     assert g.console.with_name("console.prev.log").read_text() == "old boot\n"
-    saved = rack.load(paths)
+    saved = emulated_rack.load(paths)
     assert saved is not None and saved.guests[0].pid == 4242 and saved.guests[0].boot_s is not None
     assert saved.guests[1].pid is None  # the other guest is left alone
 
@@ -104,26 +105,26 @@ def test_restart_refuses_a_running_guest_and_unknown_hosts(state, kernel, tmp_pa
         paths.guest("lab-1").pidfile.write_text(f"{sleeper.pid}\n")
         (paths.guest("lab-1").spool / "ready").write_text("{}")
         with pytest.raises(UsageError, match="only a crashed or stopped guest"):
-            rack.restart("r2", "lab-1")
+            emulated_rack.restart("r2", "lab-1")
         assert sleeper.poll() is None  # untouched
     finally:
         sleeper.kill()
         sleeper.wait()
     with pytest.raises(UsageError, match="no host"):
-        rack.restart("r2", "lab-9")
+        emulated_rack.restart("r2", "lab-9")
     with pytest.raises(EnvironmentProblem, match="not up"):
-        rack.restart("nolab", "lab-1")
+        emulated_rack.restart("nolab", "lab-1")
 
 
 def test_restart_needs_the_labs_kernel_and_files(state, kernel, tmp_path, monkeypatch):
     paths = _lab(state, "r3", tmp_path / "gone.cpio")  # the initramfs was removed from the cache
     _capture_spawn(monkeypatch)
     with pytest.raises(EnvironmentProblem, match="no longer cached"):
-        rack.restart("r3", "lab-1")
+        emulated_rack.restart("r3", "lab-1")
     (tmp_path / "gone.cpio").write_bytes(b"x")
     paths.guest("lab-1").lsa.unlink()
     with pytest.raises(EnvironmentProblem, match="label file is missing"):
-        rack.restart("r3", "lab-1")
+        emulated_rack.restart("r3", "lab-1")
 
 
 def test_restart_cli_maps_errors_to_exit_codes(state, capsys):

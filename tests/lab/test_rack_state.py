@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.errors import UsageError
-from belugactl.lab import proc, rack
+from belugactl.lab import emulated_rack, proc
 from belugactl.lab.paths import STATE_ENV, LabPaths
 
 
@@ -22,8 +22,8 @@ def state(tmp_path, monkeypatch):
 
 def _fake_lab(root: Path, name: str, guests: list[str]) -> LabPaths:
     paths = LabPaths(root, name)
-    record = rack.LabRecord(name, len(guests), 512 << 20, 1024, "tcg", {"version": "v"}, "i", 0.0, "/r", "/v",
-                            [rack.GuestRecord(g, i + 1) for i, g in enumerate(guests)])
+    record = emulated_rack.LabRecord(name, len(guests), 512 << 20, 1024, "tcg", {"version": "v"}, "i", 0.0, "/r", "/v",
+                            [emulated_rack.GuestRecord(g, i + 1) for i, g in enumerate(guests)])
     for g in guests:
         gp = paths.guest(g)
         (gp.spool).mkdir(parents=True)
@@ -49,17 +49,17 @@ def _wait_ready_file(spool: Path) -> None:
 
 def test_validation_of_up_arguments():
     with pytest.raises(UsageError, match="256 MiB"):
-        rack.validate(2, 100 << 20, 1024)
+        emulated_rack.validate(2, 100 << 20, 1024)
     with pytest.raises(UsageError, match="hosts"):
-        rack.validate(17, 512 << 20, 1024)
+        emulated_rack.validate(17, 512 << 20, 1024)
     with pytest.raises(UsageError):
-        rack.lab_paths("../escape")
-    rack.validate(16, 4 << 30, 512)
+        emulated_rack.lab_paths("../escape")
+    emulated_rack.validate(16, 4 << 30, 512)
 
 
 def test_a_lab_that_does_not_exist_is_down_and_down_is_a_no_op(state):
-    assert rack.status("nolab").state == "down"
-    report = rack.down("nolab")
+    assert emulated_rack.status("nolab").state == "down"
+    report = emulated_rack.down("nolab")
     assert not report.existed and report.removed is None
 
 
@@ -69,13 +69,13 @@ def test_running_guest_then_crash_is_reported(state):
     qemu = _fake_qemu(g.dir)
     try:
         g.pidfile.write_text(f"{qemu.pid}\n")
-        assert rack.status("t1").guests[0].state == "booting"
+        assert emulated_rack.status("t1").guests[0].state == "booting"
         _wait_ready_file(g.spool)
-        st = rack.status("t1")
+        st = emulated_rack.status("t1")
         assert st.state == "up" and st.guests[0].state == "running"
         qemu.kill()
         qemu.wait()
-        st = rack.status("t1")
+        st = emulated_rack.status("t1")
         assert st.state == "degraded"
         assert st.guests[0].state == "crashed"
         assert any("Kernel panic" in line for line in st.guests[0].console_tail)
@@ -93,7 +93,7 @@ def test_stale_heartbeat_means_unresponsive(state):
         _wait_ready_file(g.spool)
         old = time.time() - 3600
         os.utime(g.spool / "heartbeat", (old, old))
-        assert rack.status("t2").guests[0].state == "unresponsive"
+        assert emulated_rack.status("t2").guests[0].state == "unresponsive"
     finally:
         qemu.kill()
         qemu.wait()
@@ -104,7 +104,7 @@ def test_down_stops_our_qemu_and_leaves_nothing(state):
     procs = [_fake_qemu(paths.guest(n).dir) for n in ("lab-1", "lab-2")]
     for p, n in zip(procs, ("lab-1", "lab-2"), strict=True):
         paths.guest(n).pidfile.write_text(f"{p.pid}\n")
-    report = rack.down("t3")
+    report = emulated_rack.down("t3")
     assert sorted(report.stopped) == ["lab-1", "lab-2"]
     for p in procs:
         assert p.wait(timeout=10) is not None
@@ -117,9 +117,9 @@ def test_down_never_kills_a_pid_that_is_not_this_guests_qemu(state):
     stranger = subprocess.Popen(["sleep", "30"])  # noqa: S603, S607 - the pid file now points at someone else
     try:
         paths.guest("lab-1").pidfile.write_text(f"{stranger.pid}\n")
-        st = rack.status("t4")
+        st = emulated_rack.status("t4")
         assert st.guests[0].state == "crashed" and "another program" in st.guests[0].detail
-        report = rack.down("t4")
+        report = emulated_rack.down("t4")
         assert report.refused and not report.stopped
         assert stranger.poll() is None  # still alive
         assert not paths.dir.exists()
@@ -130,9 +130,9 @@ def test_down_never_kills_a_pid_that_is_not_this_guests_qemu(state):
 
 def test_up_refuses_a_lab_that_already_exists(state, monkeypatch):
     _fake_lab(state, "t5", ["lab-1"])
-    monkeypatch.setattr(rack.prereqs, "require", lambda: None)
+    monkeypatch.setattr(emulated_rack.prereqs, "require", lambda: None)
     with pytest.raises(UsageError, match="already exists"):
-        rack.up(name="t5", hosts=1, profile="pmem")
+        emulated_rack.up(name="t5", hosts=1, profile="pmem")
 
 
 def test_exec_into_a_crashed_guest_is_an_environment_problem(state):
@@ -141,9 +141,9 @@ def test_exec_into_a_crashed_guest_is_an_environment_problem(state):
     from belugactl.errors import EnvironmentProblem
 
     with pytest.raises(EnvironmentProblem, match="crashed"):
-        rack.channel("t6", "lab-1")
+        emulated_rack.channel("t6", "lab-1")
     with pytest.raises(UsageError, match="no host"):
-        rack.channel("t6", "lab-7")
+        emulated_rack.channel("t6", "lab-7")
 
 
 def test_alive_treats_zombies_as_dead():

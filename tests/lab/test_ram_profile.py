@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.errors import EnvironmentProblem, StepFailed, UsageError
-from belugactl.lab import cpio, debstack, initramfs, qemu, rack, ramregion, topology
+from belugactl.lab import cpio, debstack, emulated_rack, initramfs, qemu, ramregion, topology
 from belugactl.lab.kernel import GuestKernel
 from belugactl.lab.paths import STATE_ENV
 from tests.support.lab import run_cli
@@ -99,15 +99,15 @@ def test_pmem_argv_is_unchanged_by_the_ram_profile(tmp_path):
 
 
 def test_validate_keeps_devices_and_switch_to_the_ram_profile():
-    rack.validate(2, 512 * MIB, 1024, profile="ram", devices=2, switch=True)
+    emulated_rack.validate(2, 512 * MIB, 1024, profile="ram", devices=2, switch=True)
     with pytest.raises(UsageError):
-        rack.validate(2, 512 * MIB, 1024, profile="pmem", devices=2)
+        emulated_rack.validate(2, 512 * MIB, 1024, profile="pmem", devices=2)
     with pytest.raises(UsageError):
-        rack.validate(2, 512 * MIB, 1024, profile="pmem", switch=True)
+        emulated_rack.validate(2, 512 * MIB, 1024, profile="pmem", switch=True)
     with pytest.raises(UsageError, match="split"):
-        rack.validate(2, 768 * MIB, 1024, profile="ram", devices=2)
+        emulated_rack.validate(2, 768 * MIB, 1024, profile="ram", devices=2)
     with pytest.raises(UsageError):
-        rack.validate(2, 512 * MIB, 1024, profile="disk")
+        emulated_rack.validate(2, 512 * MIB, 1024, profile="disk")
 
 
 def test_cli_refuses_bad_profile_options_with_exit_2(tmp_path):
@@ -231,8 +231,8 @@ def test_init_binds_the_tools_into_the_chroot_only_when_the_image_has_them():
 
 
 def test_ram_lab_path_puts_the_tools_first():
-    assert rack._guest_path(Path("/v"), "ram").startswith("/opt/belugactl-cxl/bin:/v/bin:")
-    assert rack._guest_path(Path("/v")).startswith("/v/bin:")
+    assert emulated_rack._guest_path(Path("/v"), "ram").startswith("/opt/belugactl-cxl/bin:/v/bin:")
+    assert emulated_rack._guest_path(Path("/v")).startswith("/v/bin:")
 
 
 def test_cpio_of_tools_holds_wrappers_binaries_and_libraries(tmp_path, monkeypatch):
@@ -314,14 +314,15 @@ def test_restart_of_a_ram_guest_reuses_the_shared_device_files_and_the_stacks_qe
     tree = tmp_path / "cache" / "ram" / "tree"
     stack = debstack.RamStack(tmp_path / "cache" / "ram", "6.12.1-amd64", "linux-image-6.12.1-amd64", ())
     monkeypatch.setattr(debstack, "load", lambda cache: stack)
-    monkeypatch.setattr(rack.kernel_mod, "boot_image", lambda kern: kern.root / "vmlinux")
+    monkeypatch.setattr(emulated_rack.kernel_mod, "boot_image", lambda kern: kern.root / "vmlinux")
     initramfs_file = tmp_path / "initramfs.cpio"
     initramfs_file.write_bytes(b"x")
-    paths = rack.lab_paths("rr")
+    paths = emulated_rack.lab_paths("rr")
     backing = [paths.dir / "pool-0.raw", paths.dir / "pool-1.raw"]
-    record = rack.LabRecord("rr", 1, 512 * MIB, 1024, "tcg", {"version": "6.12.1-amd64"}, str(initramfs_file), 0.0,
-                            "/repo", "/venv", [rack.GuestRecord("lab-1", 1, pid=999999999)], profile="ram",
-                            devices=2, switch=True, backing=[str(b) for b in backing])  # fmt: skip
+    record = emulated_rack.LabRecord("rr", 1, 512 * MIB, 1024, "tcg", {"version": "6.12.1-amd64"}, str(initramfs_file),
+                                     0.0, "/repo", "/venv", [emulated_rack.GuestRecord("lab-1", 1, pid=999999999)],
+                                     profile="ram", devices=2, switch=True,
+                                     backing=[str(b) for b in backing])  # fmt: skip
     g = paths.guest("lab-1")
     for sub in ("req", "out", "cancel", "share"):
         (g.spool / sub).mkdir(parents=True)
@@ -335,9 +336,9 @@ def test_restart_of_a_ram_guest_reuses_the_shared_device_files_and_the_stacks_qe
         (guest.spool / "ready").write_text(json.dumps({"hostname": guest.name, "uptime_s": 5.0}))
         return 4242
 
-    monkeypatch.setattr(rack, "_spawn", spawn)
-    monkeypatch.setattr(rack, "_is_ours", lambda pid, guest: pid == 4242)
-    assert rack.restart("rr", "lab-1").pid == 4242
+    monkeypatch.setattr(emulated_rack, "_spawn", spawn)
+    monkeypatch.setattr(emulated_rack, "_is_ours", lambda pid, guest: pid == 4242)
+    assert emulated_rack.restart("rr", "lab-1").pid == 4242
     (argv,) = spawned
     assert argv[:3] == [str(tree / "usr/bin/qemu-system-x86_64"), "-L", str(stack.firmware)]
     joined = " ".join(argv)
@@ -345,6 +346,6 @@ def test_restart_of_a_ram_guest_reuses_the_shared_device_files_and_the_stacks_qe
     assert "lsa" not in joined
     backing[1].unlink()
     (g.spool / "ready").unlink()
-    monkeypatch.setattr(rack, "_is_ours", lambda pid, guest: False)
+    monkeypatch.setattr(emulated_rack, "_is_ours", lambda pid, guest: False)
     with pytest.raises(EnvironmentProblem, match="pool file"):
-        rack.restart("rr", "lab-1")
+        emulated_rack.restart("rr", "lab-1")

@@ -1,4 +1,4 @@
-"""The guest agent's warm path (belugactl.lab.warm_start), with the real agent and the real warm
+"""The guest agent's warm path (belugactl.lab.guest.resident_cli), with the real agent and the real warm
 process running on this machine instead of in a guest."""
 
 import contextlib
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import belugactl
-from belugactl.lab import guest_agent as agent_mod
 from belugactl.lab.channel import GuestChannel
+from belugactl.lab.guest import agent as agent_mod
 
 VENV_BIN = Path(sys.executable).parent
 ROOT = str(Path(belugactl.__file__).resolve().parent.parent)

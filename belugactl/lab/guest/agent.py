@@ -1,6 +1,6 @@
 """The guest agent: runs commands that the host drops into the spool, and hands back their results.
 
-It runs inside each guest (chrooted into the host's root) as `python3 -I -S guest_agent.py`, so it uses
+It runs inside each guest (chrooted into the host's root) as `python3 -I -S agent.py`, so it uses
 the standard library only and imports nothing from belugactl. The spool is a directory the host
 exports read-write over 9p; one request is one folder, so requests never share a file:
 
@@ -14,7 +14,7 @@ exports read-write over 9p; one request is one folder, so requests never share a
 
 A request is {"argv": [...], "timeout": seconds, "cwd": path, "env": {...}}.
 
-With `--warm-python VENV/bin/python` the agent also starts `belugactl.lab.warm_start` under that
+With `--warm-python VENV/bin/python` the agent also starts `belugactl.lab.guest.resident_cli` under that
 Python: a resident belugactl that has imported the CLI once and forks per command. A request that
 runs this venv's belugactl (`belugactl ...`, `VENV/bin/belugactl ...`, `VENV/bin/python -m belugactl
 ...`, optionally behind `env K=V ...`) with no PYTHONPATH or the warm process's own checkout on it is
@@ -93,7 +93,7 @@ class Agent:
         _write_atomic(os.path.join(self.spool, "ready"), json.dumps(ready) + "\n")
         self._start_warm()
 
-    # --- the warm belugactl (belugactl.lab.warm_start) -------------------------------------------
+    # --- the warm belugactl (belugactl.lab.guest.resident_cli) -------------------------------------------
     def _start_warm(self) -> None:
         if not self.warm_python or not os.path.exists(self.warm_python):
             return
@@ -104,7 +104,7 @@ class Agent:
         try:
             with open(os.path.join(self.spool, "warm.log"), "ab") as log:
                 self.warm_proc = subprocess.Popen(  # noqa: S603 - fixed argv
-                    [self.warm_python, "-m", "belugactl.lab.warm_start", "--socket", self.warm_socket],
+                    [self.warm_python, "-m", "belugactl.lab.guest.resident_cli", "--socket", self.warm_socket],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", env=env, start_new_session=True,
                 )
         except OSError:
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spool", required=True)
     parser.add_argument("--hostname", default="")
-    parser.add_argument("--warm-python", default="", help="start belugactl.lab.warm_start under this Python")
+    parser.add_argument("--warm-python", default="", help="start belugactl.lab.guest.resident_cli under this Python")
     parser.add_argument("--warm-socket", default=WARM_SOCKET)
     args = parser.parse_args(argv)
     agent = Agent(args.spool, args.hostname, args.warm_python, args.warm_socket)

@@ -1,11 +1,11 @@
-"""One KV-index client's round trips with every byte checked, as JSON: the lab's cross-host probe, run inside the
-guests by tests/dataplane/test_rpc_lab.py (it lives with the other in-guest tools, daxpoke and guest_agent).
+"""One KV-index client's round trips with every byte checked, as JSON: the lab's cross-host RPC driver, run inside the
+guests by tests/dataplane/test_rpc_lab.py (it lives with the other in-guest tools in `belugactl/lab/guest/`).
 
-    python -m belugactl.lab.rpc_probe put   --pool /dev/dax0.0 -f rack.yaml --host lab-2 \\
+    python -m belugactl.lab.guest.rpc_driver put   --pool /dev/dax0.0 -f rack.yaml --host lab-2 \\
         --namespace probe --block a:12288 --block b:2621440 --seed 7
-    python -m belugactl.lab.rpc_probe check --pool /dev/dax0.0 -f rack.yaml --host lab-1 \\
+    python -m belugactl.lab.guest.rpc_driver check --pool /dev/dax0.0 -f rack.yaml --host lab-1 \\
         --namespace probe --block a:12288 --block b:2621440 --seed 7
-    python -m belugactl.lab.rpc_probe check --pool /dev/dax0.0 --address tcp://127.0.0.1:9471 ...
+    python -m belugactl.lab.guest.rpc_driver check --pool /dev/dax0.0 --address tcp://127.0.0.1:9471 ...
 
 `put` reserves each block, writes its bytes into the returned extents through this process's own
 pool mapping, commits, then checks lookup_prefix, get and the bytes read back. `check` only looks
@@ -82,7 +82,7 @@ def read_extents(pool: PoolMapping, extents: Sequence[tuple[int, int]], nbytes: 
     return bytes(out)
 
 
-class Probe:
+class RpcDriver:
     def __init__(self, client: KVIndexClient, pool: PoolMapping) -> None:
         self.client = client
         self.pool = pool
@@ -183,37 +183,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client = connect(address, pool=pool if address.startswith("cxl:") else None, timeout_s=args.timeout)
     doc["connect_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     doc["epoch"] = client.epoch
-    probe = Probe(client, pool)
+    driver = RpcDriver(client, pool)
     try:
         names = [name for name, _ in args.block]
         if args.action == "put":
-            doc["put"] = [probe.put(args.namespace, name, nbytes, args.seed) for name, nbytes in args.block]
+            doc["put"] = [driver.put(args.namespace, name, nbytes, args.seed) for name, nbytes in args.block]
         chain = [block_key(n) for n in names]
-        doc["lookup_prefix"] = probe.timed("lookup_prefix", client.lookup_prefix, args.namespace,
+        doc["lookup_prefix"] = driver.timed("lookup_prefix", client.lookup_prefix, args.namespace,
                                            [*chain, block_key(ABSENT_KEY_NAME)])  # fmt: skip
-        probe.expect(doc["lookup_prefix"] == len(chain), f"lookup_prefix {doc['lookup_prefix']} != {len(chain)}")
-        doc["absent_get"] = probe.timed("get", client.get, args.namespace, block_key(ABSENT_KEY_NAME))
-        probe.expect(doc["absent_get"] is None, "get of a key never written found something")
+        driver.expect(doc["lookup_prefix"] == len(chain), f"lookup_prefix {doc['lookup_prefix']} != {len(chain)}")
+        doc["absent_get"] = driver.timed("get", client.get, args.namespace, block_key(ABSENT_KEY_NAME))
+        driver.expect(doc["absent_get"] is None, "get of a key never written found something")
         t_check = time.perf_counter()
-        doc["blocks"] = [probe.check(args.namespace, name, nbytes, args.seed) for name, nbytes in args.block]
+        doc["blocks"] = [driver.check(args.namespace, name, nbytes, args.seed) for name, nbytes in args.block]
         doc["check_blocks_s"] = round(time.perf_counter() - t_check, 3)
         for _ in range(args.pings):
-            probe.timed("ping", client.ping, b"x" * 16)
+            driver.timed("ping", client.ping, b"x" * 16)
         if ring is not None and address.startswith("cxl:"):
-            doc["slots"] = probe.ring_slots(ring)
+            doc["slots"] = driver.ring_slots(ring)
     finally:
         client.close()
         pool.close()
-    doc["latency_ms"] = {op: summarize(s) for op, s in probe.latency_ms.items()}
-    doc["failures"] = probe.failures
+    doc["latency_ms"] = {op: summarize(s) for op, s in driver.latency_ms.items()}
+    doc["failures"] = driver.failures
     doc["run_s"] = round(time.perf_counter() - started, 3)
     doc["process_age_s"] = process_age_s()
-    doc["ok"] = not probe.failures
+    doc["ok"] = not driver.failures
     return doc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m belugactl.lab.rpc_probe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m belugactl.lab.guest.rpc_driver", description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=["put", "check"])
     ap.add_argument("--pool", required=True, help="/dev/daxX.Y or a file pool (the bytes move through it)")
     ap.add_argument("-f", "--file", default=None, help="rack manifest (verifies the header; names the rings)")

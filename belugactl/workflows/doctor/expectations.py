@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from belugactl.model.host_select import select_host
 from belugactl.workflows.doctor.context import Expectations, HugepageWant
 from belugactl.workflows.memdev_choice import MemdevWant
-from belugactl.workflows.rack_context import select_host
 
 if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Host, Manifest

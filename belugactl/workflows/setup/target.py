@@ -71,8 +71,8 @@ class SetupTarget:
 
 
 def default_host_name(manifest: Any) -> str:
-    """The manifest host that is this machine, by the one rule (`workflows.rack_context.select_host`)."""
-    from belugactl.workflows.rack_context import select_host
+    """The manifest host that is this machine, by the one rule (`model/host_select.py:select_host`)."""
+    from belugactl.model.host_select import select_host
 
     return select_host(manifest, None, socket.gethostname()).name
 
@@ -84,7 +84,7 @@ def target_from_context(rack: RackContext) -> SetupTarget:
 
 
 def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout: Any = None) -> SetupTarget:
-    from belugactl.workflows.rack_context import select_host
+    from belugactl.model.host_select import select_host
 
     host = select_host(manifest, host_name, None if host_name else socket.gethostname())
     name = host.name
