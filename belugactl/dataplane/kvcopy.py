@@ -17,9 +17,9 @@ What this module does, in order:
 3. `KVCopyEngine.save/load` runs a batch as ONE native call. When each block sits in one extent
    (the common case) that is `native.gather_blocks`: the engine hands it the layout's piece template
    (built once) and (block id, pool offset) pairs, and the helper plans, bounds-checks, coalesces and
-   copies the pieces itself; planning 128 pieces per block in Python had cost about a fifth of the
-   copy time. Blocks split over extents go through `plan_copies` and `native.gather`. Batches of
-   1 MiB or more (and every save with `coherence: flush`) use non-temporal stores; a flush of the
+   copies the pieces itself; planning every piece of every block in Python had cost a large share
+   of the copy time. Blocks split over extents go through `plan_copies` and `native.gather`. Batches
+   of `NONTEMPORAL_FROM` bytes or more (and every save with `coherence: flush`) use non-temporal stores; a flush of the
    extents precedes a load with `flush`. Without the helper its stand-ins copy and the data plane
    warns that cross-host coherence is not handled. The CUDA path (`kvcopy_cuda`) is imported lazily.
 """
@@ -38,12 +38,10 @@ flush of the source lines before reads (write-back pool shared by several hosts,
 
 Extent = tuple[int, int]  # (pool offset, length)
 
-# From this many bytes per batch on, stores bypass the cache (as glibc's memcpy does for large copies,
-# from 114 MiB on the dev VM): skipping the read-for-ownership of every destination line is worth
-# 30 to 50 % once the batch no longer fits in the caches. Below it, plain stores keep the batch
-# cache-hot. Measured on the dev VM (workflows/bench/kv_copy.run_cpu, paired ratios vs one memcpy, 3 runs each):
-# up to 16 MiB (4 blocks) plain stores did 0.94 to 1.0x and streaming 0.69 to 0.75x on save;
-# from 32 MiB (8 blocks) streaming did 1.0 to 1.4x and plain 0.65 to 1.1x. Saves with
+# From this many bytes per batch on, stores bypass the cache (as glibc's memcpy does for large copies):
+# skipping the read-for-ownership of every destination line pays once the batch no longer fits in the
+# caches; below it, plain stores keep the batch in the CPU caches and are faster. The threshold is
+# where the two crossed in `belugactl bench kv` (workflows/bench/kv_copy.run_cpu). Saves with
 # `coherence: flush` always stream (that is what publishes them).
 NONTEMPORAL_FROM = 32 << 20
 
