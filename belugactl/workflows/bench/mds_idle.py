@@ -20,6 +20,7 @@ from typing import Any
 from belugactl.workflows.bench.server import bench_rack, running_server
 
 PROCESS_RINGS = 2  # the bench rack's scheduler and worker; the rest are spare rings
+SLOTS_PER_RING = 256  # examples/beluga-rack.yaml's: the idle scan's cost grows with the slots
 SETTINGS = {"idle_wait": "0", "busy_poll": "60000"}  # --spin-after-ms of each server
 
 
@@ -32,6 +33,7 @@ def bench_idle_server(
     busy_ping = busy["ping_us"]["p50"]
     return {
         "rings": rings,
+        "slots_per_ring": SLOTS_PER_RING,
         "seconds": seconds,
         "quiet_ms": quiet_ms,
         "pings": pings,
@@ -52,7 +54,7 @@ def _one_server(spin_after_ms: str, rings: int, seconds: float, pings: int, quie
 
     with tempfile.TemporaryDirectory(prefix="belugactl-bench-") as tmp:
         manifest = Path(tmp) / "rack.yaml"
-        manifest.write_text(bench_rack(spare_rings=rings - PROCESS_RINGS))
+        manifest.write_text(bench_rack(spare_rings=rings - PROCESS_RINGS, slots_per_ring=SLOTS_PER_RING))
         pool_path = create_file_pool(Path(tmp) / "pool.bin", manifest)
         with running_server(manifest, pool_path, extra=["--spin-after-ms", spin_after_ms]) as srv:
             proc = psutil.Process(srv["pid"])

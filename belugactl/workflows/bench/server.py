@@ -17,9 +17,9 @@ from typing import Any
 from belugactl.errors import EnvironmentProblem
 
 
-def bench_rack(*, spare_rings: int = 2) -> str:
+def bench_rack(*, spare_rings: int = 2, slots_per_ring: int = 128) -> str:
     """A small rack whose ring has room for 128 requests in flight; `spare_rings` more rings than its
-    two processes use (`bench mds --idle --idle-rings` lays out many)."""
+    two processes use (`bench mds --idle --idle-rings` lays out many, of 256 slots as a rack's)."""
     return f"""\
 version: 1
 name: bench-rpc
@@ -28,7 +28,7 @@ pool:
   size: 256MiB
   align: 2MiB
 layout:
-  metadata: {{slots_per_ring: 128, slot_size: 256B, spare_rings: {spare_rings}, journal: 2MiB}}
+  metadata: {{slots_per_ring: {slots_per_ring}, slot_size: 256B, spare_rings: {spare_rings}, journal: 2MiB}}
   shared_kv: 128MiB
   partition_size: equal
 hosts:
