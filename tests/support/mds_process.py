@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,30 +122,3 @@ def committed_keys(m: Mds, namespace: str, count: int = 125, nbytes: int = 96 * 
     for k in keys:
         writer.commit(writer.reserve(namespace, k, nbytes).token)
     return writer, keys
-
-
-def print_quartiles(times: dict[str, list[float]], width: int = 24) -> None:
-    """One line per label of a measure script: median, p25 and p75 of its microseconds."""
-    for label, xs in times.items():
-        xs = sorted(xs)
-        print(
-            f"  {label:{width}} median {statistics.median(xs):6.0f} us, p25 {xs[len(xs) // 4]:6.0f}, "
-            f"p75 {xs[3 * len(xs) // 4]:6.0f}"
-        )
-
-
-@contextmanager
-def plugin_reader(role: str, *server_args: str, namespace: str = "measure") -> Iterator[tuple[Any, list[bytes]]]:
-    """A real server on a fresh CPU demo pool (`server_args` added to its command line) holding a
-    4000-token prompt's 125 committed blocks, and the vLLM plugin's index client on ring 2 as the
-    connector's `role` uses it, connected and its namespace open: (index, keys). The measure
-    scripts' setup; the plugin's directory must be on sys.path."""
-    from vllm_beluga.index_client import BestEffortIndex
-    from vllm_beluga.stats import ConnectorStats
-    from vllm_beluga.transfer import locate_many
-
-    with cpu_demo_mds(Path(tempfile.mkdtemp()), *server_args) as m:
-        _writer, keys = committed_keys(m, namespace)
-        index = BestEffortIndex(m.cxl(2), stats=ConnectorStats(None, role=role))
-        locate_many(index, namespace, keys)
-        yield index, keys
