@@ -48,7 +48,7 @@ def register(lab: typer.Typer) -> None:
                   f"{'met' if report.total_s <= coldstart.TARGET_S else 'not met'})")
             for r in report.runs:
                 print(f"  {r.host} {r.command:<6} exit {r.rc}  {r.seconds:6.1f} s  "
-                      f"{'warm' if r.warm else 'spawned'}  {r.summary}")
+                      f"{'resident' if r.resident else 'spawned'}  {r.summary}")
             print("all doctors green" if report.green else "NOT green: see the failed runs above")
         if not report.green:
             raise typer.Exit(1)

@@ -35,7 +35,7 @@ class ExecResult:
     stderr: bytes
     duration_s: float
     timed_out: bool = False
-    warm: bool = False  # run by the guest's resident belugactl (belugactl.lab.guest.resident_cli), not spawned
+    resident: bool = False  # run by the guest's resident CLI (belugactl.lab.guest.resident_cli), not spawned
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -137,7 +137,7 @@ class GuestChannel:
                         bytes(err.kept),
                         float(status.get("duration_s", time.monotonic() - start)),
                         bool(status.get("timed_out", False)),
-                        bool(status.get("warm", False)),
+                        bool(status.get("resident", False)),
                     )
                 now = time.monotonic()
                 if now > deadline:

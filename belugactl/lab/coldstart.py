@@ -6,8 +6,9 @@ phase took. Setup runs in parallel on purpose: the header step lets one host wri
 and the others verify it, whoever gets there first (`header.write`). Phases:
 
 - boot: QEMU start to every guest's agent answering (kernel, initramfs, modules, agent);
-- warm: until every guest's resident belugactl (`belugactl.lab.guest.resident_cli`) has imported the CLI;
-  absent with BELUGACTL_LAB_WARM=0, where each command pays its own Python start-up instead;
+- warm (the phase's name in the report): until every guest's resident CLI
+  (`belugactl.lab.guest.resident_cli`) has imported the CLI; absent with BELUGACTL_LAB_WARM=0, where
+  each command pays its own Python start-up instead;
 - setup: every guest's `belugactl setup` (run from this checkout), slowest guest;
 - doctor: every guest's `belugactl doctor`, slowest guest; must be green on all.
 """
@@ -28,7 +29,7 @@ from belugactl.lab import emulated_rack
 from belugactl.lab.channel import GuestChannel
 
 TARGET_S = 90.0  # the issue's target for the demo rack on a 2-core machine
-WARM_TIMEOUT_S = 300.0
+RESIDENT_TIMEOUT_S = 300.0
 COMMAND_TIMEOUT_S = 900.0
 
 Progress = Callable[[str], None]
@@ -40,12 +41,12 @@ class HostRun:
     command: str
     rc: int
     seconds: float
-    warm: bool
+    resident: bool  # run by the guest's resident CLI, not spawned ("warm" in the JSON, a public key)
     summary: str
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "command": self.command, "rc": self.rc, "seconds": round(self.seconds, 1),
-                "warm": self.warm, "summary": self.summary}
+                "warm": self.resident, "summary": self.summary}
 
 
 @dataclass
@@ -89,21 +90,22 @@ def _check_lab_hosts(manifest_path: str, names: list[str]) -> None:
         )
 
 
-def _wait_warm(chans: list[GuestChannel], spools: dict[str, Path], deadline: float) -> None:
-    """Until every guest's warm.log carries the resident belugactl's ready line."""
+def _wait_for_resident_cli(chans: list[GuestChannel], spools: dict[str, Path], deadline: float) -> None:
+    """Until every guest's resident-cli.log carries the resident CLI's ready line."""
     pending = {c.name for c in chans}
     while pending:
         for name in sorted(pending):
-            log = spools[name] / "warm.log"
+            log = spools[name] / "resident-cli.log"
             text = log.read_text(errors="replace") if log.exists() else ""
             if '"ready_s"' in text:
                 pending.discard(name)
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise StepFailed(f"the resident belugactl did not start in {', '.join(sorted(pending))}",
-                             why=f"no ready line in warm.log after {WARM_TIMEOUT_S:.0f} s",
-                             fix=f"read {spools[min(pending)] / 'warm.log'}; BELUGACTL_LAB_WARM=0 runs without it")
+            raise StepFailed(f"the resident CLI did not start in {', '.join(sorted(pending))}",
+                             why=f"no ready line in resident-cli.log after {RESIDENT_TIMEOUT_S:.0f} s",
+                             fix=f"read {spools[min(pending)] / 'resident-cli.log'}; "
+                                 "BELUGACTL_LAB_WARM=0 runs without it")
         time.sleep(0.25)
 
 
@@ -115,7 +117,7 @@ def _run_all(chans: list[GuestChannel], command: str, manifest: str) -> list[Hos
         r = ch.run(["belugactl", command, "-f", manifest, "--host", ch.name, "--json"], timeout=COMMAND_TIMEOUT_S,
                    cwd=repo, env={"PYTHONPATH": repo})
         seconds = time.monotonic() - t0
-        return HostRun(ch.name, command, r.returncode, seconds, r.warm, _summary(command, r.stdout, r.stderr))
+        return HostRun(ch.name, command, r.returncode, seconds, r.resident, _summary(command, r.stdout, r.stderr))
 
     with ThreadPoolExecutor(len(chans)) as pool:
         return list(pool.map(one, chans))
@@ -154,7 +156,7 @@ def run(
         raise UsageError(f"lab {name!r} already exists; a cold start needs a fresh one",
                          fix=f"belugactl lab down --name {name}, or pick another --name")
     report = ColdStartReport(name, manifest, profile, len(hosts), devices, switch)
-    warm = os.environ.get(emulated_rack.WARM_ENV, "1") != "0"
+    resident = os.environ.get(emulated_rack.RESIDENT_CLI_ENV, "1") != "0"
     t0 = time.monotonic()
     try:
         up = emulated_rack.up(name=name, hosts=len(hosts), pool_size=pool_size, profile=profile, devices=devices,
@@ -163,9 +165,9 @@ def run(
         guests = up.status.guests
         spools = {g.name: emulated_rack.lab_paths(name).guest(g.name).spool for g in guests}
         chans = [emulated_rack.channel(name, g.name) for g in guests]
-        if warm:
+        if resident:
             t0 = time.monotonic()
-            _wait_warm(chans, spools, t0 + WARM_TIMEOUT_S)
+            _wait_for_resident_cli(chans, spools, t0 + RESIDENT_TIMEOUT_S)
             report.phases.append(("warm: resident belugactl imported in every guest", time.monotonic() - t0))
         for command in ("setup", "doctor"):
             progress(f"{command} in {', '.join(c.name for c in chans)} (in parallel)")

@@ -52,7 +52,7 @@ DEFAULT_PROFILE = "ram"  # the production path: volatile devices, a ram region, 
 # (two devices behind a switch); pmem (QEMU 7.2) can only emulate one persistent device per guest.
 DEFAULT_TOPOLOGY = {"ram": (2, True), "pmem": (1, False)}
 HEARTBEAT_STALE_S = 30.0
-WARM_ENV = "BELUGACTL_LAB_WARM"
+RESIDENT_CLI_ENV = "BELUGACTL_LAB_WARM"  # public: the name predates "resident CLI"
 
 Progress = Callable[[str], None]
 
@@ -306,7 +306,7 @@ def _guest_env(
         "LAB_SSH": "1" if ssh else "",
         # A resident belugactl in the guest that forks per command (belugactl.lab.guest.resident_cli):
         # BELUGACTL_LAB_WARM=0 turns it off, to measure or to debug the plain path.
-        "LAB_WARM_PYTHON": str(venv / "bin" / "python") if os.environ.get(WARM_ENV, "1") != "0" else "",
+        "LAB_RESIDENT_PYTHON": str(venv / "bin" / "python") if os.environ.get(RESIDENT_CLI_ENV, "1") != "0" else "",
     }
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 

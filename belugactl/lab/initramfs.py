@@ -116,7 +116,7 @@ say "user space ready at $(cut -d' ' -f1 /proc/uptime) s; starting the agent"
 while :; do
   chroot $R /usr/bin/env -i PATH="$LAB_PATH" HOME=/root TMPDIR=/tmp LANG=C.UTF-8 \
     "$LAB_PYTHON" -I -S "$LAB_AGENT" --spool @GUEST_SPOOL@ --hostname "$LAB_HOSTNAME" \
-    ${LAB_WARM_PYTHON:+--warm-python "$LAB_WARM_PYTHON"}
+    ${LAB_RESIDENT_PYTHON:+--resident-python "$LAB_RESIDENT_PYTHON"}
   say "agent exited with status $?; restarting"
   sleep 1
 done

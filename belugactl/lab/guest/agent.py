@@ -14,10 +14,10 @@ exports read-write over 9p; one request is one folder, so requests never share a
 
 A request is {"argv": [...], "timeout": seconds, "cwd": path, "env": {...}}.
 
-With `--warm-python VENV/bin/python` the agent also starts `belugactl.lab.guest.resident_cli` under that
-Python: a resident belugactl that has imported the CLI once and forks per command. A request that
+With `--resident-python VENV/bin/python` the agent also starts `belugactl.lab.guest.resident_cli` under that
+Python: the resident CLI, a belugactl that has imported the CLI once and forks per command. A request that
 runs this venv's belugactl (`belugactl ...`, `VENV/bin/belugactl ...`, `VENV/bin/python -m belugactl
-...`, optionally behind `env K=V ...`) with no PYTHONPATH or the warm process's own checkout on it is
+...`, optionally behind `env K=V ...`) with no PYTHONPATH or the resident CLI's own checkout on it is
 handed to it; everything else, and everything while it is not running, is spawned as before.
 """
 
@@ -43,8 +43,8 @@ POLL_STEPS_S = ((10.0, 0.05), (60.0, 0.25), (float("inf"), 1.0))  # (idle for le
 CANCEL_CHECK_S = 0.5
 RC_TIMEOUT = 124
 RC_NOT_FOUND = 127
-WARM_SOCKET = "/run/belugactl-warm.sock"  # tmpfs inside the guest: a unix socket cannot live on 9p
-WARM_WAIT_S = 240.0  # a command that arrives while the warm process still imports waits for it
+RESIDENT_SOCKET = "/run/belugactl-resident-cli.sock"  # tmpfs inside the guest: a unix socket cannot live on 9p
+RESIDENT_WAIT_S = 240.0  # a command that arrives while the resident CLI still imports waits for it
 
 
 def _uptime() -> float:
@@ -68,11 +68,13 @@ def _exit_status(returncode: int) -> int:
 
 
 class Agent:
-    def __init__(self, spool: str, hostname: str, warm_python: str = "", warm_socket: str = WARM_SOCKET) -> None:
+    def __init__(
+        self, spool: str, hostname: str, resident_python: str = "", resident_socket: str = RESIDENT_SOCKET
+    ) -> None:
         self.spool = spool
-        self.warm_socket = warm_socket
-        self.warm_python = os.path.abspath(warm_python) if warm_python else ""
-        self.warm_proc: subprocess.Popen | None = None
+        self.resident_socket = resident_socket
+        self.resident_python = os.path.abspath(resident_python) if resident_python else ""
+        self.resident_proc: subprocess.Popen | None = None
         self.hostname = hostname
         self.req_dir = os.path.join(spool, "req")
         self.out_dir = os.path.join(spool, "out")
@@ -91,28 +93,28 @@ class Agent:
             "python": sys.version.split()[0],
         }
         _write_atomic(os.path.join(self.spool, "ready"), json.dumps(ready) + "\n")
-        self._start_warm()
+        self._start_resident()
 
-    # --- the warm belugactl (belugactl.lab.guest.resident_cli) -------------------------------------------
-    def _start_warm(self) -> None:
-        if not self.warm_python or not os.path.exists(self.warm_python):
+    # --- the resident CLI (belugactl.lab.guest.resident_cli) ------------------------------------------
+    def _start_resident(self) -> None:
+        if not self.resident_python or not os.path.exists(self.resident_python):
             return
-        for stale in (self.warm_socket, self.warm_socket + ".json"):
+        for stale in (self.resident_socket, self.resident_socket + ".json"):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         try:
-            with open(os.path.join(self.spool, "warm.log"), "ab") as log:
-                self.warm_proc = subprocess.Popen(  # noqa: S603 - fixed argv
-                    [self.warm_python, "-m", "belugactl.lab.guest.resident_cli", "--socket", self.warm_socket],
+            with open(os.path.join(self.spool, "resident-cli.log"), "ab") as log:
+                self.resident_proc = subprocess.Popen(  # noqa: S603 - fixed argv
+                    [self.resident_python, "-m", "belugactl.lab.guest.resident_cli", "--socket", self.resident_socket],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", env=env, start_new_session=True,
                 )
         except OSError:
-            self.warm_proc = None
+            self.resident_proc = None
 
-    def _warm_args(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
-        """The belugactl arguments and environment when the warm process can run this request."""
-        if not self.warm_proc:
+    def _resident_args(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+        """The belugactl arguments and environment when the resident CLI can run this request."""
+        if not self.resident_proc:
             return None
         env = dict(env)
         if argv and argv[0] in ("env", "/usr/bin/env", "/bin/env"):
@@ -123,7 +125,7 @@ class Agent:
                 argv = argv[1:]
         if not argv:
             return None
-        bindir = os.path.dirname(self.warm_python)
+        bindir = os.path.dirname(self.resident_python)
         first = argv[0]
         if "/" not in first:
             found = shutil.which(first, path=env.get("PATH", ""))
@@ -134,29 +136,29 @@ class Agent:
             args = argv[3:]
         else:
             return None
-        root = self._warm_root()
+        root = self._resident_root()
         path = env.get("PYTHONPATH", "").rstrip("/")
         if root is None or (path and path != root):
             return None
         return args, env
 
-    def _warm_root(self) -> str | None:
+    def _resident_root(self) -> str | None:
         try:
-            with open(self.warm_socket + ".json") as fh:
+            with open(self.resident_socket + ".json") as fh:
                 return str(json.load(fh)["root"]).rstrip("/")
         except (OSError, ValueError, KeyError, TypeError):
             pass
         # Not ready yet: wait while it imports (a cold import under TCG takes tens of seconds).
-        deadline = time.monotonic() + WARM_WAIT_S
-        while self.warm_proc and self.warm_proc.poll() is None and time.monotonic() < deadline:
-            if os.path.exists(self.warm_socket):
-                return self._warm_root()
+        deadline = time.monotonic() + RESIDENT_WAIT_S
+        while self.resident_proc and self.resident_proc.poll() is None and time.monotonic() < deadline:
+            if os.path.exists(self.resident_socket):
+                return self._resident_root()
             time.sleep(0.1)
         return None
 
-    def _run_warm(self, args: list[str], env: dict[str, str], cwd: str, work: str, req_id: str,
+    def _run_resident(self, args: list[str], env: dict[str, str], cwd: str, work: str, req_id: str,
                   start: float, timeout: float | None) -> dict | None:
-        """Run through the warm process; None when it cannot take the request (then spawn instead)."""
+        """Run through the resident CLI; None when it cannot take the request (then spawn instead)."""
         stdin_path = os.path.join(work, "stdin")
         request = {
             "argv": args, "env": env, "cwd": cwd,
@@ -167,7 +169,7 @@ class Agent:
             open(request[name], "wb").close()  # the child opens them without O_CREAT
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(self.warm_socket)
+            conn.connect(self.resident_socket)
             conn.sendall((json.dumps(request) + "\n").encode())
             conn.settimeout(CANCEL_CHECK_S)
         except OSError:
@@ -186,16 +188,16 @@ class Agent:
                 if chunk == b"":
                     if pid is None:
                         return None
-                    return {"rc": 1, "error": "the warm belugactl process went away", "warm": True, **killed}
+                    return {"rc": 1, "error": "the resident CLI went away", "resident": True, **killed}
                 if chunk:
                     buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
                     if "rc" in msg:
-                        return {"rc": int(msg["rc"]), "warm": True, **killed}
+                        return {"rc": int(msg["rc"]), "resident": True, **killed}
                     if "pid" not in msg:
-                        return None if pid is None else {"rc": 1, "error": str(msg), "warm": True}
+                        return None if pid is None else {"rc": 1, "error": str(msg), "resident": True}
                     pid = int(msg["pid"])
                 timed_out = timeout is not None and time.monotonic() - start > timeout
                 cancelled = os.path.exists(os.path.join(self.cancel_dir, req_id))
@@ -208,7 +210,7 @@ class Agent:
         except (OSError, ValueError) as exc:
             if pid is None:
                 return None
-            return {"rc": 1, "error": f"lost the warm belugactl process: {exc}", "warm": True, **killed}
+            return {"rc": 1, "error": f"lost the resident CLI: {exc}", "resident": True, **killed}
         finally:
             conn.close()
 
@@ -258,8 +260,8 @@ class Agent:
             cwd = "/"
         stdin_path = os.path.join(work, "stdin")
         result: dict = {"rc": None, "timed_out": False, "cancelled": False}
-        warm = self._warm_args(argv, env)
-        done = self._run_warm(warm[0], warm[1], cwd, work, req_id, start, timeout) if warm else None
+        resident = self._resident_args(argv, env)
+        done = self._run_resident(resident[0], resident[1], cwd, work, req_id, start, timeout) if resident else None
         if done is not None:
             if done.pop("rc_override", None) is not None:
                 done["rc"] = RC_TIMEOUT
@@ -319,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spool", required=True)
     parser.add_argument("--hostname", default="")
-    parser.add_argument("--warm-python", default="", help="start belugactl.lab.guest.resident_cli under this Python")
-    parser.add_argument("--warm-socket", default=WARM_SOCKET)
+    parser.add_argument("--resident-python", default="", help="start the resident CLI under this Python")
+    parser.add_argument("--resident-socket", default=RESIDENT_SOCKET)
     args = parser.parse_args(argv)
-    agent = Agent(args.spool, args.hostname, args.warm_python, args.warm_socket)
+    agent = Agent(args.spool, args.hostname, args.resident_python, args.resident_socket)
     agent.start()
     agent.serve_forever()
     return 0

@@ -9,8 +9,8 @@ Real hosts never use it: it is started by the lab's guest agent only.
 
 Protocol (one connection per command, JSON lines):
   agent -> {"argv": [...], "env": {...}, "cwd": "...", "stdin": path, "stdout": path, "stderr": path}
-  warm  -> {"pid": N}        the child's pid (its own process group: the agent kills it on timeout)
-  warm  -> {"rc": R}         when the child has exited (as a shell reports it: 128+N for signal N)
+  resident -> {"pid": N}        the child's pid (its own process group: the agent kills it on timeout)
+  resident -> {"rc": R}         when the child has exited (as a shell reports it: 128+N for signal N)
 
 The server is single-threaded (forking a threaded process is unsafe), reaps children without
 blocking, and serves any number of commands at once.
@@ -72,7 +72,7 @@ def _exit_status(status: int) -> int:
     return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
 
 
-def warm_up(repo_root: str) -> Callable[..., Any] | None:
+def import_cli(repo_root: str) -> Callable[..., Any] | None:
     """Build the CLI once and run two harmless commands, so that what typer, click and pydantic import
     lazily on a command's first parse is imported here, before any fork. Returns the click command."""
     import gc
@@ -140,7 +140,7 @@ def _child(request: dict, command: Callable[..., Any] | None = None) -> None:
     os._exit(code)
 
 
-class WarmServer:
+class ResidentServer:
     def __init__(self, path: str, command: Callable[..., Any] | None = None) -> None:
         self.path = path
         self.command = command
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     import belugactl
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(belugactl.__file__)))
-    command = warm_up(root)
+    command = import_cli(root)
     info = {"ready_s": round(time.monotonic() - start, 2), "root": root, "python": sys.executable, "pid": os.getpid(),
             "preload_failed": failed,
             "cli_prebuilt": command is not None}
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.socket + ".json.tmp", "w") as fh:
         json.dump(info, fh)
     os.replace(args.socket + ".json.tmp", args.socket + ".json")
-    server = WarmServer(args.socket, command)
+    server = ResidentServer(args.socket, command)
     sock = server.listen()
     print(json.dumps(info), flush=True)
     server.serve_forever(sock)
