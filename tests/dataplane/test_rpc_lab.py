@@ -37,8 +37,8 @@ import pytest
 
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
 from belugactl.lab import kernel, prereqs
-from belugactl.lab.paths import STATE_ENV, cache_root
 from belugactl.lab.guest.rpc_driver import block_bytes
+from belugactl.lab.paths import STATE_ENV, cache_root
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.pool.header import EPOCH_OFFSET
