@@ -16,7 +16,7 @@ def checksum(
     quick: bool = typer.Option(False, "--quick", help="One 64 KiB buffer and 8 MiB of traffic (a smoke run)."),
 ) -> None:
     """CRC32C block checksums (what readers verify, docs/dataplane.md "Checksums") beside a plain copy:
-    checksum alone, plain copy, the fused copy+checksum, and a copy followed by a checksum pass."""
+    checksum alone, plain copy, copy and checksum in one pass, and a copy followed by a checksum pass."""
     from belugactl.cli.render import print_json, stdout_console
     from belugactl.workflows.bench.checksum import measure
 
@@ -29,7 +29,7 @@ def checksum(
     for row in result["sizes"]:
         console.print(
             f"{row['bytes'] >> 10:>8} KiB: crc32c {row['crc32c_gbps']:6.2f}  copy {row['copy_gbps']:6.2f}  "
-            f"copy+crc32c fused {row['copy_crc32c_gbps']:6.2f} ({row['fused_over_copy']:.2f}x of copy)  "
+            f"copy+crc32c in one pass {row['copy_crc32c_gbps']:6.2f} ({row['fused_over_copy']:.2f}x of copy)  "
             f"copy then crc32c {row['copy_then_crc32c_gbps']:6.2f}"
         )
 

@@ -75,7 +75,7 @@ def _both_transports(
         finally:
             client.close()
         now = _service_seconds(srv["admin"], time.time())
-        # The server's own time per save (its per-opcode histograms; the warm-up round included):
+        # The server's own time per save (its per-opcode histograms; the uncounted first round included):
         # what the requests cost it, whatever the scheduler did to the spinning client meanwhile.
         for way, ops in _SERVER_OPS.items():
             spent = sum(now.get(op, 0.0) - seen.get(op, 0.0) for op in ops)
@@ -91,7 +91,7 @@ def _compare(client: Any, blocks: int, rounds: int, rng: random.Random) -> dict[
     times: dict[str, list[float]] = {"single": [], "batched": []}
     sent = {"single": (0, 0), "batched": (0, 0)}
     client.clear_namespace(NAMESPACE)  # opens it, untimed
-    for r in range(rounds + 1):  # round 0 warms both paths up and is not counted
+    for r in range(rounds + 1):  # round 0 fills caches on both paths and is not counted
         for way in ("single", "batched") if r % 2 else ("batched", "single"):
             keys = [rng.randbytes(KEY_LEN) for _ in range(blocks)]
             m0, t0 = client.messages, client.round_trips

@@ -1,6 +1,6 @@
 """Throughput of the block checksum beside a plain copy, its baseline: `belugactl bench checksum`.
 
-Measures GB/s for CRC32C alone, a plain copy (`native.copy`), the fused copy+CRC32C
+Measures GB/s for CRC32C alone, a plain copy (`native.copy`), the one-pass copy+CRC32C
 (`native.copy_crc32c`) and a copy followed by a CRC pass, per buffer size (in cache, past it), and
 the kernel in use. Best of three timed rounds, each about 0.5 GB of traffic (a noisy shared host
 makes the best round the honest one).
@@ -46,7 +46,7 @@ def measure(sizes: tuple[int, ...] = SIZES, traffic: int = 512 << 20) -> dict[st
             }
         )
         row = rows[-1]
-        # What verifying costs a load: the fused copy's speed as a share of a plain copy's (1.0: free).
+        # What verifying costs a load: the one-pass copy's speed as a share of a plain copy's (1.0: free).
         row["fused_over_copy"] = round(row["copy_crc32c_gbps"] / row["copy_gbps"], 2) if row["copy_gbps"] else 0.0
     return {"kernel": native.CRC32C_KERNEL, "native": native.AVAILABLE, "sizes": rows}
 

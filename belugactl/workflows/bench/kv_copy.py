@@ -59,7 +59,7 @@ class KVShape:
 def _interleaved(steps: dict[str, Callable[[], Any]], repeat: int) -> dict[str, list[float]]:
     """Seconds per step and round, the steps taking turns, so a noisy neighbour hurts all of them alike."""
     for fn in steps.values():
-        fn()  # warm: page tables, caches
+        fn()  # first touch: page tables, caches
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeat):
         for name, fn in steps.items():

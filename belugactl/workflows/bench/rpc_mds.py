@@ -36,7 +36,7 @@ def _percentile(sorted_ns: list[int], q: float) -> float:
 def _latency(client: Any, keys: list[bytes], n: int) -> dict[str, float]:
     perf = time.perf_counter_ns
     lookup = client.lookup_prefix
-    for _ in range(min(2000, n)):  # warm the caches and the server's spin loop
+    for _ in range(min(2000, n)):  # first rounds uncounted: caches filled, the server busy-polling
         lookup(NAMESPACE, keys)
     samples = []
     for _ in range(n):
@@ -380,8 +380,8 @@ def _bench_interleave(rng: random.Random, area: int, ways: int, granularity: int
         for g in live:
             zone_bytes(g.extents, per_zone)
         # A request's first 16 blocks: how many zones they span (the devices a load reads in parallel).
-        probe = [a.alloc(160 << 10) for _ in range(16)]
-        spread = len({zoned.zone_of(g.extents[0][0]) for g in probe if g})
+        sample = [a.alloc(160 << 10) for _ in range(16)]
+        spread = len({zoned.zone_of(g.extents[0][0]) for g in sample if g})
         # One Qwen-32B block (64 layers x K,V x 32 KiB = 4 MiB): the zones its first, second, ...
         # granule lie in, in the order a layer-wise load reads them.
         qwen = a.alloc(4 << 20)

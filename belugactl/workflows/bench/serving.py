@@ -49,7 +49,7 @@ STATS_LAG_S = 0.5
 SAVE_WAIT_S = 15.0
 
 
-class _Probe:
+class _QuietReadings:
     """Readings at quiet points: B's token sources and both instances' connector counters."""
 
     def __init__(self, port_b: int, stats_a: str | None, stats_b: str | None) -> None:
@@ -146,7 +146,7 @@ def run(
     nonce: str | None = None,
 ) -> dict[str, Any]:
     nonce = nonce or secrets.token_hex(4)
-    probe = _Probe(port_b, stats_a, stats_b)
+    readings_at = _QuietReadings(port_b, stats_a, stats_b)
     rows = []
     for length in lengths:
         samples: dict[str, list[float]] = {"recompute": [], "pool_hit": [], "local_hit": []}
@@ -171,14 +171,14 @@ def run(
             for kind, port, use_pool in steps:
                 # Each timed request starts on a quiet machine: on a few cores the previous request's
                 # tail (engine, server polling) would otherwise be billed to the next one.
-                time.sleep(max(settle_s, probe.lag_s))
-                readings.append(probe.read())
+                time.sleep(max(settle_s, readings_at.lag_s))
+                readings.append(readings_at.read())
                 salt = salts["pool_hit"] if kind == "save" else salts[kind]
                 answers[kind] = complete(port, prompt, max_tokens=1, use_pool=use_pool, cache_salt=salt)
                 if kind == "save":
                     _wait_for_save(stats_a, readings[-1]["a"], say)
-            time.sleep(max(settle_s, probe.lag_s))
-            readings.append(probe.read())
+            time.sleep(max(settle_s, readings_at.lag_s))
+            readings.append(readings_at.read())
             for i, (kind, _, _) in enumerate(steps):
                 before, after = readings[i], readings[i + 1]
                 if kind == "save":
@@ -243,7 +243,7 @@ def run(
             count=concurrent,
             length=concurrent_length or max(lengths),
             nonce=nonce,
-            settle_s=max(settle_s, probe.lag_s),
+            settle_s=max(settle_s, readings_at.lag_s),
             stats_a=stats_a,
             stats_b=stats_b,
             say=say,
