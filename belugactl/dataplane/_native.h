@@ -100,28 +100,28 @@ static inline uint64_t spin_wait_u64(uint64_t *w, uint64_t value, int flush, uin
     return x;
 }
 
-/* One idle nap of a waiter that must not hold a core: sleep `nap_ns`, or until `pfd->fd` (when
- * not -1) is readable. Returns 0 after the nap, 1 when the fd is readable, 2 when it is not open,
+/* One step of an idle wait, for a waiter that must not hold a core: sleep `sleep_ns`, or until
+ * `pfd->fd` (when not -1) is readable. Returns 0 after the sleep, 1 when the fd is readable, 2 when it is not open,
  * -1 when a signal ended it (the caller returns at once, so Python's handlers run). Call with the
- * GIL released, inside nap_slack_begin/nap_slack_end. */
-static inline int nap_step(struct pollfd *pfd, uint64_t nap_ns) {
-    struct timespec nap = {(time_t)(nap_ns / 1000000000ull), (long)(nap_ns % 1000000000ull)};
-    if (pfd->fd < 0) return nanosleep(&nap, NULL) < 0 && errno == EINTR ? -1 : 0;
-    int n = ppoll(pfd, 1, &nap, NULL);
+ * GIL released, inside idle_slack_begin/idle_slack_end. */
+static inline int idle_step(struct pollfd *pfd, uint64_t sleep_ns) {
+    struct timespec pause = {(time_t)(sleep_ns / 1000000000ull), (long)(sleep_ns % 1000000000ull)};
+    if (pfd->fd < 0) return nanosleep(&pause, NULL) < 0 && errno == EINTR ? -1 : 0;
+    int n = ppoll(pfd, 1, &pause, NULL);
     if (n < 0) return errno == EINTR ? -1 : 0;
     if (n == 0) return 0;
     return (pfd->revents & POLLNVAL) ? 2 : 1;
 }
 
-/* Naps run with a 1 us timer slack: Linux's default 50 us would stretch a 0.25 ms nap by a fifth.
- * Returns the slack to restore (nap_slack_end). */
-static inline int nap_slack_begin(void) {
+/* Idle waits sleep with a 1 us timer slack: Linux's default 50 us would stretch a 0.25 ms sleep by a fifth.
+ * Returns the slack to restore (idle_slack_end). */
+static inline int idle_slack_begin(void) {
     int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
     if (slack > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     return slack;
 }
 
-static inline void nap_slack_end(int slack) {
+static inline void idle_slack_end(int slack) {
     if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 }
 
@@ -154,24 +154,34 @@ HIDDEN void nt_memcpy(char *dst, const char *src, size_t n);
 #define PYFN(name) HIDDEN PyObject *name(PyObject *self, PyObject *args)
 PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_blocks);          /* copy */
 PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);
-PYFN(py_wait_any); PYFN(py_nap_wait_any);                                                                               /* atomics */
-PYFN(py_rpc_post); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
-PYFN(py_rpc_burst); PYFN(py_rpc_call_many); PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many); PYFN(py_rpc_get_many_post); PYFN(py_rpc_get_many_collect); PYFN(py_rpc_post_release);                                                       /* ring */
-PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c); PYFN(py_load_blocks_checked);                             /* crc */
+PYFN(py_wait_any); PYFN(py_idle_wait_any);                                                                               /* atomics */
+PYFN(py_rpc_send); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
+PYFN(py_rpc_burst); PYFN(py_rpc_call_many);                                                       /* ring */
+PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many);
+PYFN(py_rpc_get_many_start); PYFN(py_rpc_get_many_finish); PYFN(py_rpc_release_nowait);          /* messages */
+PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                             /* crc */
 HIDDEN PyObject *py_crc32c_kernel(PyObject *self, PyObject *noargs);
+PYFN(py_load_blocks_checked);                                                                     /* load */
 
-/* A posted lease release (rpc_post_release's arguments, parsed and checked), sent by
- * rpc_post_release or right after load_blocks_checked's copy. */
-struct posted_release {
+/* The CRC copy of whole KV blocks (_native_crc.c), which the one-call load (_native_load.c) shares:
+ * the checks made before a byte moves, and the copy itself (GIL released by the caller). */
+HIDDEN int check_gather(Py_buffer *pool, Py_buffer *ten, Py_buffer *tv, Py_buffer *bv, Py_ssize_t *nseg_out,
+                        Py_ssize_t *nblk_out);
+HIDDEN void copy_blocks_crc(Py_buffer *pool, Py_buffer *ten, const int64_t *tpl, Py_ssize_t nseg, const int64_t *blk,
+                            Py_ssize_t nblk, int save, int nt, uint32_t *crcs);
+
+/* A no-wait lease release (rpc_release_nowait's arguments, parsed and checked), sent by
+ * rpc_release_nowait or right after load_blocks_checked's copy (_native_messages.c). */
+struct nowait_release {
     Py_buffer v, ov; int have_bufs;
     unsigned long long seq0, expected; unsigned int epoch32, flags;
     Py_ssize_t per_msg, maxp, epoch_off, k; int flush;
     uint64_t *vals; char *msg; uint64_t *epoch_word;
 };
-HIDDEN int posted_release_parse(PyObject *args, struct posted_release *pr);
-HIDDEN int posted_release_send(struct posted_release *pr, Py_ssize_t *posted);
-HIDDEN PyObject *posted_release_result(const struct posted_release *pr, int state, Py_ssize_t posted);
-HIDDEN void posted_release_free(struct posted_release *pr);
+HIDDEN int release_nowait_parse(PyObject *args, struct nowait_release *pr);
+HIDDEN int release_nowait_send(struct nowait_release *pr, Py_ssize_t *sent);
+HIDDEN PyObject *release_nowait_result(const struct nowait_release *pr, int state, Py_ssize_t sent);
+HIDDEN void release_nowait_free(struct nowait_release *pr);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);
 HIDDEN void crc_init(void);
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */

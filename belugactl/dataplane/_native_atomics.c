@@ -100,37 +100,37 @@ done:
     return result;
 }
 
-/* nap_wait_any(buf, offsets_int64, value, timeout_ns, nap_ns, flush=False, fd=-1) -> index, -1 or -2
- * wait_any for a waiter that must not hold a core: look at every word, then sleep `nap_ns`, until
+/* idle_wait_any(buf, offsets_int64, value, timeout_ns, sleep_ns, flush=False, fd=-1) -> index, -1 or -2
+ * wait_any for a waiter that must not hold a core: look at every word, then sleep `sleep_ns`, until
  * one equals `value` (its index), `fd` (when not -1) is readable (-2), or `timeout_ns` passed (-1,
- * after one last look; also when a signal arrives). The metadata server's idle wait, with its socket selector's epoll fd as
- * `fd`: rings looked at every `nap_ns` in C (a few hundred nanoseconds a look, against tens of
- * microseconds for a turn of its Python loop), a TCP connection or request answered at once. The
- * naps run with a 1 us timer slack (restored after): Linux's default 50 us would stretch a 0.5 ms
- * nap by a tenth and a 0.1 ms one by half. */
-PyObject *py_nap_wait_any(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long value, timeout_ns, nap_ns; int flush = 0, fd = -1;
-    if (!PyArg_ParseTuple(args, "y*y*KKK|pi", &v, &ov, &value, &timeout_ns, &nap_ns, &flush, &fd)) return NULL;
+ * after one last look; also when a signal arrives). The metadata server's idle wait, with its
+ * socket selector's epoll fd as `fd`: rings looked at every `sleep_ns` in C (a look costs far less
+ * than a turn of its Python loop), a TCP connection or request answered at once. The sleeps run
+ * with a 1 us timer slack (restored after): Linux's default 50 us would stretch a 0.5 ms sleep by
+ * a tenth and a 0.1 ms one by half. */
+PyObject *py_idle_wait_any(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; unsigned long long value, timeout_ns, sleep_ns; int flush = 0, fd = -1;
+    if (!PyArg_ParseTuple(args, "y*y*KKK|pi", &v, &ov, &value, &timeout_ns, &sleep_ns, &flush, &fd)) return NULL;
     PyObject *result = NULL;
     if (check_words(&v, &ov) < 0) goto done;
-    if (nap_ns == 0 || nap_ns > 1000000000ull) { PyErr_SetString(PyExc_ValueError, "nap_ns must be in (0, 1 s]"); goto done; }
+    if (sleep_ns == 0 || sleep_ns > 1000000000ull) { PyErr_SetString(PyExc_ValueError, "sleep_ns must be in (0, 1 s]"); goto done; }
     if (fd < -1) { PyErr_SetString(PyExc_ValueError, "fd must be a file descriptor or -1"); goto done; }
     Py_ssize_t count = ov.len / 8;
     const int64_t *offs = (const int64_t *)ov.buf;
     Py_ssize_t found = -1;
     int bad_fd = 0;
     Py_BEGIN_ALLOW_THREADS
-    int slack = nap_slack_begin();
+    int slack = idle_slack_begin();
     uint64_t deadline = now_ns() + timeout_ns;
     struct pollfd pfd = {fd, POLLIN, 0};
     for (;;) {
         found = first_equal((char *)v.buf, offs, count, value, flush);
         if (found >= 0 || now_ns() >= deadline) break;
-        int got = nap_step(&pfd, nap_ns);
+        int got = idle_step(&pfd, sleep_ns);
         if (got < 0) break; /* a signal ends the wait (as a timeout): the caller's handlers run at once */
         if (got > 0) { bad_fd = got == 2; found = -2; break; }
     }
-    nap_slack_end(slack);
+    idle_slack_end(slack);
     Py_END_ALLOW_THREADS
     if (bad_fd) { PyErr_Format(PyExc_ValueError, "fd %d is not open", fd); goto done; }
     result = PyLong_FromSsize_t(found);

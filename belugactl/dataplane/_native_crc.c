@@ -1,5 +1,6 @@
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF), and a copy
- * fused with it, so a KV block can be checksummed while it is copied into or out of the pool.
+ * that computes it in the same pass, so a KV block can be checksummed while it is copied into or
+ * out of the pool.
  *
  * Kernel: SSE4.2's crc32 instruction (8 bytes per instruction, 3-cycle latency, one per cycle
  * issue). One dependent chain therefore runs at a third of the instruction's throughput, so long
@@ -248,7 +249,7 @@ PyObject *py_copy_crc32c(PyObject *self, PyObject *args) {
  * before any byte moves. */
 /* Everything gather_blocks_crc32c and load_blocks_checked check before a byte moves: the
  * template's pieces, and every block's pool range and tensor pieces. */
-static int check_gather(Py_buffer *pool, Py_buffer *ten, Py_buffer *tv, Py_buffer *bv, Py_ssize_t *nseg_out,
+HIDDEN int check_gather(Py_buffer *pool, Py_buffer *ten, Py_buffer *tv, Py_buffer *bv, Py_ssize_t *nseg_out,
                         Py_ssize_t *nblk_out) {
     if (tv->len % 24 || bv->len % 16) {
         PyErr_SetString(PyExc_ValueError, "template must be int64 triples and blocks int64 pairs");
@@ -289,7 +290,7 @@ static int check_gather(Py_buffer *pool, Py_buffer *ten, Py_buffer *tv, Py_buffe
 }
 
 /* The copy itself (GIL released by the caller): each block's pieces, its CRC32C in crcs[i]. */
-static void copy_blocks_crc(Py_buffer *pool, Py_buffer *ten, const int64_t *tpl, Py_ssize_t nseg, const int64_t *blk,
+HIDDEN void copy_blocks_crc(Py_buffer *pool, Py_buffer *ten, const int64_t *tpl, Py_ssize_t nseg, const int64_t *blk,
                             Py_ssize_t nblk, int save, int nt, uint32_t *crcs) {
     for (Py_ssize_t i = 0; i < nblk; i++) {
         int64_t id = blk[2 * i], off = blk[2 * i + 1];
@@ -329,80 +330,6 @@ PyObject *py_gather_blocks_crc32c(PyObject *self, PyObject *args) {
 done:
     free(crcs);
     PyBuffer_Release(&pool); PyBuffer_Release(&ten); PyBuffer_Release(&tv); PyBuffer_Release(&bv);
-    return out;
-}
-
-/* load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal=False, release=None, deadline=0.0)
- *   -> (bad, release_result, release_ns)
- * A pool hit's load in one call: gather_blocks_crc32c pool -> tensors, each block's CRC compared
- * with `expected` (int64 per block, -1: not known) and the indices of the blocks that differ
- * returned in `bad`; then, with `release` (rpc_post_release's arguments as a tuple), the load's
- * lease release posted while CLOCK_MONOTONIC (Python's time.monotonic) is still before
- * `deadline`, the time until which the leases are certainly live. release_result is what
- * rpc_post_release returns, or None when nothing was asked or the copy ended too late (then the
- * caller releases the usual way and learns how many leases were still live). release_ns: the
- * post's own time.
- * Why one call: after a copy of a 4000-token hit every Python function or object touched first
- * costs 20 to 60 us on the 2-vCPU test VM; a CRC list compared in Python and the release's
- * layers of calls were most of the hit's connector time after its copy. The release's arguments
- * are parsed and checked before any byte moves, so a bad one raises with nothing copied. */
-PyObject *py_load_blocks_checked(PyObject *self, PyObject *args) {
-    Py_buffer pool, ten, tv, bv, ev; int nt = 0; PyObject *rel = Py_None; double deadline = 0.0;
-    if (!PyArg_ParseTuple(args, "w*w*y*y*y*|pOd", &pool, &ten, &tv, &bv, &ev, &nt, &rel, &deadline)) return NULL;
-    PyObject *out = NULL, *bad = NULL, *rr = NULL;
-    uint32_t *crcs = NULL;
-    struct posted_release pr;
-    int have_pr = 0, state = 0, sent = 0;
-    Py_ssize_t nseg, nblk, posted = 0;
-    long long rel_ns = 0;
-    memset(&pr, 0, sizeof pr);
-    if (check_gather(&pool, &ten, &tv, &bv, &nseg, &nblk) < 0) goto done;
-    if (ev.len != nblk * 8) {
-        PyErr_SetString(PyExc_ValueError, "load_blocks_checked: expected holds one int64 CRC (or -1) per block");
-        goto done;
-    }
-    if (rel != Py_None) {
-        if (!PyTuple_Check(rel)) { PyErr_SetString(PyExc_TypeError, "load_blocks_checked: release must be a tuple"); goto done; }
-        have_pr = 1;
-        if (posted_release_parse(rel, &pr) < 0) goto done;
-    }
-    crcs = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(nblk ? nblk : 1));
-    if (!crcs) { PyErr_NoMemory(); goto done; }
-    crc_init();
-    Py_BEGIN_ALLOW_THREADS
-    copy_blocks_crc(&pool, &ten, (const int64_t *)tv.buf, nseg, (const int64_t *)bv.buf, nblk, 0, nt, crcs);
-    if (have_pr) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        if ((double)t0.tv_sec + (double)t0.tv_nsec * 1e-9 < deadline) {
-            state = posted_release_send(&pr, &posted);
-            sent = 1;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            rel_ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
-        }
-    }
-    Py_END_ALLOW_THREADS
-    bad = PyList_New(0);
-    if (!bad) goto done;
-    const int64_t *want = (const int64_t *)ev.buf;
-    for (Py_ssize_t i = 0; i < nblk; i++) {
-        if (want[i] < 0 || (uint64_t)want[i] == (uint64_t)crcs[i]) continue;
-        PyObject *x = PyLong_FromSsize_t(i);
-        if (!x || PyList_Append(bad, x) < 0) { Py_XDECREF(x); goto done; }
-        Py_DECREF(x);
-    }
-    if (sent) {
-        rr = posted_release_result(&pr, state, posted);
-        if (!rr) goto done;
-    } else {
-        rr = Py_None; Py_INCREF(rr);
-    }
-    out = Py_BuildValue("(OOL)", bad, rr, rel_ns);
-done:
-    free(crcs);
-    Py_XDECREF(bad); Py_XDECREF(rr);
-    if (have_pr) posted_release_free(&pr);
-    PyBuffer_Release(&pool); PyBuffer_Release(&ten); PyBuffer_Release(&tv); PyBuffer_Release(&bv); PyBuffer_Release(&ev);
     return out;
 }
 

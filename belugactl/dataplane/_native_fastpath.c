@@ -341,18 +341,18 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
  * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out.
  * lease_keys: 16 bytes, the four round keys of the lease id permutation (see _native_ring.h); the
  * lease log records sequence numbers, the replies carry lease_encode(seq, ring).
- * nap_ns > 0 (optional, with fd, optional): the idle server's nap and its answer in one call.
- * Between looks it sleeps nap_ns (or until fd is readable: stop_index -2) instead of spinning,
- * and it returns as soon as nothing more is ready once it served something. A request that
- * arrives during the nap is answered here, the moment the nap ends, rather than after a turn of
- * the server's Python loop (tens to hundreds of microseconds on a cold core, which is when an
- * idle server's first request arrives). A signal ends the call as a timeout does. */
+ * sleep_ns > 0 (optional, with fd, optional): the idle server's idle wait and its answer in one
+ * call. Between looks it sleeps sleep_ns (or until fd is readable: stop_index -2) instead of
+ * spinning, and it returns as soon as nothing more is ready once it served something. A request
+ * that arrives during the idle wait is answered here, the moment its sleep ends, rather than
+ * after a turn of the server's Python loop (slow on a cold core, which is when an idle server's
+ * first request arrives). A signal ends the call as a timeout does. */
 PyObject *py_fast_serve(PyObject *self, PyObject *args) {
     PyObject *cap; Py_buffer v, ov, cv, bv, hv, kv;
     Py_ssize_t S, slot_size, start, max_n; unsigned int epoch32, ns_count; int flush;
-    unsigned long long timeout_ns, lease_next, nap_ns = 0; int fd = -1;
+    unsigned long long timeout_ns, lease_next, sleep_ns = 0; int fd = -1;
     if (!PyArg_ParseTuple(args, "Ow*w*w*nnIIpKnKny*w*y*|Ki", &cap, &v, &ov, &cv, &S, &slot_size, &epoch32, &ns_count,
-                          &flush, &timeout_ns, &start, &lease_next, &max_n, &bv, &hv, &kv, &nap_ns, &fd))
+                          &flush, &timeout_ns, &start, &lease_next, &max_n, &bv, &hv, &kv, &sleep_ns, &fd))
         return NULL;
     uint32_t lkeys[4] = {0, 0, 0, 0};
     if (kv.len == 16) memcpy(lkeys, kv.buf, 16);
@@ -367,8 +367,8 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "fast_serve: inconsistent ring arrays");
         goto done;
     }
-    if (nap_ns > 1000000000ull || fd < -1) {
-        PyErr_SetString(PyExc_ValueError, "fast_serve: nap_ns must be at most 1 s, fd a file descriptor or -1");
+    if (sleep_ns > 1000000000ull || fd < -1) {
+        PyErr_SetString(PyExc_ValueError, "fast_serve: sleep_ns must be at most 1 s, fd a file descriptor or -1");
         goto done;
     }
     int64_t *offs = (int64_t *)ov.buf, *cursors = (int64_t *)cv.buf, *hist = (int64_t *)hv.buf;
@@ -390,7 +390,7 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
     uint64_t sum_ns = 0;
     int bad_fd = 0;
     Py_BEGIN_ALLOW_THREADS
-    int slack = nap_ns ? nap_slack_begin() : 0;
+    int slack = sleep_ns ? idle_slack_begin() : 0;
     struct pollfd pfd = {fd, POLLIN, 0};
     uint64_t t0 = now_ns(), deadline = t0 + timeout_ns, last_served = t0;
     unsigned spins = 0;
@@ -402,11 +402,11 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
             if (flush) { flush_range(slot, 8, 1); full_fence(); }
             if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { found = i; break; }
         }
-        if (found < 0 && nap_ns) {
-            /* Napping: back to Python once a run of requests is answered (its bookkeeping), at
+        if (found < 0 && sleep_ns) {
+            /* Idle wait: back to Python once a run of requests is answered (its bookkeeping), at
              * the deadline (after this last look), on the fd, or on a signal. */
             if (served > 0 || now_ns() >= deadline) break;
-            int got = nap_step(&pfd, nap_ns);
+            int got = idle_step(&pfd, sleep_ns);
             if (got < 0) break;
             if (got > 0) { bad_fd = got == 2; stop = -2; break; }
             continue;
@@ -465,7 +465,7 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
         if (served >= max_n) break;
     }
     agg_failed = aggregate_log(&log, &agg);
-    if (nap_ns) nap_slack_end(slack);
+    if (sleep_ns) idle_slack_end(slack);
     Py_END_ALLOW_THREADS
     if (agg_failed) { PyErr_NoMemory(); goto done; }
     if (bad_fd) { PyErr_Format(PyExc_ValueError, "fd %d is not open", fd); goto done; }

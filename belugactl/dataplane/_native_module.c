@@ -8,10 +8,12 @@
  * gather/scatter copy of many pieces in one call.
  *
  * The sources, by concern: _native_copy.c (flushes, non-temporal and gather copies),
- * _native_atomics.c (64-bit atomics and waits), _native_ring.c (the CXL-RPC slot ring),
- * _native_fastpath.c (the server's lookup mirror and fast path), _native_crc.c (CRC32C and
- * copies fused with it); _native_wire.h is generated
- * from rpc/protocol.py.
+ * _native_atomics.c (64-bit atomics and waits), _native_ring.c (the CXL-RPC ring's mechanics:
+ * slots, sequences, waiting), _native_messages.c (what the ring calls encode and decode:
+ * GET_MANY, the no-wait RELEASE, lease ids), _native_fastpath.c (the server's lookup mirror and
+ * fast path), _native_crc.c (CRC32C, and copies that compute it as they go), _native_load.c (the
+ * one-call load: copy, CRC check and lease release); _native_wire.h is generated from
+ * rpc/protocol.py.
  *
  * Every function takes a Python buffer (an mmap, a memoryview, a bytearray) and byte offsets,
  * and bounds-checks them: a bad offset raises ValueError, it never touches memory outside the
@@ -67,9 +69,9 @@ static PyMethodDef methods[] = {
     {"cas64", py_cas64, METH_VARARGS, "cas64(buf, off, expected, desired) -> value seen (== expected on success)."},
     {"fetch_add64", py_fetch_add64, METH_VARARGS, "fetch_add64(buf, off, add) -> old value."},
     {"wait64", py_wait64, METH_VARARGS, "wait64(buf, off, value, timeout_ns, flush=False) -> last value seen."},
-    {"nap_wait_any", py_nap_wait_any, METH_VARARGS, "nap_wait_any(buf, offsets_int64, value, timeout_ns, nap_ns, flush=False, fd=-1) -> index, -1 (timeout) or -2 (fd readable)."},
+    {"idle_wait_any", py_idle_wait_any, METH_VARARGS, "idle_wait_any(buf, offsets_int64, value, timeout_ns, sleep_ns, flush=False, fd=-1) -> index, -1 (timeout) or -2 (fd readable)."},
     {"wait_any", py_wait_any, METH_VARARGS, "wait_any(buf, offsets_int64, value, timeout_ns, flush=False) -> index or -1."},
-    {"rpc_post", py_rpc_post, METH_VARARGS, "rpc_post(buf, off, seq, epoch, op, payload, flush=False): write a request, publish REQ_READY."},
+    {"rpc_send", py_rpc_send, METH_VARARGS, "rpc_send(buf, off, seq, epoch, op, payload, flush=False): write a request, publish REQ_READY."},
     {"rpc_wait_reply", py_rpc_wait_reply, METH_VARARGS, "rpc_wait_reply(buf, off, seq, max_payload, timeout_ns, flush=False) -> (code, epoch, payload) | None."},
     {"rpc_take", py_rpc_take, METH_VARARGS, "rpc_take(buf, offsets, start, max_payload, timeout_ns, flush=False) -> (i, seq, magic, epoch, op, length, payload|None) | None."},
     {"rpc_reply", py_rpc_reply, METH_VARARGS, "rpc_reply(buf, off, seq, epoch, op, code, payload, flush=False): write a reply, publish RESP_READY."},
@@ -83,15 +85,15 @@ static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, off=0, n=-1, crc=0) -> CRC32C of buf[off:off+n], chained from crc."},
     {"copy_crc32c", py_copy_crc32c, METH_VARARGS, "copy_crc32c(dst, doff, src, soff, n, crc=0, nontemporal=False) -> CRC32C of the bytes copied."},
     {"gather_blocks_crc32c", py_gather_blocks_crc32c, METH_VARARGS, "gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal=False) -> [CRC32C per block]."},
-    {"load_blocks_checked", py_load_blocks_checked, METH_VARARGS, "load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal=False, release=None, deadline=0.0) -> (bad block indices, rpc_post_release result | None, release ns): a load, its CRC check and its posted release in one call."},
+    {"load_blocks_checked", py_load_blocks_checked, METH_VARARGS, "load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal=False, release=None, deadline=0.0) -> (bad block indices, rpc_release_nowait result | None, release ns): a load, its CRC check and its no-wait lease release in one call (the one-call load)."},
     {"crc32c_kernel", py_crc32c_kernel, METH_NOARGS, "The CRC32C kernel in use: sse4.2-3way or table."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
     {"fi_len", py_fi_len, METH_O, "fi_len(fi) -> keys mirrored."},
-    {"rpc_get_many_post", py_rpc_get_many_post, METH_VARARGS, "rpc_get_many_post(buf, offsets, seq0, epoch32, ns, keys, per_message, max_payload, window, flush) -> messages | (-2, posted) | None: a GET_MANY lookup posted, replies left in flight."},
-    {"rpc_get_many_collect", py_rpc_get_many_collect, METH_VARARGS, "rpc_get_many_collect(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_post's burst."},
-    {"rpc_post_release", py_rpc_post_release, METH_VARARGS, "rpc_post_release(buf, offsets, seq0, epoch32, lease_ids, flags, per_message, max_payload, flush) -> [ids per message] | (-2, [...]): RELEASE messages posted without waiting."},
+    {"rpc_get_many_start", py_rpc_get_many_start, METH_VARARGS, "rpc_get_many_start(buf, offsets, seq0, epoch32, ns, keys, per_message, max_payload, window, flush) -> messages | (-2, sent) | None: a GET_MANY lookup sent, replies left in flight."},
+    {"rpc_get_many_finish", py_rpc_get_many_finish, METH_VARARGS, "rpc_get_many_finish(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_start's burst."},
+    {"rpc_release_nowait", py_rpc_release_nowait, METH_VARARGS, "rpc_release_nowait(buf, offsets, seq0, epoch32, lease_ids, flags, per_message, max_payload, flush) -> [ids per message] | (-2, [...]): RELEASE messages sent without waiting."},
     {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
     {NULL, NULL, 0, NULL},
 };

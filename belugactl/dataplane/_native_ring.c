@@ -1,4 +1,8 @@
-/* CXL-RPC slot operations (the hot path; see rpc/slots.py for the Python twins). */
+/* The CXL-RPC ring's mechanics, for a client and for the server: a request or reply written into
+ * its slot and published, a reply waited for and taken, one round trip (rpc_call), a pipelined
+ * burst (rpc_call_many; its loop, run_burst, is shared with the message calls of
+ * _native_messages.c), and the benchmarks' load generator (rpc_burst). What goes inside a message
+ * is _native_messages.c's. rpc/slots.py holds the Python twins of the slot operations. */
 #include "_native_ring.h"
 
 /* Wait for a slot's RESP_READY: spin briefly with the GIL held (the common, fast answer), then
@@ -47,8 +51,8 @@ static PyObject *take_reply(char *slot, uint64_t seq, Py_ssize_t maxp, uint64_t 
     return r;
 }
 
-/* rpc_post(buf, off, seq, epoch, op, payload, flush) */
-PyObject *py_rpc_post(PyObject *self, PyObject *args) {
+/* rpc_send(buf, off, seq, epoch, op, payload, flush) */
+PyObject *py_rpc_send(PyObject *self, PyObject *args) {
     Py_buffer v, pl; Py_ssize_t off; unsigned long long seq; unsigned int epoch, op; int flush = 0; char *slot;
     if (!PyArg_ParseTuple(args, "w*nKIIy*|p", &v, &off, &seq, &epoch, &op, &pl, &flush)) return NULL;
     PyObject *r = NULL;
@@ -190,33 +194,29 @@ done:
  * from `done` on was sent). A malformed reply raises ValueError. */
 #define CALL_MANY_HELD_NS 200000ull
 #define CALL_MANY_SLEEP_AFTER_NS 300000ull
-#define CALL_MANY_NAP_NS 20000L
-#define BURST_OK 0
-#define BURST_TIMEOUT 1
-#define BURST_SLOT_BUSY 2
-#define BURST_MALFORMED 3
+#define CALL_MANY_SLEEP_NS 20000L
 
 /* The burst loop of rpc_call_many and rpc_get_many: request i (src[i], src_len[i] bytes, each at
  * most maxp) goes out as sequence seq0 + i in slot offs[(seq0 + i) % S], at most `window` in flight;
- * reply i's header lands in hdrs[i] and its payload at out + i * maxp; the first `posted0` requests
- * were posted already (rpc_get_many_post: only their replies are taken). Called with the GIL held; it
+ * reply i's header lands in hdrs[i] and its payload at out + i * maxp; the first `sent0` requests
+ * were sent already (rpc_get_many_start: only their replies are taken). Called with the GIL held; it
  * keeps it for the first CALL_MANY_HELD_NS of waiting and hands it back once for the rest. */
-static int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq0, uint32_t epoch32, uint16_t op,
+HIDDEN int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq0, uint32_t epoch32, uint16_t op,
                      const char *const *src, const Py_ssize_t *src_len, Py_ssize_t n, Py_ssize_t maxp,
                      Py_ssize_t window, uint64_t timeout_ns, int flush, struct slot_hdr *hdrs, char *out,
-                     Py_ssize_t posted0, Py_ssize_t *posted_out, Py_ssize_t *taken_out) {
-    Py_ssize_t posted = posted0, taken = 0;
+                     Py_ssize_t sent0, Py_ssize_t *sent_out, Py_ssize_t *taken_out) {
+    Py_ssize_t sent = sent0, taken = 0;
     int state = BURST_OK;
     PyThreadState *ts = NULL;
     uint64_t t0 = now_ns(), last = t0;
     unsigned spins = 0;
     while (taken < n) {
-        while (posted < n && posted - taken < window) {
-            char *slot = base + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
+        while (sent < n && sent - taken < window) {
+            char *slot = base + offs[(seq0 + (uint64_t)sent) % (uint64_t)S];
             if (flush) { flush_range(slot, 8, 1); full_fence(); }
             if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) { state = BURST_SLOT_BUSY; break; }
-            publish(slot, seq0 + (uint64_t)posted, epoch32, op, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
-            posted++;
+            publish(slot, seq0 + (uint64_t)sent, epoch32, op, 0, src[sent], (size_t)src_len[sent], ST_REQ, flush);
+            sent++;
         }
         if (state) break;
         uint64_t seq = seq0 + (uint64_t)taken;
@@ -232,8 +232,8 @@ static int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq
                     /* A slow answer: the server is asleep or waits for a core. Sleep between looks
                      * rather than yield-spin, so this client does not take the core it waits on
                      * (or the forward pass's, beside it). */
-                    struct timespec nap = {0, CALL_MANY_NAP_NS};
-                    nanosleep(&nap, NULL);
+                    struct timespec pause = {0, CALL_MANY_SLEEP_NS};
+                    nanosleep(&pause, NULL);
                 } else if (ts != NULL && t - last > SPIN_BEFORE_YIELD_NS) sched_yield();
             }
             cpu_relax();
@@ -253,12 +253,12 @@ static int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq
         last = now_ns();
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
-    *posted_out = posted; *taken_out = taken;
+    *sent_out = sent; *taken_out = taken;
     return state;
 }
 
 /* Checks a ring's slot offsets against the mapping (8-byte aligned, a whole slot inside it). */
-static int check_ring(Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, Py_ssize_t window) {
+HIDDEN int check_ring(Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, Py_ssize_t window) {
     Py_ssize_t S = ov->len / 8;
     const int64_t *offs = (const int64_t *)ov->buf;
     if (ov->len % 8 != 0 || S == 0 || window < 1 || window > S || maxp < 0) {
@@ -276,10 +276,10 @@ static int check_ring(Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, Py_ssize_t w
 
 /* The Python value for a burst that did not complete: None (timeout), (-2, done) (a slot still
  * busy from an abandoned request, nothing from `done` on sent), or NULL with ValueError set. */
-static PyObject *burst_failure(int state, Py_ssize_t posted, Py_ssize_t taken, struct slot_hdr *hdrs, uint64_t seq0) {
+HIDDEN PyObject *burst_failure(int state, Py_ssize_t sent, Py_ssize_t taken, struct slot_hdr *hdrs, uint64_t seq0) {
     if (state == BURST_TIMEOUT) Py_RETURN_NONE;
     if (state == BURST_SLOT_BUSY) {
-        if (posted == taken) return Py_BuildValue("(in)", -2, posted);
+        if (sent == taken) return Py_BuildValue("(in)", -2, sent);
         PyErr_SetString(PyExc_ValueError, "ring slot still busy from an abandoned request in mid-burst");
         return NULL;
     }
@@ -328,10 +328,10 @@ PyObject *py_rpc_call_many(PyObject *self, PyObject *args) {
         src[i] = PyBytes_AS_STRING(b); src_len[i] = PyBytes_GET_SIZE(b);
         if (src_len[i] > maxp) { PyErr_SetString(PyExc_ValueError, "payload larger than the slot"); goto done; }
     }
-    Py_ssize_t posted, taken;
+    Py_ssize_t sent, taken;
     int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, (uint16_t)op, src, src_len,
-                          n, maxp, window, timeout_ns, flush, hdrs, out, 0, &posted, &taken);
-    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
+                          n, maxp, window, timeout_ns, flush, hdrs, out, 0, &sent, &taken);
+    if (state) { r = burst_failure(state, sent, taken, hdrs, seq0); goto done; }
     r = PyList_New(n);
     if (r == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -344,383 +344,6 @@ done:
     PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(out);
     Py_XDECREF(items);
     PyBuffer_Release(&v); PyBuffer_Release(&ov);
-    return r;
-}
-
-/* One block of a GET_MANY reply (protocol.py: u64 lease, u64 nbytes, u16 extent count, u16
- * checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) at d + *pos, as the vLLM
- * connector's location tuple (extents, lease id, nbytes, checksum | None), or None where the lease
- * is 0 (absent). Every length is checked against `size` before it is read. Returns a new reference;
- * NULL with ValueError set for a block past the reply's end or an unknown checksum kind. */
-static PyObject *decode_get_many_block(const unsigned char *d, Py_ssize_t size, Py_ssize_t *pos, Py_ssize_t i,
-                                       unsigned count) {
-    if (size - *pos < 24) {
-        PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd of %u starts past its %zd bytes", i, count, size);
-        return NULL;
-    }
-    uint64_t lease, nbytes; uint16_t n, kind; uint32_t crc;
-    const unsigned char *p = d + *pos;
-    memcpy(&lease, p, 8); memcpy(&nbytes, p + 8, 8); memcpy(&n, p + 16, 2); memcpy(&kind, p + 18, 2); memcpy(&crc, p + 20, 4);
-    *pos += 24;
-    if ((Py_ssize_t)n * 16 > size - *pos) {
-        PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd's %u extents run past its %zd bytes", i, n, size);
-        return NULL;
-    }
-    if (kind > 1) {
-        PyErr_Format(PyExc_ValueError, "GET_MANY reply: unknown checksum kind %u", kind);
-        return NULL;
-    }
-    if (lease == 0) {
-        *pos += (Py_ssize_t)n * 16;
-        Py_RETURN_NONE;
-    }
-    PyObject *ext = PyList_New(n);
-    if (ext == NULL) return NULL;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        uint64_t off, len;
-        memcpy(&off, d + *pos, 8); memcpy(&len, d + *pos + 8, 8);
-        *pos += 16;
-        PyObject *e = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)len);
-        if (e == NULL) { Py_DECREF(ext); return NULL; }
-        PyList_SET_ITEM(ext, j, e);
-    }
-    PyObject *cs;
-    if (kind == 1) cs = PyLong_FromUnsignedLong(crc);
-    else { cs = Py_None; Py_INCREF(cs); }
-    if (cs == NULL) { Py_DECREF(ext); return NULL; }
-    return Py_BuildValue("(NKKN)", ext, (unsigned long long)lease, (unsigned long long)nbytes, cs);
-}
-
-/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush)
- *   -> (0, [location | None per key], [index of a key no reply answered, ...])
- *    | (code, message index): the server refused that message (the first one it refused)
- *    | (-3, why): a reply whose payload is not a GET_MANY answer; (-4, why): a reply answering
- *      none of its keys, or more than it was asked (the ring is in step after both)
- *    | (-2, done) | None on timeout | ValueError, as rpc_call_many
- *    | TypeError, before anything is sent, for keys that are not bytes of one length or do not fit
- * The vLLM scheduler's pool-hit lookup in one call: the GET_MANY messages for `keys` (all of one
- * length, `per_message` to a message) are encoded here, sent as one pipelined burst, and their
- * replies decoded straight into location tuples (decode_get_many_block). In Python the encoding,
- * the chunking and the decode loop cost about 0.25 ms for a 125-block prompt after an idle spell,
- * which is when a pool hit's lookup runs; here they are a few microseconds. A reply that could not
- * carry all of its message's keys answers a prefix: the rest are listed for the caller to ask again. */
-/* The GET_MANY messages for `keys` (bytes of one length, `per_msg` to a message) encoded into one
- * private buffer: message i at src[i], src_len[i] bytes. Returns the message count, or -1 with
- * TypeError (keys that are not bytes of one length, or do not fit a slot) or MemoryError set. */
-static Py_ssize_t encode_get_many(PyObject *keys, unsigned int ns, Py_ssize_t per_msg, Py_ssize_t maxp, char **req,
-                                  const char ***src, Py_ssize_t **src_len) {
-    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
-    PyObject *k0 = PyTuple_GET_ITEM(keys, 0);
-    if (!PyBytes_Check(k0)) { PyErr_SetString(PyExc_TypeError, "keys must be bytes"); return -1; }
-    Py_ssize_t klen = PyBytes_GET_SIZE(k0);
-    if (klen < 1 || klen > 0xFFFF || per_msg < 1 || per_msg > 0xFFFF || 8 + per_msg * klen > maxp) {
-        PyErr_SetString(PyExc_TypeError, "rpc_get_many: key length or keys per message do not fit a slot");
-        return -1;
-    }
-    Py_ssize_t m = (nkeys + per_msg - 1) / per_msg;
-    if ((size_t)m > ((size_t)1 << 30) / ((size_t)maxp + 1)) { PyErr_SetString(PyExc_ValueError, "burst too large (over 1 GiB of replies): split it"); return -1; }
-    Py_ssize_t stride = 8 + per_msg * klen;
-    *src = PyMem_Malloc(sizeof **src * (size_t)m);
-    *src_len = PyMem_Malloc(sizeof **src_len * (size_t)m);
-    *req = PyMem_Malloc((size_t)m * (size_t)stride);
-    if (!*src || !*src_len || !*req) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < m; i++) {
-        Py_ssize_t first = i * per_msg, cnt = nkeys - first < per_msg ? nkeys - first : per_msg;
-        char *q = *req + (size_t)i * (size_t)stride;
-        uint32_t ns32 = ns; uint16_t c16 = (uint16_t)cnt, k16 = (uint16_t)klen;
-        memcpy(q, &ns32, 4); memcpy(q + 4, &c16, 2); memcpy(q + 6, &k16, 2);
-        for (Py_ssize_t j = 0; j < cnt; j++) {
-            PyObject *k = PyTuple_GET_ITEM(keys, first + j);
-            if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) != klen) {
-                PyErr_SetString(PyExc_TypeError, "all keys of one GET_MANY must be bytes of the same length");
-                return -1;
-            }
-            memcpy(q + 8 + j * klen, PyBytes_AS_STRING(k), (size_t)klen);
-        }
-        (*src)[i] = q; (*src_len)[i] = 8 + cnt * klen;
-    }
-    return m;
-}
-
-/* The m replies of a GET_MANY burst for `nkeys` keys (`per_msg` to a message; reply i's header in
- * hdrs[i], its payload at out + i * maxp) as rpc_get_many's result (see there). */
-static PyObject *decode_get_many_replies(const struct slot_hdr *hdrs, const char *out, Py_ssize_t m, Py_ssize_t nkeys,
-                                         Py_ssize_t per_msg, Py_ssize_t maxp) {
-    PyObject *r = NULL, *locs = NULL, *left = NULL;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        if (hdrs[i].code) return Py_BuildValue("(in)", (int)hdrs[i].code, i);
-    }
-    locs = PyList_New(nkeys);
-    left = PyList_New(0);
-    if (locs == NULL || left == NULL) goto done;
-    for (Py_ssize_t i = 0; i < nkeys; i++) { Py_INCREF(Py_None); PyList_SET_ITEM(locs, i, Py_None); }
-    for (Py_ssize_t i = 0; i < m; i++) {
-        const unsigned char *d = (const unsigned char *)out + (size_t)i * (size_t)maxp;
-        Py_ssize_t size = hdrs[i].length, first = i * per_msg;
-        Py_ssize_t cnt = nkeys - first < per_msg ? nkeys - first : per_msg;
-        uint16_t count;
-        if (size < 4) { r = Py_BuildValue("(is)", -3, "GET_MANY reply: shorter than its 4-byte head"); goto done; }
-        memcpy(&count, d, 2);
-        if (count == 0 || count > cnt) {
-            r = Py_BuildValue("(iN)", -4, PyUnicode_FromFormat("GET_MANY answered %u of %zd keys", (unsigned)count, cnt));
-            goto done;
-        }
-        Py_ssize_t pos = 4;
-        for (Py_ssize_t j = 0; j < count; j++) {
-            PyObject *item = decode_get_many_block(d, size, &pos, j, count);
-            if (item == NULL) {
-                PyObject *et, *ev, *tb;
-                PyErr_Fetch(&et, &ev, &tb);
-                PyObject *why = ev != NULL ? PyObject_Str(ev) : NULL;
-                Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
-                if (why == NULL) goto done;
-                r = Py_BuildValue("(iN)", -3, why);
-                goto done;
-            }
-            PyList_SetItem(locs, first + j, item); /* steals; drops the None */
-        }
-        for (Py_ssize_t j = count; j < cnt; j++) {
-            PyObject *x = PyLong_FromSsize_t(first + j);
-            if (x == NULL || PyList_Append(left, x) < 0) { Py_XDECREF(x); goto done; }
-            Py_DECREF(x);
-        }
-    }
-    r = Py_BuildValue("(iOO)", 0, locs, left);
-done:
-    Py_XDECREF(locs); Py_XDECREF(left);
-    return r;
-}
-
-/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush)
- *   -> (0, [location | None per key], [index of a key no reply answered, ...])
- *    | (code, message index): the server refused that message (the first one it refused)
- *    | (-3, why): a reply whose payload is not a GET_MANY answer; (-4, why): a reply answering
- *      none of its keys, or more than it was asked (the ring is in step after both)
- *    | (-2, done) | None on timeout | ValueError, as rpc_call_many
- *    | TypeError, before anything is sent, for keys that are not bytes of one length or do not fit
- * The vLLM scheduler's pool-hit lookup in one call: the GET_MANY messages for `keys` (all of one
- * length, `per_message` to a message) are encoded here, sent as one pipelined burst, and their
- * replies decoded straight into location tuples (decode_get_many_block). In Python the encoding,
- * the chunking and the decode loop cost about 0.25 ms for a 125-block prompt after an idle spell,
- * which is when a pool hit's lookup runs; here they are a few microseconds. A reply that could not
- * carry all of its message's keys answers a prefix: the rest are listed for the caller to ask again. */
-PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, ns; PyObject *keys_obj;
-    Py_ssize_t per_msg, maxp, window; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
-                          &timeout_ns, &flush))
-        return NULL;
-    PyObject *r = NULL, *keys = NULL;
-    const char **src = NULL; Py_ssize_t *src_len = NULL;
-    char *req = NULL, *out = NULL; struct slot_hdr *hdrs = NULL;
-    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
-    keys = PySequence_Tuple(keys_obj);
-    if (keys == NULL) goto done;
-    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
-    if (nkeys == 0) { r = Py_BuildValue("(iNN)", 0, PyList_New(0), PyList_New(0)); goto done; }
-    Py_ssize_t m = encode_get_many(keys, ns, per_msg, maxp, &req, &src, &src_len);
-    if (m < 0) goto done;
-    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
-    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
-    if (!hdrs || !out) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t posted, taken;
-    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, OP_GET_MANY, src, src_len,
-                          m, maxp, window, timeout_ns, flush, hdrs, out, 0, &posted, &taken);
-    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
-    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
-done:
-    PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(req); PyMem_Free(out);
-    Py_XDECREF(keys);
-    PyBuffer_Release(&v); PyBuffer_Release(&ov);
-    return r;
-}
-
-/* rpc_get_many_post(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, flush)
- *   -> m (the messages posted, as sequences seq0 .. seq0 + m - 1) | (-2, posted) | None
- *    | TypeError, before anything is sent, as rpc_get_many
- * The first half of rpc_get_many: the messages encoded and published, their replies left in flight
- * for rpc_get_many_collect. The vLLM scheduler posts a request's lookup when the request arrives
- * and takes the answer when it schedules it, so the server's wake-up and work overlap the engine's
- * own bookkeeping in between. None: more messages than `window` (nothing sent). (-2, posted): a
- * slot still busy from an abandoned request stopped the posting there. */
-PyObject *py_rpc_get_many_post(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long seq0; unsigned int epoch32, ns; PyObject *keys_obj;
-    Py_ssize_t per_msg, maxp, window; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
-                          &flush))
-        return NULL;
-    PyObject *r = NULL, *keys = NULL;
-    const char **src = NULL; Py_ssize_t *src_len = NULL; char *req = NULL;
-    if (check_ring(&v, &ov, maxp, window) < 0) goto done;
-    keys = PySequence_Tuple(keys_obj);
-    if (keys == NULL) goto done;
-    if (PyTuple_GET_SIZE(keys) == 0) { r = PyLong_FromLong(0); goto done; }
-    Py_ssize_t m = encode_get_many(keys, ns, per_msg, maxp, &req, &src, &src_len);
-    if (m < 0) goto done;
-    if (m > window) { r = Py_None; Py_INCREF(r); goto done; }
-    Py_ssize_t S = ov.len / 8;
-    const int64_t *offs = (const int64_t *)ov.buf;
-    Py_ssize_t posted = 0;
-    for (; posted < m; posted++) {
-        char *slot = (char *)v.buf + offs[(seq0 + (uint64_t)posted) % (uint64_t)S];
-        if (flush) { flush_range(slot, 8, 1); full_fence(); }
-        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) break;
-        publish(slot, seq0 + (uint64_t)posted, epoch32, OP_GET_MANY, 0, src[posted], (size_t)src_len[posted], ST_REQ, flush);
-    }
-    r = posted == m ? PyLong_FromSsize_t(m) : Py_BuildValue("(in)", -2, posted);
-done:
-    PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(req);
-    Py_XDECREF(keys);
-    PyBuffer_Release(&v); PyBuffer_Release(&ov);
-    return r;
-}
-
-/* rpc_get_many_collect(buf, slot_offsets_int64[S], seq0, nkeys, per_message, max_payload, timeout_ns, flush)
- *   -> what rpc_get_many returns, for the burst rpc_get_many_post sent as seq0 onwards
- * The second half: the replies of the `nkeys`-key lookup posted earlier, taken in order (waiting as
- * rpc_call_many waits) and decoded. The caller takes nothing else from the ring in between. */
-PyObject *py_rpc_get_many_collect(PyObject *self, PyObject *args) {
-    Py_buffer v, ov; unsigned long long seq0, timeout_ns; Py_ssize_t nkeys, per_msg, maxp; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KnnnKp", &v, &ov, &seq0, &nkeys, &per_msg, &maxp, &timeout_ns, &flush))
-        return NULL;
-    PyObject *r = NULL;
-    char *out = NULL; struct slot_hdr *hdrs = NULL;
-    if (nkeys < 1 || per_msg < 1 || per_msg > 0xFFFF) { PyErr_SetString(PyExc_ValueError, "rpc_get_many_collect: bad key count"); goto done; }
-    Py_ssize_t m = (nkeys + per_msg - 1) / per_msg;
-    if (check_ring(&v, &ov, maxp, m) < 0) goto done;
-    hdrs = PyMem_Malloc(sizeof *hdrs * (size_t)m);
-    out = PyMem_Malloc((size_t)m * (size_t)(maxp ? maxp : 1));
-    if (!hdrs || !out) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t posted, taken;
-    int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, 0, OP_GET_MANY, NULL, NULL,
-                          m, maxp, m, timeout_ns, flush, hdrs, out, m, &posted, &taken);
-    if (state) { r = burst_failure(state, posted, taken, hdrs, seq0); goto done; }
-    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
-done:
-    PyMem_Free(hdrs); PyMem_Free(out);
-    PyBuffer_Release(&v); PyBuffer_Release(&ov);
-    return r;
-}
-
-/* rpc_post_release(buf, slot_offsets_int64[S], seq0, epoch32, lease_ids, flags, per_message, max_payload,
- *                  flush=False, epoch_off=-1, expected_epoch=0)
- *   -> [ids in each message posted] | (-2, [ids in each message posted before the busy slot])
- *    | (-1, []): fenced, nothing posted
- * A reader's lease release posted without waiting for its replies (KVIndexClient.post_release):
- * the non-zero ids, `per_message` to a RELEASE message (u16 count, u16 flags, u32 0, u64 ids),
- * published as sequences seq0, seq0 + 1, ... The vLLM worker posts this right after its copy,
- * when the interpreter is cold: in Python the encoding and the submits took 80 to 180 us for a
- * 125-block hit, and after a copy every Python object or function touched first costs 20 to 60 us
- * on the 2-vCPU test VM. So `lease_ids` may be a buffer of native uint64 (an array('Q') packed
- * while the ids were warm) as well as a sequence of ints, and with epoch_off >= 0 the pool
- * header's epoch word is compared with expected_epoch first (as rpc_call does): moved, nothing is
- * posted (-1). A slot still busy from an abandoned request stops the posting there (-2). Ids that
- * are not integers of 64 bits raise (nothing posted); the caller checks the window. */
-/* The three steps of a posted release, shared by rpc_post_release and load_blocks_checked (which
- * posts its release right after its copy, inside the same call). */
-HIDDEN int posted_release_parse(PyObject *args, struct posted_release *pr) {
-    PyObject *ids_obj; Py_buffer ib; int have_ib = 0;
-    memset(pr, 0, sizeof *pr);
-    pr->epoch_off = -1;
-    if (!PyArg_ParseTuple(args, "w*y*KIOInn|pnK", &pr->v, &pr->ov, &pr->seq0, &pr->epoch32, &ids_obj, &pr->flags,
-                          &pr->per_msg, &pr->maxp, &pr->flush, &pr->epoch_off, &pr->expected))
-        return -1;
-    pr->have_bufs = 1;
-    PyObject *ids = NULL;
-    int rc = -1;
-    if (check_ring(&pr->v, &pr->ov, pr->maxp, 1) < 0) goto done;
-    if (pr->per_msg < 1 || pr->per_msg > 0xFFFF || 8 + pr->per_msg * 8 > pr->maxp || pr->flags > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "rpc_post_release: ids per message or flags do not fit a slot");
-        goto done;
-    }
-    Py_ssize_t n;
-    if (!PyList_Check(ids_obj) && !PyTuple_Check(ids_obj) && PyObject_CheckBuffer(ids_obj)) {
-        if (PyObject_GetBuffer(ids_obj, &ib, PyBUF_SIMPLE) < 0) goto done;
-        have_ib = 1;
-        if (ib.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "rpc_post_release: a buffer of lease ids holds 8-byte words"); goto done; }
-        n = ib.len / 8;
-    } else {
-        ids = PySequence_Fast(ids_obj, "lease ids must be a sequence or a buffer of uint64");
-        if (ids == NULL) goto done;
-        n = PySequence_Fast_GET_SIZE(ids);
-    }
-    pr->vals = PyMem_Malloc(sizeof *pr->vals * (size_t)(n ? n : 1));
-    pr->msg = PyMem_Malloc((size_t)(8 + pr->per_msg * 8));
-    if (!pr->vals || !pr->msg) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t x;
-        if (have_ib) memcpy(&x, (const char *)ib.buf + 8 * i, 8);
-        else {
-            x = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(ids, i));
-            if (x == (uint64_t)-1 && PyErr_Occurred()) goto done;
-        }
-        if (x) pr->vals[pr->k++] = x;
-    }
-    if (pr->epoch_off >= 0 && get_word(&pr->v, pr->epoch_off, &pr->epoch_word) < 0) goto done;
-    rc = 0;
-done:
-    Py_XDECREF(ids);
-    if (have_ib) PyBuffer_Release(&ib);
-    return rc;
-}
-
-/* No Python objects: runs with the GIL released. 0: every message posted; -1: the pool's epoch
- * moved (nothing posted); -2: a slot still busy from an abandoned request stopped the posting.
- * `*posted` says how many messages went out. */
-HIDDEN int posted_release_send(struct posted_release *pr, Py_ssize_t *posted) {
-    *posted = 0;
-    if (pr->epoch_word != NULL) {
-        if (pr->flush) { flush_range((char *)pr->epoch_word, 8, 1); full_fence(); }
-        if (__atomic_load_n(pr->epoch_word, __ATOMIC_ACQUIRE) != pr->expected) return -1;
-    }
-    Py_ssize_t S = pr->ov.len / 8;
-    const int64_t *offs = (const int64_t *)pr->ov.buf;
-    for (Py_ssize_t first = 0, i = 0; first < pr->k; first += pr->per_msg, i++) {
-        char *slot = (char *)pr->v.buf + offs[(pr->seq0 + (uint64_t)i) % (uint64_t)S];
-        if (pr->flush) { flush_range(slot, 8, 1); full_fence(); }
-        if (__atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ) return -2;
-        uint16_t cnt = (uint16_t)(pr->k - first < pr->per_msg ? pr->k - first : pr->per_msg), f16 = (uint16_t)pr->flags;
-        uint32_t pad = 0;
-        memcpy(pr->msg, &cnt, 2); memcpy(pr->msg + 2, &f16, 2); memcpy(pr->msg + 4, &pad, 4);
-        memcpy(pr->msg + 8, pr->vals + first, (size_t)cnt * 8);
-        publish(slot, pr->seq0 + (uint64_t)i, pr->epoch32, OP_RELEASE, 0, pr->msg, 8 + (size_t)cnt * 8, ST_REQ, pr->flush);
-        *posted = i + 1;
-    }
-    return 0;
-}
-
-/* rpc_post_release's value for a send's outcome: [ids in each message posted], (-1, []) or
- * (-2, [ids in each message posted before the busy slot]). */
-HIDDEN PyObject *posted_release_result(const struct posted_release *pr, int state, Py_ssize_t posted) {
-    PyObject *counts = PyList_New(posted);
-    if (counts == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < posted; i++) {
-        Py_ssize_t first = i * pr->per_msg;
-        PyObject *c = PyLong_FromSsize_t(pr->k - first < pr->per_msg ? pr->k - first : pr->per_msg);
-        if (c == NULL) { Py_DECREF(counts); return NULL; }
-        PyList_SET_ITEM(counts, i, c);
-    }
-    if (state == 0) return counts;
-    PyObject *r = Py_BuildValue("(iO)", state, counts);
-    Py_DECREF(counts);
-    return r;
-}
-
-HIDDEN void posted_release_free(struct posted_release *pr) {
-    PyMem_Free(pr->vals); PyMem_Free(pr->msg);
-    pr->vals = NULL; pr->msg = NULL;
-    if (pr->have_bufs) { PyBuffer_Release(&pr->v); PyBuffer_Release(&pr->ov); pr->have_bufs = 0; }
-}
-
-PyObject *py_rpc_post_release(PyObject *self, PyObject *args) {
-    struct posted_release pr;
-    PyObject *r = NULL;
-    if (posted_release_parse(args, &pr) == 0) {
-        Py_ssize_t posted;
-        int state = posted_release_send(&pr, &posted);
-        r = posted_release_result(&pr, state, posted);
-    }
-    posted_release_free(&pr);
     return r;
 }
 
@@ -741,16 +364,16 @@ PyObject *py_rpc_burst(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "slot offset outside the buffer"); goto done;
         }
     }
-    Py_ssize_t done_n = 0, posted = 0, failed = 0;
+    Py_ssize_t done_n = 0, sent = 0, failed = 0;
     uint64_t t_start, t_end;
     Py_BEGIN_ALLOW_THREADS
     t_start = now_ns();
     uint64_t last_progress = t_start;
     while (done_n < total && !failed) {
-        while (posted < total && posted - done_n < qd) {
-            uint64_t seq = seq0 + (uint64_t)posted;
+        while (sent < total && sent - done_n < qd) {
+            uint64_t seq = seq0 + (uint64_t)sent;
             publish((char *)v.buf + offs[seq % (uint64_t)S], seq, epoch32, (uint16_t)op, 0, pl.buf, (size_t)pl.len, ST_REQ, flush);
-            posted++;
+            sent++;
         }
         uint64_t seq = seq0 + (uint64_t)done_n;
         struct slot_hdr *h = (struct slot_hdr *)((char *)v.buf + offs[seq % (uint64_t)S]);
@@ -779,82 +402,4 @@ PyObject *py_rpc_burst(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&pl);
     return r;
-}
-
-/* lease_encode(keys16, seq, owner) -> the lease id the fast path hands out (tests compare it with
- * the Python codec). */
-PyObject *py_lease_encode(PyObject *self, PyObject *args) {
-    Py_buffer kv; unsigned long long seq, owner;
-    if (!PyArg_ParseTuple(args, "y*KK", &kv, &seq, &owner)) return NULL;
-    PyObject *r = NULL;
-    if (kv.len != 16) PyErr_SetString(PyExc_ValueError, "lease keys must be 16 bytes");
-    else {
-        uint32_t keys[4];
-        memcpy(keys, kv.buf, 16);
-        r = PyLong_FromUnsignedLongLong(lease_encode(keys, seq, owner));
-    }
-    PyBuffer_Release(&kv);
-    return r;
-}
-
-/* lease_decode_many(keys16, ids_le_u64, owner) -> ([sequence, ...], foreign)
- * The server's RELEASE: undo lease_encode for every id and count the ids granted to an owner other
- * than `owner` (in Python the 4-round permutation cost ~3 us an id, most of a release's time). */
-PyObject *py_lease_decode_many(PyObject *self, PyObject *args) {
-    Py_buffer kv, iv; unsigned long long owner;
-    if (!PyArg_ParseTuple(args, "y*y*K", &kv, &iv, &owner)) return NULL;
-    PyObject *r = NULL, *seqs = NULL;
-    if (kv.len != 16 || iv.len % 8 != 0) { PyErr_SetString(PyExc_ValueError, "lease keys must be 16 bytes, ids 8 each"); goto done; }
-    uint32_t keys[4];
-    memcpy(keys, kv.buf, 16);
-    Py_ssize_t n = iv.len / 8;
-    seqs = PyList_New(n);
-    if (seqs == NULL) goto done;
-    Py_ssize_t foreign = 0;
-    const uint64_t mask = (1ull << LEASE_OWNER_BITS) - 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t id;
-        memcpy(&id, (const char *)iv.buf + 8 * i, 8);
-        uint32_t l = (uint32_t)(id >> 32), rr = (uint32_t)id;
-        for (int k = 3; k >= 0; k--) { uint32_t t = l; l = rr ^ lease_round(l, keys[k]); rr = t; }
-        uint64_t v = ((uint64_t)l << 32) | rr;
-        if ((v & mask) != (owner & mask)) foreign++;
-        PyObject *x = PyLong_FromUnsignedLongLong(v >> LEASE_OWNER_BITS);
-        if (x == NULL) goto done;
-        PyList_SET_ITEM(seqs, i, x);
-    }
-    r = Py_BuildValue("(On)", seqs, foreign);
-done:
-    Py_XDECREF(seqs);
-    PyBuffer_Release(&kv); PyBuffer_Release(&iv);
-    return r;
-}
-
-/* get_many_decode(reply) -> [(extents, lease id, nbytes, checksum | None) | None, ...]
- * A GET_MANY reply (protocol.py: u16 count, u16 pad, then per block u64 lease, u64 nbytes, u16
- * extent count, u16 checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) decoded
- * straight into the vLLM connector's location tuples, None where the lease is 0 (absent). The
- * scheduler decodes a long prompt's reply on a pool hit's critical path: about 1 us a block in
- * Python, a few hundred ns here. Every length is checked against the reply before it is read;
- * ValueError on a short reply, a count or extent count past its end, or an unknown checksum kind. */
-PyObject *py_get_many_decode(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
-    PyObject *out = NULL;
-    const unsigned char *d = (const unsigned char *)b.buf;
-    const Py_ssize_t size = b.len;
-    if (size < 4) { PyErr_SetString(PyExc_ValueError, "GET_MANY reply: shorter than its 4-byte head"); goto done; }
-    uint16_t count;
-    memcpy(&count, d, 2);
-    out = PyList_New(count);
-    if (out == NULL) goto done;
-    Py_ssize_t pos = 4;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = decode_get_many_block(d, size, &pos, i, count);
-        if (item == NULL) { Py_CLEAR(out); goto done; }
-        PyList_SET_ITEM(out, i, item);
-    }
-done:
-    PyBuffer_Release(&b);
-    return out;
 }

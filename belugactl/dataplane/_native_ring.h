@@ -1,5 +1,6 @@
-/* The CXL-RPC slot: its header struct, checked against the generated wire offsets, and the
- * publish step both the client calls and the server's fast path use. */
+/* The CXL-RPC slot: its header struct, checked against the generated wire offsets, the publish
+ * step the client calls and the server's fast path use, the burst loop the ring mechanics
+ * (_native_ring.c) share with the message calls (_native_messages.c), and the lease id codec. */
 #ifndef BELUGA_NATIVE_RING_H
 #define BELUGA_NATIVE_RING_H
 #include <stddef.h>
@@ -28,6 +29,19 @@ static inline void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op
     __atomic_store_n(&h->status, status, __ATOMIC_RELEASE);
     if (flush) { flush_range(slot, 8, 0); full_fence(); }
 }
+
+/* A pipelined burst (_native_ring.c): run_burst's outcome, and the checks and Python value
+ * around it. */
+#define BURST_OK 0
+#define BURST_TIMEOUT 1
+#define BURST_SLOT_BUSY 2
+#define BURST_MALFORMED 3
+HIDDEN int run_burst(char *base, const int64_t *offs, Py_ssize_t S, uint64_t seq0, uint32_t epoch32, uint16_t op,
+                     const char *const *src, const Py_ssize_t *src_len, Py_ssize_t n, Py_ssize_t maxp,
+                     Py_ssize_t window, uint64_t timeout_ns, int flush, struct slot_hdr *hdrs, char *out,
+                     Py_ssize_t sent0, Py_ssize_t *sent_out, Py_ssize_t *taken_out);
+HIDDEN int check_ring(Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, Py_ssize_t window);
+HIDDEN PyObject *burst_failure(int state, Py_ssize_t sent, Py_ssize_t taken, struct slot_hdr *hdrs, uint64_t seq0);
 
 /* Lease ids: a keyed 4-round Feistel permutation of (sequence << LEASE_OWNER_BITS | owner), so
  * ids are not guessable from one another and carry the ring/connection that got them. The

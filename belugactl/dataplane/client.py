@@ -6,8 +6,8 @@
     n = c.lookup_prefix("qwen32b/tp0", hashes)     # how many leading blocks are in the pool
     loc = c.get("qwen32b/tp0", hashes[0])          # BlockLocation(extents, lease_id, nbytes, checksum) or None
     locs = c.get_many("qwen32b/tp0", hashes[:n])   # the same for many keys, few round trips
-    t = c.post_get_many("qwen32b/tp0", hashes)     # sent now (None: cannot post), the answer taken later:
-    locs = c.take_get_many(t)                      # ... as get_many_tuples answers
+    t = c.start_lookup("qwen32b/tp0", hashes)      # sent now (None: cannot), the answer taken later:
+    locs = c.finish_lookup(t)                      # ... as get_many_tuples answers (nowait.py)
     copy_verified(pool.buf, loc, out)              # copy loc.extents out, checking the writer's CRC32C
     c.release([loc.lease_id])                      # -> how many leases it ended
     r = c.reserve("qwen32b/tp0", h, nbytes)        # Reservation(token, extents, nbytes, deadline, epoch)
@@ -53,13 +53,12 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
-from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from belugactl.dataplane import native
+from belugactl.dataplane import native, nowait
 from belugactl.dataplane.metadata_errors import (
     AlreadyPresent,
     CorruptBlock,
@@ -96,58 +95,9 @@ class BlockLocation:
 
 # A located block as get_many_tuples returns it: (extents, lease id, nbytes, checksum or None).
 LocationTuple = p.LocationTuple
-
-
-@dataclass(eq=False)
-class PostedLookup:
-    """A GET_MANY lookup sent by `post_get_many` whose answer `take_get_many` takes (or an earlier
-    caller's wait took and kept here: replies come back in the order they were sent)."""
-
-    namespace: str
-    keys: Sequence[bytes]
-    seq: int
-    per_call: int
-    reply: tuple | None = None  # what the transport's collect_get_many returned
-    error: Exception | None = None  # why no reply will come (the ring broke, the client reconnected)
-    taken: bool = False
-    owner: object = field(default=None, repr=False)  # the client that sent it: only it can take the answer
-
-
-class PreparedRelease:
-    """A posted release made ready by `KVIndexClient.prepare_post_release`: `args` go to the native
-    call that posts it, whose result goes to `done`."""
-
-    __slots__ = ("args", "client", "messages")
-
-    def __init__(self, client: KVIndexClient, args: tuple, messages: int) -> None:
-        self.client = client
-        self.args = args
-        self.messages = messages  # booked as posted by prepare_post_release
-
-    def done(self, result: Any) -> bool:
-        """True when the release went out (its replies are taken before the client's next request);
-        False when nothing was posted (`result` None: the copy ended too late to trust its leases,
-        or the native call raised before it): release them the usual way, which says how many were
-        still live. Raises StaleEpoch (the pool's epoch moved: nothing posted) or
-        MetadataUnavailable (a slot still busy from an abandoned request), as `post_release` does."""
-        if result.__class__ is list:
-            return True  # everything went out as booked: nothing to touch (this runs cold)
-        return self._not_all_posted(result)
-
-    def _not_all_posted(self, result: Any) -> bool:
-        c = self.client
-        fenced = result is not None and result[0] == FENCED
-        posted = 0 if result is None or fenced else len(result[1])
-        c.transport.unreserve(self.args[2], self.messages, posted)
-        for _ in range(self.messages - posted):
-            c._posted.pop()
-        c.messages -= self.messages - posted
-        if result is None:
-            return False
-        if fenced:
-            raise c._error(Code.STALE_EPOCH, Op.RELEASE)
-        c.transport.broken = True
-        raise c._unavailable("ring slot still busy from an abandoned request")
+# What the no-wait requests return (defined in nowait.py, with the code that makes them).
+PendingLookup = nowait.PendingLookup
+CopyRelease = nowait.CopyRelease
 
 
 @dataclass(frozen=True)
@@ -287,12 +237,12 @@ class KVIndexClient:
         self._pool = transport.pool
         self.writer_window_s = 0.0  # from HELLO: how long a writer may use a reservation
         self.lease_ttl_s = 0.0  # from HELLO: how long a read lease lives at least (0: unknown)
-        # RELEASEs sent without waiting (post_release): the lease count each reply should report,
-        # oldest first. Their replies are taken before this client's next request.
-        # Lookups posted by post_get_many sit in the same queue, in the order they were sent.
-        self._posted: deque[int | PostedLookup] = deque()
-        self.posted_leases_ended = 0  # leases a posted RELEASE found ended already (expired)
-        self.posted_refused = 0  # posted RELEASE messages the server refused (or answered malformed)
+        # No-wait requests (nowait.py) whose replies are not taken yet, oldest first: for a RELEASE
+        # message the lease count its reply should report, for a lookup its PendingLookup. They
+        # are taken before this client's next request.
+        self._pending_replies: deque[int | nowait.PendingLookup] = deque()
+        self.nowait_leases_ended = 0  # leases a no-wait RELEASE found ended already (expired)
+        self.nowait_refused = 0  # no-wait RELEASE messages the server refused (or answered malformed)
         self._lookup_cap: dict[int, int] = {}
         self._release_cap: dict[int, int] = {}  # max payload -> lease ids a RELEASE message carries
         self._get_many_cap: dict[tuple[int, int], int] = {}  # (max payload, key length): keys a message
@@ -311,7 +261,7 @@ class KVIndexClient:
         t = self.transport
         try:
             if t.broken or self._stale or self.epoch:
-                self._drop_posted("the client reconnected: the reply went with the old ring or socket")
+                nowait.drop_replies(self, "the client reconnected: the reply went with the old ring or socket")
                 t.reset()
             t.forget_epoch()  # HELLO is how we learn the new epoch
             code, _e, payload = t.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
@@ -338,8 +288,8 @@ class KVIndexClient:
         )
 
     def _before_call(self) -> None:
-        if self._posted and not self.transport.broken:
-            self.collect_posted()
+        if self._pending_replies and not self.transport.broken:
+            self.collect_replies()
         if self._stale:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
         if self.transport.broken:
@@ -510,13 +460,12 @@ class KVIndexClient:
             per_call = self._get_many_cap[shape] = p.get_many_capacity(*shape)
         out: list[LocationTuple | None] = [None] * len(keys)
         todo = range(len(keys))
-        fused = getattr(self.transport, "get_many", None)
-        if fused is not None:
+        if self.transport.can_get_many_in_one_call:
             # The whole burst, encoded and decoded, in one native call (CXL rings).
             self._before_call()
             self._check_fence(Op.GET_MANY)
             try:
-                got = fused(self._epoch32, ns, keys, per_call, self._timeout_ns)
+                got = self.transport.get_many(self._epoch32, ns, keys, per_call, self._timeout_ns)
             except TransportError as exc:
                 raise self._unavailable(str(exc)) from None
             if got is not None:
@@ -541,7 +490,7 @@ class KVIndexClient:
         return out
 
     def _get_many_answer(self, got: tuple) -> tuple[list[LocationTuple | None], list[int]]:
-        """The native GET_MANY burst's result (`rpc_get_many`, `rpc_get_many_collect`): the locations
+        """The native GET_MANY burst's result (`rpc_get_many`, `rpc_get_many_finish`): the locations
         and the indices of keys no reply carried; a refused or malformed answer raises."""
         code, located, *rest = got
         if code == -3:
@@ -712,23 +661,23 @@ class KVIndexClient:
     def abort(self, token: int) -> None:
         self._call(Op.ABORT, p.encode_u64(token))
 
-    def release(self, lease_ids: Sequence[int], *, handed_over: bool = False) -> int:
+    def release(self, lease_ids: Sequence[int], *, granted_elsewhere: bool = False) -> int:
         """End leases early; returns how many were still live (one that expired counts 0: its
         block may have been evicted and its extents reused, so bytes copied under it are suspect).
 
         Raises NotOwner if one of them was granted to another ring or connection (that request's
-        leases are then left alone), unless `handed_over`: the client that got them passed them
+        leases are then left alone), unless `granted_elsewhere`: the client that got them passed them
         on (the vLLM scheduler to a worker) and this client is done with them.
         """
-        return self.release_groups([lease_ids], handed_over=handed_over)[0]
+        return self.release_groups([lease_ids], granted_elsewhere=granted_elsewhere)[0]
 
-    def release_groups(self, groups: Sequence[Sequence[int]], *, handed_over: bool = False) -> list[int]:
+    def release_groups(self, groups: Sequence[Sequence[int]], *, granted_elsewhere: bool = False) -> list[int]:
         """`release` for several sets of leases in one burst, with each set's live count apart (a
         load's own leases, whose count says whether its bytes can be trusted, beside spare ones)."""
         payloads: list[bytes] = []
         owner: list[int] = []  # the group of each payload
         for g, lease_ids in enumerate(groups):
-            for _count, payload in self._release_payloads([i for i in lease_ids if i], handed_over):
+            for _count, payload in self._release_payloads([i for i in lease_ids if i], granted_elsewhere):
                 payloads.append(payload)
                 owner.append(g)
         live = [0] * len(groups)
@@ -740,10 +689,10 @@ class KVIndexClient:
             live[g] += p.decode_u32(reply, "RELEASE reply")
         return live
 
-    def _release_payloads(self, ids: Sequence[int], handed_over: bool) -> list[tuple[int, bytes]]:
+    def _release_payloads(self, ids: Sequence[int], granted_elsewhere: bool) -> list[tuple[int, bytes]]:
         """RELEASE messages for `ids` (no zeros), as many ids each as a message holds: (count, payload)."""
         per_call = max(1, p.release_capacity(self.transport.max_payload))
-        flags = p.RELEASE_HANDED_OVER if handed_over else 0
+        flags = p.RELEASE_GRANTED_ELSEWHERE if granted_elsewhere else 0
         return [
             (len(ids[i : i + per_call]), p.encode_release(ids[i : i + per_call], flags))
             for i in range(0, len(ids), per_call)
@@ -756,202 +705,22 @@ class KVIndexClient:
         A lease ends only when its TTL ran out on the server's clock, counted from when the server
         granted it, which is after the request left (a deleted or evicted block's extents are not
         reused while it is leased). A reader that finished its copy before this needs no live count
-        from its RELEASE, and can post it (`post_release`) instead of waiting for the reply."""
+        from its RELEASE, and can send it without waiting for the reply (`release_nowait`)."""
         if self.lease_ttl_s <= 0:
             return None
         return asked + LEASE_TRUST_SHARE * self.lease_ttl_s
 
-    def post_release(self, lease_ids: Sequence[int] | array, *, handed_over: bool = False) -> bool:
-        """Send RELEASE for `lease_ids` without waiting for the reply: for a reader that needs no
-        live count (its copy ended within `lease_trusted_until`, or the leases hold nothing it
-        read). The replies are taken before this client's next request (or by `collect_posted`);
-        leases they report ended count in `posted_leases_ended`, refusals in `posted_refused`.
-        `lease_ids` may be an array('Q') packed earlier (the vLLM worker packs its load's leases
-        before the copy, while they are warm: after it, every object touched costs a cache miss).
-
-        False when nothing was sent because the transport has no room in flight for it: release
-        them the usual way. Raises as other requests do (server away, stale epoch)."""
-        if isinstance(lease_ids, array):
-            ids: Sequence[int] | array = lease_ids  # zeros are skipped where they are encoded
-        else:
-            ids = [i for i in lease_ids if i]
-        if not ids:
-            return True
-        t = self.transport
-        if self._posted or self._stale or t.broken:
-            self._before_call()  # takes earlier posted replies first
-        per_call = self._release_cap.get(t.max_payload)
-        if per_call is None:
-            per_call = self._release_cap[t.max_payload] = max(1, p.release_capacity(t.max_payload))
-        if t.pending + -(-len(ids) // per_call) > max(1, t.max_inflight):
-            return False
-        flags = p.RELEASE_HANDED_OVER if handed_over else 0
-        fused = getattr(t, "post_release", None)
-        if fused is not None:
-            # Encoded and posted in one native call (CXL rings), the fence checked in it too: this
-            # runs right after a copy, cold.
-            try:
-                counts = fused(self._epoch32, ids, flags, per_call)
-            except TransportError as exc:
-                raise self._unavailable(str(exc)) from None
-            if counts == FENCED:
-                raise self._error(Code.STALE_EPOCH, Op.RELEASE)
-            if counts is not None:
-                self._posted.extend(counts)
-                self.messages += len(counts)
-                return True
-        self._check_fence(Op.RELEASE)
-        for count, payload in self._release_payloads([i for i in ids if i], handed_over):
-            try:
-                t.submit(Op.RELEASE, self._epoch32, payload)
-            except TransportError as exc:
-                raise self._unavailable(str(exc)) from None
-            self._posted.append(count)
-            self.messages += 1
-        return True
-
-    def prepare_post_release(self, lease_ids: array, *, handed_over: bool = False) -> PreparedRelease | None:
-        """`post_release` in two halves, for a caller whose own native call posts the release (the
-        vLLM worker's `load_blocks_checked`, right after its copy, with no Python in between):
-        earlier posted replies taken, the room in flight checked and rpc_post_release's arguments
-        made now, while everything is warm. None when it cannot go that way (a transport without
-        the native helper, no room in flight): use `post_release` or `release`.
-
-        Until the native call's result went to `PreparedRelease.done`, nothing else may use this
-        client (the caller holds its lock across both)."""
-        t = self.transport
-        if self._stale or t.broken:
-            self._before_call()
-        make = getattr(t, "release_args", None)
-        if make is None or not len(lease_ids):
-            return None
-        per_call = self._release_cap.get(t.max_payload)
-        if per_call is None:
-            per_call = self._release_cap[t.max_payload] = max(1, p.release_capacity(t.max_payload))
-        ids = len(lease_ids) - lease_ids.count(0)  # the native call skips zeros
-        if not ids:
-            return None
-        messages = -(-ids // per_call)
-        if t.pending + messages > max(1, t.max_inflight) and self._posted:
-            # Earlier posted replies are taken only when their room is needed: otherwise the next
-            # ordinary request takes them (a save's burst, on the worker's background thread).
-            self.collect_posted()
-        if t.pending + messages > max(1, t.max_inflight):
-            return None
-        args = make(self._epoch32, lease_ids, p.RELEASE_HANDED_OVER if handed_over else 0, per_call, messages)
-        if args is None:
-            return None
-        # Booked as posted now, while warm; `done` undoes it for what the native call did not post.
-        counts = [per_call] * (ids // per_call) + ([ids % per_call] if ids % per_call else [])
-        self._posted.extend(counts)
-        self.messages += messages
-        return PreparedRelease(self, args, messages)
-
-    def collect_posted(self, until: PostedLookup | None = None) -> None:
-        """Take the replies of posted RELEASEs and lookups, oldest first (usually there already: the
-        server answers a RELEASE in microseconds), up to and including `until` (None: all). A
-        lookup's answer is kept for its `take_get_many`."""
-        while self._posted:
-            want = self._posted[0]
-            if isinstance(want, PostedLookup):
-                try:
-                    want.reply = self.transport.collect_get_many(
-                        want.seq, len(want.keys), want.per_call, self._timeout_ns
-                    )
-                except TransportError as exc:
-                    self._drop_posted(str(exc))
-                    raise self._unavailable(str(exc)) from None
-                self._posted.popleft()
-                if want is until:
-                    return
-                continue
-            try:
-                code, _epoch, reply = self.transport.collect(self._timeout_ns)
-            except TransportError as exc:
-                self._drop_posted(str(exc))
-                raise self._unavailable(str(exc)) from None
-            self._posted.popleft()
-            if code:
-                self.posted_refused += 1
-                if code == Code.STALE_EPOCH:
-                    self._stale = True
-                continue
-            try:
-                live = p.decode_u32(reply, "RELEASE reply")
-            except p.ProtocolError:
-                self.posted_refused += 1
-                continue
-            self.posted_leases_ended += max(0, want - live)
-
-    def _drop_posted(self, why: str) -> None:
-        """Forget every posted request (its reply will never be taken); a lookup among them answers
-        its `take_get_many` with MetadataUnavailable."""
-        for item in self._posted:
-            if isinstance(item, PostedLookup) and item.reply is None:
-                item.error = self._unavailable(why)
-        self._posted.clear()
+    # --- no-wait requests: sent now, their replies taken later (nowait.py holds them) ----------
+    start_lookup = nowait.start_lookup  # (namespace, keys) -> PendingLookup | None
+    finish_lookup = nowait.finish_lookup  # (pending) -> list[LocationTuple | None]
+    release_nowait = nowait.release_nowait  # (lease_ids, *, granted_elsewhere=False) -> bool
+    release_with_copy = nowait.release_with_copy  # (lease_ids, *, granted_elsewhere=False) -> CopyRelease | None
+    collect_replies = nowait.collect_replies  # (until=None): take the pending replies now
 
     @property
-    def posted(self) -> int:
-        """Posted requests (RELEASE messages, lookups) whose replies were not taken yet."""
-        return len(self._posted)
-
-    # --- a lookup sent now, its answer taken later --------------------------------------------
-    def post_get_many(self, namespace: str, keys: Sequence[bytes]) -> PostedLookup | None:
-        """Send a `get_many_tuples` lookup of `keys` now and take its answer later (`take_get_many`),
-        so the server works while the caller does something else: the vLLM scheduler posts a
-        request's lookup when the request arrives and takes it when it schedules the request.
-
-        None when this transport cannot post it (TCP, no native helper, the ring's in-flight slots
-        taken, keys of several lengths): nothing was sent; ask with `get_many_tuples`. The leases
-        of the answer start when the server reads the request, as `get_many_tuples`' do: count a
-        deadline from before this call. Requests sent before the answer is taken take it first
-        and keep it. Raises as other requests do (server away, stale epoch)."""
-        post = getattr(self.transport, "post_get_many", None)
-        if post is None or not keys:
-            return None
-        if self._stale:
-            raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
-        if self.transport.broken or namespace not in self._ns:
-            self._before_call()  # reconnects; or the OPEN_NS round trip below needs the ring to itself
-        ns = self._ns_id(namespace)
-        self._check_fence(Op.GET_MANY)
-        shape = (self.transport.max_payload, len(keys[0]))
-        per_call = self._get_many_cap.get(shape)
-        if per_call is None:
-            per_call = self._get_many_cap[shape] = p.get_many_capacity(*shape)
-        try:
-            seq = post(self._epoch32, ns, keys, per_call)
-        except TransportError as exc:
-            self._drop_posted(str(exc))
-            raise self._unavailable(str(exc)) from None
-        if seq is None:
-            return None
-        ticket = PostedLookup(namespace, keys, seq, per_call, owner=self)
-        self._posted.append(ticket)
-        self.messages += -(-len(keys) // per_call)
-        return ticket
-
-    def take_get_many(self, ticket: PostedLookup) -> list[LocationTuple | None]:
-        """The answer to a lookup `post_get_many` sent: one LocationTuple (with its own lease) or None
-        per key, as `get_many_tuples` answers (keys a reply could not carry are asked again here).
-        Raises as `get_many_tuples` does; each answer can be taken once."""
-        if ticket.owner is not self:
-            raise ValueError("this lookup was not posted by this client")
-        if ticket.taken:
-            raise ValueError("this posted lookup's answer was taken already")
-        ticket.taken = True
-        self.round_trips += 1  # one wait for the whole burst, counted where it is taken
-        if ticket.reply is None and ticket.error is None:
-            self.collect_posted(until=ticket)
-        if ticket.error is not None:
-            raise ticket.error
-        out, left = self._get_many_answer(ticket.reply)
-        if left:
-            again = self.get_many_tuples(ticket.namespace, [ticket.keys[j] for j in left])
-            for j, loc in zip(left, again, strict=True):
-                out[j] = loc
-        return out
+    def replies_pending(self) -> int:
+        """No-wait requests (RELEASE messages, lookups) whose replies were not taken yet."""
+        return len(self._pending_replies)
 
     def delete(self, namespace: str, key: bytes) -> bool:
         """True if the key was present."""

@@ -178,17 +178,17 @@ def _py_wait_any(buf: Any, offsets: Any, value: int, timeout_ns: int, flush: boo
     return _py_wait_words(buf, offsets, value, timeout_ns, 0, -1)
 
 
-def _py_nap_wait_any(
-    buf: Any, offsets: Any, value: int, timeout_ns: int, nap_ns: int, flush: bool = False, fd: int = -1
+def _py_idle_wait_any(
+    buf: Any, offsets: Any, value: int, timeout_ns: int, sleep_ns: int, flush: bool = False, fd: int = -1
 ) -> int:
-    if not 0 < nap_ns <= 1_000_000_000:
-        raise ValueError("nap_ns must be in (0, 1 s]")
-    return _py_wait_words(buf, offsets, value, timeout_ns, nap_ns, fd)
+    if not 0 < sleep_ns <= 1_000_000_000:
+        raise ValueError("sleep_ns must be in (0, 1 s]")
+    return _py_wait_words(buf, offsets, value, timeout_ns, sleep_ns, fd)
 
 
-def _py_wait_words(buf: Any, offsets: Any, value: int, timeout_ns: int, nap_ns: int, fd: int) -> int:
+def _py_wait_words(buf: Any, offsets: Any, value: int, timeout_ns: int, sleep_ns: int, fd: int) -> int:
     """The index of the first word at `offsets` equal to `value`, -1 after `timeout_ns`, -2 when `fd`
-    (not -1) is readable; between looks, a spin (`nap_ns` 0) or a sleep (in select, on `fd`)."""
+    (not -1) is readable; between looks, a spin (`sleep_ns` 0) or a sleep (in select, on `fd`)."""
     offs = list(memoryview(offsets).cast("B").cast("q"))
     for off in offs:
         _word(buf, off)
@@ -200,11 +200,11 @@ def _py_wait_words(buf: Any, offsets: Any, value: int, timeout_ns: int, nap_ns: 
                 return i
         if time.perf_counter_ns() >= deadline:
             return -1
-        if not nap_ns:
+        if not sleep_ns:
             continue
         if fd < 0:
-            time.sleep(nap_ns / 1e9)
-        elif select.select([fd], [], [], nap_ns / 1e9)[0]:
+            time.sleep(sleep_ns / 1e9)
+        elif select.select([fd], [], [], sleep_ns / 1e9)[0]:
             return -2
 
 
@@ -281,7 +281,7 @@ if _native is not None:
     fetch_add64 = _native.fetch_add64
     wait64 = _native.wait64
     wait_any = _native.wait_any
-    nap_wait_any = _native.nap_wait_any
+    idle_wait_any = _native.idle_wait_any
     _gather = _native.gather
     _gather_blocks = _native.gather_blocks
     fi_new = getattr(_native, "fi_new", None)
@@ -302,7 +302,7 @@ else:
     fetch_add64 = _py_fetch_add64
     wait64 = _py_wait64
     wait_any = _py_wait_any
-    nap_wait_any = _py_nap_wait_any
+    idle_wait_any = _py_idle_wait_any
     _gather = _py_gather
     _gather_blocks = _py_gather_blocks
     # The metadata server's native lookup fast path has no Python twin: the server's own Python
@@ -355,8 +355,8 @@ def gather_blocks_crc32c(
 
 
 # load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal, release, deadline)
-#   -> (indices of blocks whose CRC32C differs from `expected`, rpc_post_release's result or None, post ns)
-# A CPU load, its checksum check and its posted lease release in one call (see _native_crc.c):
+#   -> (indices of blocks whose CRC32C differs from `expected`, rpc_release_nowait's result or None, release ns)
+# The one-call load: a CPU load, its checksum check and its no-wait lease release (see _native_load.c):
 # None without the helper, and then the caller copies, checks and releases as separate steps.
 load_blocks_checked: Any = getattr(_native, "load_blocks_checked", None) if _native is not None else None
 

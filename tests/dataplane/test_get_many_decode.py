@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from belugactl.dataplane import native
 from belugactl.dataplane.rpc import protocol as p
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native helper is not built")
+pytestmark = pytest.mark.native
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 ITEMS = st.lists(

@@ -26,8 +26,6 @@ from tests.dataplane.test_call_many import ServerThread, _hostile_server, served
 pytestmark = pytest.mark.native
 NS = 5_000_000_000
 
-needs_fused = pytest.mark.skipif(transport_cxl._rpc_get_many is None, reason="the native helper is not built")
-
 
 def _client(pool: PoolMapping, ring: int) -> KVIndexClient:
     c = KVIndexClient(CxlTransport(pool, ring), address=f"cxl://test#{ring}", client_id=ring, timeout_s=5.0)
@@ -35,9 +33,8 @@ def _client(pool: PoolMapping, ring: int) -> KVIndexClient:
     return c
 
 
-@needs_fused
 @pytest.mark.parametrize("fast", [True, False], ids=["native-server", "python-server"])
-def test_the_fused_lookup_answers_what_the_python_path_answers(pool_path: Path, fast: bool, monkeypatch) -> None:
+def test_the_one_call_lookup_answers_what_the_python_path_answers(pool_path: Path, fast: bool, monkeypatch) -> None:
     pool = PoolMapping.open(pool_path)
     st = ServerThread(pool, fast_path=fast)
     try:
@@ -48,8 +45,8 @@ def test_the_fused_lookup_answers_what_the_python_path_answers(pool_path: Path, 
             writer.commit(writer.reserve("m", keys[i], 4096 + i).token, checksum=i if i % 2 else None)
         reader = _client(pool, 2)
         calls = []
-        fused = reader.transport.get_many
-        monkeypatch.setattr(reader.transport, "get_many", lambda *a: calls.append(a) or fused(*a))
+        one_call = reader.transport.get_many
+        monkeypatch.setattr(reader.transport, "get_many", lambda *a: calls.append(a) or one_call(*a))
         reader._ns_id("m")
         sent = reader.messages
         got = reader.get_many_tuples("m", keys)
@@ -70,7 +67,6 @@ def test_the_fused_lookup_answers_what_the_python_path_answers(pool_path: Path, 
         pool.close()
 
 
-@needs_fused
 def test_keys_of_several_lengths_go_the_python_way_and_nothing_is_sent_natively(served) -> None:  # noqa: F811
     pool, _st = served
     c = _client(pool, 3)
@@ -137,7 +133,6 @@ def _good(nth: int, payload: bytes) -> bytes:
     return _reply([(1000 * nth + i + 1, 4096, [(i * 4096, 4096)], 1, i) for i in range(n)])
 
 
-@needs_fused
 @pytest.mark.parametrize("hostile", [_good], indirect=True, ids=["well-formed"])
 def test_a_well_formed_reply_from_a_hand_written_server(hostile) -> None:
     c, seen = hostile
@@ -157,14 +152,13 @@ def _prefix_then_rest(nth: int, payload: bytes) -> bytes:
     return _reply([(1000 * nth + i + 1, 4096, [(i, 4096)], 0, 0) for i in range(answered)])
 
 
-@needs_fused
 @pytest.mark.parametrize("hostile", [_prefix_then_rest], indirect=True, ids=["prefix"])
 def test_keys_a_reply_left_out_are_asked_again(hostile) -> None:
     c, seen = hostile
     per = p.get_many_capacity(c.transport.max_payload, 32)
     messages = -(-len(KEYS) // per)
     got = c.get_many_tuples("m", KEYS)
-    assert seen[0] == messages + 1  # the fused burst, then one message for the two keys left out
+    assert seen[0] == messages + 1  # the one-call burst, then one message for the two keys left out
     leases = [loc[1] for loc in got]
     assert leases[: per - 2] == [1001 + i for i in range(per - 2)]
     assert leases[per - 2 : per] == [1000 * (messages + 1) + 1, 1000 * (messages + 1) + 2]
@@ -188,7 +182,6 @@ def _bad_payloads() -> list:
     ]
 
 
-@needs_fused
 @pytest.mark.parametrize(("body", "error"), _bad_payloads())
 def test_a_malformed_payload_is_refused_and_the_ring_stays_in_step(pool_path: Path, body, error) -> None:
     for c, _seen in _hostile(pool_path, body):
@@ -199,14 +192,12 @@ def test_a_malformed_payload_is_refused_and_the_ring_stays_in_step(pool_path: Pa
         assert c.transport.call(Op.PING, 0, b"next", NS)[2] == b"next"
 
 
-@needs_fused
 @pytest.mark.parametrize("hostile", [lambda nth, pl: _reply([(0, 0, [], 0, 0)] * _asked(pl))], indirect=True)
 def test_absent_blocks_are_none(hostile) -> None:
     c, _seen = hostile
     assert c.get_many_tuples("m", KEYS) == [None] * 30
 
 
-@needs_fused
 def test_random_replies_never_give_a_location_the_reply_did_not_carry(pool_path: Path) -> None:
     """Bounded fuzz: 300 replies of random blocks and random cuts. Each lookup either raises one of
     the client's errors (ring still in step) or returns, for every key, None or exactly the block

@@ -1,9 +1,9 @@
-"""A pool hit's load in one native call (`load_blocks_checked`): the copy, its checksum check and the
-posted release of its leases, with no Python between the copy and the release. The copy must put
-the same bytes where `gather_blocks_crc32c` puts them; only blocks whose CRC differs from a known one
-are reported; the release goes out exactly as `rpc_post_release` posts it, and only while the
-leases' deadline has not passed; bad arguments raise before a byte moves; and against a real server
-the client's `prepare_post_release` / `PreparedRelease.done` pair hands the leases back."""
+"""The one-call load (`load_blocks_checked`): a pool hit's copy, its checksum check and the no-wait
+release of its leases in one native call, with no Python between the copy and the release. The copy
+must put the same bytes where `gather_blocks_crc32c` puts them; only blocks whose CRC differs from a
+known one are reported; the release goes out exactly as `rpc_release_nowait` sends it, and only
+while the leases' deadline has not passed; bad arguments raise before a byte moves; and against a
+real server the client's `release_with_copy` / `CopyRelease.done` pair gives the leases back."""
 
 from __future__ import annotations
 
@@ -17,12 +17,9 @@ import pytest
 from belugactl.dataplane import native
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC, REQ_READY, Op
-from tests.dataplane.test_post_release_native import MAXP, SLOT, _client_on_ring, _held, _ring, _slots
+from tests.dataplane.test_release_nowait_native import MAXP, SLOT, _client_on_ring, _held, _ring, _slots
 
-pytestmark = [
-    pytest.mark.native,
-    pytest.mark.skipif(native.load_blocks_checked is None, reason="the native helper is not built"),
-]
+pytestmark = pytest.mark.native
 
 PIECE, LAYERS, BLOCKS = 512, 3, 6
 
@@ -48,7 +45,7 @@ def _pairs(ids_and_slots: list[tuple[int, int]]) -> array:
 
 
 def _args(**kw) -> tuple:
-    """rpc_post_release's arguments on a private ring (see test_post_release_native)."""
+    """rpc_release_nowait's arguments on a private ring (see test_release_nowait_native)."""
     buf, offs = kw.pop("ring")
     ids = kw.pop("ids")
     per = kw.pop("per", p.release_capacity(MAXP))
@@ -69,26 +66,26 @@ def test_copies_what_gather_copies_and_reports_only_the_blocks_whose_crc_differs
     assert native.load_blocks_checked(pool, tensors, template, pairs, array("q", crcs))[0] == []
 
 
-def test_the_release_goes_out_as_rpc_post_release_posts_it_within_the_deadline() -> None:
+def test_the_release_goes_out_as_rpc_release_nowait_sends_it_within_the_deadline() -> None:
     pool = _pool(2)
     pairs = _pairs([(0, 0), (3, 1)])
     template = _layout()[1]
     expected = array("q", [-1, -1])
     ids = array("Q", range(1, 60))
     per = p.release_capacity(MAXP)
-    fused_ring, plain_ring = _ring(), _ring()
+    one_call_ring, plain_ring = _ring(), _ring()
     tensors = _layout()[0]
     bad, counts, ns = native.load_blocks_checked(
-        pool, tensors, template, pairs, expected, False, _args(ring=fused_ring, ids=ids, seq=9), time.monotonic() + 5
+        pool, tensors, template, pairs, expected, False, _args(ring=one_call_ring, ids=ids, seq=9), time.monotonic() + 5
     )
     assert bad == [] and ns > 0
-    plain = native._native.rpc_post_release(*_args(ring=plain_ring, ids=ids, seq=9))
+    plain = native._native.rpc_release_nowait(*_args(ring=plain_ring, ids=ids, seq=9))
     assert counts == plain == [per, per, 59 - 2 * per]
-    assert fused_ring[0] == plain_ring[0]  # the slots, byte for byte
-    heads = [h for h, _ in _slots(fused_ring[0], 9, 3)]
+    assert one_call_ring[0] == plain_ring[0]  # the slots, byte for byte
+    heads = [h for h, _ in _slots(one_call_ring[0], 9, 3)]
     assert [h[:5] for h in heads] == [(REQ_READY, 9 + i, MAGIC, 0xBEEF, Op.RELEASE) for i in range(3)]
 
-    # Past the deadline (the copy outlived the leases' certain life): copied, nothing posted.
+    # Past the deadline (the copy outlived the leases' certain life): copied, nothing sent.
     late_ring, late_tensors = _ring(), _layout()[0]
     bad, result, ns = native.load_blocks_checked(
         pool, late_tensors, template, pairs, expected, False, _args(ring=late_ring, ids=ids), time.monotonic() - 0.001
@@ -97,7 +94,7 @@ def test_the_release_goes_out_as_rpc_post_release_posts_it_within_the_deadline()
     assert late_tensors == tensors
 
 
-def test_a_moved_epoch_posts_nothing_and_a_busy_slot_stops_the_posting() -> None:
+def test_a_moved_epoch_sends_nothing_and_a_busy_slot_stops_the_sending() -> None:
     pool, template = _pool(1), _layout()[1]
     pairs, expected = _pairs([(0, 0)]), array("q", [-1])
     ring = _ring()
@@ -149,7 +146,7 @@ def test_bad_arguments_raise_before_a_byte_moves(what: str) -> None:
     assert not any(tensors) and not any(ring[0])
 
 
-def test_a_prepared_release_hands_the_leases_back_to_a_real_server(pool_path: Path) -> None:
+def test_a_copy_release_gives_the_leases_back_to_a_real_server(pool_path: Path) -> None:
     with _client_on_ring(pool_path) as (_pool_map, c, st):
         keys = [bytes([i]) * 32 for i in range(30)]
         for k in keys:
@@ -159,33 +156,32 @@ def test_a_prepared_release_hands_the_leases_back_to_a_real_server(pool_path: Pa
         src, template = _pool(1), _layout()[1]
         pairs, expected = _pairs([(2, 0)]), array("q", [-1])
 
-        # Too late: nothing posted, the client's ring untouched, and the usual release still works.
+        # Too late: nothing sent, the client's ring untouched, and the usual release still works.
         seq, sent = c.transport._seq, c.messages
-        prepared = c.prepare_post_release(leases)
-        assert prepared is not None
-        # Booked as posted before the copy (so nothing is left to do after it) ...
-        assert c.transport._seq == seq + prepared.messages and c.posted == prepared.messages
+        release = c.release_with_copy(leases)
+        assert release is not None
+        # Booked as sent before the copy (so nothing is left to do after it) ...
+        assert c.transport._seq == seq + release.messages and c.replies_pending == release.messages
         _, result, _ = native.load_blocks_checked(
-            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() - 1
+            src, _layout()[0], template, pairs, expected, False, release.args, time.monotonic() - 1
         )
         # ... and given back when nothing went out.
-        assert prepared.done(result) is False
-        assert c.transport._seq == seq and c.posted == 0 and c.transport.pending == 0 and c.messages == sent
+        assert release.done(result) is False
+        assert c.transport._seq == seq and c.replies_pending == 0 and c.transport.pending == 0 and c.messages == sent
 
-        prepared = c.prepare_post_release(leases)
+        release = c.release_with_copy(leases)
         _, result, _ = native.load_blocks_checked(
-            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
+            src, _layout()[0], template, pairs, expected, False, release.args, time.monotonic() + 5
         )
-        assert prepared.done(result) is True
-        assert c.posted == c.messages - sent == len(result) >= 1 and c.transport._seq == seq + len(result)
-        c.collect_posted()
-        assert c.posted_leases_ended == 0 and c.posted_refused == 0
+        assert release.done(result) is True
+        assert c.replies_pending == c.messages - sent == len(result) >= 1 and c.transport._seq == seq + len(result)
+        c.collect_replies()
+        assert c.nowait_leases_ended == 0 and c.nowait_refused == 0
         assert _held(st, 0) == 0
         assert all(loc is not None for loc in c.get_many_tuples("r", keys))  # the ring is in step
 
 
-
-def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(pool_path: Path) -> None:
+def test_a_copy_release_that_is_fenced_or_stopped_gives_back_what_it_booked(pool_path: Path) -> None:
     from belugactl.dataplane.metadata_errors import MetadataUnavailable, StaleEpoch
 
     src, template = _pool(1), _layout()[1]
@@ -194,14 +190,14 @@ def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(
         t = c.transport
         seq, sent = t._seq, c.messages
         t.fence_epoch = c.epoch + 1  # as if the server restarted after this client joined
-        prepared = c.prepare_post_release(array("Q", [1, 2, 3]))
+        release = c.release_with_copy(array("Q", [1, 2, 3]))
         _, result, _ = native.load_blocks_checked(
-            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
+            src, _layout()[0], template, pairs, expected, False, release.args, time.monotonic() + 5
         )
         assert result == (-1, [])
         with pytest.raises(StaleEpoch):
-            prepared.done(result)
-        assert t._seq == seq and t.pending == 0 and c.posted == 0 and c.messages == sent
+            release.done(result)
+        assert t._seq == seq and t.pending == 0 and c.replies_pending == 0 and c.messages == sent
 
     with _client_on_ring(pool_path) as (pool, c, _st):
         t = c.transport
@@ -209,12 +205,12 @@ def test_a_prepared_release_that_is_fenced_or_stopped_gives_back_what_it_booked(
         seq = t._seq
         busy = t._offsets[(seq + 1) % t.slots_per_ring]  # an abandoned request in the second slot
         pool.buf[busy : busy + 8] = REQ_READY.to_bytes(8, "little")
-        prepared = c.prepare_post_release(array("Q", range(1, per + 3)))  # two messages
-        assert prepared.messages == 2
+        release = c.release_with_copy(array("Q", range(1, per + 3)))  # two messages
+        assert release.messages == 2
         _, result, _ = native.load_blocks_checked(
-            src, _layout()[0], template, pairs, expected, False, prepared.args, time.monotonic() + 5
+            src, _layout()[0], template, pairs, expected, False, release.args, time.monotonic() + 5
         )
         assert result == (-2, [per])
         with pytest.raises(MetadataUnavailable):
-            prepared.done(result)
+            release.done(result)
         assert t.broken and t._seq == seq + 1 and t.pending == 1  # the first went out; its reply is awaited

@@ -64,15 +64,15 @@ def test_only_the_owner_commits_aborts_and_releases(running, pair) -> None:
         c.close()
 
 
-def test_handed_over_leases_are_released_by_the_receiver(running) -> None:
+def test_leases_granted_elsewhere_are_released_by_the_receiver(running) -> None:
     server, pool = running
     scheduler, worker = clients(server, pool)[:2]
     r = worker.reserve(NS, b"h" * 32, 4096)
     worker.commit(r.token)
     loc = scheduler.get(NS, b"h" * 32)
     assert loc is not None
-    assert worker.release([loc.lease_id], handed_over=True) == 1
-    assert server.service.released_handed_over == 1 and server.index.counters.foreign_refused == 0
+    assert worker.release([loc.lease_id], granted_elsewhere=True) == 1
+    assert server.service.released_granted_elsewhere == 1 and server.index.counters.foreign_refused == 0
 
 
 def test_tokens_are_random_and_a_guess_commits_nothing(running) -> None:

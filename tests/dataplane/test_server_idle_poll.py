@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.mds import server as server_mod
-from belugactl.dataplane.mds.server import MetadataServer, ServerConfig, nap_timeout_s, quiet_wait_s
+from belugactl.dataplane.mds.server import MetadataServer, ServerConfig, idle_wait_timeout_s, quiet_wait_s
 from belugactl.pool.mapping import PoolMapping
 
 
@@ -82,61 +82,61 @@ def test_waits_under_a_millisecond_are_a_zero_select_and_a_sleep(
         pool.close()
 
 
-def test_an_idle_nap_lasts_until_housekeeping_and_not_past_the_warm_looks() -> None:
+def test_an_idle_wait_lasts_until_housekeeping_and_not_past_the_warm_looks() -> None:
     cfg = ServerConfig(idle_after_s=0.05, warm_after_s=0.05, warm_poll_s=0.0001, idle_poll_s=0.0005)
-    assert nap_timeout_s(cfg, 0.2, 0.08) == pytest.approx(0.08)  # idle: until the housekeeping
-    assert nap_timeout_s(cfg, 0.07, 0.08) == pytest.approx(0.03)  # warm: until its 0.1 ms looks end
-    assert nap_timeout_s(cfg, 0.07, 0.01) == pytest.approx(0.01)
-    assert nap_timeout_s(cfg, 0.2, -0.5) == 0.0  # housekeeping overdue: one look, no nap
+    assert idle_wait_timeout_s(cfg, 0.2, 0.08) == pytest.approx(0.08)  # idle: until the housekeeping
+    assert idle_wait_timeout_s(cfg, 0.07, 0.08) == pytest.approx(0.03)  # warm: until its 0.1 ms looks end
+    assert idle_wait_timeout_s(cfg, 0.07, 0.01) == pytest.approx(0.01)
+    assert idle_wait_timeout_s(cfg, 0.2, -0.5) == 0.0  # housekeeping overdue: one look, no sleep
     cpu = ServerConfig(idle_after_s=0.0)  # never busy-polls: no warm phase to end
-    assert nap_timeout_s(cpu, 0.0, 0.1) == pytest.approx(0.1)
+    assert idle_wait_timeout_s(cpu, 0.0, 0.1) == pytest.approx(0.1)
 
 
-NAP_IMPLS = [pytest.param(True, id="native", marks=pytest.mark.native), pytest.param(False, id="python")]
+IDLE_WAIT_IMPLS = [pytest.param(True, id="native", marks=pytest.mark.native), pytest.param(False, id="python")]
 
 
-@pytest.mark.parametrize("use_native", NAP_IMPLS)
-def test_nap_wait_any_wakes_on_a_word_a_socket_or_the_timeout(use_native: bool) -> None:
+@pytest.mark.parametrize("use_native", IDLE_WAIT_IMPLS)
+def test_idle_wait_any_wakes_on_a_word_a_socket_or_the_timeout(use_native: bool) -> None:
     from array import array
 
     from belugactl.dataplane import native
 
     if use_native and native._native is None:
         pytest.skip("the native helper is not built")
-    nap_wait_any = native._native.nap_wait_any if use_native else native._py_nap_wait_any
+    idle_wait_any = native._native.idle_wait_any if use_native else native._py_idle_wait_any
     buf = bytearray(64)
     offs = array("q", [8, 32])
     a, b = socket.socketpair()
     try:
         t0 = time.monotonic()
-        assert nap_wait_any(buf, offs, 7, 30_000_000, 500_000, False, a.fileno()) == -1
-        assert 0.025 < time.monotonic() - t0 < 1.0  # it waited its timeout, napping
+        assert idle_wait_any(buf, offs, 7, 30_000_000, 500_000, False, a.fileno()) == -1
+        assert 0.025 < time.monotonic() - t0 < 1.0  # it waited its timeout, sleeping between looks
         timer = threading.Timer(0.02, lambda: struct.pack_into("<Q", buf, 32, 7))
         timer.start()
         t0 = time.monotonic()
-        assert nap_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == 1
+        assert idle_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == 1
         assert time.monotonic() - t0 < 1.0
         timer.join()
         struct.pack_into("<Q", buf, 32, 0)
         b.send(b"x")
-        assert nap_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == -2
-        assert nap_wait_any(buf, offs, 7, 20_000_000, 200_000, False, -1) == -1  # no fd: only the words
+        assert idle_wait_any(buf, offs, 7, 5_000_000_000, 200_000, False, a.fileno()) == -2
+        assert idle_wait_any(buf, offs, 7, 20_000_000, 200_000, False, -1) == -1  # no fd: only the words
         with pytest.raises(ValueError):
-            nap_wait_any(buf, array("q", [60]), 7, 1000, 1000)  # a word past the buffer
+            idle_wait_any(buf, array("q", [60]), 7, 1000, 1000)  # a word past the buffer
         with pytest.raises(ValueError):
-            nap_wait_any(buf, offs, 7, 1000, 0)  # a nap of nothing would be a busy loop
+            idle_wait_any(buf, offs, 7, 1000, 0)  # a sleep of nothing would be a busy loop
         with pytest.raises((ValueError, OSError)):
             fd = a.fileno()
             a.close()
-            nap_wait_any(buf, offs, 7, 50_000_000, 100_000, False, fd)
+            idle_wait_any(buf, offs, 7, 50_000_000, 100_000, False, fd)
     finally:
         a.close()
         b.close()
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["native-server", "python-server"])
-def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: Path, fast_path: bool) -> None:
-    """The real loop (serve_forever) with spin_after_ms 0, so it only ever naps: a ring request and
+def test_a_server_in_its_idle_wait_answers_its_rings_and_accepts_tcp_at_once(pool_path: Path, fast_path: bool) -> None:
+    """The real loop (serve_forever) with spin_after_ms 0, so it only ever waits idle: a ring request and
     a new TCP connection are both answered within the idle poll, not at the next housekeeping."""
     from belugactl.dataplane.client import KVIndexClient, connect
     from belugactl.dataplane.rpc.protocol import Op
@@ -144,13 +144,13 @@ def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: P
 
     pool = PoolMapping.open(pool_path)
     cfg = ServerConfig(rpc_port=0, admin_port=None, fence_grace_s=0, idle_after_s=0.0, fast_path=fast_path)
-    cfg.housekeeping_s = 3.0  # a nap would last this long if only the housekeeping ended it
+    cfg.housekeeping_s = 3.0  # an idle wait would last this long if only the housekeeping ended it
     srv = MetadataServer(pool, cfg)
     srv.start()
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
-        time.sleep(0.2)  # into its nap
+        time.sleep(0.2)  # into its idle wait
         c = KVIndexClient(CxlTransport(pool, 1), address="cxl://test#1", client_id=1, timeout_s=5.0)
         c.reconnect()
         for _ in range(20):
@@ -164,17 +164,17 @@ def test_a_napping_server_answers_its_rings_and_accepts_tcp_at_once(pool_path: P
         tcp.close()
         assert time.monotonic() - t0 < 1.0
     finally:
-        srv.stop()  # seen at the latest when the nap ends at the housekeeping
+        srv.stop()  # seen at the latest when the idle wait ends at the housekeeping
         thread.join(timeout=10)
         assert not thread.is_alive()
         pool.close()
 
 
-def test_a_nap_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path) -> None:
-    """RingListener.nap on the fast path: a PING or GET_MANY that arrives mid-nap is answered by the
-    nap itself (no turn of the Python loop first), its lease bookkept before the nap returns; a
-    request the fast path leaves to Python (RELEASE) ends the nap unanswered, and so does a hostile
-    slot (Python answers it BAD_MAGIC, and the next nap serves on); a socket ends it as -2, the
+def test_an_idle_wait_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path) -> None:
+    """RingListener.idle_wait on the fast path: a PING or GET_MANY that arrives mid-wait is answered by
+    the idle wait itself (no turn of the Python loop first), its lease bookkept before the wait
+    returns; a request the fast path leaves to Python (RELEASE) ends the wait unanswered, and so does
+    a hostile slot (Python answers it BAD_MAGIC, and the next idle wait serves on); a socket ends it as -2, the
     timeout as -1; a closed fd is refused."""
     from belugactl.dataplane.rpc import protocol as p
     from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, REQ_READY, Op
@@ -188,48 +188,48 @@ def test_a_nap_answers_the_fast_paths_requests_in_the_same_call(pool_path: Path)
         ring, epoch, ns_timeout = srv.ring, srv.service.epoch32, 5_000_000_000
         assert ring._fast is not None  # the native helper is built
         t = CxlTransport(pool, 1)
-        later = threading.Timer(0.05, t.submit, (Op.PING, epoch, b"mid-nap"))
+        later = threading.Timer(0.05, t.submit, (Op.PING, epoch, b"mid-wait"))
         later.start()
         t0 = time.monotonic()
-        assert ring.nap(0.0002, 5.0) == (-1, 1)  # answered, then back for the bookkeeping
+        assert ring.idle_wait(0.0002, 5.0) == (-1, 1)  # answered, then back for the bookkeeping
         assert 0.04 < time.monotonic() - t0 < 2.0
-        assert t.collect(ns_timeout) == (0, epoch, b"mid-nap")
-        # A GET_MANY hit: its lease is granted in C and applied to the index before nap returns.
+        assert t.collect(ns_timeout) == (0, epoch, b"mid-wait")
+        # A GET_MANY hit: its lease is granted in C and applied to the index before idle_wait returns.
         ns = srv.index.open_namespace("n")
         tok, _ext = srv.index.reserve(ns, b"k" * 32, 4096, 1)
         srv.index.commit(tok, 1)
         t.submit(Op.GET_MANY, epoch, p.encode_lookup(ns, [b"k" * 32, b"x" * 32]))
-        assert ring.nap(0.0002, 5.0) == (-1, 1)
+        assert ring.idle_wait(0.0002, 5.0) == (-1, 1)
         assert srv.index.burst_leases == 1 and srv.index.entries[(ns, b"k" * 32)].leases == 1
         (lease, nbytes, extents, _crc), (absent, *_rest) = p.decode_get_many_reply_ex(t.collect(ns_timeout)[2])
         assert lease and nbytes == 4096 and extents and absent == 0
-        # RELEASE is Python's: the nap ends on it, answers nothing, and the loop's serve answers it.
+        # RELEASE is Python's: the idle wait ends on it, answers nothing, and the loop's serve answers it.
         t.submit(Op.RELEASE, epoch, p.encode_release([lease]))
-        got, answered = ring.nap(0.0002, 5.0)
+        got, answered = ring.idle_wait(0.0002, 5.0)
         assert got >= 0 and answered == 0
         assert ring.serve(0) == 1 and p.decode_u32(t.collect(ns_timeout)[2], "RELEASE reply") == 1
-        # A hostile slot (wrong magic) mid-nap: left to Python, which answers it BAD_MAGIC; the
-        # nap after it answers the next ping as before.
+        # A hostile slot (wrong magic) mid-wait: left to Python, which answers it BAD_MAGIC; the
+        # idle wait after it answers the next ping as before.
         off = t._offsets[t._seq % t.slots_per_ring]
         pool.buf[off + HEADER_SIZE : off + HEADER_SIZE + 4] = b"evil"
         HEADER.pack_into(pool.buf, off, REQ_READY, t._seq, 0xBAD, epoch, Op.PING, 0, 4)
         t._seq += 1
         t._inflight.append(t._seq - 1)
-        got, answered = ring.nap(0.0002, 5.0)
+        got, answered = ring.idle_wait(0.0002, 5.0)
         assert got >= 0 and answered == 0
         assert ring.serve(0) == 1 and ring.bad_slots == 1
         assert t.collect(ns_timeout)[0] == p.Code.BAD_MAGIC
         t.submit(Op.PING, epoch, b"after")
-        assert ring.nap(0.0002, 5.0) == (-1, 1) and t.collect(ns_timeout) == (0, epoch, b"after")
+        assert ring.idle_wait(0.0002, 5.0) == (-1, 1) and t.collect(ns_timeout) == (0, epoch, b"after")
         # The selector's fd, the timeout, a closed fd.
         b.send(b"x")
-        assert ring.nap(0.0002, 5.0, a.fileno()) == (-2, 0)
+        assert ring.idle_wait(0.0002, 5.0, a.fileno()) == (-2, 0)
         t0 = time.monotonic()
-        assert ring.nap(0.0002, 0.03) == (-1, 0) and time.monotonic() - t0 >= 0.025
+        assert ring.idle_wait(0.0002, 0.03) == (-1, 0) and time.monotonic() - t0 >= 0.025
         fd = os.dup(a.fileno())
         os.close(fd)
         with pytest.raises(ValueError, match="not open"):
-            ring.nap(0.0002, 0.05, fd)
+            ring.idle_wait(0.0002, 0.05, fd)
     finally:
         a.close()
         b.close()

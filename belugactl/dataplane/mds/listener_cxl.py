@@ -98,30 +98,30 @@ class RingListener(Listener):
             served += 1
         return served
 
-    def nap(self, nap_s: float, timeout_s: float, fd: int = -1) -> tuple[int, int]:
+    def idle_wait(self, every_s: float, timeout_s: float, fd: int = -1) -> tuple[int, int]:
         """Wait, without a core, for a request in a ring, `fd` readable, or `timeout_s`: every ring's
-        cursor slot and slot 0 looked at every `nap_s`, in C without the GIL, instead of a turn of
+        cursor slot and slot 0 looked at every `every_s`, in C without the GIL, instead of a turn of
         the server's Python loop for each look. Returns (what ended it, requests answered): -1 the
         timeout, -2 `fd`, >= 0 a ready slot left to Python.
 
         With the fast path, requests it handles (lookups, GET_MANY, pings) are answered in the same
-        call the moment the nap sees them (`fast_serve` with a nap): an idle server's first request
+        call the moment the wait sees them (`fast_serve` with a sleep): an idle server's first request
         does not wait for a cold turn of the Python loop first; the bookkeeping follows, after the
         reply went out."""
-        nap_ns = max(1, int(nap_s * 1e9))
+        sleep_ns = max(1, int(every_s * 1e9))
         timeout_ns = int(timeout_s * 1e9)
         if self._fast is not None and self.server.service.ready:
-            served, stop = self.fast_burst(self._start, timeout_ns, nap_ns, fd)
+            served, stop = self.fast_burst(self._start, timeout_ns, sleep_ns, fd)
             return stop, served
-        return int(native.nap_wait_any(self.buf, self._offs, REQ_READY, timeout_ns, nap_ns, self.flush, fd)), 0
+        return int(native.idle_wait_any(self.buf, self._offs, REQ_READY, timeout_ns, sleep_ns, self.flush, fd)), 0
 
     def rotate(self) -> None:
         """Fairness between rings: look at the next ring first next time."""
         self._start = self._start + 1 if self._start + 1 < self.geometry.ring_count else 0
 
-    def fast_burst(self, start: int, spin_ns: int, nap_ns: int = 0, fd: int = -1) -> tuple[int, int]:
+    def fast_burst(self, start: int, spin_ns: int, sleep_ns: int = 0, fd: int = -1) -> tuple[int, int]:
         """Let the native helper answer lookups, GETs, GET_MANYs and pings until something else shows
-        up; (served, stop). `nap_ns`: sleep that long between looks (and wake on `fd`, stop -2)
+        up; (served, stop). `sleep_ns`: sleep that long between looks (and wake on `fd`, stop -2)
         instead of spinning, returning once a run of requests is answered."""
         server = self.server
         index = server.index
@@ -132,7 +132,7 @@ class RingListener(Listener):
         out = native.fast_serve(
             self._fast, self.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
             self.geometry.slot_size, service.epoch32, index.ns_id_bound, self.flush, spin_ns,
-            start, index.next_lease, 256, hist.bounds_ns, hist.counts, service.leases.key_bytes, nap_ns, fd,
+            start, index.next_lease, 256, hist.bounds_ns, hist.counts, service.leases.key_bytes, sleep_ns, fd,
         )  # fmt: skip
         served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets, manys, many_keys, many_hits = out
         if served:
@@ -217,7 +217,7 @@ class RingListener(Listener):
     def resync(self) -> int:
         """Safety net: a ring whose cursor slot is idle while other slots wait gets its cursor moved
         to the oldest waiting request (a client that pipelined after a reset without HELLO, or one
-        that scribbled). Clients post in order, so this never reorders a well-behaved ring.
+        that scribbled). Clients send in order, so this never reorders a well-behaved ring.
 
         One native scan over every slot finds the rings with a request waiting (none, when idle);
         only those are looked at slot by slot."""

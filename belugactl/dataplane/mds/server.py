@@ -25,11 +25,11 @@ Start-up order (each step fails cleanly before the next changes anything shared)
 
 The loop is single-threaded (the index needs no locks). It spins on the spinning listener (the
 rings; GIL released in the native helper), drains the selector (TCP) every few requests, and
-after `idle_after_s` without a request naps (woken at once by TCP, within `idle_poll_s` by CXL)
+after `idle_after_s` without a request waits idle (woken at once by TCP, within `idle_poll_s` by CXL)
 so an idle server does not burn a core; for `warm_after_s` after a request it looks every
 `warm_poll_s` instead (the next burst of the same client is usually near), unless it never
-busy-polls (`idle_after_s` 0: a host whose cores run the model). The nap is one native call
-(RingListener.nap) that looks at the rings between sleeps and wakes on the selector's fd, so an
+busy-polls (`idle_after_s` 0: a host whose cores run the model). The idle wait is one native call
+(RingListener.idle_wait) that looks at the rings between sleeps and wakes on the selector's fd, so an
 idle server runs no Python until a request, a socket event or the housekeeping is due; the
 requests the fast path handles (a pool hit's lookup) it answers in that same call, before any
 Python runs.
@@ -68,8 +68,8 @@ def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
     Without a busy-poll (`idle_after_s` 0, `spin_after_ms: 0`) there are no warm looks either: that
     setting is for a host whose few cores run the model, and 10 000 wake-ups a second for 50 ms
     after every request land in the forward pass that follows a pool hit. On the CPU demo they cost
-    it about 2 ms (docs/serving.md), more than they saved the worker's release, which nobody waits
-    for (it is posted)."""
+    it more than they saved the worker's release, which nobody waits for (it is sent without
+    waiting: docs/measurements.md)."""
     if not rings or cfg.idle_after_s <= 0:
         return cfg.idle_poll_s
     if quiet_s <= cfg.idle_after_s:
@@ -79,9 +79,9 @@ def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
     return cfg.idle_poll_s
 
 
-def nap_timeout_s(cfg: ServerConfig, quiet_s: float, housekeeping_in_s: float) -> float:
-    """How long one idle nap (RingListener.nap) may last: until the housekeeping is due, and no
-    later than the end of the warm looks it naps at (`quiet_wait_s`), whose rate then changes."""
+def idle_wait_timeout_s(cfg: ServerConfig, quiet_s: float, housekeeping_in_s: float) -> float:
+    """How long one idle wait (RingListener.idle_wait) may last: until the housekeeping is due, and
+    no later than the end of the warm looks it waits at (`quiet_wait_s`), whose rate then changes."""
     timeout = housekeeping_in_s
     if cfg.idle_after_s > 0 and quiet_s <= cfg.idle_after_s + cfg.warm_after_s:
         timeout = min(timeout, cfg.idle_after_s + cfg.warm_after_s - quiet_s)
@@ -98,14 +98,13 @@ class ServerConfig:
     index: IndexConfig = field(default_factory=IndexConfig)
     spin_ns: int = 200_000  # one native wait on the rings before looking at TCP and timers
     idle_after_s: float = 0.05
-    # 0.25 ms: the idle wait looks at the rings in C (RingListener.nap), a few microseconds of CPU
-    # a look, so it can look twice as often as the Python loop's 0.5 ms did at half its CPU
-    # (docs/serving.md: 4.4 % of a core idle against 7.6 to 10.8 %, a ping after an idle spell
-    # answered in 315 us median against 360).
+    # 0.25 ms: the idle wait looks at the rings in C (RingListener.idle_wait), far cheaper a look
+    # than a turn of the Python loop, so it can look twice as often as the Python loop's 0.5 ms did
+    # for less CPU (docs/measurements.md).
     idle_poll_s: float = 0.00025
     # Between busy-polling and the idle poll: for this long after the busy-poll ended (a client's
     # next burst usually follows within milliseconds: a lookup, then the worker's release) look
-    # every warm_poll_s. Each look is a few microseconds; a busy-poll would take a whole core.
+    # every warm_poll_s. Each look is cheap; a busy-poll would take a whole core.
     # Only after a busy-poll: with idle_after_s 0 the server only ever looks every idle_poll_s.
     warm_after_s: float = 0.05
     warm_poll_s: float = 0.0001
@@ -220,13 +219,13 @@ class MetadataServer:
         gc.set_threshold(100_000, 50, 50)
         cfg = self.config
         ring = self.ring
-        nap = getattr(ring, "nap", None)  # a listener that can wait for its own requests without a core
+        idle_wait = getattr(ring, "idle_wait", None)  # a listener that can wait for its requests without a core
         selector_fd = self.selector.fileno() if hasattr(self.selector, "fileno") else -1
         others = [lst for lst in self.listeners if lst is not ring]
         served_since_poll = 0
         last_request = time.monotonic()
         next_housekeeping = 0.0
-        woke = False  # the last nap ended early (a ready slot or socket)
+        woke = False  # the last idle wait ended early (a ready slot or socket)
         while not self._stop.is_set():
             idle = time.monotonic() - last_request > cfg.idle_after_s
             # With selector clients connected, spin in shorter stretches so their requests wait less.
@@ -236,21 +235,21 @@ class MetadataServer:
             if not served:
                 now = time.monotonic()
                 wait = quiet_wait_s(cfg, now - last_request, ring is not None)
-                if nap is not None and wait > 0 and not busy and not woke:
-                    # No socket client to answer quickly: nap between looks at the rings in C until
-                    # a ring has a request, the selector has an event (a TCP connection), or the
-                    # housekeeping is due, with no turn of this loop in between (each costs tens of
-                    # microseconds of CPU on the cores the model runs on).
-                    timeout = nap_timeout_s(cfg, now - last_request, next_housekeeping - now)
-                    got, answered = nap(wait, timeout, selector_fd)
+                if idle_wait is not None and wait > 0 and not busy and not woke:
+                    # No socket client to answer quickly: sleep between looks at the rings in C
+                    # until a ring has a request, the selector has an event (a TCP connection), or
+                    # the housekeeping is due, with no turn of this loop in between (each costs CPU
+                    # on the cores the model runs on).
+                    timeout = idle_wait_timeout_s(cfg, now - last_request, next_housekeeping - now)
+                    got, answered = idle_wait(wait, timeout, selector_fd)
                     woke = got != -1
-                    if answered:  # answered in the nap, bookkept: a request as any other
+                    if answered:  # answered in the idle wait, bookkept: a request as any other
                         served_since_poll += answered
                         last_request = time.monotonic()
                     if got == -2:
                         self.poll_selector(0)
                 else:
-                    # Also after a nap that ended early on a slot or a socket that the turn then
+                    # Also after an idle wait that ended early on a slot or a socket that the turn then
                     # left alone: never a busy loop on something that stays ready.
                     woke = False
                     self.poll_selector(wait, busy)
@@ -363,7 +362,7 @@ class MetadataServer:
                 "tcp": tcp_stats.get("requests", 0),
                 "errors": service.error_count,
                 "foreign_refused": self.index.counters.foreign_refused,
-                "released_handed_over": service.released_handed_over,
+                "released_handed_over": service.released_granted_elsewhere,  # the stats' public name, kept
                 "batched_items": service.batched_items,
                 "bad_slots": ring.get("bad_slots", 0),
                 "rings_resynced": ring.get("rings_resynced", 0),

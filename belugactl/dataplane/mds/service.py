@@ -55,7 +55,7 @@ class MetadataService:
         # Set by fencing: RESERVE answers NOT_READY while an earlier epoch's writers may still write.
         self.reserve_blocked = ""
         self.on_reserve: Callable[[], None] | None = None  # fencing records the writers' deadline
-        self.released_handed_over = 0  # leases released by a client they were handed to
+        self.released_granted_elsewhere = 0  # leases released by a client another one passed them to
         # How long a writer may write into a reservation, from before it asked (HELLO tells it).
         self.writer_window_ms = int(index.config.reservation_ttl_s * 1000)
         # How long a read lease lives at least, from before its request was sent (HELLO tells readers:
@@ -336,14 +336,15 @@ class MetadataService:
 
     def _release(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         """All or nothing: one id granted to another owner refuses the whole request (NOT_OWNER),
-        unless the client says the leases were handed to it (RELEASE_HANDED_OVER, counted)."""
+        unless the client says they were granted elsewhere and passed to it (RELEASE_GRANTED_ELSEWHERE,
+        counted)."""
         ids, flags = p.decode_release_raw(data)
-        handed_over = bool(flags & p.RELEASE_HANDED_OVER)
+        granted_elsewhere = bool(flags & p.RELEASE_GRANTED_ELSEWHERE)
         seqs, foreign = self.leases.decode_many(ids, owner)
-        if foreign and not handed_over:
+        if foreign and not granted_elsewhere:
             self.index.counters.foreign_refused += 1
             return int(Code.NOT_OWNER), b""
-        self.released_handed_over += foreign
+        self.released_granted_elsewhere += foreign
         return 0, p.encode_u32(self.index.release(seqs))
 
     def _delete(self, data, _max: int, _owner: int) -> tuple[int, bytes]:

@@ -113,9 +113,9 @@ _GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, checksum k
 _RESERVE_REP = struct.Struct("<QHHI")  # token, extent count, pad, pad
 _EXTENT = struct.Struct("<QQ")
 _RELEASE_REQ = struct.Struct("<HHI")  # count, flags, pad
-# RELEASE flag: the leases were handed to this client by the one that got them (the vLLM scheduler
-# looks blocks up, a worker copies and releases). Without it a lease of another owner is refused.
-RELEASE_HANDED_OVER = 1
+# RELEASE flag: the leases were granted to another client, which passed them to this one (the vLLM
+# scheduler looks blocks up, a worker copies and releases). Without it a lease of another owner is refused.
+RELEASE_GRANTED_ELSEWHERE = 1
 
 STATS_FIELDS: tuple[str, ...] = (
     "epoch",

@@ -1,4 +1,4 @@
-"""CXL-RPC slot operations: post a request, take it on the server, reply, collect the reply.
+"""CXL-RPC slot operations: send a request, take it on the server, reply, collect the reply.
 
 One ring per client in the pool's metadata area; each ring holds `slots_per_ring` fixed-size,
 cache-line-aligned slots (see protocol.py for the 32-byte header). A client uses its slots in
@@ -31,7 +31,7 @@ _Q = struct.Struct("<Q")
 Taken = tuple[int, int, int, int, int, int, bytes | None]
 
 
-def _py_post(buf: Any, off: int, seq: int, epoch: int, op: int, payload: bytes, flush: bool) -> None:
+def _py_send(buf: Any, off: int, seq: int, epoch: int, op: int, payload: bytes, flush: bool) -> None:
     n = len(payload)
     buf[off + HEADER_SIZE : off + HEADER_SIZE + n] = payload
     HEADER.pack_into(buf, off, FREE, seq, MAGIC, epoch & 0xFFFFFFFF, op, 0, n)
@@ -86,13 +86,13 @@ def _py_reply(buf: Any, off: int, seq: int, epoch: int, op: int, code: int, payl
 
 
 _n = native._native
-if _n is not None and hasattr(_n, "rpc_post"):
-    post = _n.rpc_post
+if _n is not None and hasattr(_n, "rpc_send"):
+    send = _n.rpc_send
     wait_reply = _n.rpc_wait_reply
     take = _n.rpc_take
     reply = _n.rpc_reply
 else:
-    post = _py_post
+    send = _py_send
     wait_reply = _py_wait_reply
     take = _py_take
     reply = _py_reply

@@ -4,6 +4,9 @@ A transport moves one request and its reply; it knows nothing about what the ops
 transport offers `call` (one round trip), `call_many` (a pipelined burst, replies in order) and
 `submit`/`collect` (several requests in flight, for the benchmarks). Any failure to get a well-formed reply raises
 `TransportError` and marks the transport broken; the client turns that into `MetadataUnavailable`.
+A transport that can do more in one native call (a GET_MANY burst, a lookup whose reply is taken
+later, a release without waiting) says so in the `can_*` class attributes and overrides the
+methods listed with them; the defaults say "not supported".
 
 Transports register themselves by scheme (`@register_transport`); `transport_for(url)` imports
 every `rpc/transport_<scheme>.py` module and picks the class. Adding a transport: that module, plus
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -80,6 +84,56 @@ class ClientTransport(ABC):
                 sent += 1
             replies.append(self.collect(timeout_ns))
         return replies
+
+    # --- what a transport can do beyond one request at a time ---------------------------------
+    # Declared per class, so the client checks a class attribute instead of probing for methods.
+    # A transport that sets one to True overrides the methods listed with it; those methods may
+    # still answer None ("not this time, nothing was sent": no native helper, no room in flight),
+    # and the client then takes the plain path. The defaults below say "not supported".
+    can_get_many_in_one_call: ClassVar[bool] = False  # get_many
+    can_start_lookups: ClassVar[bool] = False  # start_get_many, finish_get_many
+    can_release_in_one_call: ClassVar[bool] = False  # release_nowait, release_args, unreserve
+
+    def get_many(
+        self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int, timeout_ns: int
+    ) -> tuple[int, Any, Any] | tuple[int, Any] | None:
+        """A GET_MANY lookup of `keys` (`per_message` to a message) encoded, sent as one burst and
+        decoded in one call: (0, locations, indices of keys no reply carried), (code, message
+        index) for a refused message, or (-3 / -4, why) for a reply that is not a GET_MANY answer.
+        None: nothing was sent, the client uses `call_many`."""
+        return None
+
+    def start_get_many(self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int) -> int | None:
+        """Send `get_many`'s messages without waiting; their replies stay in flight for
+        `finish_get_many`. Returns the first message's sequence number; None: nothing was sent."""
+        return None
+
+    def finish_get_many(
+        self, seq: int, nkeys: int, per_message: int, timeout_ns: int
+    ) -> tuple[int, Any, Any] | tuple[int, Any]:
+        """The replies of the lookup `start_get_many` sent from `seq` (the oldest requests in
+        flight), taken and decoded as `get_many` returns them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot start lookups")
+
+    def release_nowait(
+        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int
+    ) -> list[int] | int | None:
+        """RELEASE messages for `lease_ids`, `per_message` ids each, encoded and sent in one call
+        without waiting: the ids in each message sent, or FENCED (nothing sent). None: nothing was
+        sent, the client submits them itself."""
+        return None
+
+    def release_args(
+        self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int, messages: int = 0
+    ) -> tuple[Any, ...] | None:
+        """The arguments of the native no-wait release, for a caller whose own native call sends it
+        (the one-call load); with `messages`, that many sequences are booked now (`unreserve`
+        gives back the unsent ones). None: it cannot go that way."""
+        return None
+
+    def unreserve(self, seq: int, reserved: int, sent: int) -> None:
+        """Give back the sequences `release_args` booked from `seq` that were not sent."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release in one call")
 
     def forget_epoch(self) -> None:
         """Before HELLO: stop checking for a fence (HELLO is how the new epoch is learnt)."""

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 _rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
 _rpc_call_many = getattr(native._native, "rpc_call_many", None) if native._native is not None else None
 _rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native is not None else None
-_rpc_post_release = getattr(native._native, "rpc_post_release", None) if native._native is not None else None
-_rpc_get_many_post = getattr(native._native, "rpc_get_many_post", None) if native._native is not None else None
-_rpc_get_many_collect = getattr(native._native, "rpc_get_many_collect", None) if native._native is not None else None
+_rpc_release_nowait = getattr(native._native, "rpc_release_nowait", None) if native._native is not None else None
+_rpc_get_many_start = getattr(native._native, "rpc_get_many_start", None) if native._native is not None else None
+_rpc_get_many_finish = getattr(native._native, "rpc_get_many_finish", None) if native._native is not None else None
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20
@@ -47,6 +47,10 @@ class CxlTransport(ClientTransport):
     kind = "cxl"
     example = "cxl://<pool path>#<ring>"
     owned_pool: PoolMapping | None = None
+    # In one native call when the helper is built (each method answers None when it is not).
+    can_get_many_in_one_call = True
+    can_start_lookups = True
+    can_release_in_one_call = True
 
     @classmethod
     def open(cls, address: str, *, pool: PoolMapping | None, timeout_s: float) -> CxlTransport:
@@ -124,7 +128,7 @@ class CxlTransport(ClientTransport):
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + 1
-        slots.post(self.buf, off, seq, epoch, op, payload, self.flush)
+        slots.send(self.buf, off, seq, epoch, op, payload, self.flush)
         self._inflight.append(seq)
         return seq
 
@@ -186,7 +190,7 @@ class CxlTransport(ClientTransport):
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
         self._seq = seq + 1
-        slots.post(buf, off, seq, epoch, op, payload, self.flush)
+        slots.send(buf, off, seq, epoch, op, payload, self.flush)
         return self._wait_reply(off, seq, timeout_ns)
 
     def call_many(self, op: int, epoch: int, payloads: Sequence[bytes], timeout_ns: int) -> list[Reply]:
@@ -256,46 +260,46 @@ class CxlTransport(ClientTransport):
         self._seq = seq + messages
         return r
 
-    def post_get_many(self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int) -> int | None:
-        """The first half of `get_many`: the GET_MANY messages for `keys` encoded and posted in one
-        native call (`rpc_get_many_post`), their replies left in flight for `collect_get_many`.
+    def start_get_many(self, epoch: int, ns: int, keys: Sequence[bytes], per_message: int) -> int | None:
+        """The first half of `get_many`: the GET_MANY messages for `keys` encoded and sent in one
+        native call (`rpc_get_many_start`), their replies left in flight for `finish_get_many`.
         Returns the first message's sequence number; None when this transport cannot (no native
         helper, more messages than the ring has free slots, keys of several lengths): nothing was
         sent. Raises TransportError for a slot still busy from an abandoned request."""
-        if _rpc_get_many_post is None or _rpc_get_many_collect is None or not keys:
+        if _rpc_get_many_start is None or _rpc_get_many_finish is None or not keys:
             return None
         free = self.max_inflight - len(self._inflight)
         if free < 1:
             return None
         seq = self._seq
         try:
-            r = _rpc_get_many_post(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
-                                   free, self.flush)  # fmt: skip
+            r = _rpc_get_many_start(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
+                                    free, self.flush)  # fmt: skip
         except TypeError:
             return None
         if r is None:
             return None
-        posted = r[1] if isinstance(r, tuple) else r
-        self._inflight.extend(range(seq, seq + posted))
-        self._seq = seq + posted
+        sent = r[1] if isinstance(r, tuple) else r
+        self._inflight.extend(range(seq, seq + sent))
+        self._seq = seq + sent
         if isinstance(r, tuple):
             self.broken = True
             raise TransportError("ring slot still busy from an abandoned request")
         return seq
 
-    def collect_get_many(
+    def finish_get_many(
         self, seq: int, nkeys: int, per_message: int, timeout_ns: int
     ) -> tuple[int, Any, Any] | tuple[int, Any]:
-        """The second half: the replies of the lookup `post_get_many` sent from `seq`, which must be
-        the oldest requests in flight, taken and decoded in one native call. Returns what `get_many`
-        returns; raises TransportError where it does (the ring is then broken)."""
+        """The second half: the replies of the lookup `start_get_many` sent from `seq`, which must
+        be the oldest requests in flight, taken and decoded in one native call. Returns what
+        `get_many` returns; raises TransportError where it does (the ring is then broken)."""
         messages = -(-nkeys // max(1, per_message))
         # Its messages went out as consecutive sequences: the oldest in flight must be its first.
         if len(self._inflight) < messages or self._inflight[0] != seq:
-            raise ValueError("collect_get_many: that lookup's replies are not the next ones in flight")
+            raise ValueError("finish_get_many: that lookup's replies are not the next ones in flight")
         try:
-            r = _rpc_get_many_collect(self.buf, self._offsets_buf, seq, nkeys, per_message, self.max_payload,
-                                      timeout_ns, self.flush)  # fmt: skip
+            r = _rpc_get_many_finish(self.buf, self._offsets_buf, seq, nkeys, per_message, self.max_payload,
+                                     timeout_ns, self.flush)  # fmt: skip
         except ValueError as exc:  # a malformed reply slot: nothing of this ring can be trusted now
             self.broken = True
             raise TransportError(str(exc)) from None
@@ -306,30 +310,30 @@ class CxlTransport(ClientTransport):
             self._inflight.popleft()
         return r
 
-    def post_release(
+    def release_nowait(
         self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int
     ) -> list[int] | int | None:
         """RELEASE messages for `lease_ids` (ints, or an array('Q')) `per_message` to a message,
-        encoded and posted in one native call (`rpc_post_release`), their replies left in flight:
-        what a vLLM worker posts right after a pool hit's copy. Returns the ids in each message
-        posted; FENCED when the pool's epoch moved since `adopt` (checked in the same call: nothing
-        was sent); None when this transport cannot (no native helper): nothing was sent, the caller
-        submits them itself. The caller keeps within `max_inflight`. Raises TransportError for a slot still busy from an
-        abandoned request (the ring is out of step)."""
+        encoded and sent in one native call (`rpc_release_nowait`), their replies left in flight:
+        what a vLLM worker sends right after a pool hit's copy. Returns the ids in each message
+        sent; FENCED when the pool's epoch moved since `adopt` (checked in the same call: nothing
+        was sent); None when this transport cannot (no native helper): nothing was sent, the
+        caller submits them itself. The caller keeps within `max_inflight`. Raises TransportError
+        for a slot still busy from an abandoned request (the ring is out of step)."""
         args = self.release_args(epoch, lease_ids, flags, per_message)
         if args is None:
             return None
-        return self.account_release(args[2], _rpc_post_release(*args))
+        return self.account_release(args[2], _rpc_release_nowait(*args))
 
     def release_args(
         self, epoch: int, lease_ids: Sequence[int] | array, flags: int, per_message: int, messages: int = 0
     ) -> tuple[Any, ...] | None:
-        """rpc_post_release's arguments for posting `lease_ids` at this ring's next sequence, for a
-        caller whose own native call posts them (the data plane's `load_blocks_checked`, right after
-        its copy): None without the native helper. With `messages`, that many sequences are taken
-        now, as if posted (the call after the copy then needs no bookkeeping): `unreserve` gives
-        back those it did not post. Nothing else may use this transport until then."""
-        if _rpc_post_release is None:
+        """rpc_release_nowait's arguments for sending `lease_ids` at this ring's next sequence, for
+        a caller whose own native call sends them (the one-call load, `load_blocks_checked`, right
+        after its copy): None without the native helper. With `messages`, that many sequences are
+        taken now, as if sent (the call after the copy then needs no bookkeeping): `unreserve`
+        gives back those it did not send. Nothing else may use this transport until then."""
+        if _rpc_release_nowait is None:
             return None
         seq = self._seq
         fence = self.fence_epoch
@@ -339,19 +343,19 @@ class CxlTransport(ClientTransport):
         return (self.buf, self._offsets_buf, seq, epoch, lease_ids, flags, per_message, self.max_payload,
                 self.flush, self._epoch_off if fence is not None else -1, fence or 0)  # fmt: skip
 
-    def unreserve(self, seq: int, reserved: int, posted: int) -> None:
-        """Give back the sequences `release_args` took from `seq` that were not posted (the newest
+    def unreserve(self, seq: int, reserved: int, sent: int) -> None:
+        """Give back the sequences `release_args` took from `seq` that were not sent (the newest
         in flight): the ring goes on from the first one not used."""
-        for _ in range(reserved - posted):
+        for _ in range(reserved - sent):
             self._inflight.pop()
-        self._seq = seq + posted
+        self._seq = seq + sent
 
     def account_release(self, seq: int, r: Any) -> list[int] | int:
-        """What a posted release (from `seq`) sent: its messages' replies are now in flight.
-        Returns the ids in each message posted, or FENCED; raises TransportError for a slot still
+        """What a no-wait release (from `seq`) sent: its messages' replies are now in flight.
+        Returns the ids in each message sent, or FENCED; raises TransportError for a slot still
         busy from an abandoned request."""
         if isinstance(r, tuple) and r[0] == FENCED:
-            return FENCED  # the pool's epoch moved: nothing was posted
+            return FENCED  # the pool's epoch moved: nothing was sent
         counts = r if r.__class__ is list else r[1]
         self._inflight.extend(range(seq, seq + len(counts)))
         self._seq = seq + len(counts)
