@@ -4,9 +4,9 @@
 /* Non-temporal copy of a 64-byte-aligned destination body of `n` bytes (a multiple of 64).
  * Like glibc's large-copy path: four 4 KiB pages are streamed side by side (one DRAM page
  * opened per stream, and the hardware prefetcher sees four steady streams instead of restarting
- * at every page) with a software prefetch a few lines ahead of each. On this machine that is
- * 1.3 to 1.4x a plain one-stream loop for 32 KiB pieces (glibc does the same for one big copy,
- * so without it a gather of pieces cannot keep up with one memcpy of the same bytes). */
+ * at every page) with a software prefetch a few lines ahead of each: faster than a plain
+ * one-stream loop for pieces of a few pages (glibc does the same for one big copy, so without it
+ * a gather of pieces cannot keep up with one memcpy of the same bytes; docs/measurements.md). */
 #define NT_PAGE 4096
 #define NT_GROUP (4 * NT_PAGE)
 #if BELUGA_X86

@@ -180,18 +180,9 @@ done:
     return r;
 }
 
-/* rpc_call_many(buf, slot_offsets_int64[S], seq0, epoch32, op, payloads, max_payload, window, timeout_ns, flush)
- *   -> [(code, epoch, payload), ...] | (-2, done) | None on timeout
- * A client's pipelined burst in one call: request i goes out as sequence seq0 + i in slot
- * (seq0 + i) % S, at most `window` in flight, and the replies come back in order. Why native:
- * a Python loop takes the GIL back after every reply it waited for, and beside a busy thread in the
- * same process (vLLM's engine core: sockets, the load thread) each take can cost milliseconds.
- * Here the GIL is held for a short first spin (a busy-polling server answers a whole burst within
- * it), then released once for the rest and taken back once; past 0.3 ms without progress the wait
- * sleeps 20 us between looks instead of spinning. Replies are copied out of their slots
- * into private memory as they arrive, so a slot is free for the next request at once.
- * (-2, done): the slot for request `done` still held REQ_READY from an abandoned request (nothing
- * from `done` on was sent). A malformed reply raises ValueError. */
+/* How rpc_call_many (below) and the message calls waiting on a burst wait: the GIL held for the
+ * first CALL_MANY_HELD_NS, then released; past CALL_MANY_SLEEP_AFTER_NS without progress, a sleep
+ * of CALL_MANY_SLEEP_NS between looks instead of a spin. */
 #define CALL_MANY_HELD_NS 200000ull
 #define CALL_MANY_SLEEP_AFTER_NS 300000ull
 #define CALL_MANY_SLEEP_NS 20000L

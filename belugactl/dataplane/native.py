@@ -1,4 +1,4 @@
-"""The native coherence helper, or pure-Python stand-ins that are honest about what they cannot do.
+"""The native coherence helper, or pure-Python fallbacks that are honest about what they cannot do.
 
 With the C extension (`_native`, built by setup.py with the machine's compiler) this module gives:
 cache-line flush + fence (clwb / clflushopt / clflush, picked with cpuid at import), non-temporal
@@ -8,7 +8,7 @@ gather/scatter copy of many pieces in one call.
 Without it the same functions exist and work on ONE host (the CPU cache is coherent there), but
 `flush` cannot flush and `cas64` is not atomic across processes. `require_coherence()` turns that
 into a loud warning (or an error) wherever a pool is shared by several hosts. Set
-BELUGACTL_NATIVE=0 to force the stand-ins (tests of the fallback path use it).
+BELUGACTL_NATIVE=0 to force the fallbacks (tests of the fallback path use it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _native: Any = None
 if os.environ.get("BELUGACTL_NATIVE", "1") != "0":
     try:
         from belugactl.dataplane import _native  # type: ignore[attr-defined,no-redef]
-    except ImportError:  # not built: the stand-ins below take over
+    except ImportError:  # not built: the fallbacks below take over
         _native = None
 
 AVAILABLE: bool = _native is not None
@@ -65,7 +65,7 @@ def require_coherence(*, shared_by_hosts: bool, uncacheable: bool = False) -> st
     return text
 
 
-# --- pure-Python stand-ins (single host only) -------------------------------------------------
+# --- pure-Python fallbacks (single host only) ------------------------------------------------
 
 
 def _check(buf: Any, off: int, n: int) -> None:
@@ -209,8 +209,8 @@ def _py_wait_words(buf: Any, offsets: Any, value: int, timeout_ns: int, sleep_ns
 
 
 # --- CRC32C (Castagnoli): checksums of KV blocks (docs/dataplane.md, "Checksums") -------------
-# The stand-in is a byte-at-a-time table in Python: correct and slow (a few MB/s), fine for tests
-# and small pools; the helper's SSE4.2 kernel runs at tens of GB/s. If the PyPI `crc32c` package
+# The fallback is a byte-at-a-time table in Python: correct and slow, fine for tests and small
+# pools; the helper's SSE4.2 kernel is orders of magnitude faster. If the PyPI `crc32c` package
 # happens to be installed it is used instead (same polynomial and chaining).
 _CRC_POLY = 0x82F63B78
 _CRC_TABLE = []
@@ -221,7 +221,7 @@ for _i in range(256):
     _CRC_TABLE.append(_c)
 del _i, _c
 
-try:  # an optional accelerator for the stand-in, used only when already installed
+try:  # an optional accelerator for the fallback, used only when already installed
     import crc32c as _crc32c_pkg  # type: ignore[import-not-found]
 except ImportError:
     _crc32c_pkg = None

@@ -1,4 +1,4 @@
-"""CRC32C of KV blocks: the native kernels against known vectors and the Python stand-in, the wire
+"""CRC32C of KV blocks: the native kernels against known vectors and the Python fallback, the wire
 and journal fields that carry a writer's checksum, and a reader's verified copy."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The native helper and its pure-Python stand-ins must agree; offsets outside the buffer never touch memory."""
+"""The native helper and its pure-Python fallbacks must agree; offsets outside the buffer never touch memory."""
 
 from __future__ import annotations
 

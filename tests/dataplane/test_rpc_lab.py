@@ -10,10 +10,7 @@ inside lab-1.
 
 What it does not prove: coherence. QEMU's TCG emulates no CPU caches, so a store is visible to the
 other guest at once whether or not the code flushes; the flush paths are reasoned about and
-unit-tested elsewhere. Latencies printed here are TCG's and mean nothing for hardware. Observed on
-2 shared cores: a PING from lab-2 (answered by the server's native fast path while each guest spins
-on its own host core) 30-50 us median; RESERVE/COMMIT/GET/RELEASE (Python service) 1-12 ms; a
-client inside lab-1, sharing its single vCPU with the server, 1.4-5 ms per PING (CXL or TCP).
+unit-tested elsewhere. Latencies printed here are TCG's and mean nothing for hardware.
 
 Slow (a 2-guest lab, `belugactl setup` in each guest); marked `lab`. Fails in CI (CI=true) and is
 skipped elsewhere when the lab's prerequisites are missing. Run:

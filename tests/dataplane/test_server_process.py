@@ -213,7 +213,7 @@ def test_clean_exit_codes(manifest_path: Path, pool_path: Path, tmp_path: Path, 
 
 
 def test_works_without_the_native_helper(manifest_path: Path, pool_path: Path) -> None:
-    """BELUGACTL_NATIVE=0: the Python stand-ins serve one host correctly (server and client)."""
+    """BELUGACTL_NATIVE=0: the Python fallbacks serve one host correctly (server and client)."""
     env = {**os.environ, "BELUGACTL_NATIVE": "0"}
     argv = [sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest_path), "--pool", str(pool_path),
             "--rpc-port", "0", "--admin-port", "0", "--fence-grace", "0", "--json"]  # fmt: skip

@@ -344,7 +344,7 @@ def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | N
     """(lease id, nbytes, extents, checksum or None) per key answered, in order; lease 0 means absent.
 
     Written flat (no helper calls per item): the scheduler decodes a long prompt's whole lookup on
-    a pool hit's critical path, about a microsecond a block this way."""
+    a pool hit's critical path."""
     _need(data, _MANY_REP.size, "GET_MANY reply")
     count = _MANY_REP.unpack_from(data, 0)[0]
     size = len(data)
@@ -449,8 +449,8 @@ def release_capacity(max_payload: int) -> int:
 
 
 def encode_release(lease_ids: Sequence[int], flags: int = 0) -> bytes:
-    # One pack call for the head and every id: a worker posts this right after its copy, when the
-    # interpreter is cold, and a pack per id cost about 30 us for a 125-block hit there.
+    # One pack call for the head and every id: a worker sends this right after its copy, when little
+    # of the interpreter is in the CPU caches, and a pack per id touches far more there.
     n = len(lease_ids)
     return struct.pack(f"<HHI{n}Q", n, flags, 0, *lease_ids)
 
