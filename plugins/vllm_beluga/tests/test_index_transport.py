@@ -12,8 +12,7 @@ from vllm_beluga.stats import ConnectorStats
 
 
 class _Client:
-    """A stand-in for KVIndexClient at the connection boundary: the counters the index reads, and
-    a LOOKUP_PREFIX that finds every key."""
+    """A fake KVIndexClient: the counters the index reads, and a LOOKUP_PREFIX that finds every key."""
 
     messages = round_trips = nowait_leases_ended = nowait_refused = 0
 

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-PROBE = """
+SCRIPT = """
 import importlib.metadata as md
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
@@ -37,7 +37,7 @@ print("ok", by_name.__module__, by_name.__name__)
 
 def test_entry_point_and_module_path_resolve_the_same_connector(vllm_python: Path) -> None:
     out = subprocess.run(  # noqa: S603 - fixed argv
-        [str(vllm_python), "-c", PROBE], capture_output=True, text=True, timeout=300, check=False
+        [str(vllm_python), "-c", SCRIPT], capture_output=True, text=True, timeout=300, check=False
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ok vllm_beluga.connector BelugaConnector" in out.stdout
