@@ -29,7 +29,8 @@ from belugactl.dataplane.rpc.protocol import LocationTuple
 from vllm_beluga.stats import ConnectorStats
 
 if TYPE_CHECKING:
-    from belugactl.dataplane.client import CopyRelease, KVIndexClient, PendingLookup, Removals, Reservation
+    from belugactl.dataplane.client import KVIndexClient, Removals, Reservation
+    from belugactl.dataplane.nowait import CopyRelease, PendingLookup
 
 # A child of vLLM's logger, so our lines land in vLLM's log with its format and level.
 log = logging.getLogger("vllm.beluga")
