@@ -385,7 +385,7 @@ class KVIndexClient:
     # --- index operations ---------------------------------------------------------------------
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
         """How many leading keys of this chain are committed. Grants read leases on them (TTL)."""
-        if len(keys) == 1:  # the common scheduler probe: skip the chunking machinery
+        if len(keys) == 1:  # the scheduler's common one-key lookup: skip the chunking machinery
             ns = self._ns.get(namespace) or self._ns_id(namespace)
             key = keys[0]
             reply = self._call(_LOOKUP, _LOOKUP_HDR.pack(ns, 1, len(key)) + key)
@@ -744,10 +744,10 @@ class KVIndexClient:
     def removals_since(self, cursor: int, namespace: str | None = None, *, max_items: int = 0xFFFF) -> Removals:
         """Keys the server removed (evicted, deleted, cleared) from sequence number `cursor` on, of
         `namespace` (None: every namespace), as many as one reply carries. Start with the `head` of
-        a probe (`max_items=0`) to follow from now, or 0 for everything the server still keeps.
+        a head query (`max_items=0`) to follow from now, or 0 for everything the server still keeps.
 
         A cursor belongs to the epoch it came from (`Removals.epoch`): after a server restart
-        (StaleEpoch, then reconnect) start again from a probe. RequestRejected (BAD_ARGS) for a
+        (StaleEpoch, then reconnect) start again from a head query. RequestRejected (BAD_ARGS) for a
         cursor past the server's head."""
         ns = 0 if namespace is None else self._ns_id(namespace)
         epoch = self.epoch

@@ -38,8 +38,8 @@ def client(request: pytest.FixtureRequest, mds: Mds) -> Iterator[KVIndexClient]:
 
 
 def _leases_held(mds: Mds) -> int:
-    with connect(mds.tcp, timeout_s=5) as probe:
-        return probe.stats()["leases"]
+    with connect(mds.tcp, timeout_s=5) as onlooker:
+        return onlooker.stats()["leases"]
 
 
 def _wait_leases(mds: Mds, want: int, timeout: float = 5.0) -> int:

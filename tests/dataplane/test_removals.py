@@ -92,8 +92,8 @@ def test_a_reply_carries_what_fits_and_the_cursor_resumes_there() -> None:
             break
     assert got == keys
     assert [k for *_x, k in _ask(s, 0, max_items=2)[3]] == keys[:2] and _ask(s, 0, max_items=2)[0] == 3
-    probe = _ask(s, 0, max_items=0)
-    assert probe[1:] == (13, 0, []) and probe[0] == 1
+    head_query = _ask(s, 0, max_items=0)
+    assert head_query[1:] == (13, 0, []) and head_query[0] == 1
 
 
 def test_a_cursor_behind_the_bounded_log_is_told_what_it_lost() -> None:

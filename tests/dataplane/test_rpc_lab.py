@@ -118,15 +118,15 @@ class Rack:
         path = self.share("lab-1") / "rpc-mds.log"
         return path.read_text(errors="replace") if path.exists() else "(no server log)"
 
-    def probe(self, host: str, action: str, *extra: str) -> dict[str, Any]:
-        """Run the client probe in a guest (rings come from the host's layout: no manifest to load
-        there, which saves seconds of Python imports per run under TCG)."""
+    def drive(self, host: str, action: str, *extra: str) -> dict[str, Any]:
+        """Run the RPC driver (lab/guest/rpc_driver.py) in a guest (rings come from the host's layout:
+        no manifest to load there, which saves seconds of Python imports per run under TCG)."""
         blocks = [f"--block={name}:{n}" for name, n in BLOCKS.items()]
         t0 = time.monotonic()
         r = self.sh(host, sys.executable, "-m", "belugactl.lab.guest.rpc_driver", action, "--pool", DAX,
                     "--namespace", NAMESPACE, "--seed", str(self.seed), *blocks, *extra)  # fmt: skip
         self.timings[f"{host} {action} {' '.join(extra)}"] = time.monotonic() - t0
-        assert r.stdout.strip(), f"{host} probe printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}"
+        assert r.stdout.strip(), f"{host} driver printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}"
         doc = json.loads(r.stdout.strip().splitlines()[-1])
         assert r.returncode == 0 and doc["ok"], (
             f"{host} {action} failed: {json.dumps(doc)[:4000]}\nstderr: {r.stderr[-2000:]}\n"
@@ -199,7 +199,7 @@ def _print_latencies(label: str, doc: dict[str, Any]) -> None:
     parts = [f"{op} {s['median']:.2f} ms (min {s['min']:.2f}, max {s['max']:.2f}, n={s['n']})"
              for op, s in doc["latency_ms"].items()]  # fmt: skip
     print(f"\n{label} [TCG, not hardware]: connect {doc['connect_ms']:.1f} ms; " + "; ".join(parts)
-          + f" | probe ran {doc['run_s']:.1f} s of a {doc['process_age_s']} s process")  # fmt: skip
+          + f" | driver ran {doc['run_s']:.1f} s of a {doc['process_age_s']} s process")  # fmt: skip
 
 
 def test_server_in_lab1_serves_cxl_rpc_over_the_pool(rack: Rack) -> None:
@@ -215,7 +215,7 @@ def test_lab2_puts_over_its_ring_and_lab1_reads_the_bytes(rack: Rack) -> None:
     ring1, ring2 = layout.ring_for("lab-1", 0), layout.ring_for("lab-2", 0)
     assert ring1 != ring2
 
-    put = rack.probe("lab-2", "put", "--ring", str(ring2))
+    put = rack.drive("lab-2", "put", "--ring", str(ring2))
     assert put["hostname"] == "lab-2" and put["ring"] == ring2 and put["address"] == f"cxl://{DAX}#{ring2}"
     assert put["epoch"] == rack.epoch and put["lookup_prefix"] == len(BLOCKS)
     assert put["needs_flush"] is True  # a write-back devdax pool shared by two hosts
@@ -246,19 +246,19 @@ def test_lab2_puts_over_its_ring_and_lab1_reads_the_bytes(rack: Rack) -> None:
             assert seq % rpc.slots_per_ring == slot["slot"]
 
     # A second client, on lab-1's own ring, finds what lab-2 wrote and reads the same bytes.
-    check = rack.probe("lab-1", "check", "--ring", str(ring1))
+    check = rack.drive("lab-1", "check", "--ring", str(ring1))
     assert check["hostname"] == "lab-1" and check["ring"] == ring1 and check["lookup_prefix"] == len(BLOCKS)
     seen = [(b["extents"], b["sha256"]) for b in check["blocks"]]
     assert seen == [(b["extents"], b["sha256"]) for b in put["blocks"]]
     _print_latencies("lab-1 -> lab-1 over CXL-RPC", check)
 
     # lab-2 again (a new client on the same ring: HELLO at slot 0 re-joins it) still sees them.
-    again = rack.probe("lab-2", "check", "--ring", str(ring2), "--pings", "0")
+    again = rack.drive("lab-2", "check", "--ring", str(ring2), "--pings", "0")
     assert again["lookup_prefix"] == len(BLOCKS)
 
 
 def test_same_lookups_over_tcp_in_lab1(rack: Rack) -> None:
-    doc = rack.probe("lab-1", "check", "--address", f"tcp://127.0.0.1:{RPC_PORT}")
+    doc = rack.drive("lab-1", "check", "--address", f"tcp://127.0.0.1:{RPC_PORT}")
     assert doc["address"].startswith("tcp://") and doc["lookup_prefix"] == len(BLOCKS)
     assert all(b["ok"] for b in doc["blocks"])
     _print_latencies("lab-1 -> lab-1 over TCP (loopback)", doc)

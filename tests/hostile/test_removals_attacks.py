@@ -99,8 +99,8 @@ def test_a_cursor_from_before_a_restart_is_fenced_then_refused(manifest_path, po
         # Under the new epoch the old cursor (21) is past the new log's head (1): refused, not misread.
         code, _ = _raw(fresh, Op.REMOVALS, p.encode_removals(before.next_cursor))
         assert code == Code.BAD_ARGS
-        probe = fresh.removals_since(0, max_items=0)
-        assert (probe.head, probe.lost, probe.items) == (1, 0, [])
+        head_query = fresh.removals_since(0, max_items=0)
+        assert (head_query.head, head_query.lost, head_query.items) == (1, 0, [])
         old.reconnect()
         assert old.removals_since(0, NS).items == []  # the new server removed nothing yet
         well_behaved_round_trip(second.tcp, pool, b"after-restart".ljust(32, b"."))

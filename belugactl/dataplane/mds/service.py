@@ -316,7 +316,7 @@ class MetadataService:
         items: list[bytes] = []
         next_cursor = stop
         if max_items == 0:
-            next_cursor = start  # a probe: only the head (and what is lost) is news
+            next_cursor = start  # a head query: only the head (and what is lost) is news
         else:
             for rec in log.records(start, stop, ns):
                 item = p.encode_removal_item(rec.ns, rec.why, rec.key)
