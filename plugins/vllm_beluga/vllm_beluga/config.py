@@ -127,7 +127,7 @@ def layerwise_loads_for(setting: str, device: str) -> bool:
 
     "auto" says no on a CPU engine: the copy thread would run on the very cores the forward pass's
     threads are bound to, and every core it takes stalls the whole forward (its threads meet at a
-    barrier after each operation). Measured on the 2-core CPU demo (docs/serving.md): the pool hit
+    barrier after each operation). Measured on the 2-core CPU demo (docs/measurements.md): the pool hit
     was slower layer-wise than copied before the forward pass. Elsewhere the copy is the device's
     (DMA), and "auto" says yes where the engine can copy by layer."""
     if setting == "on":
