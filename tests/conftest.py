@@ -3,6 +3,9 @@ a folder's own conftest.py adds fixtures only that folder uses.
 
 - a small two-host rack manifest and a file pool made from it (pool, data-plane tests)
 - fake machines `lab1` and `lab2` sharing one pool file (setup tests, `belugactl setup` CLI tests)
+- the tiers' rules for the whole run, plugins/ included (tests/support/tiers.py): `native` skips or
+  fails in CI without the helper, `process` marks and guards tests that start processes, and the
+  seconds per tier at the end
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ import pytest
 
 from tests.support.fake_machine import FakeMachine
 from tests.support.small_rack import SMALL_RACK
+from tests.support.tiers import TierPlugin
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A plugin, not this conftest's own hooks: those would reach only the tests below tests/.
+    if not config.pluginmanager.has_plugin("belugactl-tiers"):
+        config.pluginmanager.register(TierPlugin(), "belugactl-tiers")
 
 
 @pytest.fixture

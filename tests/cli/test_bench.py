@@ -30,6 +30,7 @@ def test_bench_arguments_are_checked_before_any_work(capsys) -> None:
     assert run(["bench", "serve", "-f", "examples/cpu-demo.yaml", "--lengths", "8"]) == 2
 
 
+@pytest.mark.process
 @pytest.mark.native
 def test_bench_rpc_lookup_keys_and_idle_ms_time_each_operation_after_each_pause(capsys) -> None:
     argv = ["bench", "rpc", "--samples", "50", "--seconds", "0.01", "--no-pin"]
@@ -46,11 +47,13 @@ def test_bench_rpc_lookup_keys_and_idle_ms_time_each_operation_after_each_pause(
     assert doc["nowait_refused"] == 0
 
 
+@pytest.mark.process
 def test_bench_rpc_without_lookup_options_measures_no_lookups(capsys) -> None:
     assert run(["bench", "rpc", "--samples", "50", "--seconds", "0.01", "--no-pin", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lookups"] is None
 
 
+@pytest.mark.process
 def test_bench_mds_idle_prints_the_idle_wait_beside_busy_polling(capsys) -> None:
     argv = ["bench", "mds", "--ops", "1000", "--batch-rounds", "0", "--idle", "--idle-rings", "6"]
     assert run([*argv, "--idle-seconds", "0.2", "--idle-pings", "3", "--json"]) == 0

@@ -35,6 +35,7 @@ def test_json_on_beluga_intel(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["topics_skipped"] == []  # a full discovery
 
 
+@pytest.mark.process
 def test_json_on_this_machine_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc, _err = _json(capsys, ["discover", "--json"])
     assert code == 0
@@ -44,6 +45,7 @@ def test_json_on_this_machine_exits_zero(capsys: pytest.CaptureFixture[str]) -> 
     assert doc["numa"] or any("node" in p for p in doc["problems"])
 
 
+@pytest.mark.process
 def test_human_output_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["discover"]) == 0
     out = capsys.readouterr().out

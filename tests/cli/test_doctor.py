@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from belugactl.cli.app import run
 from belugactl.workflows.doctor import builtin_registry
 
@@ -19,6 +21,7 @@ def _belugactl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_live_machine_runs_cleanly_without_a_traceback():
     proc = _belugactl("doctor")
     assert proc.returncode in (0, 1), proc.stderr
@@ -28,6 +31,7 @@ def test_live_machine_runs_cleanly_without_a_traceback():
         assert check_id in proc.stdout
 
 
+@pytest.mark.process
 def test_live_machine_json_lists_every_check_and_matches_the_exit_code():
     proc = _belugactl("doctor", "--json")
     assert proc.returncode in (0, 1), proc.stderr

@@ -49,6 +49,7 @@ def test_manifest_check_broken_json_lists_problems_on_stdout(capsys):
     assert "duplicate key" in captured.err
 
 
+@pytest.mark.process
 def test_real_process_exit_code_and_no_traceback():
     # The installed entry point, as an operator runs it.
     proc = subprocess.run(

@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process  # every test here starts a process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -25,6 +25,7 @@ def _belugactl(*args: str, memory_limit: int | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", [["manifest", "check"], ["pool", "show"], ["doctor"]])
 @pytest.mark.parametrize("name", ["deeply-nested.yaml", "nul-character.yaml", "size-past-offset-space.yaml"])
 def test_hostile_manifests_exit_2_without_traceback(command, name):
@@ -34,6 +35,7 @@ def test_hostile_manifests_exit_2_without_traceback(command, name):
     assert f"{BROKEN / name}:" in proc.stderr  # the problem names file:line:column
 
 
+@pytest.mark.process
 def test_dev_zero_is_refused_after_a_bounded_read():
     # 1 GiB of address space is plenty for the CLI; reading /dev/zero to the end would exceed it
     proc = _belugactl("manifest", "check", "-f", "/dev/zero", memory_limit=1 << 30)
@@ -42,6 +44,7 @@ def test_dev_zero_is_refused_after_a_bounded_read():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_missing_file_says_it_does_not_exist(tmp_path):
     missing = tmp_path / "rack.yaml"
     proc = _belugactl("manifest", "check", "-f", str(missing))
@@ -74,6 +77,7 @@ def test_file_just_over_the_limit_is_refused(tmp_path):
     assert "too large" in info.value.what
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("flags", "says"),
     [

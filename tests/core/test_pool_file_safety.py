@@ -23,6 +23,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
+@pytest.mark.process
 def test_dangling_symlink_at_the_path_is_refused_and_not_followed(tmp_path):
     victim = tmp_path / "victim-file"
     link = tmp_path / "beluga.pool"
@@ -36,6 +37,7 @@ def test_dangling_symlink_at_the_path_is_refused_and_not_followed(tmp_path):
     assert not victim.exists()
 
 
+@pytest.mark.process
 def test_symlink_to_an_existing_pool_is_refused_even_with_exist_ok(tmp_path):
     real = create_file_pool(tmp_path / "real.pool", CPU_DEMO)
     link = tmp_path / "link.pool"
@@ -46,6 +48,7 @@ def test_symlink_to_an_existing_pool_is_refused_even_with_exist_ok(tmp_path):
         create_file_pool(link, CPU_DEMO, exist_ok=True)
 
 
+@pytest.mark.process
 def test_created_private_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:

@@ -5,6 +5,7 @@ import pytest
 from belugactl.host import CommandResult, Host, RecordedRunner, RecordingRunner, SubprocessRunner
 
 
+@pytest.mark.process
 def test_subprocess_runner_captures_output_and_status():
     code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     result = SubprocessRunner().run([sys.executable, "-c", code])
@@ -19,11 +20,13 @@ def test_subprocess_runner_refuses_shell_strings():
         SubprocessRunner().run("echo hi")  # type: ignore[arg-type]
 
 
+@pytest.mark.process
 def test_missing_program_is_not_found():
     result = SubprocessRunner().run(["/nonexistent/belugactl-no-such-tool"])
     assert result.not_found and result.returncode == 127
 
 
+@pytest.mark.process
 def test_timeout_is_reported():
     result = SubprocessRunner().run([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3)
     assert result.timed_out and result.returncode == 124
@@ -48,6 +51,7 @@ def test_recorded_runner_replays_and_ignores_program_directory(tmp_path):
     assert missing.not_found
 
 
+@pytest.mark.process
 def test_recording_round_trip(tmp_path):
     recorder = RecordingRunner(SubprocessRunner())
     recorder.run([sys.executable, "-c", "print(42)"])

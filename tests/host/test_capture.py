@@ -84,6 +84,7 @@ def test_only_paths_discovery_reads_are_captured(tmp_path: Path) -> None:
     assert not {"etc/shadow", "proc/sys/kernel/random_secret", "sys/devices/system/node/node0/unrelated"} & names
 
 
+@pytest.mark.process
 def test_capture_of_this_machine_reads_back(tmp_path: Path) -> None:
     bundle = tmp_path / "live.tar.gz"
     live = capture(Host.local(), bundle)

@@ -34,11 +34,13 @@ def channel(tmp_path):
         proc.wait()
 
 
+@pytest.mark.process
 def test_output_and_exit_status_come_back(channel):
     r = channel.run(["sh", "-c", "echo out; echo err >&2; exit 7"], timeout=20)
     assert (r.returncode, r.stdout, r.stderr, r.timed_out) == (7, b"out\n", b"err\n", False)
 
 
+@pytest.mark.process
 def test_output_streams_to_given_sinks(channel):
     out, err = io.BytesIO(), io.BytesIO()
     r = channel.run(["sh", "-c", "printf a; sleep 0.3; printf b; printf e >&2"], timeout=20, stdout=out, stderr=err)
@@ -46,12 +48,14 @@ def test_output_streams_to_given_sinks(channel):
     assert r.stdout == b""  # streamed, not kept
 
 
+@pytest.mark.process
 def test_environment_cwd_and_stdin_reach_the_command(channel, tmp_path):
     r = channel.run(["sh", "-c", 'pwd; echo "$LABVAR"; cat'], timeout=20, cwd=str(tmp_path),
                     env={"LABVAR": "v1"}, stdin=b"from stdin")
     assert r.stdout.decode().splitlines() == [str(tmp_path), "v1", "from stdin"]
 
 
+@pytest.mark.process
 def test_timeout_kills_the_command_and_reports_124(channel):
     start = time.monotonic()
     r = channel.run(["sleep", "30"], timeout=0.5)
@@ -59,21 +63,25 @@ def test_timeout_kills_the_command_and_reports_124(channel):
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.process
 def test_missing_program_reports_127(channel):
     r = channel.run(["/nonexistent/program"], timeout=20)
     assert r.returncode == 127 and b"cannot run" in r.stderr
 
 
+@pytest.mark.process
 def test_signal_death_reports_128_plus_signal(channel):
     assert channel.run(["sh", "-c", "kill -9 $$"], timeout=20).returncode == 137
 
 
+@pytest.mark.process
 def test_finished_requests_leave_nothing_in_the_spool(channel):
     for _ in range(3):
         channel.run(["true"], timeout=20)
     assert os.listdir(channel.spool / "out") == [] and os.listdir(channel.spool / "req") == []
 
 
+@pytest.mark.process
 def test_concurrent_requests_do_not_mix(channel):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -82,11 +90,13 @@ def test_concurrent_requests_do_not_mix(channel):
     assert [(r.returncode, r.stdout) for r in results] == [(i, f"{i}\n".encode()) for i in range(4)]
 
 
+@pytest.mark.process
 def test_runner_adapter_returns_command_results(channel):
     result = GuestRunner(channel).run(["cat"], input="hello", timeout=20)
     assert result.ok and result.stdout == "hello" and result.argv == ("cat",)
 
 
+@pytest.mark.process
 def test_ready_file_says_who_the_agent_is(channel):
     info = json.loads((channel.spool / "ready").read_text())
     assert info["expected_hostname"] == "lab-1" and info["agent_pid"] > 0
@@ -110,6 +120,7 @@ def test_a_guest_that_never_booted_is_refused(tmp_path):
         GuestChannel(Path(tmp_path), name="lab-1").run(["true"])
 
 
+@pytest.mark.process
 def test_interrupting_the_host_side_kills_the_command_and_cleans_the_spool(channel, tmp_path):
     marker = tmp_path / "still-running"
 

@@ -5,6 +5,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from belugactl.lab import emulated_rack, initramfs, qemu, ssh
 from belugactl.lab.paths import LabPaths
 from tests.support.lab import unavailable
@@ -59,6 +61,7 @@ def test_sshd_config_allows_root_by_key_only_and_sets_the_lab_path():
     assert lines["SetEnv"] == '"PATH=/repo/.venv/bin:/usr/bin" "BELUGACTL_LAB=x"'
 
 
+@pytest.mark.process
 def test_keys_configs_and_known_hosts_live_in_the_lab_state(tmp_path):
     if shutil.which("ssh-keygen") is None or shutil.which("ssh") is None:
         unavailable("no ssh-keygen / ssh (Debian package openssh-client)")

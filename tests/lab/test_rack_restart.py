@@ -93,6 +93,7 @@ def test_restart_boots_a_crashed_guest_on_the_same_pool_and_labels(state, kernel
     assert saved.guests[1].pid is None  # the other guest is left alone
 
 
+@pytest.mark.process
 def test_restart_refuses_a_running_guest_and_unknown_hosts(state, kernel, tmp_path, monkeypatch):
     initramfs = tmp_path / "i"
     initramfs.write_bytes(b"x")

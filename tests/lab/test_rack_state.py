@@ -63,6 +63,7 @@ def test_a_lab_that_does_not_exist_is_down_and_down_is_a_no_op(state):
     assert not report.existed and report.removed is None
 
 
+@pytest.mark.process
 def test_running_guest_then_crash_is_reported(state):
     paths = _fake_lab(state, "t1", ["lab-1"])
     g = paths.guest("lab-1")
@@ -84,6 +85,7 @@ def test_running_guest_then_crash_is_reported(state):
         qemu.wait()
 
 
+@pytest.mark.process
 def test_stale_heartbeat_means_unresponsive(state):
     paths = _fake_lab(state, "t2", ["lab-1"])
     g = paths.guest("lab-1")
@@ -99,6 +101,7 @@ def test_stale_heartbeat_means_unresponsive(state):
         qemu.wait()
 
 
+@pytest.mark.process
 def test_down_stops_our_qemu_and_leaves_nothing(state):
     paths = _fake_lab(state, "t3", ["lab-1", "lab-2"])
     procs = [_fake_qemu(paths.guest(n).dir) for n in ("lab-1", "lab-2")]
@@ -112,6 +115,7 @@ def test_down_stops_our_qemu_and_leaves_nothing(state):
     assert not state.exists()  # the empty parent folder went too
 
 
+@pytest.mark.process
 def test_down_never_kills_a_pid_that_is_not_this_guests_qemu(state):
     paths = _fake_lab(state, "t4", ["lab-1"])
     stranger = subprocess.Popen(["sleep", "30"])  # noqa: S603, S607 - the pid file now points at someone else
@@ -146,6 +150,7 @@ def test_exec_into_a_crashed_guest_is_an_environment_problem(state):
         emulated_rack.channel("t6", "lab-7")
 
 
+@pytest.mark.process
 def test_alive_treats_zombies_as_dead():
     child = subprocess.Popen(["true"])  # noqa: S603, S607
     deadline = time.monotonic() + 10

@@ -110,6 +110,7 @@ def test_validate_keeps_devices_and_switch_to_the_ram_profile():
         emulated_rack.validate(2, 512 * MIB, 1024, profile="disk")
 
 
+@pytest.mark.process
 def test_cli_refuses_bad_profile_options_with_exit_2(tmp_path):
     env = dict(os.environ, **{STATE_ENV: str(tmp_path)})
     r = run_cli(env, "lab", "up", "--profile", "pmem", "--devices", "2", timeout=60)
@@ -294,6 +295,7 @@ def _elf(body: bytes) -> bytes:
     return bytes(head) + body
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not __import__("shutil").which("zstd"), reason="needs the zstd program")
 def test_kernel_612s_zstd_payload_is_extracted_and_a_cut_one_is_not():
     import subprocess

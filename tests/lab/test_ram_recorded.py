@@ -13,7 +13,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.support.lab import run_cli
+
+pytestmark = pytest.mark.process  # every test here starts a process
 
 TREE = Path(__file__).parent / "fixtures" / "ram-autoonline"
 

@@ -17,6 +17,8 @@ import belugactl
 from belugactl.lab.channel import GuestChannel
 from belugactl.lab.guest import agent as agent_mod
 
+pytestmark = pytest.mark.process  # every test here starts a process
+
 VENV_BIN = Path(sys.executable).parent
 ROOT = str(Path(belugactl.__file__).resolve().parent.parent)
 

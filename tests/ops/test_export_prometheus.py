@@ -79,6 +79,7 @@ def test_a_rack_gets_every_instance_at_its_host_address_and_a_warning_for_loopba
     ]  # fmt: skip
 
 
+@pytest.mark.process
 def test_cli_writes_a_config_promtool_accepts(tmp_path: Path, capsys) -> None:
     out = tmp_path / "prometheus.yml"
     assert run(["export", "prometheus", "-f", str(REPO / "examples" / "lab.yaml"), "-o", str(out)]) in (0, None)
@@ -154,6 +155,7 @@ def query(port: int, expr: str) -> list[dict]:
     return _api(port, "query", query=expr)["data"]["result"]
 
 
+@pytest.mark.process
 def test_prometheus_scrapes_a_real_metadata_server_with_the_exported_config(tmp_path: Path) -> None:
     _tool("prometheus")
     doc = yaml.safe_load((REPO / "examples" / "cpu-demo.yaml").read_text())

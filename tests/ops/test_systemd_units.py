@@ -70,6 +70,7 @@ def test_stdout_shows_both_units(capsys) -> None:
     assert "# ---- belugactl-setup.service" in out and "# ---- belugactl-serve.service" in out
 
 
+@pytest.mark.process
 def test_systemd_analyze_verify_accepts_both_units(units: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:

@@ -50,6 +50,7 @@ def test_serve_refuses_the_old_pool_with_exit_2(old_pool: Path) -> None:
     assert "the pool layout changed" in caught.value.what
 
 
+@pytest.mark.process
 def test_pool_inspect_cli_reports_the_old_pool_without_a_traceback(old_pool: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "belugactl", "pool", "inspect", str(old_pool), "-f", str(CPU_DEMO),

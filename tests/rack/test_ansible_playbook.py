@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # every test here starts a process
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "examples" / "ansible" / "belugactl.yml"
 

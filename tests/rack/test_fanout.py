@@ -1,5 +1,7 @@
 import sys
 
+import pytest
+
 from belugactl.workflows.rack.fanout import (
     CommandTransport,
     SshTransport,
@@ -22,6 +24,7 @@ def _transport() -> CommandTransport:
     return CommandTransport(prefix=[sys.executable, "-c", SCRIPT, "{host}"])
 
 
+@pytest.mark.process
 def test_fan_out_collects_per_host_status_and_streams():
     results = fan_out(["h1", "bad", "h3"], lambda h: ["doctor", "--host", h], _transport(), timeout_s=20)
     assert list(results) == ["h1", "bad", "h3"]
@@ -30,17 +33,20 @@ def test_fan_out_collects_per_host_status_and_streams():
     assert results["bad"].returncode == 4 and not results["bad"].ok
 
 
+@pytest.mark.process
 def test_timeout_names_the_host_and_spares_the_others():
     results = fan_out(["slow", "h2"], lambda h: ["x"], _transport(), timeout_s=1.5)
     assert results["slow"].timed_out and results["slow"].returncode is None
     assert results["h2"].ok
 
 
+@pytest.mark.process
 def test_arguments_are_never_interpreted_by_a_shell():
     results = fan_out(["h1"], lambda h: ["$(touch /tmp/belugactl-pwned)", ";", "|"], _transport(), timeout_s=20)
     assert results["h1"].stdout == "ran $(touch /tmp/belugactl-pwned) ; |"
 
 
+@pytest.mark.process
 def test_grouping_identical_output():
     results = fan_out(["a1", "a2"], lambda h: ["same"], CommandTransport(prefix=[sys.executable, "-c", "print(1)"]),
                       timeout_s=20)
@@ -57,6 +63,7 @@ def test_ssh_argv_is_batch_mode_and_quotes_the_remote_command():
     assert argv[-3:] == ["127.0.0.1", "--", "belugactl doctor -f '/etc/belugactl/rack file.yaml'"]
 
 
+@pytest.mark.process
 def test_unreachable_is_distinguished_from_failure():
     t = SshTransport(ssh_path=sys.executable, extra_options=[])
     # python exits 2 on the unknown -o options: not the ssh transport code, so "failed", not "unreachable"

@@ -68,6 +68,7 @@ def test_probe_record_judgement():
     assert judge(b"\xff" * 10, host_index=1, host="lab-2", nonce=77)[0] == "garbage"
 
 
+@pytest.mark.process
 def test_rack_doctor_all_green_probe(tmp_path):
     report = rack_doctor(_target(tmp_path, RewritingTransport()))
     assert report.host_errors == {}
@@ -80,6 +81,7 @@ def test_rack_doctor_all_green_probe(tmp_path):
     assert len(report.checks) >= 20
 
 
+@pytest.mark.process
 def test_rack_doctor_names_a_host_on_another_device(tmp_path):
     target = _target(tmp_path, RewritingTransport())
     # Another "device": same header (so the host believes it is fine), none of the others' bytes.
@@ -94,6 +96,7 @@ def test_rack_doctor_names_a_host_on_another_device(tmp_path):
     assert "lab-2" in report.failed_hosts
 
 
+@pytest.mark.process
 def test_rack_doctor_version_skew_from_a_different_manifest_copy(tmp_path):
     changed = tmp_path / "lab-changed.yaml"
     changed.write_text(LAB.read_text().replace("shared_kv: 254MiB", "shared_kv: 252MiB"))
@@ -108,6 +111,7 @@ def test_rack_doctor_version_skew_from_a_different_manifest_copy(tmp_path):
     assert report.failed_hosts == ["lab-2"]
 
 
+@pytest.mark.process
 def test_unreachable_host_is_named(tmp_path):
     class Unreachable(RewritingTransport):
         def __init__(self) -> None:
@@ -126,6 +130,7 @@ def test_unreachable_host_is_named(tmp_path):
     assert report.failed_hosts == ["lab-2"]
 
 
+@pytest.mark.process
 def test_setup_orders_first_host_alone_then_the_rest(tmp_path):
     run = rack_setup(_target(tmp_path, RewritingTransport()), dry_run=True, force=False)
     assert run.order == [["lab-1"], ["lab-2"]]

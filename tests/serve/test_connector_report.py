@@ -7,6 +7,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from belugactl.cli.app import run
 from belugactl.workflows.serve.connector_report import describe, summarize, wait_for_connectors
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
@@ -78,6 +80,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.process
 def test_after_start_serve_says_which_instance_is_not_connected_and_status_shows_it(tmp_path, capsys):
     specs = []
     for i in range(2):

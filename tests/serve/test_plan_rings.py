@@ -128,6 +128,7 @@ def test_extra_args_that_agree_with_the_layout_are_fine() -> None:
     assert len([p for p in plan.processes if p.kind == "vllm"]) == 2
 
 
+@pytest.mark.process
 def test_plan_and_serve_exit_2_naming_file_line_and_fix(tmp_path: Path) -> None:
     path = tmp_path / "rack.yaml"
     path.write_text(_with_extra_args('[--data-parallel-size, "2"]'))

@@ -23,6 +23,8 @@ from belugactl.workflows.serve.proc_identity import (
 )
 from belugactl.workflows.serve.supervisor import Managed, Supervisor
 
+pytestmark = pytest.mark.process  # every test here starts a process
+
 
 @pytest.fixture
 def bystander():

@@ -112,6 +112,7 @@ def _lab_on_tcp(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_serve_refuses_with_exit_2_naming_the_instances(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "belugactl", "serve", "-f", str(_lab_on_tcp(tmp_path)), "--host", "lab-2",
@@ -124,6 +125,7 @@ def test_serve_refuses_with_exit_2_naming_the_instances(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("host", ["lab-1", "lab-2"])
 def test_dry_run_still_prints_a_blocked_plan(host, tmp_path):
     proc = subprocess.run(

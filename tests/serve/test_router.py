@@ -139,6 +139,7 @@ def test_dry_run_shows_the_haproxy_config(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
+@pytest.mark.process
 def test_generated_configs_pass_haproxys_own_check(tmp_path: Path) -> None:
     haproxy = _haproxy()
     for doc in (_rack(), _rack({"bind": "::1"})):
@@ -262,15 +263,16 @@ def _wait_sessions(front: Front, ok: Callable[[dict[str, int]], bool], timeout: 
     pytest.fail(f"haproxy's sessions per instance stayed {held}")
 
 
+@pytest.mark.process
 def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front) -> None:
     _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
     answers = {_get(front.url("/who"))[1] for _ in range(4)}
     assert answers == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"}  # both serve
 
     slow: list[tuple[int, str]] = []
-    # 20 s: the request must still hold its instance while the quick ones go out, however long a
-    # loaded machine takes to count it and to send them (6 s was too short in a CI run).
-    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/slow?s=20"), timeout=60)))
+    # The request holds its instance until the quick ones are out, however long a loaded machine
+    # takes to send them: it answers when told to (/let-go), not after a fixed time.
+    holder = threading.Thread(target=lambda: slow.append(_get(front.url("/hold"), timeout=90)))
     holder.start()
     # Wait until an instance is inside the slow request: haproxy has then dispatched it and counts it
     # on that instance until it answers. (Waiting on haproxy's own session gauge raced: a quick
@@ -291,6 +293,8 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
         _wait_sessions(front, lambda held: sum(held.values()) == 1)
         quick.append(_get(front.url("/who")))
     quick_s = time.monotonic() - started
+    for i in range(2):
+        _get(f"http://127.0.0.1:{front.base + i}/let-go")
     holder.join(timeout=60)
     assert slow and slow[0][0] == 200
     busy = slow[0][1]
@@ -298,6 +302,7 @@ def test_least_connections_sends_new_requests_past_a_busy_instance(front: Front)
     assert {who for _, who in quick} == {"cpu-demo-vllm-0", "cpu-demo-vllm-1"} - {busy}, (quick, busy, quick_s)
 
 
+@pytest.mark.process
 def test_a_killed_instance_is_marked_down_and_requests_still_succeed(front: Front) -> None:
     _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
     front.sup.procs[0].status = "failed"  # keep the supervisor from restarting it during the test
@@ -326,6 +331,7 @@ def _post(url: str, body: dict, timeout: float = 20.0) -> tuple[int, str]:
         return exc.code, ""
 
 
+@pytest.mark.process
 def test_an_instance_dying_with_queued_connections_costs_a_retry_not_an_error(front: Front) -> None:
     """A SIGKILLed vLLM keeps its listening socket while the kernel tears down its memory: handshakes
     complete into the backlog, HAProxy sends the request, then the socket closes and resets it. Those
@@ -356,6 +362,7 @@ def test_an_instance_dying_with_queued_connections_costs_a_retry_not_an_error(fr
     assert "/+" in log, log[-2000:]  # redispatched requests are logged (retries field "+N")
 
 
+@pytest.mark.process
 def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> None:
     _wait_status(front, {"cpu-demo-vllm-0": "UP", "cpu-demo-vllm-1": "UP"})
     slow: list[tuple[int, str]] = []
@@ -375,6 +382,7 @@ def test_stop_drains_in_flight_requests_and_closes_the_door(front: Front) -> Non
     router.status = "stopped"
 
 
+@pytest.mark.process
 def test_bench_serve_via_router_times_the_front_door_beside_the_direct_path(front: Front) -> None:
     from belugactl.workflows.bench import serving as bench_serve
 

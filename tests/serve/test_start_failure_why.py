@@ -22,6 +22,7 @@ def test_exit_why_with_an_empty_or_blank_edged_log(tmp_path: Path) -> None:
     assert why.splitlines()[1:] == ["=== starting x", "boom"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("code", ["import sys; sys.exit(4)", "import sys; print(); sys.exit(4)"])
 def test_a_process_that_exits_silently_still_gets_a_why(tmp_path: Path, code: str) -> None:
     spec = ProcessSpec(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import time
@@ -13,6 +14,8 @@ from belugactl.workflows.serve.control import read_state, status, stop
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.supervisor import StartFailed, Supervisor, pid_alive
 from tests.support import FAKE_SERVICE
+
+pytestmark = pytest.mark.process  # every test here starts a process
 
 FAKE = str(FAKE_SERVICE)
 
@@ -102,15 +105,33 @@ def test_a_crash_after_ready_is_restarted_then_given_up_on(tmp_path: Path) -> No
     assert not pid_alive(sup.procs[1].proc.pid)
 
 
-def test_stop_escalates_to_sigkill_for_a_process_ignoring_sigterm(tmp_path: Path) -> None:
+def test_stop_escalates_to_sigkill_for_a_process_ignoring_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from belugactl.workflows.serve import proc_identity, supervisor
+
+    graces: list[float] = []
+    sent: list[int] = []
+    real_terminate, real_signal_group = supervisor.terminate, proc_identity.signal_group
+
+    def terminate(identity, *, grace_s: float, **kw):  # noqa: ANN001, ANN003, ANN202
+        graces.append(grace_s)
+        return real_terminate(identity, grace_s=grace_s, **kw)
+
+    def signal_group(identity, sig: int):  # noqa: ANN001, ANN202
+        sent.append(sig)
+        return real_signal_group(identity, sig)
+
+    monkeypatch.setattr(supervisor, "terminate", terminate)
+    monkeypatch.setattr(proc_identity, "signal_group", signal_group)
     stubborn = _spec(tmp_path, "vllm-0", "vllm", "ignore-term")
     sup = Supervisor(_plan(tmp_path, stubborn), say=_quiet, poll_s=0.05, stop_grace_s=0.5)
     sup.start()
     pid = sup.procs[0].proc.pid
-    started = time.monotonic()
     sup.stop()
     assert not pid_alive(pid)
-    assert time.monotonic() - started < 10
+    # It waited only its grace, then killed: SIGTERM, 0.5 s, SIGKILL.
+    assert graces == [0.5] and sent == [signal.SIGTERM, signal.SIGKILL]
 
 
 def test_stop_command_cleans_up_after_a_supervisor_that_is_gone(tmp_path: Path) -> None:

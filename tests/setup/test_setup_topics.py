@@ -199,6 +199,7 @@ def test_no_import_cycle_in_setup():
             "belugactl.workflows.setup.facts", "belugactl.workflows.setup.target"}, base
 
 
+@pytest.mark.process
 def test_importing_each_module_first_works():
     """Each module imported first, in a fresh interpreter's module table (a cycle shows up as an ImportError)."""
     import subprocess

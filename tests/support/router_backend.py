@@ -4,7 +4,10 @@ usage: router_backend.py PORT NAME
   GET  /health        200
   GET  /who           200, body NAME
   GET  /slow?s=SEC    sleeps SEC seconds, then 200, body NAME (a long generation, holding its connection)
-  GET  /inflight      200, body: how many /slow requests this instance is in right now
+  GET  /hold          holds its connection until GET /let-go (at most 60 s), then 200, body NAME: a long
+                      generation that lasts exactly as long as the test needs
+  GET  /let-go        200: every /hold request on this instance answers now
+  GET  /inflight      200, body: how many /slow and /hold requests this instance is in right now
   GET  /v1/models     the model list vLLM's OpenAI server gives (one model, "demo")
   POST /v1/completions  one token, as vLLM answers a token-id prompt; header X-Backend: NAME
   GET  /metrics       vLLM's prompt-token counter by source (zero)
@@ -26,6 +29,7 @@ import urllib.parse
 SERVER: http.server.ThreadingHTTPServer | None = None
 INFLIGHT = [0]
 INFLIGHT_LOCK = threading.Lock()
+LET_GO = threading.Event()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -56,6 +60,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 with INFLIGHT_LOCK:
                     INFLIGHT[0] -= 1
             self._answer(200, self.name.encode())
+        elif url.path == "/hold":
+            with INFLIGHT_LOCK:
+                INFLIGHT[0] += 1
+            try:
+                LET_GO.wait(60.0)
+            finally:
+                with INFLIGHT_LOCK:
+                    INFLIGHT[0] -= 1
+            self._answer(200, self.name.encode())
+        elif url.path == "/let-go":
+            LET_GO.set()
+            self._answer(200, b"")
         elif url.path == "/inflight":
             self._answer(200, str(INFLIGHT[0]).encode())
         elif url.path == "/die-slowly":
