@@ -128,10 +128,9 @@ def test_interrupting_the_host_side_kills_the_command_and_cleans_the_spool(chann
         def write(self, data):  # the first output stands in for the operator's Ctrl-C
             raise KeyboardInterrupt
 
-    start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         channel.run(["sh", "-c", f"echo started; sleep 3; touch {marker}"], timeout=60, stdout=Interrupting())
-    assert time.monotonic() - start < 3
-    time.sleep(3.5)
+    assert not marker.exists()  # the interrupt came at the first output, not after the command ended
+    time.sleep(3.5)  # long enough for a command left running to write its marker
     assert not marker.exists()  # the whole process group was killed
     assert os.listdir(channel.spool / "out") == [] and os.listdir(channel.spool / "cancel") == []
