@@ -18,6 +18,7 @@ from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.topics import header as header_topic
 from belugactl.workflows.setup.topics.header import judge, write_or_verify_header
 from tests.support.fake_machine import lab_target
+from tests.support.pool_bytes import head
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"  # examples/lab.yaml pool.namespace.uuid
 
@@ -62,10 +63,10 @@ def test_writer_takes_over_its_own_stale_claim(tmp_path):
     spec = lab_target("lab-1").header
     stale = hdr.claim_nonce("lab-1")
     _leave_claim(path, stale)
-    assert judge(spec, path.read_bytes()[: hdr.HEADER_REGION]).state == "claimed"
+    assert judge(spec, head(path, hdr.HEADER_REGION)).state == "claimed"
     out = write_or_verify_header(host, dev, spec, settle_s=0, wait_s=0.1)
     assert out.wrote and out.took_over == stale
-    data = path.read_bytes()[: hdr.HEADER_REGION]
+    data = head(path, hdr.HEADER_REGION)
     assert judge(spec, data).state == "match"
     assert hdr.read_claim(data) == out.claim != stale and hdr.claimed_by(out.claim, "lab-1")
 
@@ -77,12 +78,12 @@ def test_another_hosts_claim_is_not_taken_without_force(tmp_path):
     with pytest.raises(StepFailed) as err:
         write_or_verify_header(host, dev, lab_target("lab-1").header, settle_s=0, wait_s=0.1)
     assert "wrote no header" in err.value.what and "--force" in (err.value.fix or "")
-    assert hdr.read_claim(path.read_bytes()[:256]) == foreign  # untouched
+    assert hdr.read_claim(head(path, 256)) == foreign  # untouched
 
 
 def _converged(lab1, pool_file) -> None:
     run_setup(lab1.host, lab_target())
-    assert judge(lab_target().header, pool_file.read_bytes()[: hdr.HEADER_REGION]).state == "match"
+    assert judge(lab_target().header, head(pool_file, hdr.HEADER_REGION)).state == "match"
 
 
 @pytest.mark.parametrize("with_body", [False, True], ids=["claim-only", "body-without-magic"])
@@ -110,7 +111,7 @@ def test_another_hosts_stale_claim_fails_then_force_takes_it(lab1, pool_file, qu
     with pytest.raises(SetupFailed) as err:
         run_setup(lab1.host, lab_target())
     assert "wrote no header" in err.value.what and "--force" in (err.value.fix or "")
-    assert hdr.read_claim(pool_file.read_bytes()[:256]) == foreign
+    assert hdr.read_claim(head(pool_file, 256)) == foreign
 
     # --force plans a take-over (not the same wait again) and it converges.
     plan = run_setup(lab1.host, lab_target(), force=True, dry_run=True).initial
@@ -118,7 +119,7 @@ def test_another_hosts_stale_claim_fails_then_force_takes_it(lab1, pool_file, qu
     assert plan.steps[0].actions[0].rewrite
     report = run_setup(lab1.host, lab_target(), force=True)
     assert [o.step.id for o in report.applied] == ["header.write"]
-    data = pool_file.read_bytes()[: hdr.HEADER_REGION]
+    data = head(pool_file, hdr.HEADER_REGION)
     assert judge(lab_target().header, data).state == "match" and hdr.claimed_by(hdr.read_claim(data), "lab-1")
     assert run_setup(lab1.host, lab_target()).applied == []
 

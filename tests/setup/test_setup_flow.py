@@ -12,6 +12,7 @@ from belugactl.pool import header as hdr
 from belugactl.workflows.setup.applier import ForceRequired, SetupFailed, run_setup, run_teardown
 from belugactl.workflows.setup.topics.header import HeaderMismatch
 from tests.support.fake_machine import FakeMachine, lab_target
+from tests.support.pool_bytes import fingerprint, head
 
 UUID = "5b0c6e2a-7d41-4f38-9a1e-2c7f3d9b8e01"
 
@@ -47,7 +48,7 @@ def test_setup_converges_and_second_run_has_zero_steps(lab1, pool_file):
     assert create_ns == ("ndctl", "create-namespace", "-m", "devdax", "-M", "mem", "-a", "2M", "-u", UUID,
                          "-n", "beluga-lab", "-r", "region0")
     # The header is on the pool, valid, and what lab-1's manifest implies.
-    data = pool_file.read_bytes()[: hdr.HEADER_REGION]
+    data = head(pool_file, hdr.HEADER_REGION)
     header = hdr.PoolHeader.unpack(data)
     assert header.pool_uuid == UUID and header.created_by == "lab-1"
     assert hdr.diff(lab_target().header.ours, header) == []
@@ -67,40 +68,40 @@ def test_setup_converges_and_second_run_has_zero_steps(lab1, pool_file):
 
 def test_second_host_verifies_the_header_the_first_wrote(lab1, lab2, pool_file):
     run_setup(lab1.host, lab_target("lab-1"))
-    written = pool_file.read_bytes()[: hdr.HEADER_REGION]
+    written = head(pool_file, hdr.HEADER_REGION)
     plan = run_setup(lab2.host, lab_target("lab-2"), dry_run=True).initial
     assert "header.write-or-verify" in [s.id for s in plan.steps]
     report = run_setup(lab2.host, lab_target("lab-2"))
     # Once lab-2's device exists it reads lab-1's header, finds it matches, and plans no header write.
     assert "header" not in {o.step.topic for o in report.applied}
     assert {"region.create", "devdax.create"} <= {o.step.id for o in report.applied}
-    assert pool_file.read_bytes()[: hdr.HEADER_REGION] == written
+    assert head(pool_file, hdr.HEADER_REGION) == written
     assert run_setup(lab2.host, lab_target("lab-2")).applied == []
 
 
 def test_second_host_with_another_layout_stops_before_touching_the_pool(lab1, lab2, pool_file):
     run_setup(lab1.host, lab_target("lab-1"))
-    written = pool_file.read_bytes()
+    written = fingerprint(pool_file)
     other = lab_target("lab-2", edit={"slots_per_ring: 64": "slots_per_ring: 128"})
     with pytest.raises(SetupFailed) as err:
         run_setup(lab2.host, other)
     assert isinstance(err.value.cause, HeaderMismatch)
     assert "rpc_slots_per_ring: manifest 128, pool 64" in err.value.why
-    assert pool_file.read_bytes() == written
+    assert fingerprint(pool_file) == written
 
 
 def test_host_whose_layout_differs_is_refused_with_the_diff_and_nothing_changes(lab1, lab2, pool_file):
     run_setup(lab1.host, lab_target("lab-1"))
     run_setup(lab2.host, lab_target("lab-2"))
     other = lab_target("lab-2", edit={"shared_kv: 254MiB": "shared_kv: 200MiB"})
-    before_pool = pool_file.read_bytes()
+    before_pool = fingerprint(pool_file)
     before_files = snapshot_files(lab2)
     with pytest.raises(HeaderMismatch) as err:
         run_setup(lab2.host, other)
     fields = {row[0] for row in err.value.rows}
     assert {"layout_hash", "shared_kv_size"} <= fields
     assert "shared_kv_size" in err.value.why and "--force" in err.value.fix
-    assert pool_file.read_bytes() == before_pool
+    assert fingerprint(pool_file) == before_pool
     assert snapshot_files(lab2) == before_files
 
 
@@ -111,7 +112,7 @@ def test_force_rewrites_a_disagreeing_header_and_says_it_destroys_data(lab1, poo
     assert [s.id for s in plan.destructive] == ["header.rewrite"]
     report = run_setup(lab1.host, other, force=True)
     assert [o.step.id for o in report.applied] == ["header.rewrite"]
-    assert hdr.diff(other.header.ours, hdr.PoolHeader.unpack(pool_file.read_bytes()[: hdr.HEADER_REGION])) == []
+    assert hdr.diff(other.header.ours, hdr.PoolHeader.unpack(head(pool_file, hdr.HEADER_REGION))) == []
 
 
 def test_hugepage_shortfall_fails_with_the_reason_and_what_was_done(tmp_path, pool_file):

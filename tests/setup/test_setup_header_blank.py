@@ -10,6 +10,7 @@ from belugactl.workflows.setup.applier import SetupFailed, run_setup
 from belugactl.workflows.setup.force import ForceRequired
 from belugactl.workflows.setup.topics.header import judge
 from tests.support.fake_machine import lab_target
+from tests.support.pool_bytes import fingerprint, head
 
 AREA = hdr.HEADER_REGION
 
@@ -41,14 +42,14 @@ def test_setup_refuses_to_write_a_header_over_data_and_force_writes_it(lab1, poo
     # Someone's bytes 64 KiB into the device: the old check (magic and claim word zero) called it blank.
     junk = b"not a belugactl pool, somebody's data" * 4
     _put(pool_file, 64 << 10, junk)
-    before = pool_file.read_bytes()
+    before = fingerprint(pool_file)
     with pytest.raises(SetupFailed) as err:
         run_setup(lab1.host, lab_target())
     assert isinstance(err.value.cause, ForceRequired)
     assert "holds data but no pool header; writing the header would destroy it" in err.value.what
     assert "offset 0x10000: 6e 6f 74" in err.value.why and "--force" in err.value.fix
     assert [o.step.id for o in err.value.report.applied] == ["region.create", "devdax.create"]
-    assert pool_file.read_bytes() == before  # the header area is untouched
+    assert fingerprint(pool_file) == before  # the header area is untouched
 
     # Now the device exists: plan refuses up front, plan --force shows the destroying step.
     with pytest.raises(ForceRequired) as refused:
@@ -60,7 +61,7 @@ def test_setup_refuses_to_write_a_header_over_data_and_force_writes_it(lab1, poo
 
     report = run_setup(lab1.host, lab_target(), force=True)
     assert "header.write" in [o.step.id for o in report.applied]
-    assert judge(lab_target().header, pool_file.read_bytes()[:AREA]).state == "match"
+    assert judge(lab_target().header, head(pool_file, AREA)).state == "match"
     assert run_setup(lab1.host, lab_target()).applied == []
 
 
