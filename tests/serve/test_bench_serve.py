@@ -4,8 +4,10 @@ what was measured (the fakes' costs are changed between runs and the results fol
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,23 +16,26 @@ from belugactl.workflows.bench import serving_engines as engines
 from belugactl.workflows.bench import serving_stats
 from belugactl.workflows.bench.serving_baselines import ExampleInstance, failure_reason
 from belugactl.workflows.bench.serving_report import baseline_lines
+from belugactl.workflows.serve import traffic
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
-from tests.support.fake_vllm import Costs, FakeRack, FakeVLLM
+from tests.support.fake_vllm import Costs, EngineClock, FakeRack, FakeVLLM
 
 LENGTH = 640  # 19 full blocks of 32 are loadable (the last token is always computed)
 
 
 class Stack:
-    def __init__(self, tmp: Path, costs: Costs, *, b_cache: bool = True, chunk: int | None = None) -> None:
+    def __init__(
+        self, tmp: Path, costs: Costs, clock: EngineClock, *, b_cache: bool = True, chunk: int | None = None
+    ) -> None:
         self.rack = FakeRack()
         self.tmp = tmp
         self.stats_a, self.stats_b = tmp / "stats" / "vllm-0", tmp / "stats" / "vllm-1"
-        self.a = FakeVLLM(self.rack, costs=costs, stats_prefix=self.stats_a)
-        self.b = FakeVLLM(self.rack, prefix_cache=b_cache, costs=costs, stats_prefix=self.stats_b)
+        self.a = FakeVLLM(self.rack, costs=costs, stats_prefix=self.stats_a, clock=clock)
+        self.b = FakeVLLM(self.rack, prefix_cache=b_cache, costs=costs, stats_prefix=self.stats_b, clock=clock)
         self.log = tmp / "example.log"
         self.log.write_text("")
         self.example = FakeVLLM(
-            self.rack, prefix_cache=True, connector="example", costs=costs, log_file=self.log, chunk=chunk
+            self.rack, prefix_cache=True, connector="example", costs=costs, log_file=self.log, chunk=chunk, clock=clock
         )
 
     def close(self) -> None:
@@ -55,12 +60,17 @@ class Stack:
 def make_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     # The fakes write their stats files at once; the real connector's lag of up to 0.2 s needs no wait here.
     monkeypatch.setattr(bench_serve, "STATS_LAG_S", 0.0)
+    # The client times each request by the fakes' engine clock: what the costs say, not the machine's load.
+    clock = EngineClock()
+    monkeypatch.setattr(
+        traffic, "time", SimpleNamespace(perf_counter=clock.now, monotonic=time.monotonic, sleep=time.sleep)
+    )
 
     made: list[Stack] = []
 
     def make(costs: Costs, name: str = "s", **kw: object) -> Stack:
         (tmp_path / name).mkdir()
-        stack = Stack(tmp_path / name, costs, **kw)
+        stack = Stack(tmp_path / name, costs, clock, **kw)
         made.append(stack)
         return stack
 

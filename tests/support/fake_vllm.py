@@ -38,6 +38,27 @@ class Costs:
     save_delay_s: float = 0.0  # > 0: saves finish this long after the answer (asynchronous saves)
 
 
+class EngineClock:
+    """The time the fakes' engines spend, for the client that times them (`now` for its
+    time.perf_counter): a request costs what its Costs say, plus TICK_S of handling, and nothing
+    depends on how busy the machine is. The engines run one request at a time (each fake's lock),
+    so a concurrent pass's wall time is the sum of its requests' costs, as with sleeping engines."""
+
+    TICK_S = 1e-6
+
+    def __init__(self) -> None:
+        self._ns = 0
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._ns / 1e9
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self._ns += round((seconds + self.TICK_S) * 1e9)
+
+
 @dataclass
 class FakeRack:
     pool: set[tuple[str | None, tuple[int, ...]]] = field(default_factory=set)
@@ -56,8 +77,10 @@ class FakeVLLM:
         log_file: Path | None = None,
         chunk: int | None = None,
         block_size: int = 32,
+        clock: EngineClock | None = None,
     ) -> None:
         self.rack = rack
+        self.clock = clock
         self.prefix_cache = prefix_cache
         self.connector = connector
         self.costs = costs or Costs()
@@ -108,7 +131,7 @@ class FakeVLLM:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -127,6 +150,13 @@ class FakeVLLM:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(json.dumps({"role": role, "counters": self.counters[role]}))
             tmp.replace(path)
+
+    def _spend(self, seconds: float) -> None:
+        # With a clock the cost is counted, not slept: the timings are exact however busy the machine.
+        if self.clock is not None:
+            self.clock.spend(seconds)
+        else:
+            time.sleep(seconds)
 
     def _save(self, key: tuple[str | None, tuple[int, ...]]) -> None:
         self.rack.pool.add(key)
@@ -156,11 +186,11 @@ class FakeVLLM:
                 where = "example"
             self.requests.append({"salt": salt, "where": where, "tokens": n, "switches": switches})
             if where == "local":
-                time.sleep(c.local_s)
+                self._spend(c.local_s)
                 self.sources["local_cache_hit"] += loadable
                 self.sources["local_compute"] += n - loadable
             elif where == "pool":
-                time.sleep(c.pool_s)
+                self._spend(c.pool_s)
                 self._count("scheduler", hit_requests=1)
                 self._count("worker0", load_metadata_us=c.load_metadata_us, load_us=c.load_us, loaded_blocks=1)
                 self.sources["external_kv_transfer"] += loadable
@@ -177,11 +207,11 @@ class FakeVLLM:
                                 "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
                             )
                     return 500, {"error": {"message": "EngineCore encountered an issue"}}
-                time.sleep(c.example_s)
+                self._spend(c.example_s)
                 self.sources["external_kv_transfer"] += loadable
                 self.sources["local_compute"] += n - loadable
             else:
-                time.sleep(n * c.per_token_s)
+                self._spend(n * c.per_token_s)
                 self.sources["local_compute"] += n
                 if self.connector == "beluga" and switches.get("save", True) is not False:
                     if c.save_delay_s > 0:
