@@ -9,6 +9,10 @@ import typer
 
 from belugactl.cli.options import hidden_alias, host_option, ignore_option
 
+# The last line on a host without CXL: the run exits 3, a health check that checked nothing is no pass.
+NO_CXL_LINE = (
+    "- no CXL memory devices found: nothing to check{ran}; exit 3 (--allow-no-cxl: exit 0 where no CXL is meant)"
+)
 STYLES = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
 
@@ -41,10 +45,16 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(
             False, "-v", "--verbose", help="Also show each check's title and the facts behind it."
         ),
+        allow_no_cxl: bool = typer.Option(
+            False,
+            "--allow-no-cxl",
+            help="Exit 0, not 3, on a host without CXL when nothing failed (CI images, build hosts).",
+        ),
     ) -> None:
         """Run the named health checks (ok / warn / fail / skip, each with its fix). Reads only; changes nothing.
 
-        Exit 0 when no check failed, 1 when one did, 2 for bad flags or a bad manifest."""
+        Exit 0 when no check failed, 1 when one did, 2 for bad flags, a bad manifest or a --root that is
+        not a host tree, 3 when the host has no CXL at all (nothing to check; --allow-no-cxl: 0)."""
         import contextlib
 
         from belugactl.cli.options import checked_ignores
@@ -72,14 +82,29 @@ def register(app: typer.Typer) -> None:
         else:
             opened = contextlib.nullcontext(Host.local())
         with opened as host:
+            if root is not None:
+                require_host_tree(host, root)
             report = run_doctor(host, rack=rack, ignore=ignores, registry=registry)
         if as_json:
             from belugactl.cli.render import print_json
 
             print_json(report.to_dict())
         else:
-            render_report(report, verbose=verbose)
-        raise typer.Exit(code=report.exit_code)
+            render_report(report, verbose=verbose, allow_no_cxl=allow_no_cxl)
+        raise typer.Exit(code=report.exit_code_for(allow_no_cxl=allow_no_cxl))
+
+
+def require_host_tree(host: Any, root: Path) -> None:
+    """Refuse a --root that is not a host tree (no sys/, no proc/): every check would skip or guess."""
+    from belugactl.errors import UsageError
+
+    if not (host.path("/sys").is_dir() or host.path("/proc").is_dir()):
+        raise UsageError(
+            f"--root {root} is not a host tree: it has no sys/ and no proc/",
+            why="doctor reads a machine's /sys and /proc under --root; in this folder there is nothing to check",
+            fix="give a fixture tree (tests/fixtures/beluga-intel) or a bundle from "
+            "`belugactl discover --capture bundle.tar.gz`",
+        )
 
 
 def _print_list(registry: Any, as_json: bool) -> None:
@@ -94,7 +119,7 @@ def _print_list(registry: Any, as_json: bool) -> None:
         print(f"{check.id:<{width}}  {check.title}{note}")
 
 
-def render_report(report: Any, *, verbose: bool = False) -> None:
+def render_report(report: Any, *, verbose: bool = False, allow_no_cxl: bool = False) -> None:
     """Human output in the manner of flutter doctor and kubeadm preflight.
 
     The symbols carry the meaning; colour only decorates. Lines are not wrapped (soft wrap), so
@@ -148,22 +173,27 @@ def render_report(report: Any, *, verbose: bool = False) -> None:
     if ignored:
         console.print(Text(f"! failures downgraded by --ignore: {', '.join(ignored)}", style="yellow"))
     if failed:
-        console.print(
-            Text(
-                f"✗ {len(failed)} check(s) failed. Apply the fixes above, or, if you know what you are doing, "
-                f"make one non-fatal with --ignore {failed[0]}",
-                style="red",
-            )
-        )
+        console.print(Text(_failed_hint(report, failed), style="red"))
     elif summary["warn"]:
         console.print(Text("! No failures; see the warnings above.", style="yellow"))
+        if not report.has_cxl and not allow_no_cxl:
+            console.print(Text(NO_CXL_LINE.format(ran=""), style="yellow"))
     elif any(o.status.value == "skip" for o in report.outcomes):
-        _print_unchecked(console, report)
+        _print_unchecked(console, report, allow_no_cxl=allow_no_cxl)
     else:
         console.print(Text("✓ No issues found.", style="green"))
 
 
-def _print_unchecked(console: Any, report: Any) -> None:
+def _failed_hint(report: Any, failed: list[str]) -> str:
+    """The closing line after failures: `--ignore` is offered only for a check that does not guard data."""
+    head = f"✗ {len(failed)} check(s) failed. Apply the fixes above"
+    ignorable = [o.id for o in report.outcomes if o.status.value == "fail" and not o.guards_data]
+    if ignorable:
+        return f"{head}, or, if you know what you are doing, make one non-fatal with --ignore {ignorable[0]}"
+    return f"{head}: they guard the pool's data, so do not --ignore them"
+
+
+def _print_unchecked(console: Any, report: Any, *, allow_no_cxl: bool = False) -> None:
     """No failure, but checks were skipped: say what that means instead of a bare "No issues found"."""
     from collections import Counter
 
@@ -185,4 +215,12 @@ def _print_unchecked(console: Any, report: Any) -> None:
         console.print(
             Text("  no manifest: pass -f rack.yaml --host H to check this host against its entry", style="dim")
         )
+    if not report.has_cxl and not allow_no_cxl:
+        console.print(
+            Text(
+                NO_CXL_LINE.format(ran=f" ({ran} generic checks passed, {len(skipped)} skipped)"),
+                style="yellow",
+            )
+        )
+        return
     console.print(Text(f"✓ No issues found in the {ran} checks that ran ({len(skipped)} skipped).", style="green"))

@@ -24,7 +24,7 @@ def _belugactl(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.process
 def test_live_machine_runs_cleanly_without_a_traceback():
     proc = _belugactl("doctor")
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode in (0, 1, 3), proc.stderr  # 3: this machine has no CXL, nothing to check
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "Summary:" in proc.stdout
     for check_id in builtin_registry().ids:
@@ -34,7 +34,7 @@ def test_live_machine_runs_cleanly_without_a_traceback():
 @pytest.mark.process
 def test_live_machine_json_lists_every_check_and_matches_the_exit_code():
     proc = _belugactl("doctor", "--json")
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode in (0, 1, 3), proc.stderr
     data = json.loads(proc.stdout)
     assert [c["id"] for c in data["checks"]] == builtin_registry().ids
     for check in data["checks"]:
@@ -42,7 +42,7 @@ def test_live_machine_json_lists_every_check_and_matches_the_exit_code():
         assert check["reason"]
         if check["status"] in ("ok", "skip"):
             assert check["fix"] is None
-    assert proc.returncode == (1 if data["summary"]["fail"] else 0)
+    assert proc.returncode == (1 if data["summary"]["fail"] else 0 if data["has_cxl"] else 3)
     if not Path("/sys/bus/cxl").exists():
         # this development machine has no CXL: the CXL checks say so, one by one
         no_cxl = [c for c in data["checks"] if c["status"] == "skip" and "no CXL" in c["reason"]]

@@ -77,6 +77,7 @@ def run_checks(registry: Registry, ctx: DoctorContext, ignore: frozenset[str] = 
                 severity=check.severity.value,
                 ignored=ignored,
                 crashed=crashed,
+                guards_data=check.guards_data,
             )
         )
     return outcomes

@@ -55,6 +55,7 @@ class Expectations:
     layout: Any = None  # belugactl.model.layout.PoolLayout when the model provides one
     manifest: Any = None  # the validated belugactl.model.manifest_schema.Manifest
     entry: Any = None  # that manifest's Host entry for this machine
+    manifest_file: str | None = None  # the path given with -f, so fixes name it instead of "MANIFEST"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from belugactl.model.host_select import select_host
@@ -20,7 +21,7 @@ def pick_host(manifest: Manifest, wanted: str | None, hostname: str | None, *, f
 
 def from_context(rack: RackContext, host: Host) -> Expectations:
     """Expectations from a rack context: its layout is resolved once, there."""
-    return from_manifest(rack.manifest, host, layout=rack.layout_or_none())
+    return replace(from_manifest(rack.manifest, host, layout=rack.layout_or_none()), manifest_file=rack.file)
 
 
 def _serials(selection: Any) -> tuple[int, ...]:

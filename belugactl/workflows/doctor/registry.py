@@ -45,6 +45,9 @@ class Check:
     title: str
     severity: Severity
     func: CheckFunc
+    # A check whose failure means the pool's data is lost or about to be: doctor never suggests
+    # `--ignore` for it (the summary's hint names another check, or none).
+    guards_data: bool = False
 
     @property
     def topic(self) -> str:
@@ -67,11 +70,13 @@ class Registry:
             raise ValueError(f"check id {check.id!r} registered twice")
         self._checks[check.id] = check
 
-    def check(self, id: str, title: str, severity: Severity = Severity.ERROR) -> Callable[[CheckFunc], CheckFunc]:
+    def check(
+        self, id: str, title: str, severity: Severity = Severity.ERROR, *, guards_data: bool = False
+    ) -> Callable[[CheckFunc], CheckFunc]:
         """Decorator registering `func(ctx) -> CheckResult` under a stable id."""
 
         def register(func: CheckFunc) -> CheckFunc:
-            self.add(Check(id, title, severity, func))
+            self.add(Check(id, title, severity, func, guards_data))
             return func
 
         return register

@@ -69,6 +69,8 @@ class CheckOutcome:
     ignored: bool = False
     # True when the check itself raised; the result is then a failure carrying the error.
     crashed: bool = False
+    # True for a check guarding the pool's data: never offered to `--ignore` in the summary's hint.
+    guards_data: bool = False
 
     @property
     def status(self) -> Status:
@@ -85,6 +87,7 @@ class CheckOutcome:
             "fix": self.result.fix,
             "ignored": self.ignored,
             "crashed": self.crashed,
+            "guards_data": self.guards_data,
             "details": self.result.details,
         }
 
@@ -96,6 +99,8 @@ class DoctorReport:
     manifest: str | None  # the manifest file, if any
     outcomes: tuple[CheckOutcome, ...]
     notes: tuple[str, ...] = ()  # context for the reader, e.g. "no CXL on this host"
+    # False when the host has no CXL bus, memory devices or adapters: the CXL checks had nothing to check.
+    has_cxl: bool = True
 
     def count(self, status: Status) -> int:
         return sum(1 for o in self.outcomes if o.status is status)
@@ -106,9 +111,18 @@ class DoctorReport:
 
     @property
     def exit_code(self) -> int:
+        return self.exit_code_for()
+
+    def exit_code_for(self, *, allow_no_cxl: bool = False) -> int:
+        """1 when a check failed; 3 when nothing failed but the host has no CXL to check (a health
+        check that checked nothing is not a pass), unless `allow_no_cxl`; else 0."""
         from belugactl.errors import ExitCode
 
-        return int(ExitCode.FAILED if self.failed else ExitCode.OK)
+        if self.failed:
+            return int(ExitCode.FAILED)
+        if not self.has_cxl and not allow_no_cxl:
+            return int(ExitCode.ENVIRONMENT)
+        return int(ExitCode.OK)
 
     def summary(self) -> dict[str, int]:
         return {s.value: self.count(s) for s in Status}
@@ -121,6 +135,7 @@ class DoctorReport:
             "manifest": self.manifest,
             "summary": self.summary(),
             "failed": self.failed,
+            "has_cxl": self.has_cxl,
             "notes": list(self.notes),
             "checks": [o.to_dict() for o in self.outcomes],
         }

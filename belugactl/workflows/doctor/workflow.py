@@ -59,4 +59,5 @@ def run_doctor(
         manifest=rack.file if rack is not None else None,
         outcomes=tuple(outcomes),
         notes=tuple(notes),
+        has_cxl=ctx.has_cxl,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from belugactl.host.snapshot import RootPort
 from belugactl.model.ddio import os_toggle
 from belugactl.units import format_size
-from belugactl.workflows.doctor.checks.common import NO_CXL, skip_without_cxl
+from belugactl.workflows.doctor.checks.common import NO_CXL, manifest_arg, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -99,7 +99,7 @@ def _ddio_fix(ctx: DoctorContext, ports: list[PortDdio], *, want_off: bool) -> s
                 f"Unverified on this CPU (the Skylake-SP/Cascade Lake bits; read them back after): {text}")
     if ctx.snapshot.kernel.lockdown not in (None, "none"):
         text = "kernel lockdown blocks these writes, use the BIOS IIO setting instead; otherwise: " + text
-    return text + "; or `belugactl setup -f MANIFEST` (plans the same read-modify-write)"
+    return text + f"; or `belugactl setup -f {manifest_arg(ctx)}` (plans the same read-modify-write)"
 
 
 @REGISTRY.check("ddio.disabled", "DDIO off on the root ports of GPUs and CXL adapters (Intel)")

@@ -6,7 +6,7 @@ from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.result import CheckResult
 
 NO_CXL = "no CXL on this host (no /sys/bus/cxl, no CXL memory devices or adapters)"
-SETUP_FIX = "belugactl setup -f MANIFEST --host {host}"
+SETUP_FIX = "belugactl setup -f {manifest} --host {host}"
 
 
 def skip_without_cxl(ctx: DoctorContext) -> CheckResult | None:
@@ -30,9 +30,17 @@ def skip_without_manifest(ctx: DoctorContext) -> CheckResult | None:
     return None
 
 
+def manifest_arg(ctx: DoctorContext) -> str:
+    """The manifest as the user gave it with -f (quoted for a shell), or `MANIFEST` when none was given."""
+    import shlex
+
+    file = ctx.expect.manifest_file if ctx.expect is not None else None
+    return shlex.quote(file) if file else "MANIFEST"
+
+
 def setup_fix(ctx: DoctorContext) -> str:
     host = ctx.expect.host_name if ctx.expect is not None else "NAME"
-    return SETUP_FIX.format(host=host)
+    return SETUP_FIX.format(manifest=manifest_arg(ctx), host=host)
 
 
 def names(items: list[str]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from belugactl.units import format_size
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl
+from belugactl.workflows.doctor.checks.common import manifest_arg, setup_fix, skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -148,7 +148,7 @@ def region_committed(ctx: DoctorContext) -> CheckResult:
         if ctx.snapshot.cxl.memdevs:
             return CheckResult.warn(
                 "CXL memdevs but no region: no pool on this host yet",
-                "belugactl setup -f MANIFEST (or `cxl create-region -m -d decoderX.Y -w 1 -t pmem memN`)",
+                f"belugactl setup -f {manifest_arg(ctx)} (or `cxl create-region -m -d decoderX.Y -w 1 -t pmem memN`)",
             )
         return CheckResult.skip("no CXL memdevs, so no region (see cxl.memdevs-present)")
     uncommitted = [r for r in regions if r.decode_state not in (None, "commit")]

@@ -7,7 +7,7 @@ import stat
 from belugactl.host.snapshot import DaxDevice, NdNamespace
 from belugactl.pool.device import device_path
 from belugactl.units import MiB, format_size
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl, skip_without_manifest
+from belugactl.workflows.doctor.checks.common import manifest_arg, setup_fix, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -68,7 +68,9 @@ def device_present(ctx: DoctorContext) -> CheckResult:
     return CheckResult.ok(f"{dev.dev_path or '/dev/' + dev.name} ({format_size(dev.size or 0)})", device=dev.name)
 
 
-@REGISTRY.check("dax.mode-devdax", "CXL dax devices are devdax, never onlined as system-ram")
+@REGISTRY.check(
+    "dax.mode-devdax", "CXL dax devices are devdax, never onlined as system-ram", guards_data=True
+)
 def mode_devdax(ctx: DoctorContext) -> CheckResult:
     if (skip := skip_without_cxl(ctx)) is not None:
         return skip
@@ -97,7 +99,7 @@ def mode_devdax(ctx: DoctorContext) -> CheckResult:
                "memhp_default_state=offline and kmem blacklisted (`belugactl setup` plans both)"
                if pinned else "; if that fails it is in use: reboot with memhp_default_state=offline")
             + "); then echo offline > /sys/devices/system/memory/auto_online_blocks (see memory.auto-online) "
-            "and re-verify the pool header with `belugactl doctor -f MANIFEST`",
+            f"and re-verify the pool header with `belugactl doctor -f {manifest_arg(ctx)}`",
             devices=[d.name for d in ram],
         )
     unknown = [d.name for d in devices if d.mode is None]
@@ -116,7 +118,9 @@ def _zone(d: DaxDevice) -> str:
     return ", ZONE_MOVABLE (movable)" if d.movable else ", ZONE_NORMAL (not movable)"
 
 
-@REGISTRY.check("dax.map-mem", "the pool's devdax namespace keeps page metadata in RAM (map=mem)")
+@REGISTRY.check(
+    "dax.map-mem", "the pool's devdax namespace keeps page metadata in RAM (map=mem)", guards_data=True
+)
 def map_mem(ctx: DoctorContext) -> CheckResult:
     dev = _pool_or_skip(ctx)
     if isinstance(dev, CheckResult):
@@ -174,7 +178,9 @@ def align(ctx: DoctorContext) -> CheckResult:
     return CheckResult.ok(f"{dev.name} align {format_size(dev.align)}")
 
 
-@REGISTRY.check("dax.size-matches-manifest", "the pool's dax device is the size the layout is built on")
+@REGISTRY.check(
+    "dax.size-matches-manifest", "the pool's dax device is the size the layout is built on", guards_data=True
+)
 def size_matches(ctx: DoctorContext) -> CheckResult:
     if ctx.expect is None or ctx.expect.pool_size is None:
         return CheckResult.skip("no manifest: no pool size to compare with")

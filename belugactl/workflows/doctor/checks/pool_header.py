@@ -5,13 +5,15 @@ from __future__ import annotations
 from belugactl.errors import BelugaError, EnvironmentProblem, InputError
 from belugactl.pool.device import device_path
 from belugactl.units import MiB
-from belugactl.workflows.doctor.checks.common import setup_fix, skip_without_cxl, skip_without_manifest
+from belugactl.workflows.doctor.checks.common import manifest_arg, setup_fix, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
 
 
-@REGISTRY.check("pool.header", "the pool header is present and matches the manifest's layout")
+@REGISTRY.check(
+    "pool.header", "the pool header is present and matches the manifest's layout", guards_data=True
+)
 def pool_header(ctx: DoctorContext) -> CheckResult:
     if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
@@ -54,7 +56,7 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
                 f"{path} is not a blank pool: {header_mod.occupied_reason(data)}; "
                 "setup will refuse to write a header over it",
                 f"check that {path} is the pool's device (pool.source in the manifest); if nothing on it is needed, "
-                "`belugactl setup -f MANIFEST --force` writes the header over it (DISCARDS that data)",
+                f"`belugactl setup -f {manifest_arg(ctx)} --force` writes the header over it (DISCARDS that data)",
             )
         return CheckResult.fail(
             f"the pool header at offset 0 of {path} is not valid: {exc.what}",
@@ -84,7 +86,8 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
             f"the pool header disagrees with this manifest{': ' + note if note else ''} ({shown}{more}): "
             "serving would corrupt other hosts' data",
             ("" if note else "use the rack's manifest (the same file on every host); ")
-            + "only if the pool holds nothing worth keeping, re-initialize it: belugactl setup -f MANIFEST --force "
+            + "only if the pool holds nothing worth keeping, re-initialize it: "
+            f"belugactl setup -f {manifest_arg(ctx)} --force "
             "(rewrites the header; DESTROYS every cached KV block, the index journal and the host partitions' "
             "contents; stop serving on every host first)",
             **details,

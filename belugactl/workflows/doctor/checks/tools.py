@@ -76,9 +76,21 @@ def ndctl_version(ctx: DoctorContext) -> CheckResult:
                 versions=versions,
             )
         return CheckResult.ok(f"{oldest.name} {oldest.version} supports ram regions", versions=versions)
-    note = (
-        ""
-        if (oldest.major or 0) >= NDCTL_RAM_REGIONS
-        else f" (pmem regions only; ram regions need >= {NDCTL_RAM_REGIONS})"
+    if (oldest.major or 0) >= NDCTL_RAM_REGIONS:
+        return CheckResult.ok(f"ndctl tools {oldest.version} (ram and pmem regions)", versions=versions)
+    if ctx.expect is not None or any(r.type == "pmem" for r in ctx.snapshot.cxl.regions):
+        # The manifest asks for a pmem region or an existing dax device, or the host's pool already
+        # is a pmem region: this version builds and manages that.
+        why = "this manifest's pool" if ctx.expect is not None else "this host's pmem region"
+        return CheckResult.ok(f"ndctl tools {oldest.version}: enough for {why} (not a ram region)", versions=versions)
+    if not ctx.has_cxl and ctx.expect is None:
+        reason = f"ndctl tools {oldest.version}; {NO_CXL}, so no region is built here"
+        return CheckResult.skip(reason, versions=versions)
+    # No manifest says which pool: the production path is a ram region, which this version cannot build.
+    return CheckResult.warn(
+        f"{oldest.name} {oldest.version} cannot create ram regions, the production pool (needs >= "
+        f"{NDCTL_RAM_REGIONS}); pmem regions only",
+        f"install ndctl >= {NDCTL_RAM_REGIONS} (e.g. apt-get install -t bookworm-backports ndctl daxctl), "
+        "or check against a manifest whose pool is pmem: belugactl doctor -f rack.yaml",
+        versions=versions,
     )
-    return CheckResult.ok(f"ndctl tools {oldest.version}{note}", versions=versions)
