@@ -17,11 +17,12 @@ def register(app: typer.Typer) -> None:
             "--root",
             help="Read a captured or fixture host instead of this machine: a directory or a FILE.tar.gz.",
         ),
-        capture: Path | None = typer.Option(
+        capture: str | None = typer.Option(
             None,
             "--capture",
+            metavar="FILE.tar.gz|DIR",
             help="Also write everything read (sysfs/procfs files, tool outputs) to FILE.tar.gz "
-            "(or a new directory): a support bundle that --root reads back.",
+            "(or a new or empty directory, whose parent exists): a support bundle that --root reads back.",
         ),
     ) -> None:
         """Show the host's CXL memdevs, decoders, regions, dax devices, NUMA nodes, hugepages, THP,
@@ -35,6 +36,8 @@ def register(app: typer.Typer) -> None:
         from belugactl.workflows.discover import capture as capture_host
         from belugactl.workflows.discover import discover
 
+        if capture is not None:
+            check_capture_target(capture)
         with open_root(root) if root is not None else contextlib.nullcontext(Host.local()) as host:
             if capture is not None:
                 result = capture_host(host, capture)
@@ -55,6 +58,17 @@ def register(app: typer.Typer) -> None:
             print_json(snapshot.to_dict())
         else:
             render_snapshot(snapshot)
+
+
+def check_capture_target(value: str) -> None:
+    """Refuse a bundle path before anything is read or written (the output-path rule, cli/output_path.py)."""
+    from belugactl.cli.output_path import new_directory, output_file
+    from belugactl.host.capture import bundle_is_tarball
+
+    if bundle_is_tarball(Path(value).name):
+        output_file(value, option="--capture", stdout_ok=False)
+    else:
+        new_directory(value, option="--capture")
 
 
 # --- human output ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from belugactl.cli.options import file_option, host_option
+from belugactl.cli.output_path import STDOUT, is_dir_path, output_dir, output_file, write_output
 
 
 def register(app: typer.Typer) -> None:
@@ -19,12 +20,13 @@ def register(app: typer.Typer) -> None:
     def systemd_cmd(
         file: Path = file_option(),
         host: str | None = host_option("The manifest host (default: this hostname's)."),
-        output: Path | None = typer.Option(
+        output: str | None = typer.Option(
             None,
             "-o",
             "--output",
-            help="A directory for both units, or the setup unit's path (the serve unit goes beside it). "
-            "Default: both on stdout.",
+            metavar="DIR/|FILE.service|-",
+            help="An existing directory for both units, or the setup unit's path, FILE.service (the serve "
+            "unit goes beside it). Default, or `-`: both on stdout.",
         ),
         command: str | None = typer.Option(
             None, "--command", help="How the unit starts belugactl (default: this interpreter with -m belugactl)."
@@ -38,6 +40,7 @@ def register(app: typer.Typer) -> None:
         import shlex
 
         from belugactl.cli.load_rack import rack_context
+        from belugactl.errors import UsageError
         from belugactl.workflows.setup.systemd import SERVE_UNIT_NAME, UNIT_NAME, serve_unit_text, unit_text
 
         name = rack_context(file, host=host).host_name
@@ -45,13 +48,25 @@ def register(app: typer.Typer) -> None:
         manifest_path = str(file.resolve())
         setup_text = unit_text(manifest_path, name, argv)
         serve_text = serve_unit_text(manifest_path, name, argv)
-        if output is None:
+        # Every target is checked before the first byte is written.
+        if output is None or output == STDOUT:
             sys.stdout.write(f"# ---- {UNIT_NAME}\n{setup_text}\n# ---- {SERVE_UNIT_NAME}\n{serve_text}")
             return
-        setup_path = output / UNIT_NAME if output.is_dir() else output
-        serve_path = setup_path.parent / SERVE_UNIT_NAME
-        setup_path.write_text(setup_text)
-        serve_path.write_text(serve_text)
+        if is_dir_path(output):
+            setup_path = output_file(str(output_dir(output, option="-o") / UNIT_NAME), option="-o")
+        else:
+            setup_path = output_file(output, option="-o")
+            if setup_path is not None and not setup_path.name.endswith(".service"):
+                raise UsageError(
+                    f"-o {output}: neither an existing directory nor a unit file name (FILE.service)",
+                    why="systemd reads only unit files named NAME.service",
+                    fix=f"create the directory and pass -o {output}/, or name the file, e.g. -o {output}.service",
+                )
+        assert setup_path is not None
+        serve_path = output_file(str(setup_path.parent / SERVE_UNIT_NAME), option="-o")
+        assert serve_path is not None
+        write_output(setup_path, setup_text)
+        write_output(serve_path, serve_text)
         print(
             f"wrote {setup_path} and {serve_path}; enable with: systemctl daemon-reload && "
             f"systemctl enable {setup_path.name} {serve_path.name}",
@@ -61,7 +76,9 @@ def register(app: typer.Typer) -> None:
     @export.command("prometheus")
     def prometheus_cmd(
         file: Path = file_option(),
-        output: Path | None = typer.Option(None, "-o", "--output", help="Write prometheus.yml here (default: stdout)."),
+        output: str | None = typer.Option(
+            None, "-o", "--output", metavar="FILE|-", help="Write prometheus.yml here (default, or `-`: stdout)."
+        ),
         interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape interval, e.g. 15s."),
     ) -> None:
         """A Prometheus scrape config for every metadata server, vLLM instance and router of the rack.
@@ -76,28 +93,31 @@ def register(app: typer.Typer) -> None:
 
         if not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h)", interval):
             raise UsageError(f"--scrape-interval {interval!r} is not a duration", fix="e.g. 15s, 1m, 500ms")
+        target = output_file(output, option="-o") if output is not None else None
         manifest = rack_context(file).manifest
         doc, warnings = scrape_config(manifest, interval=interval)
         for warning in warnings:
             print(f"export prometheus: warning: {warning}", file=sys.stderr)
-        _write(render_yaml(doc, manifest.name), output, "start Prometheus with --config.file " + str(output))
+        _write(render_yaml(doc, manifest.name), target, "start Prometheus with --config.file " + str(target))
 
     @export.command("grafana")
     def grafana_cmd(
-        output: Path | None = typer.Option(None, "-o", "--output", help="Write the dashboard here (default: stdout)."),
+        output: str | None = typer.Option(
+            None, "-o", "--output", metavar="FILE|-", help="Write the dashboard here (default, or `-`: stdout)."
+        ),
     ) -> None:
         """The Grafana dashboard for `export prometheus`'s targets: pool, hit ratio, RPC latency, TTFT per instance."""
         from importlib.resources import files
 
+        target = output_file(output, option="-o") if output is not None else None
         text = files("belugactl").joinpath("data/grafana/belugactl.json").read_text()
-        _write(text, output, "import it in Grafana (Dashboards > New > Import) and pick the Prometheus data source")
+        _write(text, target, "import it in Grafana (Dashboards > New > Import) and pick the Prometheus data source")
 
     app.add_typer(export, name="export")
 
 
 def _write(text: str, output: Path | None, next_step: str) -> None:
+    write_output(output, text)
     if output is None:
-        sys.stdout.write(text)
         return
-    output.write_text(text)
     print(f"wrote {output}; {next_step}", file=sys.stderr)

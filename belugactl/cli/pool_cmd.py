@@ -19,23 +19,21 @@ def register(app: typer.Typer) -> None:
     def show(
         file: Path = file_option(),
         as_json: bool = json_option(),
-        svg: Path | None = typer.Option(None, "--svg", help="Also write the map as a standalone SVG file."),
+        svg_arg: str | None = typer.Option(
+            None, "--svg", metavar="FILE", help="Also write the map as a standalone SVG file (its directory exists)."
+        ),
     ) -> None:
         """Print the pool map derived from FILE: every region's offset, end, size and owner."""
         from belugactl.cli.load_rack import rack_context
-        from belugactl.errors import EnvironmentProblem
+        from belugactl.cli.output_path import output_file, write_output
 
+        svg = output_file(svg_arg, option="--svg", stdout_ok=False) if svg_arg is not None else None
         rack = rack_context(file, as_json=as_json)
         m, layout = rack.manifest, rack.layout
         if svg is not None:
             from belugactl.workflows.pool_svg import render_svg
 
-            try:
-                svg.write_text(render_svg(layout, title=f"belugactl pool map: {m.name}"), encoding="utf-8")
-            except OSError as exc:
-                raise EnvironmentProblem(
-                    f"cannot write {svg}", why=exc.strerror or str(exc), fix="choose a writable path for --svg"
-                ) from None
+            write_output(svg, render_svg(layout, title=f"belugactl pool map: {m.name}"))
         if as_json:
             from belugactl.cli.render import print_json
 
@@ -57,6 +55,9 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="The pool file to create (sparse, the manifest's pool size)."),
         file: Path = file_option(),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Keep an existing pool file whose header matches."),
+        yes: bool = typer.Option(
+            False, "--yes", help="Create the pool even when it is larger than its file system's free space."
+        ),
         as_json: bool = json_option(),
     ) -> None:
         """Create a file-backed pool with a valid header, for development, CI and benchmarks.
@@ -71,7 +72,8 @@ def register(app: typer.Typer) -> None:
         from belugactl.pool.file_pool import create_file_pool
         from belugactl.pool.mapping import PoolMapping
 
-        manifest = rack_context(file).manifest
+        rack = rack_context(file)
+        manifest = rack.manifest
         if path.is_symlink():
             raise UsageError(
                 f"{path} is a symbolic link; refusing to create or open a pool through it",
@@ -84,6 +86,8 @@ def register(app: typer.Typer) -> None:
                 why="creating a pool file over an existing one would discard its contents",
                 fix="choose another path, remove it yourself, or pass --exist-ok to keep a matching pool",
             )
+        if not path.exists():
+            _check_free_space(path, rack.layout.pool_size, yes=yes)
         # An existing file is only ever verified here, never rewritten: a mismatch is an error (exit 2).
         created = path if path.exists() else create_file_pool(path, manifest)
         with PoolMapping.open(created, manifest, writable=False) as mapping:
@@ -123,12 +127,39 @@ def register(app: typer.Typer) -> None:
             from belugactl.cli.render import print_json
 
             print_json(doc)
-            return
-        from belugactl.cli.render import stdout_console
+        else:
+            from belugactl.cli.render import stdout_console
 
-        render_inspection(stdout_console(), doc)
+            render_inspection(stdout_console(), doc)
+        # The header differs from the manifest: the pool is not the one this manifest describes.
+        if doc["manifest"] is not None and not doc["manifest"]["matches"]:
+            raise typer.Exit(code=1)
 
     app.add_typer(pool, name="pool")
+
+
+def _check_free_space(path: Path, size: int, *, yes: bool) -> None:
+    """A sparse pool larger than the free space fails later, on a write (SIGBUS in a mapping): say so now."""
+    import sys
+
+    from belugactl.errors import UsageError
+    from belugactl.pool.file_pool import free_bytes
+    from belugactl.units import format_size
+
+    free = free_bytes(path.parent if str(path.parent) else ".")
+    if free is None or size <= free:
+        return
+    what = (
+        f"the pool ({format_size(size)}) is larger than the free space of {path.parent}'s file system "
+        f"({format_size(free)})"
+    )
+    if not yes:
+        raise UsageError(
+            what,
+            why="the file is sparse: it is created, but writing KV blocks into it fails once the disk is full",
+            fix="choose a file system with room (df -h), a manifest with a smaller pool, or pass --yes",
+        )
+    print(f"pool create-file: warning: {what}; creating it anyway (--yes)", file=sys.stderr)
 
 
 def render_inspection(console: Any, doc: dict[str, Any]) -> None:

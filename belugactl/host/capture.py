@@ -39,6 +39,7 @@ from belugactl.host.snapshot import HostSnapshot
 MAX_FILE_BYTES = 1 << 20
 _MAX_LINK_DEPTH = 40
 _TARBALL_SUFFIXES = (".tar.gz", ".tgz")
+_OTHER_ARCHIVE_SUFFIXES = (".tar", ".tbz", ".tbz2", ".txz", ".zip", ".gz", ".bz2", ".xz", ".zst", ".7z")
 
 # Files whose values may be secrets, and the redaction applied to each in a bundle.
 CMDLINE = "/proc/cmdline"
@@ -282,18 +283,33 @@ def tracing_host(source: Host) -> TracingHost:
 def write_bundle(tracing: TracingHost, snapshot: HostSnapshot, dest: Path | str) -> CaptureResult:
     """Write what `tracing` read (while discovering `snapshot`) to `dest`: a .tar.gz, else a directory."""
     dest = Path(dest)
+    is_tarball = bundle_is_tarball(dest.name)
     tree = collect(tracing)
     extra = _metadata(tracing, snapshot, tree)
-    if dest.name.endswith(_TARBALL_SUFFIXES):
+    if is_tarball:
         _write_tarball(tree, extra, dest)
     else:
         _write_directory(tree, extra, dest)
     return CaptureResult(dest, snapshot, len(tree.files), len(tree.links), len(tracing.recorder.results))
 
 
+def bundle_is_tarball(name: str) -> bool:
+    """FILE.tar.gz / FILE.tgz: a tarball; a plain name: a directory; any other archive name is refused.
+
+    A name like `s.tar` or `s.zip` would otherwise become a directory of that name."""
+    if name.endswith(_TARBALL_SUFFIXES):
+        return True
+    lowered = name.lower()
+    if lowered.endswith(_OTHER_ARCHIVE_SUFFIXES) or ".tar." in lowered:
+        raise UsageError(
+            f"{name}: a support bundle is a gzip-compressed tarball or a directory, not this archive kind",
+            fix=f"name it {name.split('.')[0] or 'support'}.tar.gz, or give a directory name without a suffix",
+        )
+    return False
+
+
 def _write_tarball(tree: _Tree, extra: dict[str, bytes], dest: Path) -> None:
     mtime = int(time.time())
-    dest.parent.mkdir(parents=True, exist_ok=True)
     # A fresh, unpredictable file (O_EXCL, 0600): a link planted at `dest.part` in a shared
     # directory must not redirect what we write. os.replace then swaps the name itself, never a link's target.
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
@@ -320,6 +336,7 @@ def _write_directory(tree: _Tree, extra: dict[str, bytes], dest: Path) -> None:
             f"{dest} exists and is not empty",
             fix="capture into a new directory, or into FILE.tar.gz",
         )
+    dest.mkdir(exist_ok=True)  # the bundle's own directory only; its parent must exist
     for p in sorted(tree.dirs):
         (dest / p.lstrip("/")).mkdir(parents=True, exist_ok=True)
     for p, data in {**tree.files, **extra}.items():

@@ -123,10 +123,11 @@ def test_pool_show_svg_parses_and_names_every_host(tmp_path, capsys, name):
         assert host in texts
 
 
-def test_pool_show_svg_unwritable_path_is_an_environment_error(tmp_path, capsys):
+def test_pool_show_svg_in_a_missing_directory_is_a_usage_error(tmp_path, capsys):
     target = tmp_path / "no-such-dir" / "pool.svg"
-    assert run(["pool", "show", "-f", str(EXAMPLES / "lab.yaml"), "--svg", str(target)]) == 3
-    assert "cannot write" in capsys.readouterr().err
+    assert run(["pool", "show", "-f", str(EXAMPLES / "lab.yaml"), "--svg", str(target)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not target.parent.exists()
 
 
 def test_pool_show_broken_manifest_exits_2(capsys):
