@@ -22,6 +22,15 @@ if TYPE_CHECKING:
     from belugactl.model.manifest_schema import Manifest
 
 
+def free_bytes(directory: str | os.PathLike[str]) -> int | None:
+    """Bytes an unprivileged writer may still use on `directory`'s file system; None if it cannot be read."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def create_file_pool(
     path: str | os.PathLike[str],
     manifest: Manifest | str | os.PathLike[str],
