@@ -7,6 +7,8 @@ for them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -99,6 +101,7 @@ class ManifestError(InputError):
         self, problems: list[ManifestProblem], *, file: str, what: str | None = None, fix: str | None = None
     ) -> None:
         self.problems = problems
+        self.file = file
         first = problems[0] if problems else None
         count = len(problems)
         # `what`/`fix` name a problem with the file itself (missing, unreadable), not with its fields
@@ -144,6 +147,37 @@ class StepFailed(BelugaError):
 
 class Interrupted(BelugaError):
     exit_code = ExitCode.INTERRUPTED
+
+
+# What a command leaves behind if Ctrl-C lands now ("no step applied yet", "serve stopped its
+# processes"): the CLI's interrupt line says it. A stack, so nested phases restore the outer note.
+_interrupt_notes: list[str] = []
+
+
+@contextmanager
+def interrupt_note(state: str) -> Iterator[None]:
+    """While the block runs, an interrupt is reported with `state` as the state left behind."""
+    _interrupt_notes.append(state)
+    try:
+        yield
+    finally:
+        _interrupt_notes.pop()
+
+
+def set_interrupt_note(state: str) -> None:
+    """Replace the innermost note (e.g. after each applied step); outside any block, start one."""
+    if _interrupt_notes:
+        _interrupt_notes[-1] = state
+    else:
+        _interrupt_notes.append(state)
+
+
+def current_interrupt_note() -> str | None:
+    return _interrupt_notes[-1] if _interrupt_notes else None
+
+
+def clear_interrupt_notes() -> None:
+    _interrupt_notes.clear()
 
 
 # The pool's own errors (belugactl/pool/ raises them; setup, doctor, serve and the data plane see them).

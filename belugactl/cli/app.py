@@ -80,34 +80,108 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str] | None = None, *, command: Callable[..., Any] | None = None) -> int:
     """Run one command line. `command`: a click command built earlier from `build_app()` (the lab's
-    resident belugactl builds it once and reuses it in every forked child)."""
-    from belugactl.errors import BelugaError, ExitCode
+    resident belugactl builds it once and reuses it in every forked child).
 
-    cli = command if command is not None else build_app()
+    With --json, stdout always holds one JSON document: the command's, or, when it fails before
+    printing one, {"ok": false, "error": {...}} (the human error still goes to stderr)."""
+    from belugactl.cli import render
+    from belugactl.errors import BelugaError, ExitCode, clear_interrupt_notes
+
+    cli = command if command is not None else typer.main.get_command(build_app())
     args = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(args)
+    render.reset_json_printed()
+    clear_interrupt_notes()
     try:
         result = cli(args=args, prog_name="belugactl", standalone_mode=False)
     except BelugaError as exc:
-        from belugactl.cli.render import print_error
-
-        print_error(exc)
+        render.print_error(exc)
+        if as_json and not render.json_printed():
+            render.print_json(render.error_document_for(exc))
         return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
-    except typer.Abort:
-        print("\ninterrupted", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
+    except (KeyboardInterrupt, typer.Abort):
+        return _interrupted(cli, args, as_json)
     except typer.Exit as exc:
-        return int(exc.exit_code)
+        result = exc.exit_code
     except Exception as exc:  # click's own usage errors arrive here with standalone_mode=False
         handled = _click_exception_code(exc)
         if handled is None:
             raise
+        if as_json and not render.json_printed():
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+            render.print_json(
+                render.error_document(
+                    handled,
+                    "usage",
+                    message,
+                    hint=f"{command_name(cli, args)} --help",
+                    where=_usage_where(exc),
+                )
+            )
         return handled
-    if isinstance(result, int):
-        return result
-    return int(ExitCode.OK)
+    # click (standalone_mode=False) returns typer.Exit's code; typer turns Ctrl-C into a silent Exit(130)
+    code = result if isinstance(result, int) else int(ExitCode.OK)
+    if code == ExitCode.INTERRUPTED:
+        return _interrupted(cli, args, as_json)
+    if code != 0 and as_json and not render.json_printed():
+        name = command_name(cli, args)
+        render.print_json(render.error_document(code, "failed", f"{name} exited with code {code}", hint="see stderr"))
+    return code
+
+
+def wants_json(args: list[str]) -> bool:
+    """--json among the options (not after `--`, where the words belong to another program)."""
+    head = args[: args.index("--")] if "--" in args else args
+    return "--json" in head
+
+
+def command_name(cli: Any, args: list[str]) -> str:
+    return " ".join(_command_path(cli, args))
+
+
+def _command_path(cli: Any, args: list[str]) -> list[str]:
+    """`belugactl pool show` from the words of the command line that name (sub)commands."""
+    path = ["belugactl"]
+    group = cli
+    for word in args:
+        if word.startswith("-"):
+            continue
+        commands = getattr(group, "commands", None)
+        if not isinstance(commands, dict) or word not in commands:
+            break
+        path.append(word)
+        group = commands[word]
+    return path
+
+
+# Commands that change nothing on the host: an interrupt leaves nothing to clean up.
+READ_ONLY_COMMANDS = frozenset({
+    "discover", "doctor", "plan", "status", "manifest check", "manifest schema", "pool show", "pool inspect",
+})  # fmt: skip
+
+
+def _interrupted(cli: Any, args: list[str], as_json: bool) -> int:
+    """Ctrl-C: exit 130 with one line naming the command and, where it said so, what it left behind."""
+    from belugactl.cli import render
+    from belugactl.errors import ExitCode, current_interrupt_note
+
+    name = command_name(cli, args)
+    state = current_interrupt_note()
+    if state is None and name.removeprefix("belugactl ") in READ_ONLY_COMMANDS:
+        state = "it only reads, nothing was changed"
+    line = f"interrupted: {name}" + (f"; {state}" if state else "")
+    print(f"\n{line}", file=sys.stderr, flush=True)
+    if as_json and not render.json_printed():
+        render.print_json(
+            render.error_document(int(ExitCode.INTERRUPTED), "interrupted", line.removeprefix("interrupted: "))
+        )
+    return int(ExitCode.INTERRUPTED)
+
+
+def _usage_where(exc: Exception) -> str | None:
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None)
+    return opts[-1] if opts else None
 
 
 def _click_exception_code(exc: Exception) -> int | None:

@@ -15,18 +15,12 @@ if TYPE_CHECKING:
 def rack_context(
     file: str | Path, *, host: str | None = None, pool: str | None = None, as_json: bool = False
 ) -> RackContext:
-    """Load the manifest once for this command; with --json its problems also go to stdout as a document."""
-    from belugactl.errors import ManifestError
+    """Load the manifest once for this command. With --json, a ManifestError's problems reach stdout
+    as the command's document through the CLI's error handler (`belugactl.cli.app.run`)."""
     from belugactl.workflows.rack_context import load_rack_context
 
-    try:
-        return load_rack_context(file, host=host, pool=pool)
-    except ManifestError as exc:
-        if as_json:
-            from belugactl.cli.render import print_json
-
-            print_json({"ok": False, "file": str(file), "problems": exc.to_dict()["problems"]})
-        raise
+    del as_json  # kept for callers; the error handler knows --json from the command line
+    return load_rack_context(file, host=host, pool=pool)
 
 
 def rack_context_quietly(file: str | Path) -> RackContext | None:

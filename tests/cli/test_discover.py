@@ -21,8 +21,8 @@ def test_json_on_beluga_intel(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc, err = _json(capsys, ["discover", "--json", "--root", str(tree("beluga-intel"))])
     assert code == 0 and err == ""
     assert list(doc) == [
-        "hostname", "root", "tools", "cxl", "nd", "dax", "numa", "thp", "memory", "pci", "root_ports", "cpu",
-        "kernel", "mtrr", "udev_db", "problems", "hugepages", "topics_skipped",
+        "schema_version", "hostname", "root", "tools", "cxl", "nd", "dax", "numa", "thp", "memory", "pci",
+        "root_ports", "cpu", "kernel", "mtrr", "udev_db", "problems", "hugepages", "topics_skipped",
     ]
     assert doc["dax"][0]["mode"] == "system-ram"
     assert doc["cxl"]["regions"][0]["memdevs"] == ["mem0", "mem1"]

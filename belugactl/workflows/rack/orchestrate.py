@@ -97,9 +97,12 @@ def parse_json(result: NodeResult) -> tuple[Any | None, str | None]:
         err = result.stderr.strip().splitlines()
         return None, f"exit {result.returncode}: " + (err[0] if err else "no output")
     try:
-        return json.loads(text), None
+        doc = json.loads(text)
     except json.JSONDecodeError:
         return None, f"exit {result.returncode}: output is not JSON: {text.splitlines()[0][:120]}"
+    if isinstance(doc, dict) and doc.get("ok") is False and isinstance(doc.get("error"), dict):
+        return None, f"exit {result.returncode}: {doc['error'].get('message')}"  # --json's error document
+    return doc, None
 
 
 def host_problem(result: NodeResult) -> str | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from belugactl.errors import BelugaError, EnvironmentProblem, ExitCode
+from belugactl.errors import BelugaError, EnvironmentProblem, ExitCode, set_interrupt_note
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, terminate
 
@@ -267,6 +267,8 @@ class Supervisor:
         except BaseException:
             self.state = "failed"
             self.stop()
+            started = sum(m.proc is not None for m in self.procs)
+            set_interrupt_note(f"serve stopped the {started} process(es) it had started")
             raise
         self.check_connectors()
         self.state = "ready"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from belugactl.errors import BelugaError, StepFailed
+from belugactl.errors import BelugaError, StepFailed, set_interrupt_note
 from belugactl.host.host import Host
 from belugactl.host.setup_state import load_state, save_state, setup_lock
 from belugactl.model.setup_plan import Plan, Step
@@ -179,6 +179,7 @@ class _Run:
         refuse_without_force(plan.steps, self.force)
         applied_ids: set[str] = set()
         partial = False  # facts partly carried over from before the last step
+        set_interrupt_note(f"no step applied yet, the host is as it was; {self.verb} re-plans when run again")
         while True:
             ready = [s for s in plan.steps if not s.deferred]
             if partial and (not ready or ready[0].id in applied_ids):
@@ -198,6 +199,10 @@ class _Run:
             partial = changed is not None and self.discover is None
             self._record(step, facts, state)
             save_state(self.host, state)
+            set_interrupt_note(
+                f"{len(report.applied)} step(s) applied (the last: {step.id}) and recorded; "
+                f"{self.verb} re-plans from the host when run again"
+            )
             if self.progress:
                 self.progress("done", step, report.applied[-1].detail)
             plan = self._replan(facts, report)
@@ -237,6 +242,10 @@ class _Run:
             self.progress("start", step, None)
         t0 = time.monotonic()
         state.setdefault("previous", {})
+        set_interrupt_note(
+            f"step {step.id} was running ({len(report.applied)} step(s) applied before it); "
+            f"{self.verb} re-plans from the host when run again"
+        )
         try:
             if self.verb == "setup" and topic.remember is not None:
                 topic.remember(step, facts, state)  # values before the first setup touched them, for teardown
