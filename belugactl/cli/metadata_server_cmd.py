@@ -78,17 +78,20 @@ def metadata_server(
     incarnation. Restart policy start-empty (default): the index starts empty and clients repopulate
     it. journal: commits and removals are journaled in the pool's metadata area and the index is
     rebuilt from it at start (committed blocks only; nothing half-written is ever restored).
-    Stop with SIGTERM or Ctrl-C (graceful).
+    Stop with SIGTERM (graceful, exit 0) or Ctrl-C (graceful, exit 130).
     """
     import json
     import math
     import signal
 
+    from belugactl.cli.bind_address import checked_bind
     from belugactl.cli.load_rack import rack_context
     from belugactl.dataplane.mds.index import IndexConfig
     from belugactl.dataplane.mds.server import ServerConfig, open_server
     from belugactl.errors import UsageError
 
+    # Before the manifest or the pool: a bad address is a usage error, not a port in use.
+    bind, rpc_bind = checked_bind(bind), checked_bind(rpc_bind, "--rpc-bind")
     rack = rack_context(file, host=host, pool=pool)
     manifest = rack.manifest
     ms = manifest.serve.metadata if manifest.serve is not None else None
@@ -142,7 +145,11 @@ def metadata_server(
         server.pool.close()
         raise
 
+    interrupted: list[int] = []
+
     def _term(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
         server.stop()
 
     signal.signal(signal.SIGTERM, _term)
@@ -175,6 +182,13 @@ def metadata_server(
     finally:
         server.close()
         server.pool.close()
+    if interrupted:
+        from belugactl.cli.interrupt import exit_interrupted
+
+        kept = "the journal keeps the committed entries" if restart_policy == "journal" else "the index is gone"
+        exit_interrupted(
+            f"stopped cleanly: sockets closed, pool {server.pool.path} left as it is (epoch {server.epoch}), {kept}",
+        )
     print("metadata server: stopped", file=sys.stderr)
 
 

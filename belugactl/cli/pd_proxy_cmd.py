@@ -20,14 +20,16 @@ def pd_proxy(
     port: int = typer.Option(8090, "--port", min=1, max=65535, help="Port to listen on."),
 ) -> None:
     """Send each completion to a producer (prompt only, its KV saved to the pool), then to a consumer
-    (loads the KV, decodes); the consumer's answer is the client's. Runs until SIGTERM or Ctrl-C."""
+    (loads the KV, decodes); the consumer's answer is the client's. Runs until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     import signal
     import sys
     import threading
 
+    from belugactl.cli.bind_address import checked_bind
     from belugactl.errors import EnvironmentProblem, UsageError
     from belugactl.workflows.serve.pd_proxy import PdProxy, make_server
 
+    bind = checked_bind(bind) or bind  # a bad address is a usage error, not a busy port
     try:
         proxy = PdProxy(prefill, decode)
     except ValueError as exc:
@@ -48,9 +50,14 @@ def pd_proxy(
         file=sys.stderr,
         flush=True,
     )
+    interrupted = False
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         server.server_close()
+    if interrupted:
+        from belugactl.cli.interrupt import exit_interrupted
+
+        exit_interrupted(f"stopped listening on {bind}:{port}; requests in flight were cut off")

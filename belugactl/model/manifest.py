@@ -42,9 +42,16 @@ def _read_bounded(path: Path) -> bytes:
         problem = ManifestProblem(Location(str(path)), "", message, None)
         return ManifestError([problem], file=str(path), what=what, fix=fix)
 
+    from belugactl.model.deadline_read import TIMEOUT_ENV, InputTimeout, read_bounded
+
     try:
-        with path.open("rb") as f:
-            raw = f.read(_MAX_BYTES + 1)
+        raw = read_bounded(path, _MAX_BYTES + 1)
+    except InputTimeout as exc:
+        raise file_problem(
+            f"{path}: no complete manifest arrived within {exc.waited_s:g} s ({exc.kind}, {exc.got} bytes read)",
+            f"waited {exc.waited_s:g} s for the end of {exc.kind}",
+            f"pass a regular file with -f, or close the writer's end (set {TIMEOUT_ENV}=SECONDS to wait longer)",
+        ) from None
     except FileNotFoundError:
         raise file_problem(
             f"{path}: the manifest file does not exist",

@@ -41,6 +41,7 @@ def inspect_pool(
     stats: Any = None,
 ) -> dict[str, Any]:
     """The pool's state as one JSON-able document. `stats`: a /stats document already fetched (tests)."""
+    _refuse_special_file(Path(path))
     with PoolMapping.open(path, writable=False) as pool:
         header = pool.header
         epoch = pool.epoch()
@@ -65,6 +66,26 @@ def inspect_pool(
     url = admin_url or admin_url_for(manifest)
     doc["shared_kv"] = _shared_kv(header.geometry, Path(path), epoch, url, stats)
     return doc
+
+
+def _refuse_special_file(path: Path) -> None:
+    """A pool is a device or a regular file; opening a FIFO (or a socket) would block or fail obscurely."""
+    import stat
+
+    from belugactl.errors import UsageError
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # PoolMapping.open says what is missing
+    if stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode):
+        return
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file"
+    raise UsageError(
+        f"{path} is {kind}, not a pool",
+        why="a pool is a devdax device (/dev/daxX.Y) or a pool file; opening this would wait for a writer",
+        fix="pass the pool's device or file (belugactl pool create-file makes a file pool)",
+    )
 
 
 def _claim_holder(claim: int, header: hdr.PoolHeader) -> str | None:
