@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,46 +120,62 @@ def _print_list(registry: Any, as_json: bool) -> None:
         print(f"{check.id:<{width}}  {check.title}{note}")
 
 
+# Where the reason starts is where its continuation lines start, unless that leaves too little room.
+MIN_REASON_COLUMNS = 40
+FIX_LABEL = "      fix: "
+COMMAND_INDENT = len(FIX_LABEL) + 2
+
+
 def render_report(report: Any, *, verbose: bool = False, allow_no_cxl: bool = False) -> None:
     """Human output in the manner of flutter doctor and kubeadm preflight.
 
-    The symbols carry the meaning; colour only decorates. Lines are not wrapped (soft wrap), so
-    fixes stay copy-pasteable."""
+    The symbols carry the meaning; colour only decorates. Reasons and fixes wrap at the terminal's
+    width (80 when piped) with a hanging indent; the shell commands in a fix stay whole, one a line,
+    so they can be pasted."""
     from rich.text import Text
 
-    from belugactl.cli.render import stdout_console
+    from belugactl.cli.render import stdout_console, text_width, wrap_hanging
 
     console = stdout_console()
-    console.soft_wrap = True
+    console.soft_wrap = True  # lines are wrapped here, never again by rich
+    columns = text_width()
     head = Text(f"belugactl doctor on {report.hostname}", style="bold")
     if report.host_entry:
         head.append(f" (as {report.host_entry} in {report.manifest})")
     console.print(head)
     for note in report.notes:
-        console.print(Text(f"  • {note}", style="dim"))
+        _print_wrapped(console, f"  • {note}", columns, indent=4, style="dim")
     width = max((len(o.id) for o in report.outcomes), default=0)
+    reason_at = 2 + 3 + 1 + width + 2
+    hang = reason_at if columns - reason_at >= MIN_REASON_COLUMNS else 6
     topic = None
     for outcome in report.outcomes:
         if outcome.topic != topic:
             topic = outcome.topic
             console.print(Text(f"\n{topic}", style="bold"))
         status = outcome.status.value
+        reason = wrap_hanging(outcome.result.reason, columns, first=reason_at, indent=hang)
+        style = "dim" if status == "skip" else ""
         line = Text("  ")
         line.append(f"[{outcome.status.symbol}]", style=STYLES[status])
         line.append(f" {outcome.id:<{width}}  ")
-        line.append(outcome.result.reason, style="dim" if status == "skip" else "")
+        line.append(reason[0], style=style)
         console.print(line)
+        for rest in reason[1:]:
+            console.print(Text(rest, style=style))
         if outcome.result.fix and status in ("fail", "warn"):
-            fix = Text("      fix: ", style="bold")
-            fix.append(outcome.result.fix)
-            console.print(fix)
+            for i, fix_line in enumerate(fix_lines(outcome.result.fix, columns)):
+                text = Text(fix_line)
+                if i == 0:
+                    text.stylize("bold", 0, len(FIX_LABEL))
+                console.print(text)
         if verbose:
             import json
 
-            console.print(Text(f"      checks: {outcome.title}", style="dim"))
+            _print_wrapped(console, f"      checks: {outcome.title}", columns, indent=14, style="dim")
             if outcome.result.details:
                 facts = json.dumps(outcome.result.details, sort_keys=True, default=str)
-                console.print(Text(f"      facts: {facts}", style="dim"))
+                _print_wrapped(console, f"      facts: {facts}", columns, indent=13, style="dim")
     summary = report.summary()
     console.print()
     console.print(
@@ -171,13 +188,15 @@ def render_report(report: Any, *, verbose: bool = False, allow_no_cxl: bool = Fa
     failed = [o.id for o in report.outcomes if o.status.value == "fail"]
     ignored = [o.id for o in report.outcomes if o.ignored]
     if ignored:
-        console.print(Text(f"! failures downgraded by --ignore: {', '.join(ignored)}", style="yellow"))
+        _print_wrapped(
+            console, f"! failures downgraded by --ignore: {', '.join(ignored)}", columns, indent=2, style="yellow"
+        )
     if failed:
-        console.print(Text(_failed_hint(report, failed), style="red"))
+        _print_wrapped(console, _failed_hint(report, failed), columns, indent=2, style="red")
     elif summary["warn"]:
         console.print(Text("! No failures; see the warnings above.", style="yellow"))
         if not report.has_cxl and not allow_no_cxl:
-            console.print(Text(NO_CXL_LINE.format(ran=""), style="yellow"))
+            _print_wrapped(console, NO_CXL_LINE.format(ran=""), columns, indent=2, style="yellow")
     elif any(o.status.value == "skip" for o in report.outcomes):
         _print_unchecked(console, report, allow_no_cxl=allow_no_cxl)
     else:
@@ -191,6 +210,126 @@ def _failed_hint(report: Any, failed: list[str]) -> str:
     if ignorable:
         return f"{head}, or, if you know what you are doing, make one non-fatal with --ignore {ignorable[0]}"
     return f"{head}: they guard the pool's data, so do not --ignore them"
+
+
+def _print_wrapped(console: Any, text: str, columns: int, *, indent: int, style: str = "") -> None:
+    from rich.text import Text
+
+    from belugactl.cli.render import wrap_hanging
+
+    lead = len(text) - len(text.lstrip(" "))
+    lines = wrap_hanging(text.lstrip(" "), columns, first=lead, indent=indent)
+    console.print(Text(" " * lead + lines[0], style=style))
+    for line in lines[1:]:
+        console.print(Text(line, style=style))
+
+
+# A fix's parts that are shell commands (pasted as they are) rather than prose.
+_COMMAND = re.compile(
+    r"(?:sudo )?(?:setpci|echo|daxctl|ndctl|cxl|modprobe|sysctl|systemctl|belugactl|numactl|chown|chmod|"
+    r"mkdir|rm|mount|umount|udevadm|grubby|update-grub|nvidia-smi|lspci)\b"
+)
+# Where prose hands over to a command inside one part: "as root: echo ...", "..., then daxctl ...".
+_LEADS = (": ", ", then ", "then ")
+
+
+def fix_parts(fix: str) -> list[tuple[str, str]]:
+    """The fix as ("prose", text) and ("command", text) parts, in order.
+
+    It is split at its top-level "; " (outside parentheses, quotes and backticks); a part holding a
+    command after a lead-in ("as root: echo ...") gives the lead-in as prose, then the command, then a
+    trailing parenthesis ("(lost at reboot; ...)") as prose again."""
+    parts: list[tuple[str, str]] = []
+    for segment in _split_top_level(fix, "; "):
+        lead, command, tail = _find_command(segment)
+        if lead:
+            parts.append(("prose", lead))
+        if command:
+            parts.append(("command", command))
+        if tail:
+            parts.append(("prose", tail))
+    return parts
+
+
+def fix_lines(fix: str, columns: int) -> list[str]:
+    """The fix laid out for `columns`: "fix: " then prose wrapped under itself, each command alone on
+    its line (continued with a backslash where one is longer than the line)."""
+    from belugactl.cli.render import shell_lines, wrap_hanging
+
+    lines: list[str] = []
+    prose: list[str] = []
+
+    def flush() -> None:
+        if not prose:
+            return
+        text = "; ".join(prose).replace(":; ", ": ")
+        first = len(FIX_LABEL)
+        wrapped = wrap_hanging(text, columns, first=first, indent=first)
+        lead = FIX_LABEL if not lines else " " * first
+        lines.append(lead + wrapped[0])
+        lines.extend(wrapped[1:])
+        prose.clear()
+
+    for kind, text in fix_parts(fix):
+        if kind == "prose":
+            prose.append(text)
+            continue
+        flush()
+        if not lines:
+            lines.append(FIX_LABEL.rstrip())
+        lines.extend(shell_lines(text, columns, indent=COMMAND_INDENT))
+    flush()
+    return lines
+
+
+def _split_top_level(text: str, sep: str) -> list[str]:
+    out: list[str] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and text.startswith(sep, i):
+            out.append(text[start:i])
+            start = i + len(sep)
+            i = start
+            continue
+        i += 1
+    out.append(text[start:])
+    return [part for part in out if part]
+
+
+def _find_command(segment: str) -> tuple[str, str, str]:
+    """(prose before, the command, prose after) of one part; the command is "" when there is none."""
+    start = None
+    if _COMMAND.match(segment):
+        start = 0
+    else:
+        for lead in _LEADS:
+            at = segment.find(lead)
+            while at != -1:
+                after = at + len(lead)
+                if (lead != "then " or at == 0) and _COMMAND.match(segment, after):
+                    start = after
+                    break
+                at = segment.find(lead, at + 1)
+            if start is not None:
+                break
+    if start is None:
+        return segment, "", ""
+    lead_text = segment[:start].rstrip()
+    rest = segment[start:]
+    # the command ends where a top-level parenthesis (its comment) begins
+    pieces = _split_top_level(rest, " (")
+    command = pieces[0]
+    tail = rest[len(command):].strip()
+    return lead_text, command, tail
 
 
 def _print_unchecked(console: Any, report: Any, *, allow_no_cxl: bool = False) -> None:

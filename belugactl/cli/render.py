@@ -164,7 +164,9 @@ def shell_lines(command: str, width: int, *, indent: int) -> list[str]:
             current = w
         else:
             current = f"{current} {w}" if current else w
-    lines.append((pad if not lines else cont_pad) + current)
+    lead = pad if not lines else cont_pad
+    # a word longer than the room left (a sysfs path) moves left rather than past the width
+    lines.append(" " * max(min(len(lead), width - len(current)), 0) + current)
     return lines
 
 

@@ -217,7 +217,9 @@ def test_cli_human_output_has_symbols_fixes_and_summary(capsys):
     assert run(["doctor", "--root", str(FIXTURES / "beluga-intel")]) == 1
     out = capsys.readouterr().out
     assert "[✗] dax.mode-devdax" in out and "[✓] kernel.cxl-bus" in out and "[-] dax.map-mem" in out
-    assert "fix: stop what runs on that node, then daxctl reconfigure-device" in out
+    # the fix's prose wraps; its commands stand alone on their lines, whole, to be pasted
+    assert "fix: stop what runs on that node, then\n" in out
+    assert "\n             daxctl reconfigure-device --mode=devdax --force dax0.0\n" in out
     assert "Summary:" in out and "3 failed" in out
     assert "facts:" not in out
     assert run(["doctor", "--root", str(FIXTURES / "beluga-intel"), "-v"]) == 1

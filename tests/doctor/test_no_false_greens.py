@@ -75,14 +75,21 @@ def test_the_registry_marks_the_checks_that_guard_data():
     assert marked == DATA_GUARDS
 
 
+def _closing_line(out: str) -> str:
+    """The last line, with its continuation lines joined (doctor wraps it at 80 columns)."""
+    lines = out.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if not line.startswith(" "))
+    return " ".join(" ".join(lines[start:]).split())
+
+
 def test_summary_never_suggests_ignoring_a_check_that_guards_data(capsys):
     root = str(FIXTURES / "beluga-intel")
     assert run(["doctor", "--root", root]) == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = _closing_line(capsys.readouterr().out)
     assert "--ignore memory.auto-online" in last  # not dax.mode-devdax, the first failure
     for guard in DATA_GUARDS:
         assert f"--ignore {guard}" not in last
     # Only data guards left failing: no --ignore hint at all.
     assert run(["doctor", "--root", root, "--ignore", "ddio.disabled,memory.auto-online"]) == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = _closing_line(capsys.readouterr().out)
     assert "guard the pool's data" in last and "--ignore " not in last.replace("do not --ignore", "")
