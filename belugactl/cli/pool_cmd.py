@@ -271,13 +271,13 @@ def render_layout_table(console: Any, layout: Any, *, title: str) -> None:
     from belugactl.workflows.pool_svg import proportional_widths, region_color
 
     regions = list(layout.regions())
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    # The numbers never wrap (an address cut in two misleads); the words do, so no column is ever
+    # dropped to fit a narrow terminal.
     for name, justify in (("region", "left"), ("offset", "right"), ("end", "right"), ("size", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
-    table.add_column("owner", no_wrap=True)
-    show_detail = console.width >= 110  # a piped console is 80 columns; keep the numbers whole there
-    if show_detail:
-        table.add_column("detail", overflow="fold")
+    table.add_column("owner", overflow="fold")
+    table.add_column("detail", overflow="fold", ratio=1)
     colors = []
     partition_index = 0
     for region in regions:
@@ -291,7 +291,7 @@ def render_layout_table(console: Any, layout: Any, *, title: str) -> None:
             format_size(region.size),
             region.owner,
         ]
-        table.add_row(*cells, *([region.detail] if show_detail else []))
+        table.add_row(*cells, region.detail)
     console.print(table)
     bar = Text()
     for width, color in zip(proportional_widths([r.size for r in regions], BAR_WIDTH), colors, strict=True):
