@@ -112,7 +112,8 @@ def _print_list(registry: Any, as_json: bool) -> None:
     if as_json:
         from belugactl.cli.render import print_json
 
-        print_json([{"id": c.id, "title": c.title, "severity": c.severity.value} for c in registry])
+        # a document, not a bare list, so that it carries schema_version like every other
+        print_json({"checks": [{"id": c.id, "title": c.title, "severity": c.severity.value} for c in registry]})
         return
     width = max(len(c.id) for c in registry)
     for check in registry:

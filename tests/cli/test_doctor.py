@@ -70,7 +70,7 @@ def test_list_prints_every_check(capsys):
         assert check_id in out
     assert run(["doctor", "--list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [c["id"] for c in listed] == builtin_registry().ids
+    assert [c["id"] for c in listed["checks"]] == builtin_registry().ids
 
 
 def test_root_that_does_not_exist_exits_2(capsys, tmp_path):
