@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -11,17 +14,42 @@ from belugactl.cli.options import file_option, host_option, topics_option
 
 FILE_HELP = "The rack manifest (YAML)."
 HOST_HELP = "Which manifest host this machine is (default: the one matching this hostname)."
-ROOT_HELP = "Act on a fixture or captured tree instead of this machine (testing)."
+ROOT_HELP = (
+    "Plan for a fixture tree or a captured host (directory or FILE.tar.gz from `discover --capture`) "
+    "instead of this machine. Read-only: setup and teardown take it only with --dry-run."
+)
+WRITE_ROOT_HELP = "Let setup/teardown write into the --root tree (tests of the apply path on fake machines)."
 
 
-def _load(file: Path, host_name: str | None, root: Path | None):  # -> (Host, SetupTarget)
+@contextmanager
+def _load(file: Path, host_name: str | None, root: Path | None) -> Iterator[tuple[Any, Any]]:
+    """(Host, SetupTarget) for this machine, or for the tree or bundle given with --root."""
     from belugactl.cli.load_rack import rack_context
     from belugactl.host.host import Host
     from belugactl.workflows.setup.target import target_from_context
 
     target = target_from_context(rack_context(file, host=host_name))
-    host = Host.from_tree(root) if root is not None else Host.local()
-    return host, target
+    if root is None:
+        yield Host.local(), target
+        return
+    from belugactl.cli.doctor_cmd import require_host_tree
+    from belugactl.host.capture import open_root
+
+    with open_root(root) as host:
+        require_host_tree(host, root)
+        yield host, target
+
+
+def _refuse_writing_root(verb: str, root: Path | None, dry_run: bool, write_root: bool) -> None:
+    """--root previews a plan; a real setup or teardown on a captured tree would change a copy, not a host."""
+    from belugactl.errors import UsageError
+
+    if root is not None and not dry_run and not write_root:
+        raise UsageError(
+            f"{verb} --root {root} would change the files of that tree, not a host",
+            why="--root is for previewing a plan from a fixture tree or a captured bundle",
+            fix=f"preview it: belugactl {verb} --dry-run ... --root {root} (or belugactl plan ... --root {root})",
+        )
 
 
 def _topics(only: str | None) -> list[str] | None:
@@ -63,12 +91,21 @@ def _confirm(plan, yes: bool, verb: str) -> None:  # plan: belugactl.model.setup
         raise typer.Abort()
 
 
+def converged_text(plan) -> str:  # plan: Plan
+    """What a plan without steps means, said truly: nothing to undo is not "matches the manifest"."""
+    if plan.verb == "teardown":
+        return "nothing to tear down (no object that setup made is on this host)"
+    if plan.skipped:
+        return f"no changes in the topics planned ({len(plan.skipped)} skipped, see below)"
+    return "no changes (the host matches the manifest)"
+
+
 def render_plan(plan, *, stream=None) -> None:  # plan: Plan
     out = stream or sys.stdout
     ready = [s for s in plan.steps if not s.deferred]
     deferred = len(plan.steps) - len(ready)
     if plan.converged:
-        print(f"{plan.host}: {plan.verb}: no changes (the host matches the manifest)", file=out)
+        print(f"{plan.host}: {plan.verb}: {converged_text(plan)}", file=out)
     else:
         extra = f", {deferred} planned once earlier steps have run" if deferred else ""
         print(f"{plan.host}: {plan.verb}: {len(plan.steps)} step(s){extra}", file=out)
@@ -110,7 +147,8 @@ def _finish(report, as_json: bool) -> None:
         render_plan(report.initial)
         return
     if not report.changed:
-        print(f"{report.host}: {report.verb}: no changes ({report.duration_s:.2f} s)")
+        what = "nothing to tear down" if report.verb == "teardown" else "no changes"
+        print(f"{report.host}: {report.verb}: {what} ({report.duration_s:.2f} s)")
     else:
         print(f"{report.host}: {report.verb}: applied {len(report.applied)} step(s) in {report.duration_s:.2f} s")
         for outcome in report.applied:
@@ -119,11 +157,16 @@ def _finish(report, as_json: bool) -> None:
         print(f"  skip {skip.topic}: {skip.reason}")
 
 
-def _apply(verb: str, file: Path, host_name, root, dry_run, yes, force, as_json, only=None) -> None:
+def _apply(verb: str, file: Path, host_name, root, dry_run, yes, force, as_json, only=None, write_root=False) -> None:
+    topics = _topics(only)
+    _refuse_writing_root(verb, root, dry_run, write_root)
+    with _load(file, host_name, root) as (host, target):
+        _apply_on(verb, host, target, topics, dry_run, yes, force, as_json)
+
+
+def _apply_on(verb: str, host, target, topics, dry_run, yes, force, as_json) -> None:
     from belugactl.workflows.setup.applier import SetupFailed, run_setup, run_teardown
 
-    host, target = _load(file, host_name, root)
-    topics = _topics(only)
     run = run_setup if verb == "setup" else run_teardown
     kwargs = {"only": topics} if verb == "setup" else {}
     if force and not dry_run:
@@ -150,7 +193,7 @@ def register(app: typer.Typer) -> None:
         only: str | None = topics_option("Comma-separated topics to plan."),
         teardown: bool = typer.Option(False, "--teardown", help="Plan a teardown instead."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
     ) -> None:
         """Show what setup would change on this host, step by step, with the exact commands.
 
@@ -158,11 +201,12 @@ def register(app: typer.Typer) -> None:
         from belugactl.cli.render import print_json
         from belugactl.workflows.setup.applier import run_setup, run_teardown
 
-        h, target = _load(file, host, root)
-        if teardown:
-            report = run_teardown(h, target, force=force, dry_run=True)
-        else:
-            report = run_setup(h, target, force=force, dry_run=True, only=_topics(only))
+        topics = _topics(only)
+        with _load(file, host, root) as (h, target):
+            if teardown:
+                report = run_teardown(h, target, force=force, dry_run=True)
+            else:
+                report = run_setup(h, target, force=force, dry_run=True, only=topics)
         if as_json:
             print_json(report.initial.to_dict())
         else:
@@ -178,13 +222,14 @@ def register(app: typer.Typer) -> None:
         only: str | None = topics_option("Comma-separated topics: region,devdax,permissions,"
                                          "header,hugepages,thp,ddio,mtrr."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
+        write_root: bool = typer.Option(False, "--write-root", help=WRITE_ROOT_HELP, hidden=True),
     ) -> None:
         """Make this host match the manifest: region, devdax, permissions, header, hugepages, THP, DDIO, MTRR.
 
         Idempotent: a converged host reports "no changes". Stops at the first failure and says what was
         done and what was not; rerunning continues from there. One setup per host at a time (lock file)."""
-        _apply("setup", file, host, root, dry_run, yes, force, as_json, only)
+        _apply("setup", file, host, root, dry_run, yes, force, as_json, only, write_root)
 
     @app.command("teardown")
     def teardown_cmd(
@@ -194,9 +239,10 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow destroying the namespace and region (pool data)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", help=ROOT_HELP, hidden=True),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
+        write_root: bool = typer.Option(False, "--write-root", help=WRITE_ROOT_HELP, hidden=True),
     ) -> None:
         """Undo what setup made on this host (and only that), newest first.
 
         Destroying the namespace and region makes the pool's contents unreachable here: needs --force."""
-        _apply("teardown", file, host, root, dry_run, yes, force, as_json)
+        _apply("teardown", file, host, root, dry_run, yes, force, as_json, write_root=write_root)

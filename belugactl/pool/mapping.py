@@ -118,10 +118,15 @@ class PoolMapping:
             raise TypeError("PoolMapping.open: a layout is verified against its manifest; pass the manifest too")
         loaded = load_manifest_arg(manifest)
         if not path.exists():
+            import shlex
+
+            # The manifest's path when the caller gave one; else the placeholder the README uses.
+            named = shlex.quote(os.fspath(manifest)) if isinstance(manifest, str | os.PathLike) else "rack.yaml"
             raise PoolMissing(
                 f"pool {path} does not exist",
                 why="the metadata server and clients map the pool from this path",
-                fix="run `belugactl setup -f rack.yaml` (devdax) or create a file pool for development",
+                fix=f"a file pool (development, CI): `belugactl pool create-file -f {named} {shlex.quote(str(path))}`; "
+                f"a devdax pool: `belugactl setup -f {named}`",
             )
         devdax = _is_devdax(path)
         flags = os.O_RDWR if writable else os.O_RDONLY

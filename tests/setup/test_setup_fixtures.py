@@ -132,11 +132,11 @@ def test_destructive_plan_without_force_changes_nothing(tmp_path, capsys):
     root = _other_namespace(tmp_path)
     lab = str(EXAMPLES / "lab.yaml")
     before = _files(root)
-    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root)]) == 1
+    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root), "--write-root"]) == 1
     err = capsys.readouterr().err
     assert "would destroy data; nothing was changed" in err and "devdax.reconfigure" in err
     # --force from a script without --yes: refused before anything runs.
-    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root), "--force"]) == 2
+    assert run(["setup", "-f", lab, "--host", "lab-1", "--root", str(root), "--write-root", "--force"]) == 2
     assert "rerun with --yes" in capsys.readouterr().err
     after = _files(root)
     after.pop("run/belugactl/setup.lock", None)

@@ -82,12 +82,18 @@ def _require_ram_support(facts: SetupFacts) -> None:
     # so if the tool cannot do it. Refuse only what is known: no tool, an old tool, an old kernel.
     unreadable = cxl.installed and cxl.major is None and cxl.error is not None
     too_old_tool = not cxl.installed or (not unreadable and (cxl.major or 0) < RAM_MIN_NDCTL)
-    if too_old_tool or kernel is None or kernel < RAM_MIN_KERNEL:
+    old_kernel = kernel is None or kernel < RAM_MIN_KERNEL
+    if too_old_tool or old_kernel:
+        # Name only what is lacking: a 6.18 kernel needs no upgrade, whatever ndctl is.
+        lacking = (["ndctl"] if too_old_tool else []) + (["the kernel"] if old_kernel else [])
+        want = ([f"ndctl >= {RAM_MIN_NDCTL}"] if too_old_tool else []) + (
+            [f"kernel >= {'.'.join(map(str, RAM_MIN_KERNEL))}"] if old_kernel else [])
         raise EnvironmentProblem(
             "this host cannot create a ram (volatile) CXL region",
             why=f"ram regions need ndctl >= {RAM_MIN_NDCTL} and kernel >= 6.3; this host has "
             f"cxl {cxl.version or 'missing'} and kernel {snap.kernel.release or 'unknown'}",
-            fix="upgrade ndctl and the kernel, or use a pmem pool (pool.source.type: pmem)",
+            fix=f"upgrade {' and '.join(lacking)} (to {' and '.join(want)}), "
+            "or use a pmem pool (pool.source.type: pmem)",
         )
 
 
