@@ -3,6 +3,8 @@ a folder's own conftest.py adds fixtures only that folder uses.
 
 - a small two-host rack manifest and a file pool made from it (pool, data-plane tests)
 - fake machines `lab1` and `lab2` sharing one pool file (setup tests, `belugactl setup` CLI tests)
+- `pmem_pair`: two lab guests set up once for the lab tests that share them (tests/support/pmem_pair.py),
+  run one after the other
 - the tiers' rules for the whole run, plugins/ included (tests/support/tiers.py): `native` skips or
   fails in CI without the helper, `process` marks and guards tests that start processes, and the
   seconds per tier at the end
@@ -10,11 +12,13 @@ a folder's own conftest.py adds fixtures only that folder uses.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.fake_machine import FakeMachine
+from tests.support.pmem_pair import PmemPair, run_users_together, start_pmem_pair
 from tests.support.small_rack import SMALL_RACK
 from tests.support.tiers import TierPlugin
 
@@ -64,3 +68,13 @@ def lab1(tmp_path: Path, pool_file: Path) -> FakeMachine:
 @pytest.fixture
 def lab2(tmp_path: Path, pool_file: Path) -> FakeMachine:
     return FakeMachine(tmp_path / "lab-2", pool_file, hostname="lab-2")
+
+
+@pytest.fixture(scope="session")
+def pmem_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PmemPair]:
+    """Two pmem guests with `belugactl setup` done on both (tests/support/pmem_pair.py)."""
+    yield from start_pmem_pair(tmp_path_factory.mktemp("pmem-pair"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    run_users_together(items, "pmem_pair")

@@ -12,7 +12,8 @@ What it does not prove: coherence. QEMU's TCG emulates no CPU caches, so a store
 other guest at once whether or not the code flushes; the flush paths are reasoned about and
 unit-tested elsewhere. Latencies printed here are TCG's and mean nothing for hardware.
 
-Slow (a 2-guest lab, `belugactl setup` in each guest); marked `lab`. Fails in CI (CI=true) and is
+Slow (a 2-guest lab, `belugactl setup` in each guest: the `pmem_pair` that tests/setup/test_setup_lab.py
+then checks and tears down, tests/support/pmem_pair.py); marked `lab`. Fails in CI (CI=true) and is
 skipped elsewhere when the lab's prerequisites are missing. Run:
     .venv/bin/pytest -m lab -s tests/dataplane/test_rpc_lab.py
 """
@@ -20,9 +21,7 @@ skipped elsewhere when the lab's prerequisites are missing. Run:
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -33,17 +32,15 @@ from typing import Any
 import pytest
 
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
-from belugactl.lab import kernel, prereqs
 from belugactl.lab.guest.rpc_driver import block_bytes
-from belugactl.lab.paths import STATE_ENV, cache_root
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from belugactl.pool.header import EPOCH_OFFSET
-from tests.support.lab import REPO, our_qemus, run_cli, unavailable
+from tests.support.lab import REPO
+from tests.support.pmem_pair import PmemPair
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
-LAB = "rpc-tests"
 MANIFEST = "examples/lab.yaml"
 DAX = "/dev/dax0.0"
 DAX_BASE = 2 << 20  # byte 0 of /dev/dax0.0 in the pool file (map=mem namespace, docs/lab.md)
@@ -98,21 +95,22 @@ sys.exit(1)
 
 @dataclass
 class Rack:
-    env: dict[str, str]
-    lab_dir: Path
-    pool_file: Path
+    pair: PmemPair
     server_pid: int
     epoch: int
     ready: dict[str, Any]
     seed: int
     timings: dict[str, float]
 
+    @property
+    def pool_file(self) -> Path:
+        return self.pair.pool_file
+
     def sh(self, host: str, *argv: str, timeout: float = 240) -> Any:
-        return run_cli(self.env, "lab", "exec", "--name", LAB, "--timeout", str(timeout), host, "--", *argv,
-                       timeout=timeout + 60)  # fmt: skip
+        return self.pair.sh(host, *argv, timeout=timeout)
 
     def share(self, host: str) -> Path:
-        return self.lab_dir / "guests" / host / "spool" / "share"
+        return self.pair.share(host)
 
     def server_log(self) -> str:
         path = self.share("lab-1") / "rpc-mds.log"
@@ -140,33 +138,12 @@ def _layout():
 
 
 @pytest.fixture(scope="module")
-def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
-    missing = prereqs.check()
-    if missing:
-        unavailable("; ".join(f"{m.reason} (Debian package {m.requirement.package})" for m in missing))
-    state = tmp_path_factory.mktemp("rpclab")
-    env = dict(os.environ, **{STATE_ENV: str(state)})
-    if kernel.find(cache_root()) is None:
-        prep = run_cli(env, "lab", "prepare", "--profile", "pmem", timeout=900)
-        if prep.returncode != 0:
-            unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
-    timings: dict[str, float] = {}
+def rack(pmem_pair: PmemPair) -> Iterator[Rack]:
+    # The pair comes set up (tests/support/pmem_pair.py): lab-1 first (region, namespace, header), then
+    # lab-2, which verified the header lab-1 wrote.
+    timings = dict(pmem_pair.seconds)
+    rack = Rack(pmem_pair, 0, 0, {}, random.randrange(1 << 31), timings)
     try:
-        t0 = time.monotonic()
-        up = run_cli(env, "lab", "up", "--profile", "pmem", "--name", LAB, "--hosts", "2", "--json", timeout=600)
-        assert up.returncode == 0, f"lab up failed:\n{up.stderr[-3000:]}"
-        timings["lab up"] = time.monotonic() - t0
-        lab = json.loads(up.stdout)["lab"]
-        rack = Rack(env, Path(lab["dir"]), Path(lab["pool"]), 0, 0, {}, random.randrange(1 << 31), timings)
-
-        def setup(host: str) -> None:
-            t0 = time.monotonic()
-            r = rack.sh(host, "belugactl", "setup", "-f", MANIFEST, "--host", host, "--yes", "--json")
-            assert r.returncode == 0, f"setup on {host} failed:\n{r.stderr[-3000:]}"
-            timings[f"setup {host}"] = time.monotonic() - t0
-
-        # lab-1 first: region, namespace and the pool header.
-        setup("lab-1")
         # The exec channel needs no network; the admin HTTP and TCP RPC need loopback up in lab-1.
         lo = rack.sh("lab-1", "ip", "link", "set", "lo", "up")
         assert lo.returncode == 0, lo.stderr
@@ -177,21 +154,18 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
                         "metadata-server", "-f", MANIFEST, "--pool", DAX, "--fence-grace", "1", "--json")  # fmt: skip
         assert start.returncode == 0, start.stderr
         rack.server_pid = int(start.stdout.strip())
-        # lab-2 joins while the server starts (as a worker joins a running rack): its setup verifies
-        # the header lab-1 wrote, the epoch (a runtime word the server bumps) excepted.
-        setup("lab-2")
         ready = rack.sh("lab-1", sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "150")
         assert ready.returncode == 0, f"server never ready: {ready.stdout}\n{rack.server_log()[-3000:]}"
-        timings["server launch to ready (lab-2 setup meanwhile)"] = time.monotonic() - t0
+        timings["server launch to ready"] = time.monotonic() - t0
         rack.ready = json.loads(ready.stdout)["body"]
         started = [json.loads(line) for line in rack.server_log().splitlines() if line.startswith('{"event"')]
         assert started and started[0]["event"] == "started", rack.server_log()[-3000:]
         rack.epoch = started[0]["epoch"]
         yield rack
     finally:
-        run_cli(env, "lab", "down", "--name", LAB, timeout=120)
-        for pid in our_qemus(state):  # last resort, still only our own QEMU processes
-            os.kill(pid, signal.SIGKILL)
+        # The pair's next users (test_setup_lab) need lab-1 without a server, whatever happened here.
+        if rack.server_pid:
+            rack.sh("lab-1", "sh", "-c", f"kill -KILL {rack.server_pid} 2>/dev/null; true")
         print("\nrpc lab timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
 
 

@@ -1,61 +1,30 @@
 """setup / teardown on the emulated rack: real kernel 6.1, real cxl/ndctl/daxctl 76.1, two guests, one pool.
 
-Slow (each command in a TCG guest takes tens of seconds); marked `lab`. Uses its own lab name so it
-never touches another test's guests. Run: .venv/bin/pytest -m lab tests/setup/test_setup_lab.py
+Slow (each command in a TCG guest takes tens of seconds); marked `lab`. Runs on the `pmem_pair`
+(tests/support/pmem_pair.py): its guests and first setups, which tests/dataplane/test_rpc_lab.py
+has used just before; the teardown at the end makes it their last user.
+Run: .venv/bin/pytest -m lab tests/setup/test_setup_lab.py
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.pmem_pair import MANIFEST, PmemPair
+
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-BELUGACTL = str(Path(sys.executable).with_name("belugactl"))
-LAB_NAME = "setup-tests"
-MANIFEST = "examples/lab.yaml"
 
 
-def _lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - argv list
-        [BELUGACTL, "lab", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-class Lab:
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
-
-    def sh(self, host: str, *argv: str, timeout: float = 500) -> subprocess.CompletedProcess[str]:
-        return _lab("exec", "--name", LAB_NAME, "--timeout", str(timeout), host, "--", *argv, timeout=timeout + 60)
-
-    def share(self, host: str) -> Path:
-        """A directory this process and the guest both see (the guest sees it at /run/belugactl-lab/share)."""
-        return self.state_dir / "guests" / host / "spool" / "share"
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("qemu-system-x86_64 is not installed (belugactl lab prepare)")
-    _lab("down", "--name", LAB_NAME, timeout=120)
-    up = _lab("up", "--profile", "pmem", "--name", LAB_NAME, "--hosts", "2", "--json", timeout=600)
-    if up.returncode != 0:
-        pytest.fail(f"lab up failed: {up.stderr[-2000:]}")
-    yield Lab(Path(json.loads(up.stdout)["lab"]["dir"]))
-    _lab("down", "--name", LAB_NAME, timeout=120)
-
-
-def setup(lab: Lab, host: str, *extra: str, manifest: str = MANIFEST) -> subprocess.CompletedProcess[str]:
-    return lab.sh(host, "belugactl", "setup", "-f", manifest, "--host", host, "--json", *extra)
+def setup(lab: PmemPair, host: str, *extra: str, manifest: str = MANIFEST) -> subprocess.CompletedProcess[str]:
+    return lab.setup(host, *extra, manifest=manifest)
 
 
 PATTERN = """
@@ -72,19 +41,20 @@ print(bytes(m[part.offset:part.offset + 16]).decode(errors="replace"))
 """
 
 
-def test_two_hosts_setup_share_verify_and_teardown(lab: Lab) -> None:
-    # lab-1 first: it creates region + namespace and writes the header.
-    t0 = time.monotonic()
-    first = setup(lab, "lab-1")
-    fresh_s = time.monotonic() - t0
+def test_two_hosts_setup_share_verify_and_teardown(pmem_pair: PmemPair) -> None:
+    lab = pmem_pair
+    # lab-1 first: it created region + namespace and wrote the header (the pair's first setups,
+    # tests/support/pmem_pair.py; test_rpc_lab's server has run on the pool since, and has stopped).
+    first = lab.first_setup["lab-1"]
+    fresh_s = lab.seconds["setup lab-1"]
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
     applied = [a["step"]["id"] for a in report["applied"]]
     assert applied[:4] == ["region.create", "devdax.create", "permissions.dax", "header.write"], applied
     assert "wrote the header" in report["applied"][3]["detail"]
 
-    # lab-2 verifies the header lab-1 wrote (no header step applied).
-    second = setup(lab, "lab-2")
+    # lab-2 verified the header lab-1 wrote (no header step applied).
+    second = lab.first_setup["lab-2"]
     assert second.returncode == 0, second.stderr
     ids = [a["step"]["id"] for a in json.loads(second.stdout)["applied"]]
     assert "region.create" in ids and "header.write" not in ids
