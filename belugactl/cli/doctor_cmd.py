@@ -140,10 +140,11 @@ def render_report(report: Any, *, verbose: bool = False, allow_no_cxl: bool = Fa
     console = stdout_console()
     console.soft_wrap = True  # lines are wrapped here, never again by rich
     columns = text_width()
-    head = Text(f"belugactl doctor on {report.hostname}", style="bold")
+    head = f"belugactl doctor on {report.hostname}"
     if report.host_entry:
-        head.append(f" (as {report.host_entry} in {report.manifest})")
-    console.print(head)
+        head += f" (as {report.host_entry} in {report.manifest})"
+    for i, line in enumerate(wrap_hanging(head, columns, first=0, indent=2)):
+        console.print(Text(line, style="bold" if i == 0 else ""))
     for note in report.notes:
         _print_wrapped(console, f"  • {note}", columns, indent=4, style="dim")
     width = max((len(o.id) for o in report.outcomes), default=0)
