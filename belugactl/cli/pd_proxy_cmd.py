@@ -45,13 +45,13 @@ def pd_proxy(
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
-    print(
-        f"pd-proxy on {bind}:{port}: prefill {', '.join(prefill)}; decode {', '.join(decode)}",
-        file=sys.stderr,
-        flush=True,
-    )
     interrupted = False
-    try:
+    try:  # the start line inside: a Ctrl-C right after it is still this interrupt, with its state
+        print(
+            f"pd-proxy on {bind}:{port}: prefill {', '.join(prefill)}; decode {', '.join(decode)}",
+            file=sys.stderr,
+            flush=True,
+        )
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         interrupted = True
