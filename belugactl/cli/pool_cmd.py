@@ -146,11 +146,12 @@ def _check_free_space(path: Path, size: int, *, yes: bool) -> None:
     from belugactl.pool.file_pool import free_bytes
     from belugactl.units import format_size
 
-    free = free_bytes(path.parent if str(path.parent) else ".")
+    directory = path.absolute().parent
+    free = free_bytes(directory)
     if free is None or size <= free:
         return
     what = (
-        f"the pool ({format_size(size)}) is larger than the free space of {path.parent}'s file system "
+        f"the pool ({format_size(size)}) is larger than the free space on the file system of {directory} "
         f"({format_size(free)})"
     )
     if not yes:
