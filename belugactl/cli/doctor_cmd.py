@@ -338,30 +338,49 @@ def _print_unchecked(console: Any, report: Any, *, allow_no_cxl: bool = False) -
     """No failure, but checks were skipped: say what that means instead of a bare "No issues found"."""
     from collections import Counter
 
-    from rich.text import Text
+    from belugactl.cli.render import text_width
 
+    columns = text_width()
     skipped = [o for o in report.outcomes if o.status.value == "skip"]
     ran = len(report.outcomes) - len(skipped)
     if any(note.startswith("no CXL") for note in report.notes):
-        console.print(
-            Text(
-                "- No CXL found on this host (no CXL bus, memory devices or adapters): nothing CXL could be "
-                "checked, so this says nothing about serving a pool here.",
-                style="yellow",
-            )
+        _print_wrapped(
+            console,
+            "- No CXL found on this host (no CXL bus, memory devices or adapters): nothing CXL could be "
+            "checked, so this says nothing about serving a pool here.",
+            columns,
+            indent=2,
+            style="yellow",
         )
     topics = Counter(o.topic for o in skipped)
-    console.print(Text(f"  not checked: {', '.join(f'{t} ({n})' for t, n in topics.items())}", style="dim"))
+    _print_wrapped(
+        console,
+        f"  not checked: {', '.join(f'{t} ({n})' for t, n in topics.items())}",
+        columns,
+        indent=4,
+        style="dim",
+    )
     if report.manifest is None:
-        console.print(
-            Text("  no manifest: pass -f rack.yaml --host H to check this host against its entry", style="dim")
+        _print_wrapped(
+            console,
+            "  no manifest: pass -f rack.yaml --host H to check this host against its entry",
+            columns,
+            indent=4,
+            style="dim",
         )
     if not report.has_cxl and not allow_no_cxl:
-        console.print(
-            Text(
-                NO_CXL_LINE.format(ran=f" ({ran} generic checks passed, {len(skipped)} skipped)"),
-                style="yellow",
-            )
+        _print_wrapped(
+            console,
+            NO_CXL_LINE.format(ran=f" ({ran} generic checks passed, {len(skipped)} skipped)"),
+            columns,
+            indent=2,
+            style="yellow",
         )
         return
-    console.print(Text(f"✓ No issues found in the {ran} checks that ran ({len(skipped)} skipped).", style="green"))
+    _print_wrapped(
+        console,
+        f"✓ No issues found in the {ran} checks that ran ({len(skipped)} skipped).",
+        columns,
+        indent=2,
+        style="green",
+    )

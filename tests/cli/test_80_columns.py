@@ -39,6 +39,13 @@ def test_doctor_fits_80_columns_and_pads_nothing(cli, env) -> None:
     _fits(_doctor(cli, env))
 
 
+@pytest.mark.parametrize("fixture", ["nocxl", "amd-host", "lab-guest"])
+def test_doctor_fits_80_columns_on_other_hosts(cli, fixture) -> None:
+    result = cli("doctor", "--root", str(tree(fixture)), "-v", env=AT_80)
+    assert result.stdout.startswith("belugactl doctor on "), result.stderr
+    _fits(result.stdout)
+
+
 def test_the_ddio_fix_is_one_setpci_command_a_line(cli) -> None:
     out = _doctor(cli, AT_80)
     commands = [line.strip() for line in _lines(out) if line.strip().startswith("setpci ")]

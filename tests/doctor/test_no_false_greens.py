@@ -27,7 +27,7 @@ DATA_GUARDS = {"dax.mode-devdax", "dax.map-mem", "dax.size-matches-manifest", "p
 def test_no_cxl_host_exits_3_by_default_and_says_nothing_was_checked(capsys):
     assert run(["doctor", "--root", str(FIXTURES / "nocxl")]) == 3
     out = capsys.readouterr().out
-    last = out.strip().splitlines()[-1]
+    last = _closing_line(out)
     assert "no CXL memory devices found: nothing to check" in last and "--allow-no-cxl" in last
     assert "✓" not in last
 
