@@ -87,12 +87,14 @@ def run(argv: list[str] | None = None, *, command: Callable[..., Any] | None = N
     from belugactl.cli import render
     from belugactl.errors import BelugaError, ExitCode, clear_interrupt_notes
 
-    cli = command if command is not None else typer.main.get_command(build_app())
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(args)
     render.reset_json_printed()
     clear_interrupt_notes()
+    cli: Any = command
     try:
+        if cli is None:  # inside the try: a Ctrl-C while the commands import is an interrupt too
+            cli = typer.main.get_command(build_app())
         result = cli(args=args, prog_name="belugactl", standalone_mode=False)
     except BelugaError as exc:
         render.print_error(exc)
