@@ -8,6 +8,7 @@ fixes name the manifest given with -f, and the summary never offers `--ignore` f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,11 +63,19 @@ def test_old_ndctl_on_a_cxl_host_without_a_pool_warns_not_ok():
     assert pmem.status is Status.OK and "manifest" in pmem.reason
 
 
-def test_fixes_name_the_manifest_given_with_f(capsys):
-    code = run(["doctor", "-f", str(LAB_RAM), "--host", "lab-1", "--root", str(FIXTURES / "ram-fresh")])
+def test_fixes_name_the_manifest_given_with_f(capsys, tmp_path):
+    # A long path (CI's checkout is deeper than a developer's) makes the fix wrap at 80 columns with
+    # shell continuations: pasted back as one command it still names the manifest given with -f.
+    deep = tmp_path / "a-checkout-path-long-enough-to-wrap" / "examples"
+    deep.mkdir(parents=True)
+    manifest = deep / "lab-ram.yaml"
+    manifest.write_text(LAB_RAM.read_text())
+    code = run(["doctor", "-f", str(manifest), "--host", "lab-1", "--root", str(FIXTURES / "ram-fresh")])
     assert code == 1
     out = capsys.readouterr().out
-    assert f"belugactl setup -f {LAB_RAM} --host lab-1" in out
+    assert max(len(line) for line in out.splitlines() if str(manifest) not in line) <= 80
+    as_pasted = re.sub(r" \\\n\s*", " ", out)
+    assert f"belugactl setup -f {manifest} --host lab-1" in as_pasted
     assert "-f MANIFEST" not in out
 
 
