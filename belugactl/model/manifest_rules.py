@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 
 from belugactl.model.manifest_schema import GPU_BLOCK_SIZES, MAX_HOSTS, Manifest, MemdevPick, RegionSource
@@ -20,6 +22,7 @@ class RuleProblem:
 def check_rules(m: Manifest) -> list[RuleProblem]:
     problems: list[RuleProblem] = []
     problems += _host_rules(m)
+    problems += _address_rules(m)
     problems += _pool_rules(m)
     problems += _layout_rules(m)
     problems += _serve_rules(m)
@@ -101,6 +104,38 @@ def _host_rules(m: Manifest) -> list[RuleProblem]:
             )
         )
     return out
+
+
+# An IPv6 scope id names an interface (or is its index): what `ip link` allows, minus '/' and ':',
+# and at most IFNAMSIZ - 1 bytes. Anything else (spaces, quotes, newlines) would end up in
+# HAProxy's config, vLLM's argv and URLs, where it splits a line or a word.
+_SCOPE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+
+def address_problem(value: str) -> str | None:
+    """Why `value` (an address or bind from the manifest) cannot be written into configs and URLs."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        ip = None  # a DNS name: the schema allows letters, digits, '-' and '.' only
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None and not _SCOPE_ID_RE.fullmatch(ip.scope_id):
+        return f"the scope id {ip.scope_id!r} of {value!r} is not an interface name"
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return f"address {value!r} holds a space or a control character"
+    return None
+
+
+def _address_rules(m: Manifest) -> list[RuleProblem]:
+    hint = "a scope id is an interface name (letters, digits, '_', '.', '-'; at most 15), e.g. fe80::1%eth0"
+    fields: list[tuple[Path_, str]] = [(("hosts", i, "address"), h.address) for i, h in enumerate(m.hosts)]
+    if m.serve is not None:
+        fields += [
+            (("serve", "metadata", "admin_bind"), m.serve.metadata.admin_bind),
+            (("serve", "metadata", "rpc_bind"), m.serve.metadata.rpc_bind),
+        ]
+        if m.serve.router is not None:
+            fields.append((("serve", "router", "bind"), m.serve.router.bind))
+    return [RuleProblem(path, why, hint) for path, value in fields if (why := address_problem(value)) is not None]
 
 
 def _pool_rules(m: Manifest) -> list[RuleProblem]:
@@ -298,9 +333,7 @@ def _disaggregation_rules(m: Manifest) -> list[RuleProblem]:
                 "list one role per instance (instance i of every host takes kv_roles[i])",
             )
         )
-    roles = {
-        vllm.kv_role(i) for h in m.hosts if "worker" in h.roles for i in range(m.instances_on(h))
-    }
+    roles = {vllm.kv_role(i) for h in m.hosts if "worker" in h.roles for i in range(m.instances_on(h))}
     for needed, does in (("kv_producer", "prefills and saves"), ("kv_consumer", "loads and decodes")):
         if needed not in roles and "kv_both" not in roles:
             out.append(
@@ -316,7 +349,7 @@ def _disaggregation_rules(m: Manifest) -> list[RuleProblem]:
             RuleProblem(
                 at,
                 "prefill/decode roles need the front door: a request must go to a producer, then to a consumer",
-                "add serve.router (docs/serving.md, \"Prefill/decode disaggregation\")",
+                'add serve.router (docs/serving.md, "Prefill/decode disaggregation")',
                 at_key=True,
             )
         )
