@@ -13,9 +13,10 @@ TimeoutStopSec is killed.
 
 from __future__ import annotations
 
-import shlex
+import re
 from collections.abc import Sequence
 
+from belugactl.errors import InputError
 from belugactl.workflows.setup.topics import boot_topic_ids
 
 UNIT_NAME = "belugactl-setup.service"
@@ -23,12 +24,47 @@ SERVE_UNIT_NAME = "belugactl-serve.service"
 # The router's drain (30 s by default), vLLM's 20 s each, the metadata server's: with room to spare.
 SERVE_STOP_TIMEOUT_S = 180
 
+# A word systemd reads as itself: no quotes, specifiers (%), variables ($), escapes or spaces.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_+=:,./-]+")
+# ExecStart's prefixes (systemd.service(5)): a first word starting with one of these is quoted.
+_EXEC_PREFIXES = "@-:+!|"
+
+
+def _no_control(value: str) -> str:
+    """A value with a newline (or another control byte) would end the directive and start another."""
+    if any(not c.isprintable() for c in value):
+        raise InputError(
+            f"cannot write {value!r} into a systemd unit: it holds a newline or another control character",
+            why="a unit file is one directive per line; the rest of the value would become a directive of its own",
+            fix="move the manifest (or the program given with --command) to a path without control characters",
+        )
+    return value
+
+
+def unit_value(value: str) -> str:
+    """A value for a directive that expands specifiers (Description=, Condition*=): `%` becomes `%%`."""
+    return _no_control(value).replace("%", "%%")
+
+
+def exec_word(word: str, *, first: bool = False) -> str:
+    """One ExecStart word, as systemd.service(5) reads it: plain, or double-quoted with C escapes;
+    `%` (specifiers) and `$` (environment variables) are doubled either way, since systemd expands
+    both inside quotes too."""
+    _no_control(word)
+    if _PLAIN_WORD.fullmatch(word) and not (first and word[0] in _EXEC_PREFIXES):
+        return word
+    quoted = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{quoted}"'
+
+
+def exec_line(argv: Sequence[str]) -> str:
+    return " ".join(exec_word(a, first=i == 0) for i, a in enumerate(argv))
+
 
 def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Sequence[str] | None = None) -> str:
     topics = boot_topic_ids() if topics is None else topics
     argv = [*command, "setup", "-f", manifest_path, "--host", host, "--only", ",".join(topics), "--yes"]
-    # systemd splits ExecStart like a shell would, but expands nothing else; quote each word.
-    exec_start = " ".join(shlex.quote(a) for a in argv)
+    exec_start = exec_line(argv)
     return (
         "# Written by `belugactl export systemd`. Re-applies the pool host settings a reboot resets.\n"
         "[Unit]\n"
@@ -36,7 +72,7 @@ def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Seq
         "After=local-fs.target systemd-modules-load.service systemd-udevd.service\n"
         "Wants=systemd-modules-load.service\n"
         f"Before={SERVE_UNIT_NAME}\n"
-        "ConditionPathExists=" + manifest_path + "\n"
+        "ConditionPathExists=" + unit_value(manifest_path) + "\n"
         "\n"
         "[Service]\n"
         "Type=oneshot\n"
@@ -52,7 +88,7 @@ def serve_unit_text(
     manifest_path: str, host: str, command: Sequence[str], *, run_dir: str = "/run/belugactl/serve"
 ) -> str:
     argv = [*command, "serve", "-f", manifest_path, "--host", host, "--run-dir", run_dir]
-    exec_start = " ".join(shlex.quote(a) for a in argv)
+    exec_start = exec_line(argv)
     return (
         "# Written by `belugactl export systemd`. Serves this host's part of the rack after the pool unit.\n"
         "[Unit]\n"
@@ -60,7 +96,7 @@ def serve_unit_text(
         "After=network-online.target " + UNIT_NAME + "\n"
         "Wants=network-online.target\n"
         f"Requires={UNIT_NAME}\n"
-        "ConditionPathExists=" + manifest_path + "\n"
+        "ConditionPathExists=" + unit_value(manifest_path) + "\n"
         "\n"
         "[Service]\n"
         "Type=simple\n"
