@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC, REQ_READY, RESP_READY
+from belugactl.model.manifest_schema import MAX_HOSTS
 from belugactl.pool import header as hdr
 from belugactl.pool.mapping import PoolMapping
 
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 
 SLOT_STATES = {0: "free", REQ_READY: "request waiting", RESP_READY: "reply waiting"}
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9470"
+# The most rings a manifest can lay out: MAX_HOSTS hosts x 64 instances x (a scheduler + 64
+# workers), plus 4096 spare rings (model/manifest_schema.py's limits).
+MAX_LAYOUT_RINGS = MAX_HOSTS * 64 * 65 + 4096
+# Bounds on what one inspect reads and lists; a rack of 16 hosts with 256-slot rings reads about 70 k.
+SCAN_SLOTS_MAX = 1 << 17
+LIST_RINGS_MAX = 4096
 
 
 def admin_url_for(manifest: Manifest | None) -> str:
@@ -46,6 +53,9 @@ def inspect_pool(
         header = pool.header
         epoch = pool.epoch()
         claim = pool.load_u64(hdr.CLAIM_OFFSET)
+        against = _against_manifest(header, manifest)
+        # ring owners come from the manifest's clients, which only hold for the layout it wrote
+        rings, rings_summary = _rings(pool, manifest if against is not None and against["matches"] else None, epoch)
         doc: dict[str, Any] = {
             "path": str(pool.path),
             "devdax": pool.is_devdax,
@@ -58,9 +68,9 @@ def inspect_pool(
                 {"index": i, "name": h.name, "offset": h.offset, "size": h.size, "end": h.offset + h.size}
                 for i, h in enumerate(header.hosts)
             ],
-            "manifest": (against := _against_manifest(header, manifest)),
-            # ring owners come from the manifest's clients, which only hold for the layout it wrote
-            "rings": _rings(pool, manifest if against is not None and against["matches"] else None, epoch),
+            "manifest": against,
+            "rings": rings,
+            "rings_summary": rings_summary,
             "journal": _journal(pool),
         }
     url = admin_url or admin_url_for(manifest)
@@ -121,27 +131,57 @@ def _ring_owners(manifest: Manifest | None) -> dict[int, str]:
     return {c.ring: c.owner for c in resolve_layout(manifest).clients}  # host/vllm-N/process
 
 
-def _rings(pool: PoolMapping, manifest: Manifest | None, epoch: int) -> list[dict[str, Any]]:
-    """Per ring: its owner and its latest request, from the slot headers' epoch and sequence words.
+def _slot_header(pool: PoolMapping, offset: int) -> tuple[int, ...]:
+    """One slot's header words; straight from the mapping unless this host must drop stale lines first."""
+    if pool.needs_flush:
+        return HEADER.unpack(pool.read(offset, HEADER.size))
+    return HEADER.unpack_from(pool.buf, offset)
+
+
+def _rings(pool: PoolMapping, manifest: Manifest | None, epoch: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per ring: its owner and its latest request, from the slot headers' epoch and sequence words;
+    and a summary of what was read.
 
     A client numbers its requests and uses slot seq % slots_per_ring, so within one server epoch
     the slot with the highest seq is the last thing that ring did. Each client incarnation starts
-    at a random seq, so epochs are compared first: a newer server epoch is newer activity."""
+    at a random seq, so epochs are compared first: a newer server epoch is newer activity.
+
+    The ring count comes from the header, which anyone who can write the pool controls: at most
+    SCAN_SLOTS_MAX slot headers are read and LIST_RINGS_MAX rings listed (past that, used rings only),
+    and a count past what any manifest can lay out is said, not scanned."""
     g = pool.geometry
     owners = _ring_owners(manifest)
+    summary: dict[str, Any] = {"count": g.ring_count, "scanned": 0, "used": 0, "complete": True, "problem": None}
+    if g.ring_count > MAX_LAYOUT_RINGS:
+        summary.update(complete=False, problem=(
+            f"the header says {g.ring_count} RPC rings; a manifest lays out at most {MAX_LAYOUT_RINGS}: "
+            "the header was not written by belugactl setup (or is corrupted), so its rings are not read"
+        ))  # fmt: skip
+        return [], summary
+    list_all = g.ring_count <= LIST_RINGS_MAX
     rings = []
+    budget = SCAN_SLOTS_MAX
     for ring in range(g.ring_count):
+        if budget < g.slots_per_ring:
+            summary.update(complete=False, problem=(
+                f"{g.ring_count} rings of {g.slots_per_ring} slots: only the first {ring} rings were read "
+                f"(pool inspect reads at most {SCAN_SLOTS_MAX} slot headers)"
+            ))  # fmt: skip
+            break
+        budget -= g.slots_per_ring
         last: tuple[int, int, int, int] | None = None  # epoch, seq, slot, status
         waiting = 0
         for slot in range(g.slots_per_ring):
-            status, seq, magic, slot_epoch, _op, _code, _len = HEADER.unpack(
-                pool.read(g.slot_offset(ring, slot), HEADER.size)
-            )
+            status, seq, magic, slot_epoch, _op, _code, _len = _slot_header(pool, g.slot_offset(ring, slot))
             if magic != MAGIC:
                 continue  # never used (all zero), or not a request
             waiting += status == REQ_READY
             if last is None or (slot_epoch, seq) > last[:2]:
                 last = (slot_epoch, seq, slot, status)
+        summary["scanned"] += 1
+        summary["used"] += last is not None
+        if not list_all and (last is None or len(rings) >= LIST_RINGS_MAX):
+            continue
         entry: dict[str, Any] = {
             "ring": ring,
             "offset": g.ring_offset(ring),
@@ -159,7 +199,8 @@ def _rings(pool: PoolMapping, manifest: Manifest | None, epoch: int) -> list[dic
                 current_epoch=last[0] == epoch & 0xFFFFFFFF,
             )
         rings.append(entry)
-    return rings
+    summary["listed"] = len(rings)
+    return rings, summary
 
 
 def _journal(pool: PoolMapping) -> dict[str, Any]:
