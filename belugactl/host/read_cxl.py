@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from belugactl.host.host import Host
+from belugactl.host.read_cxl_health import HEALTH_LIST, MEDIA_ERRORS_LIST, read_health, read_media_errors
 from belugactl.host.read_pci import BDF_RE, pci_chain, root_port_of, switch_upstream_port_of
 from belugactl.host.read_tools import as_bool, as_hex, as_int, as_size, as_str, run_json
 from belugactl.host.snapshot import CxlDecoder, CxlMemdev, CxlRegion, CxlState
@@ -25,12 +26,15 @@ CXL_DEVICES = "/sys/bus/cxl/devices"
 
 # One object type per listing, so each prints a flat array (the documented shapes);
 # the parser still accepts the mixed, wrapped shapes other flag sets produce.
-CXL_LIST_COMMANDS: tuple[tuple[str, ...], ...] = (
+OBJECT_LISTINGS: tuple[tuple[str, ...], ...] = (
     ("cxl", "list", "-M", "-i"),
     ("cxl", "list", "-D", "-d", "root"),
     ("cxl", "list", "-D", "-d", "endpoint"),
     ("cxl", "list", "-R", "-T", "-i"),
 )
+# Every `cxl list` discovery runs (started together up front). Health and poison lists are their
+# own invocations, so a capture taken before discovery asked for them still replays the rest.
+CXL_LIST_COMMANDS: tuple[tuple[str, ...], ...] = (*OBJECT_LISTINGS, HEALTH_LIST, MEDIA_ERRORS_LIST)
 
 # Top-level wrapper keys (`cxl/filter.c` splice_array) -> what the array holds.
 _WRAPPER_KINDS = {
@@ -281,9 +285,7 @@ def read_cxl_sysfs(host: Host) -> CxlListing:
             by_decoder[region.root_decoder] = region.name
         for target in region.endpoint_decoders:
             by_decoder[target] = region.name
-    listing.decoders = [
-        dataclasses.replace(d, region=d.region or by_decoder.get(d.name)) for d in listing.decoders
-    ]
+    listing.decoders = [dataclasses.replace(d, region=d.region or by_decoder.get(d.name)) for d in listing.decoders]
     return listing
 
 
@@ -410,7 +412,7 @@ def read_cxl(host: Host, problems: list[str]) -> CxlState:
     sysfs = read_cxl_sysfs(host) if bus_present else CxlListing()
     listing = CxlListing()
     listed = False
-    for argv in CXL_LIST_COMMANDS:
+    for argv in OBJECT_LISTINGS:
         data = run_json(host, argv, problems)
         if data is None:
             continue
@@ -424,10 +426,13 @@ def read_cxl(host: Host, problems: list[str]) -> CxlState:
         listing.ports += part.ports
     decoders = _merge(listing.decoders, sysfs.decoders)
     regions = [_region_type(r, decoders) for r in _merge(_dedupe(listing.regions), sysfs.regions)]
+    memdevs = _merge(_dedupe(listing.memdevs), sysfs.memdevs)
+    if listed:
+        memdevs, regions = _with_health(host, problems, memdevs, regions)
     sources = [s for s, used in (("cxl list", listed), ("sysfs", bus_present)) if used]
     return CxlState(
         bus_present=bus_present,
-        memdevs=_merge(_dedupe(listing.memdevs), sysfs.memdevs),
+        memdevs=memdevs,
         root_decoders=[d for d in decoders if d.kind == "root"],
         switch_decoders=[d for d in decoders if d.kind == "switch"],
         endpoint_decoders=[d for d in decoders if d.kind == "endpoint"],
@@ -436,6 +441,20 @@ def read_cxl(host: Host, problems: list[str]) -> CxlState:
         ports=sorted(set(listing.ports) | set(sysfs.ports), key=_natural),
         source="+".join(sources) or None,
     )
+
+
+def _with_health(
+    host: Host, problems: list[str], memdevs: list[CxlMemdev], regions: list[CxlRegion]
+) -> tuple[list[CxlMemdev], list[CxlRegion]]:
+    """Memdevs with their health and regions with their poison lists, where `cxl` reported them.
+
+    sysfs holds neither (both come from mailbox commands), so without `cxl` they stay None."""
+    health = read_health(host, problems)
+    media = read_media_errors(host, problems)
+    memdevs = [dataclasses.replace(m, health=health[m.name]) if m.name in health else m for m in memdevs]
+    if media is not None:
+        regions = [dataclasses.replace(r, media_errors=media[r.name]) if r.name in media else r for r in regions]
+    return memdevs, regions
 
 
 def _region_type(region: CxlRegion, decoders: list[CxlDecoder]) -> CxlRegion:

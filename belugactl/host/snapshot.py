@@ -38,6 +38,51 @@ class ToolInfo:
 
 
 @dataclass(frozen=True)
+class MemdevHealth:
+    """A memory device's health as `cxl list -H` prints it (ndctl cxl/json.c; the device's Get Health Info).
+
+    Every field may be missing from a device's answer; None then means "not reported", never "fine".
+    """
+
+    maintenance_needed: bool | None = None
+    performance_degraded: bool | None = None
+    hw_replacement_needed: bool | None = None
+    media_normal: bool | None = None
+    media_not_ready: bool | None = None
+    media_persistence_lost: bool | None = None
+    media_data_lost: bool | None = None
+    media_powerloss_persistence_loss: bool | None = None
+    media_shutdown_persistence_loss: bool | None = None
+    media_persistence_loss_imminent: bool | None = None
+    media_powerloss_data_loss: bool | None = None
+    media_shutdown_data_loss: bool | None = None
+    media_data_loss_imminent: bool | None = None
+    ext_life_used: str | None = None  # "normal" | "warning" | "critical" | "unknown"
+    ext_temperature: str | None = None
+    ext_corrected_volatile: str | None = None  # "normal" | "warning" | "unknown"
+    ext_corrected_persistent: str | None = None
+    life_used_percent: int | None = None  # absent when the device does not implement it
+    temperature: int | None = None  # degrees Celsius; absent when not implemented
+    dirty_shutdowns: int | None = None
+    volatile_errors: int | None = None
+    pmem_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class MediaError:
+    """One poison (media error) record from `cxl list -L`.
+
+    `offset` is relative to the region's base when listed by region, the device physical address
+    when listed by memdev (ndctl Documentation/cxl/cxl-list.txt); `length` in bytes.
+    """
+
+    offset: int
+    length: int
+    source: str | None = None  # "Unknown" | "External" | "Internal" | "Injected" | "Vendor Specific"
+    flags: str | None = None  # "More,", "Scanning,", "Overflow," as ndctl prints them
+
+
+@dataclass(frozen=True)
 class CxlMemdev:
     name: str  # "mem0"
     serial: int | None = None
@@ -53,6 +98,8 @@ class CxlMemdev:
     # PCI address of the upstream port of the CXL switch the memdev sits behind ("0000:0d:00.0");
     # None when it hangs directly off a root port, or when only `cxl list` was read (it cannot tell)
     switch: str | None = None
+    # `cxl list -M -H`; None: not reported (not listed, older capture, or the device did not answer)
+    health: MemdevHealth | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +137,9 @@ class CxlRegion:
     uuid: str | None = None  # pmem regions
     root_decoder: str | None = None  # "decoder0.0"
     endpoint_decoders: list[str] = field(default_factory=list)  # in position order, when known
+    # `cxl list -R -L`, offsets relative to the region's base: [] = read and none found; None = not
+    # read (cxl < 80 has no -L, tracefs needs root, or a capture taken before discovery asked)
+    media_errors: list[MediaError] | None = None
 
 
 @dataclass(frozen=True)

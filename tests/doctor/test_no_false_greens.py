@@ -22,7 +22,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 LAB_RAM = REPO / "examples" / "lab-ram.yaml"
 
 # The checks whose failure means the pool's data is lost or about to be: never offered to --ignore.
-DATA_GUARDS = {"dax.mode-devdax", "dax.map-mem", "dax.size-matches-manifest", "pool.header"}
+DATA_GUARDS = {"dax.mode-devdax", "dax.map-mem", "dax.size-matches-manifest", "pool.header", "cxl.media-errors"}
 
 
 def test_no_cxl_host_exits_3_by_default_and_says_nothing_was_checked(capsys):
