@@ -63,6 +63,57 @@ def _is_devdax(path: Path) -> bool:
         return False
 
 
+def _account_uid(name: str) -> int | None:
+    if name.isdigit():
+        return int(name)
+    import pwd
+
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_pool_file_owner(
+    path: Path, st: os.stat_result, manifest: Manifest | None, *, euid: int | None = None
+) -> None:
+    """A pool file is trusted only as far as its owner is: whoever can write it rewrites the header
+    and every block a reader copies. Refused: a world-writable file; a file owned by someone other
+    than this user or root, unless the manifest's pool.permissions.owner names that owner (a rack
+    that shares one file on purpose). Root therefore opens only root's pool files, or the named
+    owner's. Device nodes are setup's business (udev rule, doctor's dax.permissions check)."""
+    if not stat.S_ISREG(st.st_mode):
+        return
+    if st.st_mode & 0o002:
+        raise InputError(
+            f"pool file {path} is world-writable (mode {stat.S_IMODE(st.st_mode):04o})",
+            why="any local user could rewrite its header and the KV blocks every reader copies",
+            fix=f"chmod o-w {path} (`belugactl pool create-file` makes pool files 0600)",
+        )
+    me = os.geteuid() if euid is None else euid
+    if st.st_uid in (me, 0):
+        return
+    permissions = getattr(getattr(manifest, "pool", None), "permissions", None)
+    named = _account_uid(permissions.owner) if permissions is not None else None
+    if named is not None and named == st.st_uid and "owner" in permissions.model_fields_set:
+        return
+    raise InputError(
+        f"pool file {path} belongs to {_user_name(st.st_uid)}, not to {_user_name(me)}",
+        why="its owner can rewrite the header and every block this process would read or serve",
+        fix="use a pool file this user created (`belugactl pool create-file`); if the rack shares this file on "
+        "purpose, name its owner in the manifest's pool.permissions.owner and pass the manifest (-f)",
+    )
+
+
 # Linux's MADV_POPULATE_READ (5.14); Python's mmap module names it only from 3.13 on.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 PREFAULT_CHUNK = 64 << 20
@@ -139,6 +190,12 @@ class PoolMapping:
                 fix=f"run as a user with access to {path} (udev rule from `belugactl setup`, or root)",
             ) from exc
         try:
+            # What was opened, not what the path named a moment before.
+            check_pool_file_owner(path, os.fstat(fd), loaded)
+        except InputError:
+            os.close(fd)
+            raise
+        try:
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             if devdax:
                 # A devdax device has no file size: map the header region, read the pool size from it.
@@ -203,9 +260,7 @@ class PoolMapping:
         return cls(path, mm, header, verified, is_devdax=devdax, needs_flush=needs_flush)
 
     @classmethod
-    def window(
-        cls, host: Host, device: str, length: int, *, writable: bool = True, flush: bool = False
-    ) -> PoolMapping:
+    def window(cls, host: Host, device: str, length: int, *, writable: bool = True, flush: bool = False) -> PoolMapping:
         """Map the first `length` bytes of `device` (under the host's root), header or not.
 
         `flush`: treat the pool as shared with other hosts (drop cached lines before each read,
@@ -232,7 +287,12 @@ class PoolMapping:
         finally:
             os.close(fd)
         return cls(
-            Path(path), mm, None, None, is_devdax=_is_devdax(Path(path)), needs_flush=flush and writable,
+            Path(path),
+            mm,
+            None,
+            None,
+            is_devdax=_is_devdax(Path(path)),
+            needs_flush=flush and writable,
             sync_writes=True,
         )
 
