@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "belugactl.cli.bench_cmd",
     "belugactl.cli.lab_cmd",
     "belugactl.cli.rack_cmd",
+    "belugactl.cli.top_cmd",
     "belugactl.cli.export_cmd",
 )
 

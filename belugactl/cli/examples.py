@@ -48,6 +48,7 @@ EXAMPLES: dict[str, list[str]] = {
     "export systemd": ["belugactl export systemd -f rack.yaml --host gpu01 -o /etc/systemd/system/"],
     "export prometheus": ["belugactl export prometheus -f rack.yaml -o prometheus.yml"],
     "export grafana": ["belugactl export grafana -o belugactl.json"],
+    "top": ["belugactl top -f rack.yaml", "belugactl top -f rack.yaml --once --json"],
 }
 
 
