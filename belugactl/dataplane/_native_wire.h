@@ -54,5 +54,6 @@
 #define CODE_UNKNOWN_NS 14
 #define CODE_NOT_OWNER 15
 #define CODE_NS_LIMIT 16
+#define CODE_NO_CHECKSUM 17
 
 #endif

@@ -35,9 +35,10 @@ Semantics (the server's; see docs/dataplane.md):
   reservation token you hold is void; call `reconnect()`), `AlreadyPresent`, `ReservationExpired`,
   `RequestRejected` (malformed request). A best-effort caller treats any `MetadataError` as a miss.
 - Checksums: `commit(token, checksum=crc)` stores the CRC32C of the block's bytes (extent order);
-  `get`/`get_many` return it as `BlockLocation.checksum` (None when the writer gave none), and
-  `copy_verified` copies a block out while checking it, raising `CorruptBlock` on a mismatch (a
-  stalled writer overwrote the extents after they were reused; docs/dataplane.md, "Checksums").
+  it is required (the server refuses a commit without one: NO_CHECKSUM). `get`/`get_many` return it
+  as `BlockLocation.checksum`, and `copy_verified` copies a block out while checking it, raising
+  `CorruptBlock` on a mismatch (a stalled writer overwrote the extents after they were reused;
+  docs/dataplane.md, "Checksums") or when a location carries no checksum (never trusted).
 - Batches: `reserve_many` / `commit_many` / `abort_many` do what the single calls do for a whole
   set of keys or tokens in one message per slot's worth (RESERVE_MANY, COMMIT_MANY), the messages of
   one call sent as one pipelined burst; they answer per key/token instead of raising. After the
@@ -90,7 +91,7 @@ class BlockLocation:
     extents: list[Extent]
     lease_id: int
     nbytes: int
-    checksum: int | None = None  # CRC32C its writer committed (None: the writer gave none)
+    checksum: int | None = None  # CRC32C its writer committed (None: an unverifiable location, refused)
 
 
 # A located block as get_many_tuples returns it: (extents, lease id, nbytes, checksum or None).
@@ -146,8 +147,15 @@ def copy_verified(pool: object, loc: BlockLocation, dst: object, dst_off: int = 
     checking its CRC32C in the same pass; returns the bytes copied.
 
     Raises CorruptBlock when the bytes differ from what their writer committed (then `dst` holds
-    them: do not use it). A block committed without a checksum is copied unchecked.
+    them: do not use it), or before any byte moves when `loc` carries no checksum (no server
+    commits a block without one: such a location cannot be verified, so it is not trusted).
     """
+    if loc.checksum is None:
+        raise CorruptBlock(
+            f"block {key.hex() or '?'}: its location carries no checksum",
+            why="every committed block carries its writer's CRC32C; this answer cannot be verified",
+            fix="treat the block as a miss; check that the metadata server is a current belugactl",
+        )
     crc = 0
     left = loc.nbytes
     pos = dst_off
@@ -164,7 +172,7 @@ def copy_verified(pool: object, loc: BlockLocation, dst: object, dst_off: int = 
             why="the server's location is inconsistent",
             fix="treat the block as a miss",
         )
-    if loc.checksum is not None and crc != loc.checksum:
+    if crc != loc.checksum:
         raise CorruptBlock(
             f"block {key.hex() or '?'}: CRC32C {crc:08x} of its bytes is not the {loc.checksum:08x} "
             "its writer committed",
@@ -369,6 +377,10 @@ class KVIndexClient:
             return NotOwner(what, why="the token or lease was granted to another ring or connection")
         if code == Code.NO_RESERVATION:
             return ReservationExpired(what, why="the reservation timed out and was reclaimed, or was never issued")
+        if code == Code.NO_CHECKSUM:
+            exc = RequestRejected(what, why="the commit carried no CRC32C of the block", fix="commit(token, crc)")
+            exc.code = code  # type: ignore[attr-defined]
+            return exc
         if code == Code.TOO_BIG:
             return PoolFull(what, why="the extents do not fit one reply slot (pool too fragmented or block too large)")
         exc = RequestRejected(what)
@@ -587,8 +599,8 @@ class KVIndexClient:
                 full = True
         return out
 
-    def commit_many(self, items: Sequence[tuple[int, int | None]]) -> list[Code]:
-        """`commit` of several (token, checksum or None) pairs in few messages sent as one burst, in
+    def commit_many(self, items: Sequence[tuple[int, int]]) -> list[Code]:
+        """`commit` of several (token, CRC32C) pairs in few messages sent as one burst, in
         order; a Code per token: Code.OK (visible now), Code.NO_RESERVATION (reclaimed or never
         issued), Code.NOT_OWNER (another client's token: left alone)."""
         return self.finish_many(items, ())[0]
@@ -597,10 +609,9 @@ class KVIndexClient:
         """`abort` of several tokens in few messages; a Code per token, as for `commit_many`."""
         return self.finish_many((), tokens)[1]
 
-    def finish_many(
-        self, commits: Sequence[tuple[int, int | None]], aborts: Sequence[int]
-    ) -> tuple[list[Code], list[Code]]:
-        """Commit some reservations and abort others in one burst; a Code per token of each."""
+    def finish_many(self, commits: Sequence[tuple[int, int]], aborts: Sequence[int]) -> tuple[list[Code], list[Code]]:
+        """Commit some (token, CRC32C) reservations and abort others in one burst; a Code per token
+        of each. A commit without a checksum raises ValueError before anything is sent."""
         entries = [(t, c, p.COMMIT_MANY_COMMIT) for t, c in commits] + [(t, None, p.COMMIT_MANY_ABORT) for t in aborts]
         if not entries:
             return [], []
@@ -653,9 +664,9 @@ class KVIndexClient:
         current = self.transport.current_epoch()
         return current is None or current == r.epoch
 
-    def commit(self, token: int, checksum: int | None = None) -> None:
+    def commit(self, token: int, checksum: int) -> None:
         """Make the block visible. `checksum`: the CRC32C of its `nbytes` bytes in extent order
-        (native.crc32c / copy_crc32c), which readers check; None commits without one."""
+        (native.crc32c / copy_crc32c), which readers check. Required: ValueError without one."""
         self._call(Op.COMMIT, p.encode_commit(token, checksum))
 
     def abort(self, token: int) -> None:

@@ -39,8 +39,17 @@ def reserve_many(s: MetadataService, ns: int, items, max_reply: int = 4096, owne
     return code, (p.decode_reserve_many_reply(rep) if code == 0 else [])
 
 
+def raw_commit_many(entries) -> bytes:
+    """A COMMIT_MANY frame as any client could send it: a commit without a checksum too (kind 0),
+    which the encoder refuses to build."""
+    return struct.pack("<HHI", len(entries), 0, 0) + b"".join(
+        struct.pack("<QIHH", t, crc or 0, p.CHECKSUM_NONE if crc is None else p.CHECKSUM_CRC32C, action)
+        for t, crc, action in entries
+    )
+
+
 def commit_many(s: MetadataService, entries, owner: int = 0):
-    code, rep = s.handle(Op.COMMIT_MANY, EPOCH, p.encode_commit_many(entries), 4096, owner)
+    code, rep = s.handle(Op.COMMIT_MANY, EPOCH, raw_commit_many(entries), 4096, owner)
     return code, (p.decode_codes_reply(rep, "reply") if code == 0 else [])
 
 
@@ -51,7 +60,7 @@ def test_codecs_round_trip_and_capacities() -> None:
     items = [(k, 1000 + i) for i, k in enumerate(keys(5))]
     assert p.decode_reserve_many(p.encode_reserve_many(3, items)) == (3, items)
     commit, abort = p.COMMIT_MANY_COMMIT, p.COMMIT_MANY_ABORT
-    entries = [(11, 0xDEADBEEF, commit), (12, None, commit), (13, None, abort)]
+    entries = [(11, 0xDEADBEEF, commit), (12, 0, commit), (13, None, abort)]
     assert p.decode_commit_many(p.encode_commit_many(entries)) == entries
     ext = [(4096, 100), (8192, 5)]
     reply = p.encode_many_reply([p.encode_reserve_many_item(0, 9, ext), p.encode_reserve_many_item(int(Code.EXISTS))])
@@ -169,11 +178,11 @@ def test_commit_many_does_exactly_what_single_commits_and_aborts_do() -> None:
         theirs = s.index.reserve(ns, b"victim".ljust(32), 4096, owner=2)[0]
         entries = [
             (mine[0], 0x11111111, p.COMMIT_MANY_COMMIT),
-            (mine[1], None, p.COMMIT_MANY_COMMIT),  # no checksum: not counted as checksummed
+            (mine[1], None, p.COMMIT_MANY_COMMIT),  # no checksum: NO_CHECKSUM, left reserved
             (theirs, 0x22222222, p.COMMIT_MANY_COMMIT),  # another owner's: NOT_OWNER, left alone
             (mine[2], None, p.COMMIT_MANY_ABORT),
             (mine[0], 0x11111111, p.COMMIT_MANY_COMMIT),  # twice: the second finds no reservation
-            (0x1234, None, p.COMMIT_MANY_COMMIT),  # never issued
+            (0x1234, 0x44, p.COMMIT_MANY_COMMIT),  # never issued
             (mine[4], 0x33333333, p.COMMIT_MANY_COMMIT),
             (theirs, None, p.COMMIT_MANY_ABORT),  # another owner's abort: refused too
         ]
@@ -186,15 +195,16 @@ def test_commit_many_does_exactly_what_single_commits_and_aborts_do() -> None:
                 op, payload = (
                     (Op.ABORT, p.encode_u64(token))
                     if action == p.COMMIT_MANY_ABORT
-                    else (Op.COMMIT, p.encode_commit(token, checksum))
+                    else (Op.COMMIT, p.encode_u64(token) if checksum is None else p.encode_commit(token, checksum))
                 )
                 codes.append(s.handle(op, EPOCH, payload, 4096, 1)[0])
-        assert codes == [0, 0, Code.NOT_OWNER, 0, Code.NO_RESERVATION, Code.NO_RESERVATION, 0, Code.NOT_OWNER]
+        gone = Code.NO_RESERVATION
+        assert codes == [0, Code.NO_CHECKSUM, Code.NOT_OWNER, 0, gone, gone, 0, Code.NOT_OWNER]
         results.append(_observable(s))
     single, batch = results
     assert single == batch
     assert batch["counters"]["commits_checksummed"] == 2 and batch["counters"]["foreign_refused"] == 2
-    assert [r[0] for r in batch["journal"]] == ["commit"] * 3
+    assert [r[0] for r in batch["journal"]] == ["commit"] * 2
 
 
 def test_malformed_batches_are_refused_whole_before_anything_changes() -> None:
@@ -212,7 +222,7 @@ def test_malformed_batches_are_refused_whole_before_anything_changes() -> None:
     assert s.handle(Op.RESERVE_MANY, EPOCH, struct.pack("<IHH", ns, 1, 0) + b"\0" * 8, 4096)[0] == Code.BAD_ARGS
     assert not s.index.pending
     tokens = [s.index.reserve(ns, k, 4096)[0] for k in ks]
-    batch = bytearray(p.encode_commit_many([(t, None, p.COMMIT_MANY_COMMIT) for t in tokens]))
+    batch = bytearray(p.encode_commit_many([(t, 0, p.COMMIT_MANY_COMMIT) for t in tokens]))
     bad_action = bytearray(batch)
     struct.pack_into("<H", bad_action, 8 + 2 * 16 + 14, 7)  # the last item's action
     bad_kind = bytearray(batch)
@@ -398,11 +408,11 @@ def test_the_client_falls_back_to_single_requests_against_an_older_server() -> N
     got = c.reserve_many("ns", [(k, 4096) for k in ks])
     assert [r if isinstance(r, Code) else "reserved" for r in got] == ["reserved", Code.EXISTS, "reserved", "reserved"]
     tokens = [r.token for r in got if isinstance(r, Reservation)]
-    assert c.finish_many([(tokens[0], 5), (tokens[1], None)], [tokens[2]]) == ([Code.OK, Code.OK], [Code.OK])
-    assert c.commit_many([(tokens[0], None)]) == [Code.NO_RESERVATION]
+    assert c.finish_many([(tokens[0], 5), (tokens[1], 6)], [tokens[2]]) == ([Code.OK, Code.OK], [Code.OK])
+    assert c.commit_many([(tokens[0], 5)]) == [Code.NO_RESERVATION]
     assert s.errors.get("BAD_OP") == 1  # asked once, then single requests only
     assert s.index.counters.commits == 3 and s.index.counters.aborts == 1
-    assert s.index.counters.commits_checksummed == 1
+    assert s.index.counters.commits_checksummed == 2
 
 
 def test_past_the_first_out_of_space_key_later_messages_reservations_are_given_back() -> None:

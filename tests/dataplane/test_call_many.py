@@ -21,6 +21,7 @@ from belugactl.dataplane.rpc.transport import TransportError
 from belugactl.dataplane.rpc.transport_cxl import CxlTransport
 from belugactl.pool.mapping import PoolMapping
 from tests.dataplane.conftest import native_param
+from tests.support.blocks import zeros_crc
 
 NS = 5_000_000_000
 SHORT_NS = 200_000_000
@@ -237,7 +238,7 @@ def test_a_long_prompts_lookup_is_one_burst_whatever_the_slot_size(tmp_path: Pat
         c.reconnect()
         keys = [bytes([i]) * 32 for i in range(125)]
         for k in keys[:120]:
-            c.commit(c.reserve("m", k, 4096).token)
+            c.commit(c.reserve("m", k, 4096).token, zeros_crc(4096))
         trips, sent = c.round_trips, c.messages
         located = c.get_many_tuples("m", keys)
         assert c.round_trips - trips == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import os
 import random
+import struct
 import subprocess
 import sys
 
@@ -130,8 +131,16 @@ def test_extents_crc_is_the_crc_of_the_block_in_extent_order() -> None:
 
 
 def test_wire_codecs_carry_the_checksum_and_refuse_garbage() -> None:
-    assert p.decode_commit(p.encode_commit(77)) == (77, None)
-    assert len(p.encode_commit(77)) == 8 and len(p.encode_commit(77, 0xE3069283)) == 16
+    assert p.decode_commit(p.encode_u64(77)) == (77, None)  # an old client's token-only frame
+    assert len(p.encode_commit(77, 0xE3069283)) == 16
+    for missing in (None, "crc", True):
+        with pytest.raises(ValueError, match="CRC32C"):
+            p.encode_commit(77, missing)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="CRC32C"):
+            p.encode_commit_many([(77, missing, p.COMMIT_MANY_COMMIT)])  # type: ignore[list-item]
+    assert p.decode_commit_many(p.encode_commit_many([(77, None, p.COMMIT_MANY_ABORT)])) == [
+        (77, None, p.COMMIT_MANY_ABORT)
+    ]  # an abort carries none
     assert p.decode_commit(p.encode_commit(77, 0xE3069283)) == (77, 0xE3069283)
     assert p.decode_commit(p.encode_commit(77, 0)) == (77, 0)  # a CRC of 0 is a CRC, not "none"
     with pytest.raises(ProtocolError) as exc:
@@ -162,20 +171,43 @@ def struct_many(items: list[bytes]) -> bytes:
 def test_service_stores_the_commit_checksum_and_returns_it() -> None:
     s = MetadataService(KVIndex(Allocator(CHUNK, 16 * CHUNK)), epoch=7)
     ns = p.decode_u32(s.handle(Op.OPEN_NS, 7, p.encode_name("ns"), 224)[1], "ns")
-    for key, checksum in ((b"a" * 32, 0x1234ABCD), (b"b" * 32, None)):
+    for key, checksum in ((b"a" * 32, 0x1234ABCD), (b"b" * 32, 0)):
         code, rep = s.handle(Op.RESERVE, 7, p.encode_reserve(ns, key, 5000), 224)
         token, _ = p.decode_reserve_reply(rep)
         assert s.handle(Op.COMMIT, 7, p.encode_commit(token, checksum), 224) == (0, b"")
         code, rep = s.handle(Op.GET, 7, p.encode_key(ns, key), 224)
         assert code == 0 and p.decode_get_reply_ex(rep)[3] == checksum
     code, rep = s.handle(Op.GET_MANY, 7, p.encode_lookup(ns, [b"a" * 32, b"b" * 32, b"c" * 32]), 512)
-    assert [item[3] for item in p.decode_get_many_reply_ex(rep)] == [0x1234ABCD, None, None]
-    assert s.index.counters.commits_checksummed == 1 and s.index.counters.commits == 2
+    assert [item[3] for item in p.decode_get_many_reply_ex(rep)] == [0x1234ABCD, 0, None]
+    assert s.index.counters.commits_checksummed == 2 and s.index.counters.commits == 2
     # A COMMIT with an unknown checksum kind is refused and leaves the reservation open.
     code, rep = s.handle(Op.RESERVE, 7, p.encode_reserve(ns, b"c" * 32, 5000), 224)
     token, _ = p.decode_reserve_reply(rep)
     assert s.handle(Op.COMMIT, 7, p.encode_u64(token) + bytes([1, 0, 0, 0, 2, 0, 0, 0]), 224)[0] == Code.BAD_ARGS
     assert s.handle(Op.COMMIT, 7, p.encode_commit(token, 5), 224) == (0, b"")
+
+
+def test_service_refuses_a_commit_without_a_checksum_and_counts_it() -> None:
+    s = MetadataService(KVIndex(Allocator(CHUNK, 16 * CHUNK)), epoch=7)
+    ns = p.decode_u32(s.handle(Op.OPEN_NS, 7, p.encode_name("ns"), 224)[1], "ns")
+    tokens = []
+    for key in (b"a" * 32, b"b" * 32, b"c" * 32):
+        token, _ = p.decode_reserve_reply(s.handle(Op.RESERVE, 7, p.encode_reserve(ns, key, 5000), 224)[1])
+        tokens.append(token)
+    # An old client's token-only COMMIT, and the 16-byte form with kind 0 ("none").
+    assert s.handle(Op.COMMIT, 7, p.encode_u64(tokens[0]), 224) == (Code.NO_CHECKSUM, b"")
+    assert s.handle(Op.COMMIT, 7, p.encode_u64(tokens[0]) + bytes(8), 224) == (Code.NO_CHECKSUM, b"")
+    # COMMIT_MANY: the item without one is refused, the others done.
+    raw = struct.pack("<HHI", 3, 0, 0) + b"".join(
+        struct.pack("<QIHH", t, crc, kind, p.COMMIT_MANY_COMMIT)
+        for t, crc, kind in ((tokens[1], 0, p.CHECKSUM_NONE), (tokens[2], 7, p.CHECKSUM_CRC32C))
+    ) + struct.pack("<QIHH", tokens[0], 0, 0, p.COMMIT_MANY_ABORT)
+    code, rep = s.handle(Op.COMMIT_MANY, 7, raw, 224)
+    assert code == 0 and p.decode_codes_reply(rep, "r") == [Code.NO_CHECKSUM, Code.OK, Code.OK]
+    assert s.errors["NO_CHECKSUM"] == 3 and s.index.counters.commits == 1
+    assert s.handle(Op.GET, 7, p.encode_key(ns, b"a" * 32), 224)[0] == Code.NOT_FOUND  # aborted, never visible
+    # The refused reservation stays its writer's: it can still commit it with the CRC.
+    assert s.handle(Op.COMMIT, 7, p.encode_commit(tokens[1], 9), 224) == (0, b"")
 
 
 def test_journal_commit_record_keeps_the_checksum_and_reads_old_records() -> None:
@@ -187,19 +219,26 @@ def test_journal_commit_record_keeps_the_checksum_and_reads_old_records() -> Non
         decode(encode_commit("m/tp0", b"k", 1, blocks)[:-1] + b"\x00" + (7).to_bytes(2, "little") + bytes(4))
 
 
-def test_journal_restores_checksums_across_a_restart(pool_path) -> None:
+def test_journal_restores_checksums_and_refuses_blocks_without_one(pool_path) -> None:
     from tests.dataplane.test_journal import start
 
     pool, a = start(pool_path)
     ns = a.index.open_namespace("m/tp0")
-    for i, checksum in enumerate((0xAB, None, 0)):
+    for i, checksum in enumerate((0xAB, None, 0)):  # None: a block an older server journaled unchecked
         token, _ = a.index.reserve(ns, bytes([i]) * 32, 10_000)
         a.index.commit(token, checksum=checksum)
+    unchecked = a.index.entries[(ns, bytes([1]) * 32)].alloc.extents
     a.close()
     pool.close()
     pool, b = start(pool_path)
-    ns_b = b.index.namespaces["m/tp0"]
-    assert [b.index.entries[(ns_b, bytes([i]) * 32)].checksum for i in range(3)] == [0xAB, None, 0]
+    assert "m/tp0" in b.index.namespaces
+    assert {k[1][0]: e.checksum for k, e in b.index.entries.items()} == {0: 0xAB, 2: 0}
+    stats = b.keeper.stats()
+    assert stats["unchecked_dropped"] == 1 and stats["restored_entries"] == 2
+    assert "1 journaled blocks without a checksum" in str(stats["note"])
+    # Its space is free again: a new block can be given exactly those extents.
+    used = {off for e in b.index.entries.values() for off, _n in e.alloc.extents}
+    assert not used & {off for off, _n in unchecked}
     b.close()
     pool.close()
 
@@ -211,7 +250,11 @@ def test_copy_verified_copies_good_blocks_and_refuses_bad_ones() -> None:
     loc = BlockLocation(extents, 1, 10_000, native.crc32c(good))
     out = bytearray(10_000)
     assert copy_verified(pool, loc, out) == 10_000 and bytes(out) == good
-    assert copy_verified(pool, BlockLocation(extents, 1, 10_000, None), out) == 10_000  # unchecked
+    out[:] = bytes(10_000)
+    with pytest.raises(CorruptBlock, match="no checksum"):
+        copy_verified(pool, BlockLocation(extents, 1, 10_000, None), out)  # never copied unchecked
+    assert bytes(out) == bytes(10_000)  # refused before a byte moved
+    copy_verified(pool, loc, out)
     pool[3999] ^= 0x40  # one bit of the last extent
     with pytest.raises(CorruptBlock) as exc:
         copy_verified(pool, loc, out, key=b"\xab")

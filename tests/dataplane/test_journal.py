@@ -10,6 +10,7 @@ from belugactl.dataplane.mds.index import IndexConfig
 from belugactl.dataplane.mds.journal import HEADER, ORDER, Journal, encode_commit, encode_remove
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 
 def start(pool_path: Path, policy: str = "journal", ways: int = 1) -> tuple[PoolMapping, MetadataServer]:
@@ -24,7 +25,7 @@ def start(pool_path: Path, policy: str = "journal", ways: int = 1) -> tuple[Pool
 
 def put(server: MetadataServer, ns: int, key: bytes, n: int) -> None:
     token, _ = server.index.reserve(ns, key, n)
-    server.index.commit(token)
+    server.index.commit(token, checksum=zeros_crc(n))
 
 
 def test_committed_blocks_survive_a_restart_and_nothing_else(pool_path: Path) -> None:
@@ -123,8 +124,8 @@ def test_an_inconsistent_journal_starts_empty(pool_path: Path) -> None:
     j = Journal(pool, g.journal_offset, g.journal_size)
     j.rewrite([], {})
     # Two blocks at the same offset: not something a real server wrote.
-    j.append(encode_commit("n", b"a" * 8, 4096, [(4096, g.shared_kv_offset)]))
-    j.append(encode_commit("n", b"b" * 8, 4096, [(4096, g.shared_kv_offset)]))
+    j.append(encode_commit("n", b"a" * 8, 4096, [(4096, g.shared_kv_offset)], zeros_crc(4096)))
+    j.append(encode_commit("n", b"b" * 8, 4096, [(4096, g.shared_kv_offset)], zeros_crc(4096)))
     pool.close()
     pool, server = start(pool_path)
     assert not server.index.entries and "inconsistent" in server.journal_note

@@ -18,6 +18,7 @@ from belugactl.dataplane import native
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC, REQ_READY, Op
 from tests.dataplane.test_release_nowait_native import MAXP, SLOT, _client_on_ring, _held, _ring, _slots
+from tests.support.blocks import zeros_crc
 
 pytestmark = pytest.mark.native
 
@@ -150,7 +151,7 @@ def test_a_copy_release_gives_the_leases_back_to_a_real_server(pool_path: Path) 
     with _client_on_ring(pool_path) as (_pool_map, c, st):
         keys = [bytes([i]) * 32 for i in range(30)]
         for k in keys:
-            c.commit(c.reserve("r", k, 4096).token)
+            c.commit(c.reserve("r", k, 4096).token, zeros_crc(4096))
         leases = array("Q", [loc[1] for loc in c.get_many_tuples("r", keys)])
         assert _held(st, 30) == 30
         src, template = _pool(1), _layout()[1]

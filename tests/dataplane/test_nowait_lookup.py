@@ -53,7 +53,7 @@ def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Poo
 
 def _commit(writer: KVIndexClient, keys: list[bytes], present: set[int]) -> None:
     for i in sorted(present):
-        writer.commit(writer.reserve("m", keys[i], 4096 + i).token, checksum=i if i % 2 else None)
+        writer.commit(writer.reserve("m", keys[i], 4096 + i).token, checksum=i)
 
 
 def _strip(locs: list) -> list:

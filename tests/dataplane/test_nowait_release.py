@@ -15,6 +15,7 @@ from belugactl.dataplane.client import LEASE_TRUST_SHARE, KVIndexClient, connect
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Op
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 from tests.support.mds_process import Mds, cpu_demo_mds
 
 NS = "nowait"
@@ -52,7 +53,7 @@ def _wait_leases(mds: Mds, want: int, timeout: float = 5.0) -> int:
 def _committed(c: KVIndexClient, keys: list[bytes]) -> None:
     for k in keys:
         try:
-            c.commit(c.reserve(NS, k, 4096).token)
+            c.commit(c.reserve(NS, k, 4096).token, zeros_crc(4096))
         except Exception as exc:  # noqa: BLE001 - present from an earlier test of this module
             assert type(exc).__name__ == "AlreadyPresent", exc
 

@@ -12,6 +12,7 @@ from belugactl.dataplane.client import KVIndexClient, connect
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
 from belugactl.dataplane.metadata_errors import NotOwner, ReservationExpired
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 NS = "m/tp0"
 
@@ -48,11 +49,11 @@ def test_only_the_owner_commits_aborts_and_releases(running, pair) -> None:
     owner, other = cs[pair[0]], cs[pair[1]]
     r = owner.reserve(NS, b"k" * 32, 4096)
     with pytest.raises(NotOwner):
-        other.commit(r.token)
+        other.commit(r.token, zeros_crc(r.nbytes))
     with pytest.raises(NotOwner):
         other.abort(r.token)
     assert other.get(NS, b"k" * 32) is None  # nothing became visible
-    owner.commit(r.token)
+    owner.commit(r.token, zeros_crc(r.nbytes))
     loc = other.get(NS, b"k" * 32)
     assert loc is not None and loc.lease_id
     with pytest.raises(NotOwner):
@@ -68,7 +69,7 @@ def test_leases_granted_elsewhere_are_released_by_the_receiver(running) -> None:
     server, pool = running
     scheduler, worker = clients(server, pool)[:2]
     r = worker.reserve(NS, b"h" * 32, 4096)
-    worker.commit(r.token)
+    worker.commit(r.token, zeros_crc(r.nbytes))
     loc = scheduler.get(NS, b"h" * 32)
     assert loc is not None
     assert worker.release([loc.lease_id], granted_elsewhere=True) == 1
@@ -82,6 +83,6 @@ def test_tokens_are_random_and_a_guess_commits_nothing(running) -> None:
     assert len(set(tokens)) == 8 and all(abs(a - b) > 1 << 16 for a, b in zip(tokens, tokens[1:], strict=False))
     for guess in (tokens[0] + 1, tokens[-1] + 1, 1, 2):
         with pytest.raises(ReservationExpired):
-            c.commit(guess)
+            c.commit(guess, zeros_crc(4096))
     for t in tokens:
         c.abort(t)

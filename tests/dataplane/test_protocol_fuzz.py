@@ -42,10 +42,10 @@ def test_service_two_phase_put_through_bytes() -> None:
     assert code == 0
     token, extents = p.decode_reserve_reply(rep)
     assert s.handle(Op.GET, 7, p.encode_key(ns, b"a" * 32), 224)[0] == Code.NOT_FOUND
-    assert s.handle(Op.COMMIT, 7, p.encode_u64(token), 224) == (0, b"")
+    assert s.handle(Op.COMMIT, 7, p.encode_commit(token, 0x5EED), 224) == (0, b"")
     code, rep = s.handle(Op.GET, 7, p.encode_key(ns, b"a" * 32), 224)
     assert code == 0 and p.decode_get_reply(rep)[2] == extents
-    assert s.handle(Op.COMMIT, 7, p.encode_u64(token), 224)[0] == Code.NO_RESERVATION
+    assert s.handle(Op.COMMIT, 7, p.encode_commit(token, 0x5EED), 224)[0] == Code.NO_RESERVATION
     assert s.handle(Op.GET, 6, p.encode_key(ns, b"a" * 32), 224)[0] == Code.STALE_EPOCH
     assert s.errors["STALE_EPOCH"] == 1
 

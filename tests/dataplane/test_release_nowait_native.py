@@ -23,6 +23,7 @@ from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_REA
 from belugactl.dataplane.rpc.transport_cxl import CxlTransport
 from belugactl.pool.mapping import PoolMapping
 from tests.dataplane.test_call_many import ServerThread
+from tests.support.blocks import zeros_crc
 
 pytestmark = pytest.mark.native
 NS = 5_000_000_000
@@ -159,7 +160,7 @@ def test_released_without_a_wait_against_a_real_server(pool_path: Path, native_s
     with _client_on_ring(pool_path, ring=3, timeout_s=5.0) as (_pool, c, st):
         keys = [bytes([i]) * 32 for i in range(40)]
         for k in keys:
-            c.commit(c.reserve("r", k, 4096).token)
+            c.commit(c.reserve("r", k, 4096).token, zeros_crc(4096))
         leases = [loc[1] for loc in c.get_many_tuples("r", keys)]
         assert len(set(leases)) == 40 and _held(st, 40) == 40
         sent = c.messages

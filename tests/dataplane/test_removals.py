@@ -40,7 +40,7 @@ def _ns(s: MetadataService, name: str) -> int:
 def _put(s: MetadataService, ns: int, key: bytes, nbytes: int = 4096) -> None:
     code, rep = s.handle(Op.RESERVE, EPOCH, p.encode_reserve(ns, key, nbytes), 224)
     assert code == 0
-    assert s.handle(Op.COMMIT, EPOCH, p.encode_u64(p.decode_reserve_reply(rep)[0]), 224)[0] == 0
+    assert s.handle(Op.COMMIT, EPOCH, p.encode_commit(p.decode_reserve_reply(rep)[0], 0x5EED), 224)[0] == 0
 
 
 def _ask(s: MetadataService, cursor: int, ns: int = 0, max_items: int = 0xFFFF, max_reply: int = 224):

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(180)
 CLIENT = textwrap.dedent(
     """
     import json, os, sys, time
+    from belugactl.dataplane import native
     from belugactl.dataplane.client import connect
     from belugactl.pool.mapping import PoolMapping
     address, pool_path, tag, go = sys.argv[1:5]
@@ -46,13 +47,15 @@ CLIENT = textwrap.dedent(
         out["found"] = n
     else:
         rs = c.reserve_many("m/tp0", [(k, 4096 + i) for i, k in enumerate(keys)])
+        crcs = []
         for k, r in zip(keys, rs):
             data = (k * 200)[: r.nbytes]
+            crcs.append(native.crc32c(data))
             pos = 0
             for off, n in r.extents:
                 pool.write(off, data[pos : pos + n])
                 pos += n
-        codes = c.commit_many([(r.token, None) for r in rs])
+        codes = c.commit_many([(r.token, crc) for r, crc in zip(rs, crcs)])
         out["committed"] = sum(int(code) == 0 for code in codes)
         locs = c.get_many("m/tp0", keys)
         ok = 0

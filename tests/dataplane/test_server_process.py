@@ -27,6 +27,7 @@ from belugactl.dataplane.metadata_errors import (
     StaleEpoch,
 )
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,6 +55,7 @@ def server(manifest_path: Path, pool_path: Path, *extra: str) -> Iterator[dict]:
 CLIENT = textwrap.dedent(
     """
     import sys
+    from belugactl.dataplane import native
     from belugactl.dataplane.client import connect
     from belugactl.pool.mapping import PoolMapping
     address, pool_path, tag = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -67,7 +69,7 @@ CLIENT = textwrap.dedent(
         for off, n in r.extents:
             pool.write(off, data[pos : pos + n])
             pos += n
-        c.commit(r.token)
+        c.commit(r.token, native.crc32c(data))
     print(c.lookup_prefix("m/tp0", [f"{tag}-{i}".encode().ljust(32, b".") for i in range(25)]))
     c.close()
     """
@@ -113,7 +115,7 @@ def test_two_phase_put_is_invisible_to_other_clients_until_commit(manifest_path:
         key = b"\x01" * 32
         r = writer.reserve("m/tp0", key, 100_000)
         assert reader.lookup_prefix("m/tp0", [key]) == 0 and reader.get("m/tp0", key) is None
-        writer.commit(r.token)
+        writer.commit(r.token, zeros_crc(r.nbytes))
         assert reader.lookup_prefix("m/tp0", [key]) == 1
         with pytest.raises(AlreadyPresent):
             reader.reserve("m/tp0", key, 10)
@@ -122,7 +124,7 @@ def test_two_phase_put_is_invisible_to_other_clients_until_commit(manifest_path:
         other = writer.reserve("m/tp0", b"\x03" * 32, 4096)
         writer.abort(other.token)
         with pytest.raises(ReservationExpired):
-            writer.commit(other.token)
+            writer.commit(other.token, zeros_crc(other.nbytes))
         assert reader.lookup_prefix("m/tp0", [b"\x03" * 32]) == 0
         for client in (reader, writer):  # TCP and CXL
             locs = client.get_many("m/tp0", [key, b"\x09" * 32, key])
@@ -161,7 +163,7 @@ def test_sigkill_mid_put_leaves_nothing_visible_and_fences_old_clients(manifest_
         old = connect(f"cxl://{pool_path}#2", timeout_s=2.0)
         old_tcp = connect(srv["rpc"], timeout_s=2.0)
         for k in keys[:5]:
-            old.commit(old.reserve("m/tp0", k, 50_000).token)
+            old.commit(old.reserve("m/tp0", k, 50_000).token, zeros_crc(50_000))
         half = old.reserve("m/tp0", keys[5], 50_000)  # written but never committed
         assert old_tcp.lookup_prefix("m/tp0", keys) == 5
         os.kill(srv["proc"].pid, signal.SIGKILL)
@@ -171,13 +173,13 @@ def test_sigkill_mid_put_leaves_nothing_visible_and_fences_old_clients(manifest_
     with server(manifest_path, pool_path) as srv2:
         assert srv2["epoch"] == srv["epoch"] + 1
         with pytest.raises(StaleEpoch):
-            old.commit(half.token)
+            old.commit(half.token, zeros_crc(half.nbytes))
         with pytest.raises(StaleEpoch):
             old.lookup_prefix("m/tp0", keys)
         assert old.reconnect() == srv2["epoch"]
         assert old.lookup_prefix("m/tp0", keys) == 0  # no entry of the previous incarnation is served
         with pytest.raises(ReservationExpired):
-            old.commit(half.token)
+            old.commit(half.token, zeros_crc(half.nbytes))
         fresh = connect(srv2["rpc"], timeout_s=5.0)
         assert fresh.lookup_prefix("m/tp0", keys) == 0 and fresh.stats()["entries"] == 0
         fresh.close()
@@ -267,7 +269,7 @@ def test_sigkill_mid_put_with_journal_restores_committed_blocks_only(manifest_pa
         for k in keys[:5]:
             r = old.reserve("m/tp0", k, 30_000)
             pool.write(r.extents[0][0], k * 100)
-            old.commit(r.token)
+            old.commit(r.token, zeros_crc(r.nbytes))
         half = old.reserve("m/tp0", keys[5], 30_000)
         pool.write(half.extents[0][0], b"partial")  # written, never committed
         os.kill(srv["proc"].pid, signal.SIGKILL)

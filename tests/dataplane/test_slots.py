@@ -15,6 +15,7 @@ from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import RESP_READY, Code, Op
 from belugactl.dataplane.rpc.transport import CxlTransport
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 NS = 5_000_000_000
 
@@ -44,7 +45,7 @@ def test_requests_round_trip_across_ring_wrap(pool_path: Path) -> None:
     code, _e, rep = call(t, server, Op.RESERVE, p.encode_reserve(ns, b"k" * 32, 1000))
     token, extents = p.decode_reserve_reply(rep)
     assert code == 0 and extents[0][0] >= pool.geometry.shared_kv_offset
-    assert call(t, server, Op.COMMIT, p.encode_u64(token))[0] == 0
+    assert call(t, server, Op.COMMIT, p.encode_commit(token, zeros_crc(1000)))[0] == 0
     code, _e, rep = call(t, server, Op.LOOKUP_PREFIX, p.encode_lookup(ns, [b"k" * 32, b"j" * 32]))
     assert p.decode_lookup_reply(rep)[0] == 1
     server.close()
@@ -187,7 +188,7 @@ def test_client_call_path_in_flush_mode_with_a_server_thread(pool_path: Path) ->
         client = KVIndexClient(CxlTransport(pool, 2), address="cxl://test#2", client_id=2, timeout_s=5.0)
         assert client.reconnect() == server.epoch
         r = client.reserve("m", b"a" * 32, 4096)
-        client.commit(r.token)
+        client.commit(r.token, zeros_crc(r.nbytes))
         assert client.lookup_prefix("m", [b"a" * 32]) == 1
         assert client.lookup_prefix("m", [b"a" * 32, b"b" * 32]) == 1
         pool.bump_epoch()  # as a restarted server would: the client is fenced before sending

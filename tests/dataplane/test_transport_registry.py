@@ -14,6 +14,7 @@ from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
 from belugactl.dataplane.rpc.transport import TRANSPORTS, ClientTransport, load_transports, register_transport
 from belugactl.errors import UsageError
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 
 def test_builtin_transports_are_registered_on_both_sides() -> None:
@@ -95,7 +96,7 @@ def test_a_new_transport_needs_no_change_to_client_or_server(pool_path: Path) ->
         assert any(isinstance(lst, LoopListener) for lst in server.listeners)
         c = connect("loop://a")
         r = c.reserve("m", b"k" * 16, 4096)
-        c.commit(r.token)
+        c.commit(r.token, zeros_crc(r.nbytes))
         loc = c.get("m", b"k" * 16)
         assert loc is not None and c.release([loc.lease_id]) == 1
         server.publish_snapshot()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from belugactl.dataplane import native
 from tests.support import mds_process
 from tests.support.mds_process import Mds
 from tests.support.small_rack import SMALL_RACK
@@ -78,8 +79,9 @@ def well_behaved_round_trip(address: str, pool, key: bytes, n: int = 8192) -> No
     try:
         r = c.reserve(NS, key, n)
         assert c.writable(r)
-        write_block(pool, r.extents, content(key, n))
-        c.commit(r.token)
+        data = content(key, n)
+        write_block(pool, r.extents, data)
+        c.commit(r.token, native.crc32c(data))
         loc = c.get(NS, key)
         assert loc is not None and read_block(pool, loc.extents) == content(key, n)
         assert c.release([loc.lease_id]) == 1

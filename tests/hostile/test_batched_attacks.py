@@ -8,11 +8,13 @@ import struct
 
 import pytest
 
+from belugactl.dataplane import native
 from belugactl.dataplane.client import Reservation, connect
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, until, well_behaved_round_trip, write_block
+from tests.support.blocks import zeros_crc
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -52,7 +54,7 @@ def test_lying_counts_zero_sizes_and_bad_items_refuse_the_whole_request(mds, kin
     got = c.reserve_many(NS, [(k, 4096) for k in ks])
     tokens = [r.token for r in got if isinstance(r, Reservation)]
     assert len(tokens) == 3
-    batch = p.encode_commit_many([(t, None, p.COMMIT_MANY_COMMIT) for t in tokens])
+    batch = p.encode_commit_many([(t, 0, p.COMMIT_MANY_COMMIT) for t in tokens])
     bad_action = bytearray(batch)
     struct.pack_into("<H", bad_action, 8 + 2 * 16 + 14, 9)
     attacks = {
@@ -65,7 +67,7 @@ def test_lying_counts_zero_sizes_and_bad_items_refuse_the_whole_request(mds, kin
     for name, (payload, want) in attacks.items():
         assert _raw(c, Op.COMMIT_MANY, payload)[0] == want, name
     assert c.lookup_prefix(NS, ks) == 0 and c.stats()["reservations"] == 3
-    assert c.commit_many([(t, None) for t in tokens]) == [Code.OK] * 3
+    assert c.commit_many([(t, zeros_crc(4096)) for t in tokens]) == [Code.OK] * 3
     assert c.lookup_prefix(NS, ks) == 3
     well_behaved_round_trip(mds.cxl(4) if kind == "cxl" else mds.tcp, pool, b"after-" + kind.encode() + b"." * 26)
     c.close()
@@ -82,7 +84,8 @@ def test_duplicate_keys_and_tokens_act_once(mds) -> None:
     r = got[0]
     write_block(pool, r.extents, content(k, 8192))
     before = c.stats()
-    assert c.commit_many([(r.token, None)] * 3) == [Code.OK, Code.NO_RESERVATION, Code.NO_RESERVATION]
+    crc = native.crc32c(content(k, 8192))
+    assert c.commit_many([(r.token, crc)] * 3) == [Code.OK, Code.NO_RESERVATION, Code.NO_RESERVATION]
     after = c.stats()
     assert after["entries"] == before["entries"] + 1 and after["reservations"] == 0
     loc = c.get(NS, k)
@@ -106,14 +109,15 @@ def test_another_clients_tokens_in_a_batch_are_refused_one_by_one(mds, attacker_
     akey = b"attacker-" + attacker_kind.encode()
     (mine,) = attacker.reserve_many(NS, [(akey.ljust(32, b"."), 4096)])
     assert isinstance(mine, Reservation)
-    commits = [(r.token, 0) for r in vres[:2]] + [(mine.token, None)]
+    commits = [(r.token, 0) for r in vres[:2]] + [(mine.token, zeros_crc(4096))]
     aborts = [vres[2].token]
     assert attacker.finish_many(commits, aborts) == ([Code.NOT_OWNER, Code.NOT_OWNER, Code.OK], [Code.NOT_OWNER])
     assert attacker.lookup_prefix(NS, vkeys) == 0  # nothing of the victim's became visible or was freed
     assert until(lambda: mds.stats()["requests"]["foreign_refused"] >= 3, 2)
     for k, r in zip(vkeys, vres, strict=True):
         write_block(pool, r.extents, content(k, n))
-    assert victim.commit_many([(r.token, None) for r in vres]) == [Code.OK] * 3
+    crcs = [native.crc32c(content(k, n)) for k in vkeys]
+    assert victim.commit_many([(r.token, crc) for r, crc in zip(vres, crcs, strict=True)]) == [Code.OK] * 3
     for k, loc in zip(vkeys, victim.get_many(NS, vkeys), strict=True):
         assert loc is not None and read_block(pool, loc.extents) == content(k, n)
         victim.release([loc.lease_id])

@@ -7,10 +7,12 @@ import random
 
 import pytest
 
+from belugactl.dataplane import native
 from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import NotOwner, ReservationExpired
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, well_behaved_round_trip, write_block
+from tests.support.blocks import zeros_crc
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -25,12 +27,12 @@ def test_foreign_commit_abort_release_are_refused(mds, attacker_kind: str) -> No
     r = victim.reserve(NS, key, n)
     write_block(pool, r.extents, content(key, n // 2))  # half written: a commit now would publish garbage
     with pytest.raises(NotOwner):
-        attacker.commit(r.token)
+        attacker.commit(r.token, native.crc32c(content(key, n // 2)))
     with pytest.raises(NotOwner):
         attacker.abort(r.token)
     assert attacker.get(NS, key) is None
     write_block(pool, r.extents, content(key, n))
-    victim.commit(r.token)
+    victim.commit(r.token, native.crc32c(content(key, n)))
     reader = connect(mds.cxl(3), pool=pool, timeout_s=5)
     loc = reader.get(NS, key)
     assert loc is not None
@@ -66,7 +68,7 @@ def test_guessed_tokens_and_leases_hit_nothing(mds) -> None:
     hits = 0
     for g in sorted(guesses)[:1000]:  # bounded
         try:
-            attacker.commit(g)
+            attacker.commit(g, zeros_crc(4096))
             hits += 1
         except (ReservationExpired, NotOwner):
             pass
@@ -74,7 +76,7 @@ def test_guessed_tokens_and_leases_hit_nothing(mds) -> None:
     # leases: the attacker's own neighbours and random ids release nothing of the victim's
     for k, t in zip(keys, tokens, strict=True):
         assert attacker.get(NS, k) is None  # no guess committed it
-        victim.commit(t)
+        victim.commit(t, zeros_crc(4096))
     locs = [victim.get(NS, k) for k in keys]
     own = attacker.get(NS, keys[0])
     assert own is not None

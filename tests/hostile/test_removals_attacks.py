@@ -15,6 +15,7 @@ from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, start_mds, well_behaved_round_trip
+from tests.support.blocks import zeros_crc
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(420)]
 MiB = 1 << 20
@@ -35,7 +36,7 @@ def _removed(c, n: int, tag: bytes) -> list[bytes]:
     keys = _keys(n, tag)
     for k in keys:
         r = c.reserve(NS, k, 4096)
-        c.commit(r.token)
+        c.commit(r.token, zeros_crc(r.nbytes))
         assert c.delete(NS, k)
     return keys
 
@@ -43,7 +44,7 @@ def _removed(c, n: int, tag: bytes) -> list[bytes]:
 def _cleared(c, n: int, tag: bytes) -> None:
     """Put n blocks in two bursts and clear the namespace: n removals (why: cleared), quickly."""
     got = c.reserve_many(NS, [(k, 4096) for k in _keys(n, tag)])
-    assert c.commit_many([(r.token, None) for r in got]) == [Code.OK] * n
+    assert c.commit_many([(r.token, zeros_crc(4096)) for r in got]) == [Code.OK] * n
     assert c.clear_namespace(NS) >= n
 
 

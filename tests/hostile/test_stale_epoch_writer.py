@@ -18,6 +18,7 @@ from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import MetadataError
 from belugactl.pool.mapping import PoolMapping
 from tests.hostile.conftest import NS, content, read_block, start_mds, write_block
+from tests.support.blocks import zeros_crc
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 TTL = "5"  # seconds: the writer window, so the quarantine is short
@@ -64,7 +65,7 @@ def test_stale_writer_after_sigkill_restart_never_overwrites_a_new_block(manifes
         overlap = {o for o, _ in r_new.extents} & {o for o, _ in r_old.extents}
         assert overlap, "the test needs the new writer to get the old writer's extents"
         write_block(pool, r_new.extents, new_bytes)
-        new.commit(r_new.token)
+        new.commit(r_new.token, zeros_crc(r_new.nbytes))
         time.sleep(0.3)  # give a misbehaving old writer time to strike
         reader = connect(second.cxl(2), pool=pool, timeout_s=5)
         loc = reader.get(NS, key)

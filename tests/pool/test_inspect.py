@@ -16,6 +16,7 @@ from belugactl.model.manifest import load_manifest
 from belugactl.pool import header as hdr
 from belugactl.pool.mapping import PoolMapping
 from belugactl.workflows.pool_inspect import admin_url_for, inspect_pool
+from tests.support.blocks import zeros_crc
 
 NS = 5_000_000_000
 NOBODY = "http://127.0.0.1:9"  # the discard port: nothing answers HTTP there
@@ -75,7 +76,7 @@ def test_a_served_pool_shows_ring_activity_journal_and_usage(
         ns = p.decode_u32(call(Op.OPEN_NS, p.encode_name("m/tp0")), "ns")
         for i in range(3):
             token, _extents = p.decode_reserve_reply(call(Op.RESERVE, p.encode_reserve(ns, bytes([i]) * 32, 5000)))
-            call(Op.COMMIT, p.encode_u64(token))
+            call(Op.COMMIT, p.encode_commit(token, zeros_crc(5000)))
         server.publish_snapshot()
         admin = f"http://127.0.0.1:{server.admin_port}"
         doc = _inspect_json(capsys, str(created), "-f", str(manifest_path), "--admin", admin)

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from belugactl.workflows.serve.traffic import complete, token_prompt
+from tests.support.blocks import zeros_crc
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -187,7 +188,7 @@ def test_pool_events_and_metrics_through_vllm(stack: Stack) -> None:
     chunk = 16 << 20
     for i in range(capacity // chunk + 8):  # bounded: past the high watermark, so the coldest go
         r = client.reserve("filler", b"filler-%06d" % i, chunk)
-        client.commit(r.token)
+        client.commit(r.token, zeros_crc(r.nbytes))
         if len(client.removals_since(cursor, namespace).items) >= FULL_BLOCKS:
             break
     removed_keys = client.removals_since(cursor, namespace).items

@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from tests.support.blocks import zeros_crc
+
 REPO = Path(__file__).resolve().parents[2]
 CPU_DEMO = REPO / "examples" / "cpu-demo.yaml"
 
@@ -120,5 +122,5 @@ def committed_keys(m: Mds, namespace: str, count: int = 125, nbytes: int = 96 * 
     writer = connect(m.cxl(1), pool=PoolMapping.open(m.pool_path), timeout_s=5)
     keys = [os.urandom(32) for _ in range(count)]
     for k in keys:
-        writer.commit(writer.reserve(namespace, k, nbytes).token)
+        writer.commit(writer.reserve(namespace, k, nbytes).token, zeros_crc(nbytes))
     return writer, keys

@@ -29,8 +29,10 @@ generation and the state word flips to it; a start-up rebuild does the same, so 
 journal is always compacted.
 
 The checksum trailer needs no new format version: a reader from before it stops at the block list
-and ignores the 6 bytes after it (records are length-prefixed), and a COMMIT without the trailer
-(an old journal, or a writer that gave no checksum) restores a block without one.
+and ignores the 6 bytes after it (records are length-prefixed). A COMMIT without the trailer (an
+old journal, from when a writer could commit without a checksum) is not restored: every served
+block carries its CRC32C, so such a block stays out of the index, its space free
+(`unchecked_dropped` in the stats, and the note says how many).
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ class JournalKeeper:
         self.journal.order = (allocator.ways, allocator.granularity) if allocator.ways > 1 else NO_INTERLEAVE
         self.note = ""
         self.restored_entries = 0
+        self.unchecked_dropped = 0  # journaled blocks without a CRC32C, not restored
 
     def rebuild(self) -> None:
         """Replay the journal into the (empty) index, compact it, and journal from now on."""
@@ -260,6 +263,10 @@ class JournalKeeper:
                 checksums[(rec.ns, rec.key)] = rec.checksum
             else:
                 live.pop((rec.ns, rec.key), None)
+        unchecked = [k for k in live if checksums.get(k) is None]
+        for k in unchecked:
+            del live[k]  # no reader could verify it: never served, its space stays free
+        self.unchecked_dropped = len(unchecked)
         if live and not same_order(order, journal.order):
             # Restoring would rebuild each block's extents in another order than its writer used.
             self.note = (
@@ -277,6 +284,8 @@ class JournalKeeper:
             [checksums.get(k) for k in live],
         )
         self.restored_entries = len(live)
+        if unchecked and not self.note:
+            self.note = f"{len(unchecked)} journaled blocks without a checksum were not restored"
         try:
             journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
         except JournalFull as exc:
@@ -310,6 +319,7 @@ class JournalKeeper:
         return {
             "active": self.journal is not None,
             "restored_entries": self.restored_entries,
+            "unchecked_dropped": self.unchecked_dropped,
             "records_written": self.journal.records_written if self.journal else 0,
             "compactions": self.journal.compactions if self.journal else 0,
             "note": self.note,

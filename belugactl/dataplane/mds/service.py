@@ -205,6 +205,10 @@ class MetadataService:
 
     def _commit(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         token, checksum = p.decode_commit(data)
+        if checksum is None:
+            # A block nobody can verify would be served wrong, unnoticed, once a stalled writer
+            # overwrote it: refused (counted as errors{NO_CHECKSUM}); the reservation stays the writer's.
+            return int(Code.NO_CHECKSUM), b""
         self.index.commit(token, owner, checksum)
         return 0, b""
 
@@ -280,6 +284,10 @@ class MetadataService:
         self.batched_items += len(items)
         codes: list[int] = []
         for token, checksum, action in items:
+            if action == p.COMMIT_MANY_COMMIT and checksum is None:
+                self._count_item_error(Code.NO_CHECKSUM)  # as COMMIT: every block carries its CRC32C
+                codes.append(int(Code.NO_CHECKSUM))
+                continue
             try:
                 if action == p.COMMIT_MANY_ABORT:
                     index.abort(token, owner)

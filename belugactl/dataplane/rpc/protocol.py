@@ -83,6 +83,7 @@ class Code(IntEnum):
     UNKNOWN_NS = 14
     NOT_OWNER = 15  # COMMIT/ABORT/RELEASE of a token or lease another ring/connection got
     NS_LIMIT = 16  # max_namespaces namespaces are open and none is idle and empty
+    NO_CHECKSUM = 17  # COMMIT (or a COMMIT_MANY item) without the block's CRC32C: every block carries one
 
 
 OPS = frozenset(int(o) for o in Op)
@@ -135,9 +136,10 @@ _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
 
 Extent = tuple[int, int]
 
-# Block checksums (docs/dataplane.md, "Checksums"). COMMIT may carry one; GET and GET_MANY return
-# it. Kind 0: none (a writer that gave none, or an old client); 1: CRC32C of the block's nbytes in
-# extent order. Old decoders read the GET reply's checksum fields as the padding they used to be.
+# Block checksums (docs/dataplane.md, "Checksums"). Every COMMIT carries one (the server refuses a
+# commit without it: NO_CHECKSUM); GET and GET_MANY return it. Kind 0: none (what an old client's
+# token-only COMMIT means, refused; a reader treats a location without one as corrupt); 1: CRC32C
+# of the block's nbytes in extent order. The frame layout is the one old clients know.
 CHECKSUM_NONE = 0
 CHECKSUM_CRC32C = 1
 CHECKSUM_KINDS = frozenset({CHECKSUM_NONE, CHECKSUM_CRC32C})
@@ -417,16 +419,22 @@ def decode_get_reply(data) -> tuple[int, int, list[Extent]]:
     return decode_get_reply_ex(data)[:3]  # type: ignore[return-value]
 
 
-def encode_commit(token: int, checksum: int | None = None) -> bytes:
-    """8 bytes (token only: no checksum, what old clients send) or 16 (token, CRC32C, kind)."""
-    if checksum is None:
-        return _U64.pack(token)
-    kind, crc = _checksum_fields(checksum)
+def encode_commit(token: int, checksum: int) -> bytes:
+    """16 bytes: token, CRC32C, kind. The checksum is required (the server refuses a commit without one)."""
+    kind, crc = _checksum_fields(_required_checksum(checksum, "COMMIT"))
     return _COMMIT_REQ.pack(token, crc, kind)
 
 
+def _required_checksum(checksum: object, what: str) -> int:
+    # Caught at the caller, before a frame leaves: the server would refuse it anyway (NO_CHECKSUM).
+    if not isinstance(checksum, int) or isinstance(checksum, bool):
+        raise ValueError(f"{what}: a commit needs the block's CRC32C (native.crc32c), got {checksum!r}")
+    return checksum
+
+
 def decode_commit(data) -> tuple[int, int | None]:
-    """(token, checksum or None). A payload of 8..15 bytes is token-only (an old client)."""
+    """(token, checksum or None). A payload of 8..15 bytes is token-only (an old client): None, which
+    the server refuses with NO_CHECKSUM."""
     _need(data, 8, "COMMIT")
     if len(data) < _COMMIT_REQ.size:
         return _U64.unpack_from(data, 0)[0], None
@@ -567,11 +575,14 @@ def decode_reserve_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
 
 
 def encode_commit_many(items: Sequence[tuple[int, int | None, int]]) -> bytes:
-    """`items`: (token, checksum or None, action COMMIT_MANY_COMMIT / COMMIT_MANY_ABORT)."""
+    """`items`: (token, checksum, action COMMIT_MANY_COMMIT / COMMIT_MANY_ABORT); an abort's checksum
+    is None, a commit's is required."""
     if not items or len(items) > _MAX_COUNT:
         raise ValueError(f"COMMIT_MANY carries 1..{_MAX_COUNT} tokens, got {len(items)}")
     out = [_COMMIT_MANY_REQ.pack(len(items), 0, 0)]
     for token, checksum, action in items:
+        if action == COMMIT_MANY_COMMIT:
+            checksum = _required_checksum(checksum, "COMMIT_MANY")
         kind, crc = _checksum_fields(checksum)
         out.append(_COMMIT_MANY_ITEM.pack(token, crc, kind, action))
     return b"".join(out)

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from belugactl.dataplane import native
 from belugactl.dataplane.client import KVIndexClient, connect
 from belugactl.dataplane.rpc.protocol import HEADER, MAGIC
 from belugactl.pool.mapping import PoolMapping
@@ -106,7 +107,7 @@ class RpcDriver:
         t0 = time.perf_counter()
         write_extents(self.pool, res.extents, data)
         write_ms = (time.perf_counter() - t0) * 1e3
-        self.timed("commit", self.client.commit, res.token)
+        self.timed("commit", self.client.commit, res.token, native.crc32c(data))
         return {"name": name, "nbytes": nbytes, "reserved_extents": res.extents, "write_ms": round(write_ms, 2)}
 
     def check(self, namespace: str, name: str, nbytes: int, seed: int) -> dict[str, Any]:

@@ -24,9 +24,13 @@ OPERATIONS = ("lookup", "release", "release_nowait")
 
 def commit_keys(client: Any, count: int) -> list[bytes]:
     """`count` random keys committed to the benchmark's namespace: a `count`-block prompt in the pool."""
+    from belugactl.dataplane import native
+
     keys = [os.urandom(KEY_BYTES) for _ in range(count)]
+    # The benchmark writes no bytes: each block is the zeros of its fresh file pool, and carries their CRC.
+    crc = native.crc32c(bytes(BLOCK_BYTES))
     for key in keys:
-        client.commit(client.reserve(NAMESPACE, key, BLOCK_BYTES).token)
+        client.commit(client.reserve(NAMESPACE, key, BLOCK_BYTES).token, crc)
     return keys
 
 

@@ -137,7 +137,7 @@ def bench_rpc(
                         ns = client._ns_id(NAMESPACE)
                         with contextlib.suppress(Exception):
                             r = client.reserve(NAMESPACE, key, 4096)
-                            client.commit(r.token)
+                            client.commit(r.token, native.crc32c(bytes(4096)))  # a fresh pool's zeros
                         payload = p.encode_lookup(ns, [key])
                         request_bytes = p.HEADER_SIZE + len(payload)
                         lat = _latency(client, [key], samples)

@@ -17,6 +17,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_beluga.connector import BelugaConnector
 from vllm_beluga.scheduler import LOOKUP_FRESH_S
 
+from belugactl.dataplane import native
 from belugactl.dataplane.client import connect
 
 model, tcp, ring = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -28,6 +29,7 @@ def config(**extra):
 
 
 client = connect(tcp)
+ZEROS64 = native.crc32c(bytes(64))  # the test writes no bytes: each block is a fresh pool's zeros
 
 
 def leases(want: int | None = None) -> int:
@@ -48,7 +50,7 @@ out["lookup_on_arrival"] = [conn.connector_scheduler.lookup_on_arrival, plain.co
 tokens = list(range(10, 10 + 8 * BS))  # exactly 8 full blocks
 keys = [bytes(h) for h in request("r0", tokens).block_hashes]
 for key in keys[:5]:
-    client.commit(client.reserve(conn.namespace, key, 64).token)
+    client.commit(client.reserve(conn.namespace, key, 64).token, ZEROS64)
 
 # Started on arrival: the server grants the leases before vLLM asks; the answer is the one asked now.
 r1 = request("r1", tokens)
@@ -69,7 +71,7 @@ out["located"] = [len([x for x in t.locations or [] if x is not None]) for t in 
 r2 = request("r2", tokens)
 conn.on_new_request(r2)
 for key in keys[5:]:
-    client.commit(client.reserve(conn.namespace, key, 64).token)
+    client.commit(client.reserve(conn.namespace, key, 64).token, ZEROS64)
 time.sleep(LOOKUP_FRESH_S + 0.1)
 out["stale_answer"] = list(conn.get_num_new_matched_tokens(r2, 0))
 conn.update_state_after_alloc(r2, Blocks([]), 0)  # vLLM allocated nothing external

@@ -128,7 +128,7 @@ def commit_observer_reports_only_committed_keys() -> None:
     assert not BelugaKVEvents() and pickle.loads(pickle.dumps(events)).get_all_events() == events.get_all_events()
     off = CommitObserver(index, enabled=False)
     got = off.reserve_many("ns", [b"a"], 1)
-    off.finish_many([(got[0].token, None)], [])
+    off.finish_many([(got[0].token, 3)], [])
     assert off.take_committed() == []
 
 

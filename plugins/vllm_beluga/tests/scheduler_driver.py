@@ -13,6 +13,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm_beluga.config import ConnectorConfigError
 from vllm_beluga.connector import BelugaConnector
 
+from belugactl.dataplane import native
 from belugactl.dataplane.client import connect
 
 model, address = sys.argv[1], sys.argv[2]
@@ -45,15 +46,16 @@ r = request("r1", tokens)
 keys = [bytes(h) for h in r.block_hashes]
 out["hashes"] = len(keys)
 client = connect(address)
+ZEROS64 = native.crc32c(bytes(64))
 out["empty"] = list(conn.get_num_new_matched_tokens(r, 0))
 for key in keys[:5]:
     res = client.reserve(conn.namespace, key, 64)
-    client.commit(res.token)
+    client.commit(res.token, ZEROS64)  # the test writes no bytes: a fresh pool's zeros
 r2, r3, r4 = request("r2", tokens), request("r3", tokens), request("r4", tokens)
 out["five_present"] = list(conn.get_num_new_matched_tokens(r2, 0))
 out["five_present_two_local"] = list(conn.get_num_new_matched_tokens(r3, 2 * BS))
 for key in keys[5:]:
-    client.commit(client.reserve(conn.namespace, key, 64).token)
+    client.commit(client.reserve(conn.namespace, key, 64).token, ZEROS64)
 trips = conn.index.round_trips
 out["all_present"] = list(conn.get_num_new_matched_tokens(r4, 0))
 out["switched_off"] = list(conn.get_num_new_matched_tokens(request("r5", tokens, {"beluga": {"load": False}}), 0))

@@ -61,7 +61,7 @@ def test_a_process_without_a_ring_asks_nobody(tmp_path: Path, caplog: pytest.Log
     index = BestEffortIndex(None, stats=stats, retry_s=0.0, connect=connect)
     with caplog.at_level(logging.WARNING, logger="vllm.beluga"):
         assert index.lookup_prefix_leased("ns", [b"k" * 32]) == (0, [])
-        assert index.finish_many([(1, None)], []) == [False]
+        assert index.finish_many([(1, 0)], []) == [False]
     assert stats.snapshot()["metadata_transport"] == "none"
     assert "no CXL-RPC ring was configured" in caplog.text and stats.get("server_unavailable") >= 1
 

@@ -10,6 +10,7 @@ from vllm_beluga.index_client import BestEffortIndex
 from vllm_beluga.stats import ConnectorStats
 
 from belugactl.dataplane.client import connect
+from tests.support.blocks import zeros_crc
 from tests.support.mds_process import Mds
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,7 +22,8 @@ def test_head_query_then_follow_then_refused_cursor(server: Mds) -> None:
     index = BestEffortIndex(server.tcp, stats=stats, timeout_s=5)
     writer = connect(server.tcp, timeout_s=5)
     for key in (b"a" * 32, b"other" * 6 + b"..", b"b" * 32):
-        writer.commit(writer.reserve(NS if key != b"other" * 6 + b".." else "elsewhere", key, 4096).token)
+        namespace = NS if key != b"other" * 6 + b".." else "elsewhere"
+        writer.commit(writer.reserve(namespace, key, 4096).token, zeros_crc(4096))
     writer.delete(NS, b"a" * 32)  # before the index follows: not news to it
 
     got, head_query = index.removals_since(NS, 0, 0)

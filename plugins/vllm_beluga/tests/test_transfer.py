@@ -17,6 +17,7 @@ from vllm_beluga.transfer import PoolTransfer
 
 from belugactl.dataplane.kvcopy import KVBlockLayout, KVCopyEngine, TensorView, buffer_address
 from belugactl.pool.mapping import PoolMapping
+from tests.support.blocks import zeros_crc
 
 REPO = Path(__file__).resolve().parents[3]
 NS = "test@layout@tp0of1"
@@ -171,7 +172,7 @@ def test_release_groups_counts_each_set_apart(server) -> None:
     c = connect(server.tcp, timeout_s=5)
     try:
         for key in (b"k1", b"k2", b"k3"):
-            c.commit(c.reserve(NS, key, 64).token)
+            c.commit(c.reserve(NS, key, 64).token, zeros_crc(64))
         leases = [c.get(NS, k).lease_id for k in (b"k1", b"k2", b"k3")]
         assert c.release([leases[2]]) == 1
         trips = c.round_trips

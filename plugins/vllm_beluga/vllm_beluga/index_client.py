@@ -215,7 +215,7 @@ class BestEffortIndex:
                 out.append(r)
         return out
 
-    def finish_many(self, commits: Sequence[tuple[Any, int | None]], aborts: Sequence[Any]) -> list[bool]:
+    def finish_many(self, commits: Sequence[tuple[Any, int]], aborts: Sequence[Any]) -> list[bool]:
         """Commit (token, CRC32C) pairs and abort tokens in one burst; per commit, whether the block is
         visible now. A token the server refused (reclaimed, another owner's) counts `commit_failed`."""
         if not commits and not aborts:

@@ -120,7 +120,7 @@ class CommitObserver:
                     del self._keys[token]
         return got
 
-    def finish_many(self, commits: Sequence[tuple[Any, int | None]], aborts: Sequence[Any]) -> list[bool]:
+    def finish_many(self, commits: Sequence[tuple[Any, int]], aborts: Sequence[Any]) -> list[bool]:
         ok = self._index.finish_many(commits, aborts)
         if not self._enabled:
             return ok

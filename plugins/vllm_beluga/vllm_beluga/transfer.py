@@ -84,7 +84,7 @@ class LoadBatch:
     # or the block holding the last token): handed back in the same burst as the load's own.
     spare: list[int] = field(default_factory=list)
     blocks: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
-    checksums: list[int | None] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
     # Until when (this process's time.monotonic) every lease above is certainly live: a copy that
     # ended before it trusts its bytes without RELEASE's live count, and sends the release without
@@ -93,7 +93,7 @@ class LoadBatch:
     # leases + spare, non-zero, packed as uint64 when the batch is made: the release after the copy
     # then touches one small buffer instead of a Python int per lease (each out of the CPU caches by then).
     release_ids: array | None = None
-    # Each copied block's expected CRC32C as int64 (-1: not known), for the one-call load's check.
+    # Each copied block's expected CRC32C as int64, for the one-call load's check.
     expected: array | None = None
 
 
@@ -229,15 +229,16 @@ class PoolTransfer:
         )
         need = self.engine.layout.block_nbytes
         for block_id, key, location in zip(block_ids, keys, locations, strict=False):
-            if location is None or int(location[2]) != need:
-                # Gone, or the same key in another layout: never copy bytes that do not fit these tensors.
+            if location is None or int(location[2]) != need or _checksum_of(location) is None:
+                # Gone, the same key in another layout (never copy bytes that do not fit these
+                # tensors), or no checksum to verify it by (every commit carries one: not trusted).
                 batch.failed.append(block_id)
                 continue
             batch.blocks.append((block_id, location[0]))
-            batch.checksums.append(_checksum_of(location))
+            batch.checksums.append(int(location[3]))
             batch.keys.append(key)
         batch.release_ids = array("Q", [x for x in (*leases, *batch.spare) if x])
-        batch.expected = array("q", [-1 if c is None else c for c in batch.checksums])
+        batch.expected = array("q", batch.checksums)  # every one known: checked just above
         return batch
 
     def finish_load(
@@ -265,11 +266,7 @@ class PoolTransfer:
             blocks = []
         elif blocks:
             if bad is None:  # not compared in the copy call: compare here
-                bad = [
-                    i
-                    for i, (want, got) in enumerate(zip(batch.checksums, crcs, strict=True))
-                    if want is not None and want != got
-                ]
+                bad = [i for i, (want, got) in enumerate(zip(batch.checksums, crcs, strict=True)) if want != got]
             if bad:
                 # Overwritten after its commit (a stalled writer): recompute, and drop the key so
                 # later readers miss instead of finding the same bad bytes.
