@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from belugactl.model.layout import PoolLayout
 
 CACHE_LINE = 64  # RPC slots hold REQ_READY / RESP_READY words: a slot must not share a line with another
+# The header's own region at offset 0: every layout reserves at least this (a positive multiple of the
+# devdax align, itself 2 MiB or 1 GiB). An area inside it would be written over the magic, the claim
+# or the epoch word (a client's HELLO in a ring at offset 0 overwrote the magic).
+HEADER_REGION = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class PoolGeometry:
             ("shared KV area", self.shared_kv_offset, self.shared_kv_size),
         )
         for what, offset, size in areas:
+            if size and offset < HEADER_REGION:
+                return f"the {what} starts at {offset}, inside the header region (the first {HEADER_REGION} bytes)"
             if offset + size > self.pool_size:
                 return f"the {what} ends at {offset + size}, past the pool size {self.pool_size}"
         spans = sorted((offset, offset + size, what) for what, offset, size in areas if size)

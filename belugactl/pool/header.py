@@ -50,6 +50,7 @@ from typing import Any
 from belugactl.errors import InputError, PoolMismatch
 from belugactl.model.layout import FORMAT_VERSION, PoolLayout
 from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
+from belugactl.pool import geometry as geometry_mod
 from belugactl.pool.geometry import PoolGeometry
 from belugactl.units import format_size
 
@@ -62,7 +63,7 @@ FIXED_SIZE = 384
 HOST_ENTRY_SIZE = 64
 NAME_FIELD = HOST_NAME_MAX + 1  # 48
 MAX_HEADER_SIZE = FIXED_SIZE + HOST_ENTRY_SIZE * MAX_HOSTS
-HEADER_REGION = 2 << 20  # the header region the layout reserves; the record itself is far smaller
+HEADER_REGION = geometry_mod.HEADER_REGION  # the region the layout reserves; the record itself is far smaller
 # Byte ranges that change after the header is written, so the crc leaves them out.
 _LIVE_RANGES = ((CLAIM_OFFSET, CLAIM_OFFSET + 64), (EPOCH_OFFSET, EPOCH_OFFSET + 64))
 
@@ -229,6 +230,9 @@ class PoolHeader:
             name = _name_from(raw_name, f"host entry {i}")
             if offset + size > pool_size:
                 raise _bad(f"host entry {i} ({name}) ends at {offset + size}, past the pool size {pool_size}")
+            if size and offset < HEADER_REGION:
+                where = f"starts at {offset}, inside the first {HEADER_REGION} bytes (the header's)"
+                raise _bad(f"host entry {i} ({name}) {where}")
             hosts.append(HostEntry(name, offset, size))
         try:
             geometry = PoolGeometry(

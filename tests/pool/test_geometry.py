@@ -58,6 +58,11 @@ def test_slot_offsets_are_bounds_checked(manifest) -> None:
         ({"journal_size": 1 << 40}, "journal ends at"),
         ({"shared_kv_offset": 1 << 40}, "shared KV area ends at"),
         ({"rpc_offset": -4096}, "negative"),
+        # An area inside the header region: a client's HELLO in ring 0 would overwrite the magic.
+        ({"rpc_offset": 0}, "rpc area starts at 0, inside the header region"),
+        ({"journal_offset": 4096}, "journal starts at 4096, inside the header region"),
+        ({"shared_kv_offset": 64}, "shared KV area starts at 64, inside the header region"),
+        ({"shared_kv_offset": (2 << 20) - 4096}, "inside the header region"),
     ],
 )
 def test_a_geometry_that_cannot_be_served_is_refused(manifest, change, words) -> None:
@@ -85,6 +90,9 @@ def test_overlapping_areas_are_refused(manifest) -> None:
         (144, "<Q", 1 << 40, "rpc area ends at"),
         (176, "<Q", 1 << 40, "journal ends at"),
         (320, "<Q", 1 << 40, "shared KV area ends at"),
+        (144, "<Q", 0, "rpc area starts at 0, inside the header region"),  # rings over the magic
+        (176, "<Q", 256, "journal starts at 256, inside the header region"),  # over the epoch word
+        (320, "<Q", 192, "shared KV area starts at 192, inside the header region"),  # over the claim word
     ],
 )
 def test_a_header_with_a_bad_geometry_is_refused_when_mapped(pool_path: Path, offset, fmt, value, words) -> None:
@@ -97,3 +105,16 @@ def test_a_header_with_a_bad_geometry_is_refused_when_mapped(pool_path: Path, of
     with pytest.raises(PoolMismatch) as err:
         PoolMapping.open(pool_path)
     assert words in err.value.what and str(pool_path) in err.value.what
+
+
+def test_a_host_partition_inside_the_header_region_is_refused(pool_path: Path) -> None:
+    from belugactl.errors import InputError
+    from belugactl.pool.header import FIXED_SIZE, NAME_FIELD, PoolHeader
+
+    with open(pool_path, "rb") as f:
+        buf = bytearray(f.read(4096))
+    PoolHeader.unpack(bytes(buf))  # the layout's own header passes
+    struct.pack_into("<Q", buf, FIXED_SIZE + NAME_FIELD, 0)  # host 0's partition at offset 0
+    _recrc(buf)
+    with pytest.raises(InputError, match="host entry 0 .* starts at 0, inside the first"):
+        PoolHeader.unpack(bytes(buf))
