@@ -61,6 +61,7 @@ def prepare(
             snapshot = discover(Host.local())
     plan = build_serve_plan(rack, run_dir=run_dir or default_run_dir(), tools=Tools.find(vllm), snapshot=snapshot)
     add_router(plan, rack.manifest)  # the front door, where serve.router puts it
+    plan.notes += preflight.exposure_warnings(rack)  # said on every start and in --dry-run
     prepared = Prepared(plan)
     if not check:
         return prepared

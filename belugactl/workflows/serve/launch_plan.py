@@ -162,6 +162,40 @@ def _tcp_unreachable_elsewhere(manifest: Manifest, meta: Any, server: Host) -> l
     return notes
 
 
+def _extra_args_host(extra_args: list[str]) -> str | None:
+    """The `--host` an operator put in serve.vllm.extra_args (vLLM takes the last one), if any."""
+    found = None
+    for i, arg in enumerate(extra_args):
+        if arg == "--host" and i + 1 < len(extra_args):
+            found = extra_args[i + 1]
+        elif arg.startswith("--host="):
+            found = arg.removeprefix("--host=")
+    return found
+
+
+def vllm_bind(manifest: Manifest, host: Host) -> tuple[str, bool]:
+    """Where this host's vLLM instances listen, and whether serve passes it (False: extra_args does).
+
+    Without `--host` vLLM listens on every address. The narrowest address that works is used: the
+    operator's `--host` in serve.vllm.extra_args; else, when a front door (serve.router) routes to
+    the instances, this host's manifest address, which is where the router dials them; else
+    loopback, where serve's health checks and a local client reach them."""
+    assert manifest.serve is not None
+    given = _extra_args_host(list(manifest.serve.vllm.extra_args))
+    if given is not None:
+        return given, False
+    if manifest.serve.router is not None:
+        return host.address, True
+    return "127.0.0.1", True
+
+
+def _local_url_host(bind: str) -> str:
+    """How this host reaches a listener bound to `bind`, as a URL's host part."""
+    if bind in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{bind.replace('%', '%25')}]" if ":" in bind else bind  # a scope id's % is escaped in URLs
+
+
 def metadata_host(manifest: Manifest) -> Host | None:
     assert manifest.serve is not None
     wanted = manifest.serve.metadata.host
@@ -255,6 +289,7 @@ def build_serve_plan(
     numa = gpu_numa_nodes(snapshot)
     partition = layout.partition_for(host.name) if host.name in {p.host for p in layout.partitions} else None
     coherence = "flush" if manifest.caching.pool_memory_type == "write-back" and len(manifest.hosts) > 1 else "none"
+    bind, pass_bind = vllm_bind(manifest, host)
     for i in range(instances):
         name = f"vllm-{i}"
         port = serve.vllm.port_base + i
@@ -301,9 +336,7 @@ def build_serve_plan(
         elif clients:
             extra["transport"] = "tcp"  # chosen in the manifest: every process dials the TCP listener
             where = "hosts[].metadata_transport" if host.metadata_transport == "tcp" else "serve.metadata.transport"
-            plan.notes.append(
-                f"{name}: metadata over TCP ({where}: tcp): {', '.join(clients)} dial {rpc_address}"
-            )
+            plan.notes.append(f"{name}: metadata over TCP ({where}: tcp): {', '.join(clients)} dial {rpc_address}")
         kv_config = {
             "kv_connector": CONNECTOR_NAME,
             "kv_role": serve.vllm.kv_role(i),
@@ -316,6 +349,7 @@ def build_serve_plan(
             resolve_model(serve.vllm.model, manifest_path),
             "--port",
             str(port),
+            *(("--host", bind) if pass_bind else ()),
             "--block-size",
             str(block_size),
             "--prefix-caching-hash-algo",
@@ -353,7 +387,7 @@ def build_serve_plan(
                 env=env,
                 log_file=str(run / "logs" / f"{name}.log"),
                 port=port,
-                health_url=f"http://127.0.0.1:{port}/health",
+                health_url=f"http://{_local_url_host(bind)}:{port}/health",
                 gpus=gpus,
                 numa_node=node,
                 stats_prefix=stats_prefix,

@@ -26,6 +26,53 @@ if TYPE_CHECKING:
 SERVING_CHECK_PREFIXES = ("dax.", "cxl.", "numa.", "mtrr.", "ddio.", "pool.", "memory.")
 
 
+def is_loopback(bind: str) -> bool:
+    """Whether a listener bound to `bind` answers only on this host."""
+    import ipaddress
+
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False  # a DNS name (or nothing: every address): assume it reaches the network
+
+
+def exposure_warnings(rack: RackContext) -> list[str]:
+    """One warning per listener this host's serve would open beyond loopback (the manifest asked for it,
+    but nothing there authenticates a caller: vLLM's API, the router, the metadata server's admin)."""
+    from belugactl.workflows.serve.launch_plan import metadata_host, vllm_bind
+
+    manifest, host = rack.manifest, rack.host()
+    if manifest.serve is None:
+        return []
+    serve = manifest.serve
+    out = []
+    if manifest.instances_on(host):
+        bind, passed = vllm_bind(manifest, host)
+        if not is_loopback(bind):
+            where = "serve.vllm.extra_args --host" if not passed else f"hosts[].address of {host.name} (serve.router)"
+            what = "every address" if bind in ("0.0.0.0", "::", "") else bind
+            out.append(
+                f"WARNING: vLLM listens on {what} ({where}), beyond loopback: anyone who reaches it can use the "
+                "model's API without a credential; firewall it to the router's hosts"
+            )
+    mds = metadata_host(manifest)
+    if mds is not None and mds.name == host.name:
+        for field, bind in (("admin_bind", serve.metadata.admin_bind), ("rpc_bind", serve.metadata.rpc_bind)):
+            if not is_loopback(bind):
+                out.append(
+                    f"WARNING: the metadata server's {field} is {bind}, beyond loopback: "
+                    "firewall it to this rack's hosts"
+                )
+    if serve.router is not None and not is_loopback(serve.router.bind):
+        from belugactl.workflows.serve.router import router_hosts
+
+        if host.name in router_hosts(manifest):
+            out.append(f"WARNING: the router binds {serve.router.bind} (serve.router.bind), beyond loopback")
+    return out
+
+
 def check_vllm(plan: ServePlan) -> None:
     vllm_specs = [p for p in plan.processes if p.kind == "vllm"]
     if not vllm_specs:
