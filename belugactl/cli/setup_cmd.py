@@ -157,10 +157,17 @@ def _finish(report, as_json: bool) -> None:
         print(f"  skip {skip.topic}: {skip.reason}")
 
 
-def _apply(verb: str, file: Path, host_name, root, dry_run, yes, force, as_json, only=None, write_root=False) -> None:
+def _apply(
+    verb: str, file: Path, host_name, root, dry_run, yes, force, as_json, only=None, write_root=False, wait_devices=None
+) -> None:
+    from belugactl.workflows.setup.wait_devices import checked_seconds, wait_or_fail
+
     topics = _topics(only)
+    wait_s = checked_seconds(wait_devices) if wait_devices is not None else None
     _refuse_writing_root(verb, root, dry_run, write_root)
     with _load(file, host_name, root) as (host, target):
+        if wait_s is not None:
+            wait_or_fail(host, target.pool, wait_s, say=lambda line: print(line, file=sys.stderr, flush=True))
         _apply_on(verb, host, target, topics, dry_run, yes, force, as_json)
 
 
@@ -224,12 +231,17 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
         root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
         write_root: bool = typer.Option(False, "--write-root", help=WRITE_ROOT_HELP, hidden=True),
+        wait_devices: float | None = typer.Option(
+            None, "--wait-devices", metavar="SECONDS",
+            help="First wait up to SECONDS for the manifest's memory devices (by serial) to appear; exit 3 "
+            "naming the missing ones (the boot unit uses it: devices can appear after boot).",
+        ),
     ) -> None:
         """Make this host match the manifest: region, devdax, permissions, header, hugepages, THP, DDIO, MTRR.
 
         Idempotent: a converged host reports "no changes". Stops at the first failure and says what was
         done and what was not; rerunning continues from there. One setup per host at a time (lock file)."""
-        _apply("setup", file, host, root, dry_run, yes, force, as_json, only, write_root)
+        _apply("setup", file, host, root, dry_run, yes, force, as_json, only, write_root, wait_devices)
 
     @app.command("teardown")
     def teardown_cmd(

@@ -67,7 +67,7 @@ def test_export_systemd(tmp_path, capsys):
     exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert exec_line == (
         f"ExecStart=/usr/bin/belugactl setup -f {LAB} --host lab-2 "
-        "--only autoonline,permissions,hugepages,thp,ddio,mtrr --yes"
+        "--only autoonline,permissions,hugepages,thp,ddio,mtrr --yes --wait-devices 60"
     )
 
 

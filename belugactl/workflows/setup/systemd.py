@@ -23,6 +23,9 @@ UNIT_NAME = "belugactl-setup.service"
 SERVE_UNIT_NAME = "belugactl-serve.service"
 # The router's drain (30 s by default), vLLM's 20 s each, the metadata server's: with room to spare.
 SERVE_STOP_TIMEOUT_S = 180
+# How long the boot unit waits for the manifest's memory devices before setup runs (they can
+# appear seconds after boot); a device missing after that fails the unit, so serve does not start.
+BOOT_WAIT_DEVICES_S = 60
 
 # A word systemd reads as itself: no quotes, specifiers (%), variables ($), escapes or spaces.
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_+=:,./-]+")
@@ -64,6 +67,7 @@ def exec_line(argv: Sequence[str]) -> str:
 def unit_text(manifest_path: str, host: str, command: Sequence[str], topics: Sequence[str] | None = None) -> str:
     topics = boot_topic_ids() if topics is None else topics
     argv = [*command, "setup", "-f", manifest_path, "--host", host, "--only", ",".join(topics), "--yes"]
+    argv += ["--wait-devices", str(BOOT_WAIT_DEVICES_S)]
     exec_start = exec_line(argv)
     return (
         "# Written by `belugactl export systemd`. Re-applies the pool host settings a reboot resets.\n"
