@@ -36,21 +36,27 @@ def checksum(
 
 def rpc(
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
-    samples: int = typer.Option(20000, "--samples", help="Round trips measured at QD1, per transport."),
-    seconds: float = typer.Option(0.5, "--seconds", help="Seconds per queue-depth throughput run."),
+    samples: int = typer.Option(20000, "--samples", metavar="N", help="Round trips measured at QD1, per transport."),
+    seconds: float = typer.Option(0.5, "--seconds", metavar="SECONDS", help="Seconds per queue-depth throughput run."),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs."),
     flush: bool = typer.Option(False, "--flush", help="Flush lines as on a shared write-back devdax pool."),
     lookup_keys: int = typer.Option(
-        0, "--lookup-keys", metavar="N",
+        0,
+        "--lookup-keys",
+        metavar="N",
         help="Also time a pool hit's metadata over CXL-RPC: one GET_MANY burst for N keys (125: a 4000-token "
         "prompt of 32-token blocks) and its lease release, waited for and no-wait (0: skip; 125 with --idle-ms).",
     ),
     idle_ms: str = typer.Option(
-        "", "--idle-ms", metavar="MS,...",
+        "",
+        "--idle-ms",
+        metavar="MS,...",
         help="Idle pauses before each of those lookups, comma separated (e.g. 0,1,100); each is printed beside "
         "the first one, the baseline. Default 0.",
     ),
-    lookup_rounds: int = typer.Option(20, "--lookup-rounds", help="Rounds of those lookups per idle pause."),
+    lookup_rounds: int = typer.Option(
+        20, "--lookup-rounds", metavar="N", help="Rounds of those lookups per idle pause."
+    ),
 ) -> None:
     """One metadata server, the same 64 B lookup over CXL-RPC (file-backed pool) and TCP loopback;
     with --lookup-keys or --idle-ms, a pool hit's GET_MANY burst and lease release after idle pauses."""
@@ -164,19 +170,32 @@ def _lookups_table(doc: dict) -> object:
 
 def mds(
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
-    ops: int = typer.Option(200_000, "--ops", help="Index operations to run."),
-    ways: int = typer.Option(4, "--ways", help="Software interleave zones (memory devices) to report bytes over."),
-    batch_blocks: int = typer.Option(62, "--batch-blocks", help="Blocks per save in the batched-put comparison."),
-    batch_rounds: int = typer.Option(100, "--batch-rounds", help="Saves each way in that comparison (0: skip it)."),
+    ops: int = typer.Option(200_000, "--ops", metavar="N", help="Index operations to run."),
+    ways: int = typer.Option(
+        4, "--ways", metavar="N", help="Software interleave zones (memory devices) to report bytes over."
+    ),
+    batch_blocks: int = typer.Option(
+        62, "--batch-blocks", metavar="N", help="Blocks per save in the batched-put comparison."
+    ),
+    batch_rounds: int = typer.Option(
+        100, "--batch-rounds", metavar="N", help="Saves each way in that comparison (0: skip it)."
+    ),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin client and server to different CPUs (comparison)."),
     idle: bool = typer.Option(
-        False, "--idle",
+        False,
+        "--idle",
         help="Also measure an idle server: its CPU while nobody asks and a PING after a quiet spell, waiting idle "
         "(--spin-after-ms 0) beside busy-polling.",
     ),
-    idle_rings: int = typer.Option(4, "--idle-rings", help="Rings the idle server polls (processes + spares)."),
-    idle_seconds: float = typer.Option(5.0, "--idle-seconds", help="Seconds each idle server's CPU is measured over."),
-    idle_pings: int = typer.Option(100, "--idle-pings", help="PINGs timed after a quiet spell, per server."),
+    idle_rings: int = typer.Option(
+        4, "--idle-rings", metavar="N", help="Rings the idle server polls (processes + spares)."
+    ),
+    idle_seconds: float = typer.Option(
+        5.0, "--idle-seconds", metavar="SECONDS", help="Seconds each idle server's CPU is measured over."
+    ),
+    idle_pings: int = typer.Option(
+        100, "--idle-pings", metavar="N", help="PINGs timed after a quiet spell, per server."
+    ),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
     bytes per zone with software interleave (pool.interleave.mode: software) against none, and a

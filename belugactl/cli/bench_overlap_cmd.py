@@ -10,10 +10,15 @@ def register(bench: typer.Typer) -> None:
 
 
 def overlap(
-    lengths: str = typer.Option("4000", "--lengths", help="Prompt lengths in tokens, comma separated."),
-    rounds: int = typer.Option(3, "--rounds", min=1, max=50, help="Prompts per length (median)."),
+    lengths: str = typer.Option(
+        "4000", "--lengths", metavar="TOKENS,...", help="Prompt lengths in tokens, comma separated."
+    ),
+    rounds: int = typer.Option(3, "--rounds", metavar="N", min=1, max=50, help="Prompts per length (median)."),
     vllm_python: str = typer.Option(
-        None, "--vllm-python", help="Python of the vLLM environment (default: .venv-vllm beside this checkout)."
+        None,
+        "--vllm-python",
+        metavar="PROGRAM",
+        help="Python of the vLLM environment (default: .venv-vllm beside this checkout).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:

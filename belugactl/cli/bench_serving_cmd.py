@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from belugactl.cli.options import file_option
+
 
 def register(bench: typer.Typer) -> None:
     bench.command("kv")(kv)
@@ -11,11 +13,16 @@ def register(bench: typer.Typer) -> None:
 
 
 def kv(
-    device: str = typer.Option("cpu", "--device", help="cpu, or cuda (needs torch with CUDA and a GPU)."),
-    blocks: int = typer.Option(64, "--blocks", help="Blocks per batch (4 MiB each, Qwen-32B shaped)."),
-    repeat: int = typer.Option(5, "--repeat", help="Timed repetitions (median)."),
+    device: str = typer.Option(
+        "cpu", "--device", metavar="cpu|cuda", help="cpu, or cuda (needs torch with CUDA and a GPU)."
+    ),
+    blocks: int = typer.Option(64, "--blocks", metavar="N", help="Blocks per batch (4 MiB each, Qwen-32B shaped)."),
+    repeat: int = typer.Option(5, "--repeat", metavar="N", help="Timed repetitions (median)."),
     coherence: str = typer.Option(
-        "none", "--coherence", help="none, or flush: non-temporal saves and flush-before-load (shared write-back pool)."
+        "none",
+        "--coherence",
+        metavar="none|flush",
+        help="none, or flush: non-temporal saves and flush-before-load (shared write-back pool).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:
@@ -49,19 +56,24 @@ def kv(
 
 
 def serve(
-    manifest: str = typer.Option(..., "-f", "--file", help="Rack manifest (YAML) with two instances on this host."),
-    pool: str = typer.Option(None, "--pool", help="Pool device or file (as for serve)."),
+    manifest: str = file_option("Rack manifest (YAML) with two instances on this host."),
+    pool: str = typer.Option(None, "--pool", metavar="PATH", help="Pool device or file (as for serve)."),
     create_pool: bool = typer.Option(False, "--create-pool", help="Create the --pool FILE if missing."),
-    lengths: str = typer.Option("1024,2048,4000", "--lengths", help="Prompt lengths in tokens, comma separated."),
-    rounds: int = typer.Option(3, "--rounds", help="Prompts per length (median)."),
-    run_dir: str = typer.Option(None, "--run-dir", help="Use the serve running there, else start one there."),
-    vllm: str = typer.Option(None, "--vllm", help="The vllm program (as for serve)."),
+    lengths: str = typer.Option(
+        "1024,2048,4000", "--lengths", metavar="TOKENS,...", help="Prompt lengths in tokens, comma separated."
+    ),
+    rounds: int = typer.Option(3, "--rounds", metavar="N", help="Prompts per length (median)."),
+    run_dir: str = typer.Option(
+        None, "--run-dir", metavar="DIR", help="Use the serve running there, else start one there."
+    ),
+    vllm: str = typer.Option(None, "--vllm", metavar="PROGRAM", help="The vllm program (as for serve)."),
     via_router: bool = typer.Option(
         False, "--via-router", help="Also time every prompt through the front door (serve.router), side by side."
     ),
     engine_setting: str = typer.Option(
         None,
         "--engine-setting",
+        metavar="default|4096|both",
         help="default (chunked prefill), 4096 (--max-num-batched-tokens 4096) or both (engines restarted between, "
         "one table each). Needs bench serve to start serve itself.",
     ),
@@ -71,7 +83,10 @@ def serve(
         help="Also start vLLM's ExampleConnector on B's argv and time its hit (one more engine start: minutes on CPU).",
     ),
     concurrent: int = typer.Option(
-        0, "--concurrent", help="Also send N long prompts at once: throughput pool vs recompute (e.g. 16; 0: off)."
+        0,
+        "--concurrent",
+        metavar="N",
+        help="Also send N long prompts at once: throughput pool vs recompute (e.g. 16; 0: off).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
 ) -> None:

@@ -11,24 +11,37 @@ def register(bench: typer.Typer) -> None:
 
 
 def soak(
-    seconds: float = typer.Option(30.0, "--seconds", help="How long to run."),
-    ops: int = typer.Option(0, "--ops", help="Stop after this many client operations (0: only --seconds)."),
-    writers: int = typer.Option(4, "--writers", help="Writer processes (even ones on CXL-RPC rings, odd on TCP)."),
-    readers: int = typer.Option(4, "--readers", help="Reader processes (same split)."),
-    keys: int = typer.Option(300, "--keys", help="Distinct keys; with --kv-mib, how hard eviction works."),
-    kv_mib: int = typer.Option(64, "--kv-mib", help="Shared KV area of the soak's pool, MiB."),
+    seconds: float = typer.Option(30.0, "--seconds", metavar="SECONDS", help="How long to run."),
+    ops: int = typer.Option(
+        0, "--ops", metavar="N", help="Stop after this many client operations (0: only --seconds)."
+    ),
+    writers: int = typer.Option(
+        4, "--writers", metavar="N", help="Writer processes (even ones on CXL-RPC rings, odd on TCP)."
+    ),
+    readers: int = typer.Option(4, "--readers", metavar="N", help="Reader processes (same split)."),
+    keys: int = typer.Option(300, "--keys", metavar="N", help="Distinct keys; with --kv-mib, how hard eviction works."),
+    kv_mib: int = typer.Option(64, "--kv-mib", metavar="MIB", help="Shared KV area of the soak's pool, MiB."),
     restart_every: float = typer.Option(
-        8.0, "--restart-every", help="SIGKILL and restart the server every N s (0: never)."
+        8.0, "--restart-every", metavar="SECONDS", help="SIGKILL and restart the server every N s (0: never)."
     ),
     kill_every: float = typer.Option(
-        3.0, "--kill-every", help="SIGKILL one client every N s and start another (0: never)."
+        3.0, "--kill-every", metavar="SECONDS", help="SIGKILL one client every N s and start another (0: never)."
     ),
-    restart_policy: str = typer.Option("journal", "--restart-policy", help="The server's: journal or start-empty."),
-    reservation_ttl: float = typer.Option(3.0, "--reservation-ttl", help="The server's reservation TTL, seconds."),
-    fence_grace: float | None = typer.Option(None, "--fence-grace", help="Passed to the server (default: its own)."),
-    seed: int = typer.Option(1, "--seed", help="Random seed of the workload."),
+    restart_policy: str = typer.Option(
+        "journal", "--restart-policy", metavar="start-empty|journal", help="The server's: journal or start-empty."
+    ),
+    reservation_ttl: float = typer.Option(
+        3.0, "--reservation-ttl", metavar="SECONDS", help="The server's reservation TTL, seconds."
+    ),
+    fence_grace: float | None = typer.Option(
+        None, "--fence-grace", metavar="SECONDS", help="Passed to the server (default: its own)."
+    ),
+    seed: int = typer.Option(1, "--seed", metavar="N", help="Random seed of the workload."),
     stall_writers: float = typer.Option(
-        0.0, "--stall-writers", help="Fraction of writes that stall 0.5-8 s after their epoch check (stale writers)."
+        0.0,
+        "--stall-writers",
+        metavar="FRACTION",
+        help="Fraction of writes that stall 0.5-8 s after their epoch check (stale writers).",
     ),
     faulty_writer: bool = typer.Option(
         False, "--faulty-writer", help="Check the checker: one writer writes wrong bytes (the run must exit 1)."

@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
         root: Path | None = typer.Option(
             None,
             "--root",
+            metavar="DIR|FILE.tar.gz",
             help="Read a captured or fixture host instead of this machine: a directory or a FILE.tar.gz.",
         ),
         capture: str | None = typer.Option(
@@ -174,8 +175,15 @@ def render_snapshot(snap: Any) -> None:
             ns.add_column(col)
         for n in snap.nd.namespaces:
             ns.add_row(
-                n.dev, _opt(n.region), _opt(n.mode), _opt(n.map), _size(n.size), _size(n.align),
-                n.chardev or "-", n.name or "-", n.uuid or "-",
+                n.dev,
+                _opt(n.region),
+                _opt(n.mode),
+                _opt(n.map),
+                _size(n.size),
+                _size(n.align),
+                n.chardev or "-",
+                n.name or "-",
+                n.uuid or "-",
             )
         console.print(ns)
 
@@ -187,8 +195,14 @@ def render_snapshot(snap: Any) -> None:
             mode = oct(d.dev_mode) if d.dev_mode is not None else "?"
             node = f"{d.dev_owner or d.dev_uid}:{d.dev_group or d.dev_gid} {mode}" if d.dev_exists else "missing"
             dax.add_row(
-                d.name, _opt(d.mode), _size(d.size), _size(d.align), _opt(d.target_node), _opt(d.numa_node),
-                _hex(d.resource), node,
+                d.name,
+                _opt(d.mode),
+                _size(d.size),
+                _size(d.align),
+                _opt(d.target_node),
+                _opt(d.numa_node),
+                _hex(d.resource),
+                node,
             )
         console.print(dax)
     else:
@@ -198,11 +212,14 @@ def render_snapshot(snap: Any) -> None:
     for col in ("node", "cpus", "memory", "free", "hugepages (total/free)"):
         numa.add_column(col)
     for n in snap.numa:
-        pages = ", ".join(
-            f"{_size(size)}: {_opt(c.total)}/{_opt(c.free)}" for size, c in sorted(n.hugepages.items())
+        pages = ", ".join(f"{_size(size)}: {_opt(c.total)}/{_opt(c.free)}" for size, c in sorted(n.hugepages.items()))
+        numa.add_row(
+            str(n.id),
+            compact_list(n.cpus) if n.cpus else "none (memory only)",
+            _size(n.mem_total),
+            _size(n.mem_free),
+            pages or "-",
         )
-        numa.add_row(str(n.id), compact_list(n.cpus) if n.cpus else "none (memory only)", _size(n.mem_total),
-                     _size(n.mem_free), pages or "-")
     console.print(numa)
     console.print(
         f"  THP enabled={snap.thp.enabled or '?'} defrag={snap.thp.defrag or '?'}; memory auto-online: "
@@ -217,8 +234,13 @@ def render_snapshot(snap: Any) -> None:
         for d in devices:
             link = f"{d.link_speed or '?'} x{_opt(d.link_width)}" if d.link_speed or d.link_width else "-"
             pci.add_row(
-                d.bdf, d.kind, f"{d.vendor or 0:04x}:{d.device or 0:04x}", _opt(d.numa_node), d.root_port or "-",
-                link, d.driver or "-",
+                d.bdf,
+                d.kind,
+                f"{d.vendor or 0:04x}:{d.device or 0:04x}",
+                _opt(d.numa_node),
+                d.root_port or "-",
+                link,
+                d.driver or "-",
             )
         console.print(pci)
     else:
@@ -229,7 +251,8 @@ def render_snapshot(snap: Any) -> None:
             ports.add_column(col)
         for p in snap.root_ports:
             ports.add_row(
-                p.bdf, f"{p.vendor or 0:04x}:{p.device or 0:04x}",
+                p.bdf,
+                f"{p.vendor or 0:04x}:{p.device or 0:04x}",
                 _hex(p.perfctrlsts_0) if p.config_readable else "not readable",
                 _hex(p.perfctrlsts_1) if p.config_readable else "-",
                 ", ".join(p.devices),

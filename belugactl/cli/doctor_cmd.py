@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from belugactl.cli.options import hidden_alias, host_option, ignore_option
+from belugactl.cli.options import file_option, hidden_alias, host_option, ignore_option
 
 # The last line on a host without CXL: the run exits 3, a health check that checked nothing is no pass.
 NO_CXL_LINE = (
@@ -20,14 +20,7 @@ STYLES = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_command(
-        file: Path | None = typer.Option(
-            None,
-            "-f",
-            "--file",
-            metavar="FILE",
-            help="Rack manifest: check this host against its entry.",
-            envvar="BELUGA_MANIFEST",
-        ),
+        file: Path | None = file_option("Rack manifest: check this host against its entry.", required=False),
         manifest: Path | None = hidden_alias("--manifest"),
         host_name: str | None = host_option(
             "The manifest's host entry to check against (default: the one matching the hostname)."
@@ -39,7 +32,7 @@ def register(app: typer.Typer) -> None:
         root: Path | None = typer.Option(
             None,
             "--root",
-            metavar="DIR",
+            metavar="DIR|FILE.tar.gz",
             help="Check a captured or fixture host instead of this machine (directory or FILE.tar.gz).",
         ),
         list_checks: bool = typer.Option(False, "--list", help="List every check id and title, then exit."),
@@ -330,7 +323,7 @@ def _find_command(segment: str) -> tuple[str, str, str]:
     # the command ends where a top-level parenthesis (its comment) begins
     pieces = _split_top_level(rest, " (")
     command = pieces[0]
-    tail = rest[len(command):].strip()
+    tail = rest[len(command) :].strip()
     return lead_text, command, tail
 
 

@@ -12,7 +12,7 @@ EXAMPLES: dict[str, list[str]] = {
         "belugactl serve -f rack.yaml --dry-run",
         "belugactl serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --detach",
     ],
-    "status": ["belugactl status --json"],
+    "status": ["belugactl status --json", "belugactl status -f rack.yaml"],
     "stop": ["belugactl stop"],
     "metadata-server": ["belugactl metadata-server -f rack.yaml --pool /dev/dax0.0"],
     "manifest check": ["belugactl manifest check -f examples/beluga-rack.yaml"],
@@ -32,7 +32,7 @@ EXAMPLES: dict[str, list[str]] = {
     "pd-proxy": ["belugactl pd-proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8101 --port 8090"],
     "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --create-pool"],
     "lab prepare": ["belugactl lab prepare --install"],
-    "lab up": ["belugactl lab up --hosts 3", "belugactl lab up --profile pmem --ssh"],
+    "lab up": ["belugactl lab up --count 3", "belugactl lab up --profile pmem --ssh"],
     "lab status": ["belugactl lab status --json"],
     "lab exec": ["belugactl lab exec lab-1 -- belugactl doctor -f examples/lab-ram.yaml"],
     "lab selftest": ["belugactl lab selftest"],
@@ -47,9 +47,14 @@ EXAMPLES: dict[str, list[str]] = {
     "rack stop": ["belugactl rack stop -f rack.yaml"],
     "export systemd": ["belugactl export systemd -f rack.yaml --host gpu01 -o /etc/systemd/system/"],
     "export prometheus": ["belugactl export prometheus -f rack.yaml -o prometheus.yml"],
-    "export grafana": ["belugactl export grafana -o belugactl.json"],
+    "export grafana": ["belugactl export grafana -f rack.yaml -o belugactl.json"],
     "top": ["belugactl top -f rack.yaml", "belugactl top -f rack.yaml --once --json"],
 }
+
+
+def _says_example(info) -> bool:
+    text = info.help or (info.callback.__doc__ if info.callback else None) or ""
+    return "Example:" in text or "Examples:" in text
 
 
 def attach(app, prefix: str = "") -> list[str]:
@@ -58,10 +63,12 @@ def attach(app, prefix: str = "") -> list[str]:
     for info in app.registered_commands:
         name = prefix + (info.name or info.callback.__name__.replace("_", "-"))
         lines = EXAMPLES.get(name)
+        if lines and _says_example(info):
+            lines = None  # its help text shows one already: once is enough
         if lines and not info.epilog:
             # "\b" keeps click from re-wrapping the example lines
             info.epilog = "\b\nExample" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(f"  {x}" for x in lines)
-        elif not lines and not info.epilog:
+        elif name not in EXAMPLES and not info.epilog:
             missing.append(name)
     for group in app.registered_groups:
         if group.typer_instance is not None and group.name != "agent":

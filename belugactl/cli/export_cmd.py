@@ -29,7 +29,10 @@ def register(app: typer.Typer) -> None:
             "unit goes beside it). Default, or `-`: both on stdout.",
         ),
         command: str | None = typer.Option(
-            None, "--command", help="How the unit starts belugactl (default: this interpreter with -m belugactl)."
+            None,
+            "--command",
+            metavar="COMMAND",
+            help="How the unit starts belugactl (default: this interpreter with -m belugactl).",
         ),
     ) -> None:
         """Write the boot units: belugactl-setup.service re-applies hugepages, THP, DDIO, MTRR and device
@@ -79,12 +82,13 @@ def register(app: typer.Typer) -> None:
         output: str | None = typer.Option(
             None, "-o", "--output", metavar="FILE|-", help="Write prometheus.yml here (default, or `-`: stdout)."
         ),
-        interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape interval, e.g. 15s."),
+        interval: str = typer.Option(
+            "15s", "--scrape-interval", metavar="DURATION", help="Prometheus scrape interval, e.g. 15s."
+        ),
     ) -> None:
         """A Prometheus scrape config for every metadata server, vLLM instance and router of the rack.
 
-        Example:  belugactl export prometheus -f rack.yaml -o /etc/prometheus/prometheus.yml
-        Dashboard: belugactl export grafana -o belugactl.json (import it in Grafana)."""
+        The dashboard that reads these targets: `belugactl export grafana` (import it in Grafana)."""
         import re
 
         from belugactl.cli.load_rack import rack_context
@@ -102,6 +106,7 @@ def register(app: typer.Typer) -> None:
 
     @export.command("grafana")
     def grafana_cmd(
+        file: Path | None = file_option("The rack manifest: the dashboard opens on this rack.", required=False),
         output: str | None = typer.Option(
             None, "-o", "--output", metavar="FILE|-", help="Write the dashboard here (default, or `-`: stdout)."
         ),
@@ -111,9 +116,25 @@ def register(app: typer.Typer) -> None:
 
         target = output_file(output, option="-o") if output is not None else None
         text = files("belugactl").joinpath("data/grafana/belugactl.json").read_text()
+        if file is not None:
+            from belugactl.cli.load_rack import rack_context
+
+            text = _for_rack(text, rack_context(file).manifest.name)
         _write(text, target, "import it in Grafana (Dashboards > New > Import) and pick the Prometheus data source")
 
     app.add_typer(export, name="export")
+
+
+def _for_rack(text: str, rack: str) -> str:
+    """The dashboard with its `rack` variable set to this rack (others stay selectable) and its name in the title."""
+    import json
+
+    doc = json.loads(text)
+    doc["title"] = f"{doc['title']} ({rack})"
+    for var in doc.get("templating", {}).get("list", []):
+        if var.get("name") == "rack":
+            var["current"] = {"text": [rack], "value": [rack]}
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def _write(text: str, output: Path | None, next_step: str) -> None:

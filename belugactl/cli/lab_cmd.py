@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
+
+from belugactl.cli.options import hidden_alias, warn_deprecated
 
 NAME_HELP = "Lab name: several labs can coexist, each under its own state directory."
 PROFILE_HELP = (
@@ -13,6 +16,33 @@ PROFILE_HELP = (
     "ram: QEMU 10 + kernel 6.12 + cxl 81 from Debian packages (unpacked into the cache, never installed), "
     "volatile devices, optionally behind a switch."
 )
+
+
+def name_option() -> Any:
+    return typer.Option("default", "--name", metavar="NAME", help=NAME_HELP)
+
+
+def profile_option() -> Any:
+    return typer.Option("ram", "--profile", metavar="ram|pmem", help=PROFILE_HELP)
+
+
+def _guest_count(count: int | None, old_hosts: int | None) -> int:
+    """`--count N`, or the old `--hosts N` with a warning; both at once is ambiguous."""
+    from belugactl.errors import UsageError
+    from belugactl.lab.emulated_rack import MAX_HOSTS
+
+    if old_hosts is not None and count is not None:
+        raise UsageError(
+            f"lab up: --count {count} and --hosts {old_hosts} both given",
+            fix=f"drop --hosts (the old spelling): belugactl lab up --count {count}",
+        )
+    if old_hosts is not None:
+        warn_deprecated(f"lab up --hosts {old_hosts}", f"--count {old_hosts}", "--hosts names a node set in `rack`")
+    n = 2 if count is None and old_hosts is None else (count if count is not None else old_hosts)
+    assert n is not None
+    if not 1 <= n <= MAX_HOSTS:
+        raise UsageError(f"lab up: --count must be between 1 and {MAX_HOSTS}, not {n}", fix="e.g. --count 3")
+    return n
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +55,7 @@ def register(app: typer.Typer) -> None:
     def prepare_cmd(
         install: bool = typer.Option(False, "--install", help="apt-get install missing packages (root)."),
         refresh: bool = typer.Option(False, "--refresh", help="Download the kernel again even if cached."),
-        profile: str = typer.Option("ram", "--profile", help=PROFILE_HELP),
+        profile: str = profile_option(),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Check/install packages, download and unpack the guest kernel, build the initramfs (cached)."""
@@ -50,12 +80,27 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("up")
     def up_cmd(
-        hosts: int = typer.Option(2, "--hosts", "-n", help="Number of guests (lab-1 ... lab-N)."),
-        pool_size: str = typer.Option("512MiB", "--pool-size", help="Shared pool size, a multiple of 256 MiB."),
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
-        memory: str = typer.Option("1GiB", "--memory", help="RAM per guest."),
-        accel: str = typer.Option("auto", "--accel", help="auto (= tcg, KVM only reported), tcg or kvm."),
-        boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for every guest."),
+        count: int | None = typer.Option(
+            None,
+            "-n",
+            "--count",
+            metavar="N",
+            show_default=False,
+            help="Number of guests, lab-1 ... lab-N (default 2).",
+        ),
+        # `--hosts` is a node set in `rack`; here it was the count (kept one release, with a warning)
+        hosts_count: int | None = hidden_alias("--hosts"),
+        pool_size: str = typer.Option(
+            "512MiB", "--pool-size", metavar="SIZE", help="Shared pool size, a multiple of 256 MiB."
+        ),
+        name: str = name_option(),
+        memory: str = typer.Option("1GiB", "--memory", metavar="SIZE", help="RAM per guest."),
+        accel: str = typer.Option(
+            "auto", "--accel", metavar="auto|tcg|kvm", help="auto (= tcg, KVM only reported), tcg or kvm."
+        ),
+        boot_timeout: float = typer.Option(
+            240.0, "--boot-timeout", metavar="SECONDS", help="Seconds to wait for every guest."
+        ),
         install: bool = typer.Option(False, "--install", help="apt-get install missing packages first (root)."),
         root_ports: int = typer.Option(
             2, "--root-ports", hidden=True, help="1 reproduces QEMU 7.2 dropping writes (selftest must fail)."
@@ -63,13 +108,18 @@ def register(app: typer.Typer) -> None:
         ssh: bool = typer.Option(
             False, "--ssh", help="Give each guest sshd behind a forward from 127.0.0.1 (see `lab ssh-config`)."
         ),
-        profile: str = typer.Option("ram", "--profile", help=PROFILE_HELP),
+        profile: str = profile_option(),
         devices: int | None = typer.Option(
-            None, "--devices", show_default=False,
+            None,
+            "--devices",
+            metavar="N",
+            show_default=False,
             help="ram: volatile type-3 devices per guest (default 2); each gets pool-size/N, shared by all guests.",
         ),
         switch: bool | None = typer.Option(
-            None, "--switch/--no-switch", show_default=False,
+            None,
+            "--switch/--no-switch",
+            show_default=False,
             help="ram: put the devices behind an emulated CXL switch (default: yes).",
         ),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
@@ -83,6 +133,7 @@ def register(app: typer.Typer) -> None:
         from belugactl.lab import emulated_rack
         from belugactl.units import parse_size
 
+        hosts = _guest_count(count, hosts_count)
         if accel not in ("auto", "tcg", "kvm"):
             raise UsageError(f"--accel must be auto, tcg or kvm, not {accel!r}")
         try:
@@ -119,7 +170,7 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("status")
     def status_cmd(
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        name: str = name_option(),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Guests and their state (running, booting, unresponsive, crashed), the pool file, the kernel.
@@ -140,10 +191,14 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("exec", context_settings={"allow_interspersed_args": False})
     def exec_cmd(
-        host: str = typer.Argument(..., help="Guest name, e.g. lab-1."),
-        command: list[str] = typer.Argument(..., help="The command and its arguments (after --)."),
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
-        timeout: float = typer.Option(600.0, "--timeout", help="Kill the command after this many seconds."),
+        host: str = typer.Argument(..., metavar="GUEST", help="Guest name, e.g. lab-1."),
+        command: list[str] = typer.Argument(
+            ..., metavar="COMMAND...", help="The command and its arguments (after --)."
+        ),
+        name: str = name_option(),
+        timeout: float = typer.Option(
+            600.0, "--timeout", metavar="SECONDS", help="Kill the command after this many seconds."
+        ),
         stdin: bool = typer.Option(False, "--stdin", help="Send this process's stdin to the command."),
     ) -> None:
         """Run a command in a guest as root, in the same directory as here; its output and exit status
@@ -174,7 +229,7 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("selftest")
     def selftest_cmd(
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        name: str = name_option(),
         keep: bool = typer.Option(False, "--keep", help="Leave the region (and namespace) it made in place."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
@@ -195,8 +250,10 @@ def register(app: typer.Typer) -> None:
                 print(line)
         else:
             for p in report.provisioned:
-                print(f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> {device_path(p.dax)} "
-                      f"({p.dax_size // (1024 * 1024)} MiB, pool file offset {p.file_offset:#x})")
+                print(
+                    f"{p.guest}: cxl {p.region} -> nd {p.nd_region} -> {p.namespace} -> {device_path(p.dax)} "
+                    f"({p.dax_size // (1024 * 1024)} MiB, pool file offset {p.file_offset:#x})"
+                )
             for c in report.checks:
                 print(f"  [{'ok' if c.ok else 'FAIL'}] {c.what}: {c.detail}")
             cleanup = "torn down" if report.cleaned_up else ("kept (--keep)" if keep else "cleanup FAILED")
@@ -215,11 +272,10 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("ssh-config")
     def ssh_config_cmd(
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        name: str = name_option(),
     ) -> None:
         """Print the OpenSSH client config of a lab brought up with --ssh (also in STATE/NAME/ssh_config):
-        Host lab-1 ... on 127.0.0.1, with the lab's own key and known_hosts. Example:
-        ssh -F "$(belugactl lab status --json | jq -r .ssh_config)" lab-1 -- belugactl --version"""
+        Host lab-1 ... on 127.0.0.1, with the lab's own key and known_hosts."""
         from belugactl.lab import emulated_rack
 
         path, text = emulated_rack.ssh_config(name)
@@ -228,9 +284,11 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("restart")
     def restart_cmd(
-        host: str = typer.Argument(..., help="The crashed guest, e.g. lab-1."),
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
-        boot_timeout: float = typer.Option(240.0, "--boot-timeout", help="Seconds to wait for the guest."),
+        host: str = typer.Argument(..., metavar="GUEST", help="The crashed guest, e.g. lab-1."),
+        name: str = name_option(),
+        boot_timeout: float = typer.Option(
+            240.0, "--boot-timeout", metavar="SECONDS", help="Seconds to wait for the guest."
+        ),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Boot a crashed or stopped guest again with the same pool file and label (LSA) file: a power
@@ -246,7 +304,7 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("down")
     def down_cmd(
-        name: str = typer.Option("default", "--name", help=NAME_HELP),
+        name: str = name_option(),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     ) -> None:
         """Stop every guest (by pid, after checking it is still our QEMU) and remove the lab's files."""
@@ -279,8 +337,10 @@ def _print_ram_prepare(result: dict) -> None:
 
     for p in result["packages"]:
         print(f"fetched    {p['package']:<44} {p['version']:<32} {p['suite']:<18} {format_size(p['size']):>10}")
-    print(f"download   {len(result['packages'])} packages, {format_size(result['download_bytes'])}; "
-          f"unpacked tree {format_size(result['tree_bytes'])}")
+    print(
+        f"download   {len(result['packages'])} packages, {format_size(result['download_bytes'])}; "
+        f"unpacked tree {format_size(result['tree_bytes'])}"
+    )
     print(f"qemu       {result['qemu']}  (-L {result['firmware']})")
     print(f"kernel     {result['kernel']['version']}  {result['kernel']['vmlinuz']}")
     print(f"boots      {result['boot_image']}")

@@ -6,15 +6,19 @@ import sys
 
 import typer
 
+from belugactl.cli.options import file_option, hidden_alias
+
 
 def register(lab: typer.Typer) -> None:
     @lab.command("coldstart")
     def coldstart_cmd(
-        manifest: str | None = typer.Option(None, "--manifest", "-f", show_default=False,
-                                     help="The rack manifest (YAML); default: this checkout's examples/lab-ram.yaml."),
-        name: str = typer.Option("coldstart", "--name", help="Lab name (must not exist yet)."),
-        profile: str = typer.Option("ram", "--profile", help="ram (QEMU 10, kernel 6.12) or pmem."),
-        devices: int = typer.Option(2, "--devices", help="ram: volatile devices per guest."),
+        file: str | None = file_option(
+            "The rack manifest (YAML); default: this checkout's examples/lab-ram.yaml.", required=False
+        ),
+        manifest: str | None = hidden_alias("--manifest"),  # the old spelling, kept one release
+        name: str = typer.Option("coldstart", "--name", metavar="NAME", help="Lab name (must not exist yet)."),
+        profile: str = typer.Option("ram", "--profile", metavar="ram|pmem", help="ram (QEMU 10, kernel 6.12) or pmem."),
+        devices: int = typer.Option(2, "--devices", metavar="N", help="ram: volatile devices per guest."),
         switch: bool = typer.Option(True, "--switch/--no-switch", help="ram: devices behind a CXL switch."),
         keep: bool = typer.Option(False, "--keep", help="Leave the lab running afterwards."),
         as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
@@ -29,14 +33,24 @@ def register(lab: typer.Typer) -> None:
         from belugactl.cli.render import print_json
         from belugactl.lab import coldstart
 
-        manifest = manifest or str(Path(belugactl.__file__).resolve().parent.parent / "examples" / "lab-ram.yaml")
+        manifest = (
+            file or manifest or str(Path(belugactl.__file__).resolve().parent.parent / "examples" / "lab-ram.yaml")
+        )
         if profile == "pmem":
             devices, switch = 1, False
         # The lab knows guests, not manifests: the CLI reads the hosts and the pool's size for it.
         loaded = rack_context(manifest).manifest
-        report = coldstart.run(manifest, hosts=[h.name for h in loaded.hosts], pool_size=int(loaded.pool.size),
-                               name=name, profile=profile, devices=devices, switch=switch, keep=keep,
-                               progress=lambda m: print(f"lab: {m}", file=sys.stderr, flush=True))
+        report = coldstart.run(
+            manifest,
+            hosts=[h.name for h in loaded.hosts],
+            pool_size=int(loaded.pool.size),
+            name=name,
+            profile=profile,
+            devices=devices,
+            switch=switch,
+            keep=keep,
+            progress=lambda m: print(f"lab: {m}", file=sys.stderr, flush=True),
+        )
         if as_json:
             print_json(report.to_dict())
         else:
@@ -44,11 +58,15 @@ def register(lab: typer.Typer) -> None:
             print(f"cold start of lab {report.lab}: {report.hosts} guests, profile {report.profile}, {shape}")
             for phase, seconds in report.phases:
                 print(f"  {seconds:7.1f} s  {phase}")
-            print(f"  {report.total_s:7.1f} s  total (target {coldstart.TARGET_S:.0f} s: "
-                  f"{'met' if report.total_s <= coldstart.TARGET_S else 'not met'})")
+            print(
+                f"  {report.total_s:7.1f} s  total (target {coldstart.TARGET_S:.0f} s: "
+                f"{'met' if report.total_s <= coldstart.TARGET_S else 'not met'})"
+            )
             for r in report.runs:
-                print(f"  {r.host} {r.command:<6} exit {r.rc}  {r.seconds:6.1f} s  "
-                      f"{'resident' if r.resident else 'spawned'}  {r.summary}")
+                print(
+                    f"  {r.host} {r.command:<6} exit {r.rc}  {r.seconds:6.1f} s  "
+                    f"{'resident' if r.resident else 'spawned'}  {r.summary}"
+                )
             print("all doctors green" if report.green else "NOT green: see the failed runs above")
         if not report.green:
             raise typer.Exit(1)

@@ -19,53 +19,87 @@ def metadata_server(
     pool: str | None = typer.Option(
         None,
         "--pool",
+        metavar="PATH",
         help="Pool to map: /dev/daxX.Y or a file pool. Default: the manifest's dax device, or the region "
         "pool's device setup made.",
     ),
     host: str | None = host_option("This machine's host in the manifest (finds a region pool's device)."),
     bind: str | None = typer.Option(
-        None, "--bind", help="Address for the RPC TCP listener and admin HTTP (default: manifest, else 127.0.0.1)."
+        None,
+        "--bind",
+        metavar="HOST",
+        help="Address for the RPC TCP listener and admin HTTP (default: manifest, else 127.0.0.1).",
     ),
     rpc_bind: str | None = typer.Option(
-        None, "--rpc-bind", help="Address for the RPC TCP listener only (e.g. the rack address); default --bind."
+        None,
+        "--rpc-bind",
+        metavar="HOST",
+        help="Address for the RPC TCP listener only (e.g. the rack address); default --bind.",
     ),
     admin_port: int | None = typer.Option(
-        None, "--admin-port", min=0, max=65535, help="Admin HTTP port (default: manifest, 9470; 0: any free port)."
+        None,
+        "--admin-port",
+        metavar="PORT",
+        min=0,
+        max=65535,
+        help="Admin HTTP port (default: manifest, 9470; 0: any free port).",
     ),
     rpc_port: int | None = typer.Option(
-        None, "--rpc-port", min=0, max=65535, help="TCP RPC port (default: manifest, 9471; 0: any free port)."
+        None,
+        "--rpc-port",
+        metavar="PORT",
+        min=0,
+        max=65535,
+        help="TCP RPC port (default: manifest, 9471; 0: any free port).",
     ),
     no_tcp: bool = typer.Option(False, "--no-tcp", help="Serve CXL-RPC only."),
     fence_grace: float = typer.Option(
         0.0,
         "--fence-grace",
+        metavar="SECONDS",
         help="Seconds after start during which only HELLO is served. Not needed for safety: RESERVE is "
         "fenced until the previous incarnation's writers' deadlines pass (docs/dataplane.md, Fencing).",
     ),
     tcp_max_connections: int | None = typer.Option(
-        None, "--tcp-max-connections", help="TCP connections served at once (default: manifest, 256)."
+        None, "--tcp-max-connections", metavar="N", help="TCP connections served at once (default: manifest, 256)."
     ),
     tcp_idle_timeout: float | None = typer.Option(
-        None, "--tcp-idle-timeout", help="Close a TCP connection idle this many seconds (default: manifest, 300)."
+        None,
+        "--tcp-idle-timeout",
+        metavar="SECONDS",
+        help="Close a TCP connection idle this many seconds (default: manifest, 300).",
     ),
     tcp_max_buffered: str | None = typer.Option(
-        None, "--tcp-max-buffered", help="Bytes one TCP connection may buffer (default: manifest, 256KiB)."
+        None,
+        "--tcp-max-buffered",
+        metavar="SIZE",
+        help="Bytes one TCP connection may buffer (default: manifest, 256KiB).",
     ),
     tcp_accept_backoff_ms: int | None = typer.Option(
-        None, "--tcp-accept-backoff-ms", help="Pause accepting this long when out of descriptors (default: 200)."
+        None,
+        "--tcp-accept-backoff-ms",
+        metavar="MS",
+        help="Pause accepting this long when out of descriptors (default: 200).",
     ),
-    lease_ttl: float = typer.Option(10.0, "--lease-ttl", help="Read lease lifetime, seconds."),
-    reservation_ttl: float = typer.Option(30.0, "--reservation-ttl", help="Uncommitted reservation lifetime, seconds."),
-    high_watermark: float = typer.Option(0.90, "--high-watermark", help="Evict above this fraction of the KV area."),
-    low_watermark: float = typer.Option(0.80, "--low-watermark", help="...down to this fraction."),
+    lease_ttl: float = typer.Option(10.0, "--lease-ttl", metavar="SECONDS", help="Read lease lifetime, seconds."),
+    reservation_ttl: float = typer.Option(
+        30.0, "--reservation-ttl", metavar="SECONDS", help="Uncommitted reservation lifetime, seconds."
+    ),
+    high_watermark: float = typer.Option(
+        0.90, "--high-watermark", metavar="FRACTION", help="Evict above this fraction of the KV area."
+    ),
+    low_watermark: float = typer.Option(0.80, "--low-watermark", metavar="FRACTION", help="...down to this fraction."),
     zero_on_free: bool = typer.Option(False, "--zero-on-free", help="Zero freed blocks (multi-tenant pools)."),
     restart_policy: str = typer.Option(
         "start-empty",
         "--restart-policy",
+        metavar="start-empty|journal",
         help="start-empty (default) or journal: rebuild the index from the pool's journal area at start.",
     ),
     spin_after_ms: int | None = typer.Option(
-        None, "--spin-after-ms", metavar="MS",
+        None,
+        "--spin-after-ms",
+        metavar="MS",
         help="Busy-poll the CXL-RPC rings this long after a request, then poll every 0.1 ms for 50 ms "
         "and every 0.25 ms after that (default: serve.metadata.spin_after_ms, 50; 0: never busy-poll, "
         "only the 0.25 ms poll).",

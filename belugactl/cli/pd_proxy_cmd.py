@@ -16,8 +16,10 @@ def pd_proxy(
     decode: list[str] = typer.Option(
         ..., "--decode", metavar="URL", help="A consumer instance, http://HOST:PORT (repeatable)."
     ),
-    bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on (loopback unless you open it)."),
-    port: int = typer.Option(8090, "--port", min=1, max=65535, help="Port to listen on."),
+    bind: str = typer.Option(
+        "127.0.0.1", "--bind", metavar="HOST", help="Address to listen on (loopback unless you open it)."
+    ),
+    port: int = typer.Option(8090, "--port", metavar="PORT", min=1, max=65535, help="Port to listen on."),
 ) -> None:
     """Send each completion to a producer (prompt only, its KV saved to the pool), then to a consumer
     (loads the KV, decodes); the consumer's answer is the client's. Runs until SIGTERM (exit 0) or Ctrl-C (exit 130)."""

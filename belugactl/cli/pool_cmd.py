@@ -52,7 +52,9 @@ def register(app: typer.Typer) -> None:
 
     @pool.command("create-file")
     def create_file(
-        path: Path = typer.Argument(..., help="The pool file to create (sparse, the manifest's pool size)."),
+        path: Path = typer.Argument(
+            ..., metavar="PATH", help="The pool file to create (sparse, the manifest's pool size)."
+        ),
         file: Path = file_option(),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Keep an existing pool file whose header matches."),
         yes: bool = typer.Option(
@@ -64,8 +66,6 @@ def register(app: typer.Typer) -> None:
 
         The file is created new (never through a symlink) with mode 0600, or the manifest's
         pool.permissions.mode. Put it in a directory only you can write, not a shared /tmp.
-
-        Example: belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool
         """
         from belugactl.cli.load_rack import rack_context
         from belugactl.errors import UsageError
@@ -103,12 +103,17 @@ def register(app: typer.Typer) -> None:
 
     @pool.command("inspect")
     def inspect(
-        path: Path = typer.Argument(..., help="The pool: a devdax device (/dev/daxX.Y) or a pool file."),
+        path: Path = typer.Argument(
+            ..., metavar="POOL", help="The pool: a devdax device (/dev/daxX.Y) or a pool file."
+        ),
         file: Path | None = file_option(
             "The rack manifest (YAML): ring owners, and a check of the header against it.", required=False
         ),
         admin: str | None = typer.Option(
-            None, "--admin", help="The metadata server's admin URL (default: the manifest's, else 127.0.0.1:9470)."
+            None,
+            "--admin",
+            metavar="URL",
+            help="The metadata server's admin URL (default: the manifest's, else 127.0.0.1:9470).",
         ),
         as_json: bool = json_option(),
     ) -> None:
@@ -206,8 +211,13 @@ def render_inspection(console: Any, doc: dict[str, Any]) -> None:
     used = [r for r in doc["rings"] if r["used"]]
     for r in used:
         rings.add_row(
-            str(r["ring"]), r["owner"] or "-", str(r["last_seq"]), str(r["last_slot"]), r["last_state"],
-            str(r["last_epoch"]) + ("" if r["current_epoch"] else " (old)"), str(r["requests_waiting"]),
+            str(r["ring"]),
+            r["owner"] or "-",
+            str(r["last_seq"]),
+            str(r["last_slot"]),
+            r["last_state"],
+            str(r["last_epoch"]) + ("" if r["current_epoch"] else " (old)"),
+            str(r["requests_waiting"]),
         )
     if used:
         console.print(rings)

@@ -19,18 +19,25 @@ def serve(
     pool: str = typer.Option(
         None,
         "--pool",
+        metavar="PATH",
         help="Pool device or file (default: the manifest's dax device, or the region pool's device setup made; "
         "a file for development).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command line and environment; start nothing."),
     detach: bool = typer.Option(False, "--detach", help="Return once everything is ready; `status`/`stop` later."),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
-    run_dir: str = typer.Option(None, "--run-dir", help="Logs and state (default: $BELUGACTL_RUN_DIR or a state dir)."),
-    vllm: str = typer.Option(None, "--vllm", help="The vllm program (default: .venv-vllm/bin/vllm, else PATH)."),
+    run_dir: str = typer.Option(
+        None, "--run-dir", metavar="DIR", help="Logs and state (default: $BELUGACTL_RUN_DIR or a state dir)."
+    ),
+    vllm: str = typer.Option(
+        None, "--vllm", metavar="PROGRAM", help="The vllm program (default: .venv-vllm/bin/vllm, else PATH)."
+    ),
     ignore: list[str] = ignore_option("Serve despite this failed doctor check (repeat, or a comma list)."),
-    ignore_check: list[str] = hidden_alias("--ignore-check", []),
+    ignore_check: list[str] = hidden_alias("--ignore-check", default=[]),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run doctor before starting."),
-    max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts of a crashed process before giving up."),
+    max_restarts: int = typer.Option(
+        3, "--max-restarts", metavar="N", help="Restarts of a crashed process before giving up."
+    ),
     create_pool: bool = typer.Option(
         False, "--create-pool", help="Create the --pool FILE (sparse, with a header) if missing (development)."
     ),
@@ -131,9 +138,31 @@ def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
         print(f"\n# WILL NOT START: {blocker}")
 
 
+RUNNING_HELP = "The rack manifest: refuse if what runs here was started for another rack."
+
+
+def _check_rack(manifest: str | None, state: dict | None, verb: str) -> None:
+    """With -f, the serve found in the run dir must be this manifest's rack (a mix-up is exit 2)."""
+    if manifest is None or not state or not state.get("rack"):
+        return
+    from belugactl.cli.load_rack import rack_context
+    from belugactl.errors import UsageError
+
+    name = rack_context(manifest).manifest.name
+    if state["rack"] != name:
+        started = state.get("manifest")
+        raise UsageError(
+            f"{verb} -f {manifest}: the serve running here is rack {state['rack']!r}, not {name!r}",
+            why=f"its state file names rack {state['rack']!r}" + (f", started from {started}" if started else ""),
+            fix=(f"belugactl {verb} -f {started}" if started else f"pass rack {state['rack']!r}'s manifest")
+            + f", or --run-dir with the run dir of rack {name!r}'s serve",
+        )
+
+
 def status(
+    manifest: str | None = file_option(RUNNING_HELP, required=False),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
-    run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
+    run_dir: str = typer.Option(None, "--run-dir", metavar="DIR", help="The run dir serve used."),
 ) -> int:
     """What serve started: processes, health, ports, connector counters, pool usage.
 
@@ -144,6 +173,7 @@ def status(
     from belugactl.workflows.serve.control import status as read
 
     doc = read(run_dir)
+    _check_rack(manifest, doc, "status")
     if as_json:
         print_json(doc)
     elif doc["state"] == "not started":
@@ -172,8 +202,9 @@ def status(
 
 
 def stop(
+    manifest: str | None = file_option(RUNNING_HELP, required=False),
     as_json: bool = typer.Option(False, "--json", help="Machine output on stdout."),
-    run_dir: str = typer.Option(None, "--run-dir", help="The run dir serve used."),
+    run_dir: str = typer.Option(None, "--run-dir", metavar="DIR", help="The run dir serve used."),
 ) -> None:
     """Stop what serve started: vLLM instances first, then the metadata server.
 
@@ -182,8 +213,10 @@ def stop(
     ("nothing is running"); 3 when the supervisor does not stop.
     """
     from belugactl.cli.render import print_json
+    from belugactl.workflows.serve.control import default_run_dir, read_state
     from belugactl.workflows.serve.control import stop as do_stop
 
+    _check_rack(manifest, read_state(run_dir or default_run_dir()), "stop")  # before anything is signalled
     doc = do_stop(run_dir)
     if as_json:
         print_json(doc)

@@ -18,6 +18,9 @@ ROOT_HELP = (
     "Plan for a fixture tree or a captured host (directory or FILE.tar.gz from `discover --capture`) "
     "instead of this machine. Read-only: setup and teardown take it only with --dry-run."
 )
+# The topics in planning order, spelled here so --help need not import them (tests/cli/test_readme_agrees.py
+# compares this with workflows/setup/topics/).
+TOPICS = "autoonline, region, devdax, permissions, header, hugepages, thp, ddio, mtrr"
 WRITE_ROOT_HELP = "Let setup/teardown write into the --root tree (tests of the apply path on fake machines)."
 
 
@@ -180,8 +183,9 @@ def _apply_on(verb: str, host, target, topics, dry_run, yes, force, as_json) -> 
         preview = run(host, target, force=True, dry_run=True, **kwargs)
         _confirm(preview.initial, yes, verb)
     try:
-        report = run(host, target, force=force, dry_run=dry_run, progress=None if as_json else _progress(as_json),
-                     **kwargs)
+        report = run(
+            host, target, force=force, dry_run=dry_run, progress=None if as_json else _progress(as_json), **kwargs
+        )
     except SetupFailed as exc:
         if as_json:
             from belugactl.cli.render import print_json
@@ -197,10 +201,10 @@ def register(app: typer.Typer) -> None:
         file: Path = file_option(FILE_HELP),
         host: str | None = host_option(HOST_HELP),
         force: bool = typer.Option(False, "--force", help="Plan as `setup --force` would (include destructive steps)."),
-        only: str | None = topics_option("Comma-separated topics to plan."),
+        only: str | None = topics_option(f"Comma-separated topics to plan: {TOPICS}."),
         teardown: bool = typer.Option(False, "--teardown", help="Plan a teardown instead."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR|FILE.tar.gz", help=ROOT_HELP),
     ) -> None:
         """Show what setup would change on this host, step by step, with the exact commands.
 
@@ -226,18 +230,20 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow steps that destroy the pool's data."),
-        only: str | None = topics_option("Comma-separated topics: region,devdax,permissions,"
-                                         "header,hugepages,thp,ddio,mtrr."),
+        only: str | None = topics_option(f"Comma-separated topics: {TOPICS}."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR|FILE.tar.gz", help=ROOT_HELP),
         write_root: bool = typer.Option(False, "--write-root", help=WRITE_ROOT_HELP, hidden=True),
         wait_devices: float | None = typer.Option(
-            None, "--wait-devices", metavar="SECONDS",
+            None,
+            "--wait-devices",
+            metavar="SECONDS",
             help="First wait up to SECONDS for the manifest's memory devices (by serial) to appear; exit 3 "
             "naming the missing ones (the boot unit uses it: devices can appear after boot).",
         ),
     ) -> None:
-        """Make this host match the manifest: region, devdax, permissions, header, hugepages, THP, DDIO, MTRR.
+        """Make this host match the manifest: CXL auto-online policy, region, devdax, permissions, header,
+        hugepages, THP, DDIO, MTRR.
 
         Idempotent: a converged host reports "no changes". Stops at the first failure and says what was
         done and what was not; rerunning continues from there. One setup per host at a time (lock file)."""
@@ -251,7 +257,7 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destructive steps (with --force)."),
         force: bool = typer.Option(False, "--force", help="Allow destroying the namespace and region (pool data)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-        root: Path | None = typer.Option(None, "--root", metavar="DIR", help=ROOT_HELP),
+        root: Path | None = typer.Option(None, "--root", metavar="DIR|FILE.tar.gz", help=ROOT_HELP),
         write_root: bool = typer.Option(False, "--write-root", help=WRITE_ROOT_HELP, hidden=True),
     ) -> None:
         """Undo what setup made on this host (and only that), newest first.

@@ -37,7 +37,7 @@ def test_down_of_no_lab_is_a_no_op(capsys):
 
 @pytest.mark.parametrize(
     "args",
-    [["--pool-size", "100MiB"], ["--pool-size", "8GiB"], ["--hosts", "0"], ["--accel", "hvf"], ["--name", "a/b"]],
+    [["--pool-size", "100MiB"], ["--pool-size", "8GiB"], ["--count", "0"], ["--accel", "hvf"], ["--name", "a/b"]],
 )
 def test_up_rejects_bad_arguments_before_touching_anything(args, state, capsys):
     assert app_module.run(["lab", "up", *args]) == 2
