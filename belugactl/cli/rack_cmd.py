@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -36,7 +37,7 @@ def _target(
 
     from belugactl.cli.load_rack import rack_context
     from belugactl.errors import UsageError
-    from belugactl.workflows.rack.fanout import CommandTransport, SshTransport
+    from belugactl.workflows.rack.fanout import CommandTransport, LabTransport, SshTransport
     from belugactl.workflows.rack.orchestrate import RackTarget, select_hosts
 
     rack = rack_context(manifest)
@@ -54,8 +55,22 @@ def _target(
         )
         remote = shlex.split(remote_belugactl) if remote_belugactl else ["belugactl"]
     elif transport == "lab":
-        tr = CommandTransport(prefix=[sys.executable, "-m", "belugactl", "lab", "exec", "--name", lab_name,
-                                      "--timeout", str(timeout), "{host}", "--"])
+        tr = LabTransport(
+            prefix=[
+                sys.executable,
+                "-m",
+                "belugactl",
+                "lab",
+                "exec",
+                "--name",
+                lab_name,
+                "--timeout",
+                str(timeout),
+                "{host}",
+                "--",
+            ],
+            lab_name=lab_name,
+        )
         remote = shlex.split(remote_belugactl) if remote_belugactl else ["belugactl"]
     elif transport == "local":
         tr = CommandTransport(prefix=[])
@@ -76,120 +91,10 @@ def _target(
     )
 
 
-_SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "-", None: "?"}
-
-
-def _render_doctor(report: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from belugactl.cli.render import stdout_console
-    from belugactl.workflows.rack.fanout import fold
-
-    console = stdout_console()
-    hosts = report.hosts
-    table = Table(title="rack doctor: hosts x checks", show_lines=False)
-    table.add_column("check")
-    for h in hosts:
-        table.add_column(h, justify="center")
-    row = ["version.skew"] + [_SYMBOL.get(report.skew.get(h, {}).get("status"), "?") for h in hosts]
-    table.add_row(*row)
-    for check_id, cells in report.checks.items():
-        table.add_row(check_id, *[_cell(cells.get(h)) for h in hosts])
-    console.print(table)
-
-    if report.probe is not None:
-        probe = Table(title="pool probe: row reads the probe written by column")
-        probe.add_column("reader \\ writer")
-        for h in hosts:
-            probe.add_column(h, justify="center")
-        for reader in hosts:
-            row_cells = report.probe.get(reader)
-            if row_cells is None:
-                probe.add_row(reader, *["?" for _ in hosts])
-                continue
-            probe.add_row(reader, *[_SYMBOL["ok"] if row_cells.get(w, {}).get("status") == "ok" else
-                                    _SYMBOL["fail"] for w in hosts])
-        console.print(probe)
-
-    problems: dict[tuple[str, str, str], list[str]] = {}
-    for host, text in report.host_errors.items():
-        problems.setdefault(("host", text, ""), []).append(host)
-    for host, row in report.skew.items():
-        if row.get("status") != "ok":
-            problems.setdefault(("version.skew", row.get("reason") or "", row.get("fix") or ""), []).append(host)
-    for check_id, cells in report.checks.items():
-        for host, c in cells.items():
-            if c["status"] in ("fail", "warn"):
-                problems.setdefault((check_id, f"{c['status']}: {c['reason']}", c.get("fix") or ""), []).append(host)
-    for host, text in report.probe_errors.items():
-        problems.setdefault(("probe", text, ""), []).append(host)
-    if report.probe:
-        for reader, cells in report.probe.items():
-            for writer, cell in cells.items():
-                if cell["status"] != "ok":
-                    key = ("probe", f"{cell['status']} reading {writer}'s probe: {cell['detail']}",
-                           "check that this host maps the same device and namespace as the others "
-                           "(belugactl doctor; belugactl pool show)")
-                    problems.setdefault(key, []).append(reader)
-    for (what, text, fix), hs in problems.items():
-        console.print(f"[bold]{fold(hs)}[/bold] {escape(what)}: {escape(text)}")
-        if fix:
-            console.print(f"    fix: {escape(fix)}")
-    if report.timings:
-        console.print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
-    failed = report.failed_hosts
-    if failed:
-        console.print(f"\n✗ {len(failed)} of {len(hosts)} host(s) need attention: {fold(failed)}")
-    else:
-        console.print(f"\n✓ all {len(hosts)} host(s) healthy, same belugactl and manifest, pool probe all green")
-
-
-def _cell(cell: dict[str, Any] | None) -> str:
-    if cell is None:
-        return "?"
-    symbol = _SYMBOL.get(cell.get("status"), "?")
-    return symbol + ("*" if cell.get("ignored") else "")
-
-
-def _render_run(run: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from belugactl.cli.render import stdout_console
-    from belugactl.workflows.rack.fanout import fold, group_identical
-
-    console = stdout_console()
-    console.print(f"order: {' -> '.join(fold(p) for p in run.order)}")
-    if run.verb == "setup":
-        table = Table(title="rack setup: hosts x steps")
-        table.add_column("step")
-        for h in run.hosts:
-            table.add_column(h, justify="center")
-        steps: dict[str, dict[str, str]] = {}
-        for host, doc in run.documents.items():
-            report = doc.get("report", doc) if isinstance(doc, dict) else {}
-            for item in report.get("applied", []):
-                steps.setdefault(item["step"]["id"], {})[host] = "applied"
-            for item in report.get("remaining", []):
-                steps.setdefault(item["id"], {})[host] = "planned" if report.get("dry_run") else "not done"
-            if report.get("failed"):
-                steps.setdefault(report["failed"], {})[host] = "FAILED"
-            if not report.get("applied") and not report.get("remaining") and not report.get("failed"):
-                steps.setdefault("(no changes)", {})[host] = "✓"
-        for step_id, cells in steps.items():
-            table.add_row(step_id, *[cells.get(h, "") for h in run.hosts])
-        console.print(table)
-    groups = group_identical({h: r for h, r in run.results.items() if not r.ok})
-    for hosts, res in groups:
-        console.print(f"[bold]{fold(hosts)}[/bold] exit {res.returncode}: {escape(run.problems.get(hosts[0], ''))}")
-        for line in res.stderr.strip().splitlines()[-6:]:
-            console.print(f"    {escape(line)}")
-    if run.not_run:
-        console.print(f"not run (an earlier phase failed): {fold(run.not_run)}")
-    ok = [h for h in run.hosts if h not in run.failed_hosts]
-    console.print(f"{'✗' if run.failed else '✓'} {run.verb}: {len(ok)}/{len(run.hosts)} host(s) ok"
-                  + (f"; failed: {fold(run.failed_hosts)}" if run.failed else ""))
+EXIT_HELP = (
+    "Exit status: 0 when every host is ok; 1 when a host fails (a check, version skew, the pool probe, or its "
+    "command); else 3 when a host could not be reached (nothing was checked there); 2 on bad usage."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -230,10 +135,13 @@ def register(app: typer.Typer) -> None:
         def deco(fn):
             fn.__signature__ = inspect.Signature(common_params + extra)
             return fn
+
         return deco
 
     json_param = inspect.Parameter(
-        "as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+        "as_json",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=bool,
         default=typer.Option(False, "--json", help="One JSON document on stdout."),
     )
 
@@ -241,23 +149,55 @@ def register(app: typer.Typer) -> None:
         names = {p.name for p in common_params}
         return {k: v for k, v in kwargs.items() if k in names}, {k: v for k, v in kwargs.items() if k not in names}
 
-    def finish(run_or_report: Any, as_json: bool, render) -> None:
+    matrix_param = inspect.Parameter(
+        "matrix",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=bool | None,
+        default=typer.Option(
+            None,
+            "--matrix/--no-matrix",
+            help="The hosts x checks (or steps) matrix: always, or never (default: when it fits).",
+        ),
+    )
+
+    def execute(verb: str, kwargs: dict[str, Any], workflow: Callable[[Any, dict[str, Any]], Any]) -> None:
+        """Build the target, run `workflow` with progress on stderr, print the report or --json, exit."""
+        from belugactl.cli import rack_render
+        from belugactl.cli.rack_progress import progress
         from belugactl.cli.render import print_json
 
-        if as_json:
-            print_json(run_or_report.to_dict())
+        opts, rest = split(kwargs)
+        target = build(opts)
+        with progress(verb) as shown:
+            target.progress = shown
+            result = workflow(target, rest)
+        if rest["as_json"]:
+            print_json(result.to_dict())
+        elif verb == "doctor":
+            rack_render.render_doctor(result, matrix=rest.get("matrix"))
         else:
-            render(run_or_report)
-        raise typer.Exit(1 if run_or_report.failed else 0)
+            rack_render.render_run(result, matrix=rest.get("matrix"))
+        raise typer.Exit(result.summary().exit_code)
 
-    @rack.command("doctor")
-    @with_common([
-        json_param,
-        inspect.Parameter("ignore", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-                          default=ignore_option("Downgrade a check on every host (repeat, or a comma list).")),
-        inspect.Parameter("probe", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(True, "--probe/--no-probe", help="Run the cross-host pool probe.")),
-    ])
+    @rack.command("doctor", epilog=EXIT_HELP)
+    @with_common(
+        [
+            json_param,
+            matrix_param,
+            inspect.Parameter(
+                "ignore",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=list[str],
+                default=ignore_option("Downgrade a check on every host (repeat, or a comma list)."),
+            ),
+            inspect.Parameter(
+                "probe",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=bool,
+                default=typer.Option(True, "--probe/--no-probe", help="Run the cross-host pool probe."),
+            ),
+        ]
+    )
     def doctor(**kwargs: Any) -> None:
         """Doctor on every host, version skew, and the cross-host pool probe matrix.
 
@@ -266,19 +206,28 @@ def register(app: typer.Typer) -> None:
         from belugactl.cli.options import checked_ignores
         from belugactl.workflows.rack.orchestrate import rack_doctor
 
-        opts, rest = split(kwargs)
-        ignores = sorted(checked_ignores(rest["ignore"]))  # a typo fails here, not on every host
-        report = rack_doctor(build(opts), ignore=ignores, probe=rest["probe"])
-        finish(report, rest["as_json"], _render_doctor)
+        ignores = sorted(checked_ignores(kwargs["ignore"]))  # a typo fails here, not on every host
+        execute("doctor", kwargs, lambda target, rest: rack_doctor(target, ignore=ignores, probe=rest["probe"]))
 
-    @rack.command("setup")
-    @with_common([
-        json_param,
-        inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--dry-run", help="Plan on every host; change nothing.")),
-        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--force", help="Allow steps that destroy pool data.")),
-    ])
+    @rack.command("setup", epilog=EXIT_HELP)
+    @with_common(
+        [
+            json_param,
+            matrix_param,
+            inspect.Parameter(
+                "dry_run",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=bool,
+                default=typer.Option(False, "--dry-run", help="Plan on every host; change nothing."),
+            ),
+            inspect.Parameter(
+                "force",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=bool,
+                default=typer.Option(False, "--force", help="Allow steps that destroy pool data."),
+            ),
+        ]
+    )
     def setup(**kwargs: Any) -> None:
         """Setup on the first host (it writes the pool header), then on the rest in parallel.
 
@@ -286,15 +235,20 @@ def register(app: typer.Typer) -> None:
         """
         from belugactl.workflows.rack.orchestrate import rack_setup
 
-        opts, rest = split(kwargs)
-        finish(rack_setup(build(opts), dry_run=rest["dry_run"], force=rest["force"]), rest["as_json"], _render_run)
+        execute("setup", kwargs, lambda target, rest: rack_setup(target, dry_run=rest["dry_run"], force=rest["force"]))
 
-    @rack.command("serve")
-    @with_common([
-        json_param,
-        inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--dry-run", help="Print every host's command lines.")),
-    ])
+    @rack.command("serve", epilog=EXIT_HELP)
+    @with_common(
+        [
+            json_param,
+            inspect.Parameter(
+                "dry_run",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=bool,
+                default=typer.Option(False, "--dry-run", help="Print every host's command lines."),
+            ),
+        ]
+    )
     def serve(**kwargs: Any) -> None:
         """Serve (detached) on the metadata server's host first, then on every other host.
 
@@ -302,26 +256,23 @@ def register(app: typer.Typer) -> None:
         """
         from belugactl.workflows.rack.orchestrate import rack_serve
 
-        opts, rest = split(kwargs)
-        finish(rack_serve(build(opts), dry_run=rest["dry_run"]), rest["as_json"], _render_run)
+        execute("serve", kwargs, lambda target, rest: rack_serve(target, dry_run=rest["dry_run"]))
 
-    @rack.command("status")
+    @rack.command("status", epilog=EXIT_HELP)
     @with_common([json_param])
     def status(**kwargs: Any) -> None:
         """What serve runs on every host. Example: belugactl rack status -f rack.yaml"""
         from belugactl.workflows.rack.orchestrate import rack_status
 
-        opts, rest = split(kwargs)
-        finish(rack_status(build(opts)), rest["as_json"], _render_run)
+        execute("status", kwargs, lambda target, rest: rack_status(target))
 
-    @rack.command("stop")
+    @rack.command("stop", epilog=EXIT_HELP)
     @with_common([json_param])
     def stop(**kwargs: Any) -> None:
         """Stop serving everywhere; the metadata server's host last. Example: belugactl rack stop -f rack.yaml"""
         from belugactl.workflows.rack.orchestrate import rack_stop
 
-        opts, rest = split(kwargs)
-        finish(rack_stop(build(opts)), rest["as_json"], _render_run)
+        execute("stop", kwargs, lambda target, rest: rack_stop(target))
 
     agent = typer.Typer(help="What `rack` runs on each host (facts and the pool probe).", hidden=True)
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from belugactl.errors import UsageError
-from belugactl.workflows.rack.fanout import NodeResult, Transport, fan_out
+from belugactl.workflows.rack.fanout import NodeResult, NoProgress, Progress, Transport, fan_out
+from belugactl.workflows.rack.reach import Unreachable, explain
+from belugactl.workflows.rack.summary import RackSummary, doctor_summary, run_summary
 
 if TYPE_CHECKING:
     from belugactl.workflows.rack_context import RackContext
@@ -35,6 +37,7 @@ class RackTarget:
     fanout: int = 16
     timeout_s: float = 600.0
     pool: str | None = None  # --pool, passed on to every host (each decides its own device otherwise)
+    progress: Progress = field(default_factory=NoProgress)
 
     @property
     def manifest_path(self) -> str:
@@ -51,8 +54,22 @@ class RackTarget:
     def cmd(self, *args: str) -> list[str]:
         return [*self.remote_belugactl, *args]
 
-    def run(self, hosts: Sequence[str], argv_for: Callable[[str], list[str]]) -> dict[str, NodeResult]:
-        return fan_out(list(hosts), argv_for, self.transport, fanout=self.fanout, timeout_s=self.timeout_s)
+    def run(self, hosts: Sequence[str], argv_for: Callable[[str], list[str]], *, phase: str) -> dict[str, NodeResult]:
+        """`argv_for(host)` on every host; `phase` names this fan-out in the progress."""
+        if not hosts:
+            return {}
+        self.progress.phase(phase, hosts)
+        return fan_out(
+            list(hosts),
+            argv_for,
+            self.transport,
+            fanout=self.fanout,
+            timeout_s=self.timeout_s,
+            on_result=lambda result: self.progress.answered(phase, result),
+        )
+
+    def unreachable(self, results: dict[str, NodeResult]) -> dict[str, Unreachable]:
+        return {h: explain(r, self.transport) for h, r in results.items() if r.unreachable}
 
     @property
     def metadata_host(self) -> str | None:
@@ -124,6 +141,7 @@ class RackDoctorReport:
     probe_errors: dict[str, str]
     local: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: info, doctor, probe
+    unreachable: dict[str, Unreachable] = field(default_factory=dict)  # never reached: nothing checked
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -166,8 +184,12 @@ class RackDoctorReport:
     def failed(self) -> bool:
         return bool(self.failed_hosts)
 
+    def summary(self) -> RackSummary:
+        return doctor_summary(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "summary": self.summary().to_dict(),
             "hosts": self.hosts,
             "failed": self.failed,
             "failed_hosts": self.failed_hosts,
@@ -187,6 +209,9 @@ def _skew(target: RackTarget, infos: dict[str, NodeResult]) -> tuple[dict[str, d
     rows: dict[str, dict[str, Any]] = {}
     for host, res in infos.items():
         doc, problem = parse_json(res)
+        if res.unreachable:
+            rows[host] = {"status": "unreachable", "reason": problem, "fix": None}
+            continue
         if doc is None:
             rows[host] = {"status": "fail", "reason": problem, "fix": "make belugactl and the manifest reachable"}
             continue
@@ -202,8 +227,7 @@ def _skew(target: RackTarget, infos: dict[str, NodeResult]) -> tuple[dict[str, d
             "status": "fail" if diffs else "ok",
             "reason": "; ".join(diffs) if diffs else "same belugactl and manifest",
             "fix": (
-                f"install belugactl {local['belugactl_version']} and copy this manifest to "
-                f"{target.rmanifest} on {host}"
+                f"install belugactl {local['belugactl_version']} and copy this manifest to {target.rmanifest} on {host}"
             )
             if diffs
             else None,
@@ -217,17 +241,23 @@ def rack_doctor(
     hosts = target.hosts
     timings: dict[str, float] = {}
     clock = time.monotonic()
-    infos = target.run(hosts, lambda h: target.cmd("rack", "agent", "info", "-f", target.rmanifest, "--host", h))
+    infos = target.run(
+        hosts, lambda h: target.cmd("rack", "agent", "info", "-f", target.rmanifest, "--host", h), phase="info"
+    )
     timings["info"] = time.monotonic() - clock
     skew, local = _skew(target, infos)
+    unreachable = target.unreachable(infos)
     host_errors = {h: p for h, r in infos.items() if (p := host_problem(r)) and (r.unreachable or r.timed_out)}
     ignore_args = [a for name in ignore for a in ("--ignore", name)]
     live = [h for h in hosts if h not in host_errors] if checks else []
     clock = time.monotonic()
     doctors = target.run(
-        live, lambda h: target.cmd("doctor", "-f", target.rmanifest, "--host", h, "--json", *ignore_args)
+        live,
+        lambda h: target.cmd("doctor", "-f", target.rmanifest, "--host", h, "--json", *ignore_args),
+        phase="doctor",
     )
     timings["doctor"] = time.monotonic() - clock
+    unreachable |= target.unreachable(doctors)
     cells: dict[str, dict[str, CheckCell]] = {}
     titles: dict[str, str] = {}
     for host, res in doctors.items():
@@ -251,6 +281,7 @@ def rack_doctor(
         timings["probe"] = time.monotonic() - clock
     report = RackDoctorReport(hosts, skew, cells, titles, host_errors, matrix, probe_errors, local)
     report.timings = {k: round(v, 3) for k, v in timings.items()}
+    report.unreachable = unreachable
     return report
 
 
@@ -259,19 +290,24 @@ def run_probe(target: RackTarget, hosts: list[str]) -> tuple[dict[str, dict[str,
     pool_args = ["--pool", target.pool] if target.pool else []
     common = ["-f", target.rmanifest, "--nonce", str(nonce), *pool_args, "--json"]
     errors: dict[str, str] = {}
-    writes = target.run(hosts, lambda h: target.cmd("rack", "agent", "probe-write", "--host", h, *common))
+    writes = target.run(
+        hosts, lambda h: target.cmd("rack", "agent", "probe-write", "--host", h, *common), phase="probe-write"
+    )
     for host, res in writes.items():
         problem = host_problem(res)
         if problem:
             errors[host] = f"probe write failed: {problem}"
-    reads = target.run(hosts, lambda h: target.cmd("rack", "agent", "probe-read", "--host", h, *common))
+    reads = target.run(
+        hosts, lambda h: target.cmd("rack", "agent", "probe-read", "--host", h, *common), phase="probe-read"
+    )
     matrix: dict[str, dict[str, dict[str, Any]]] = {}
     for host, res in reads.items():
         doc, problem = parse_json(res)
         if doc is None or "seen" not in doc:
             errors.setdefault(host, f"probe read failed: {problem}")
             continue
-        matrix[host] = {w: doc["seen"][w] for w in target.hosts if w in doc["seen"]}
+        # only the hosts asked to write: one never reached wrote nothing, and that is not the reader's fault
+        matrix[host] = {w: doc["seen"][w] for w in hosts if w in doc["seen"]}
     return matrix, errors
 
 
@@ -287,6 +323,7 @@ class RackRun:
     documents: dict[str, Any]
     problems: dict[str, str]
     not_run: list[str]
+    unreachable: dict[str, Unreachable] = field(default_factory=dict)
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -297,8 +334,12 @@ class RackRun:
     def failed(self) -> bool:
         return bool(self.failed_hosts)
 
+    def summary(self) -> RackSummary:
+        return run_summary(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "summary": self.summary().to_dict(),
             "verb": self.verb,
             "hosts": self.hosts,
             "order": self.order,
@@ -318,31 +359,40 @@ class RackRun:
         }
 
 
-def _phased(target: RackTarget, verb: str, phases: list[list[str]], argv_for: Callable[[str], list[str]],
-            *, stop_on_failure: bool) -> RackRun:
+def _phased(
+    target: RackTarget,
+    verb: str,
+    phases: list[list[str]],
+    argv_for: Callable[[str], list[str]],
+    *,
+    stop_on_failure: bool,
+) -> RackRun:
     results: dict[str, NodeResult] = {}
     docs: dict[str, Any] = {}
     problems: dict[str, str] = {}
     not_run: list[str] = []
-    for i, phase in enumerate(p for p in phases if p):
+    phases = [p for p in phases if p]
+    for i, phase in enumerate(phases):
         if stop_on_failure and any(not r.ok for r in results.values()):
             not_run.extend(h for p in phases[i:] for h in p)
             break
-        for host, res in target.run(phase, argv_for).items():
+        for host, res in target.run(phase, argv_for, phase=verb).items():
             results[host] = res
             doc, problem = parse_json(res)
             if doc is not None:
                 docs[host] = doc
             if problem or not res.ok:
                 problems[host] = problem or f"exit {res.returncode}"
-    return RackRun(verb, target.hosts, [p for p in phases if p], results, docs, problems, not_run)
+    return RackRun(verb, target.hosts, phases, results, docs, problems, not_run, target.unreachable(results))
 
 
 def rack_setup(target: RackTarget, *, dry_run: bool, force: bool) -> RackRun:
     flags = ["--json", "--yes"] + (["--dry-run"] if dry_run else []) + (["--force"] if force else [])
     first, rest = target.hosts[:1], target.hosts[1:]
     return _phased(
-        target, "setup", [first, rest],
+        target,
+        "setup",
+        [first, rest],
         lambda h: target.cmd("setup", "-f", target.rmanifest, "--host", h, *flags),
         stop_on_failure=not dry_run,
     )
@@ -360,7 +410,9 @@ def rack_serve(target: RackTarget, *, dry_run: bool, extra: Sequence[str] = ()) 
     if target.pool:
         flags += ["--pool", target.pool]
     return _phased(
-        target, "serve", _metadata_first(target),
+        target,
+        "serve",
+        _metadata_first(target),
         lambda h: target.cmd("serve", "-f", target.rmanifest, "--host", h, *flags),
         stop_on_failure=not dry_run,
     )
