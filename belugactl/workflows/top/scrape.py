@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 # A /metrics answer larger than this is not one of ours (vLLM's is ~100 KiB): stop reading.
 MAX_BODY = 16 * 1024 * 1024
 MAX_PARALLEL = 32  # 16 hosts x (instances + router) + the metadata server, in one wave
+# Straight to the endpoint, as Prometheus goes: an http_proxy meant for the internet must not answer
+# for the rack's own listeners.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def fetch(target: Target, timeout_s: float) -> Scrape:
     """GET http://<target>/metrics; never raises: a failure is a Scrape with its reason."""
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(f"http://{target.address}/metrics", timeout=timeout_s) as resp:  # noqa: S310 - the manifest's own endpoints
+        with _OPENER.open(f"http://{target.address}/metrics", timeout=timeout_s) as resp:
             body = resp.read(MAX_BODY + 1)
         if len(body) > MAX_BODY:
             return Scrape(target, None, f"answer larger than {MAX_BODY // (1024 * 1024)} MiB", _since(start))

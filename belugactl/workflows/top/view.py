@@ -96,6 +96,15 @@ def wrap_pieces(pieces: list[str], width: int, *, first: int = 0, indent: int = 
     return lines
 
 
+def wrap_words(text: str, width: int, *, indent: int) -> list[str]:
+    """Prose wrapped at `width`, continuation lines indented; words are never split."""
+    import textwrap
+
+    return textwrap.wrap(
+        text, width=width, subsequent_indent=" " * indent, break_long_words=False, break_on_hyphens=False
+    ) or [""]
+
+
 def fit(line: Line, width: int, *, indent: int = 10) -> list[Line]:
     """A styled line wrapped between its segments (each stays whole) onto lines of at most `width`;
     a continuation starts at `indent`, without the segment's leading separator."""
@@ -248,7 +257,8 @@ def render_lines(
     lines += metadata_lines(snap.metadata, width)
     lines += router_lines(snap.routers, width)
     lines += fit(hosts_line(snap), width, indent=6)
-    lines += [_styled(f"note: {n}", "yellow") for n in snap.notes]
+    for note in snap.notes:
+        lines += [_styled(line, "yellow") for line in wrap_words(f"note: {note}", width, indent=6)]
     lines.append(_styled(""))
     rows = visible(snap.instances, state)
     table = table_lines(rows, width)
@@ -261,7 +271,11 @@ def render_lines(
         else:
             footer.append(_styled(KEYS_HELP, "dim"))
     if height is not None:
-        room = max(height - len(lines) - len(footer), 2)
+        room = height - len(lines) - len(footer)
+        if room < 2:  # a screen too short for the header: keep the footer (the filter being typed)
+            keep = max(height - len(footer) - 1, 0)
+            hidden = len(lines) + len(table) - keep
+            return [*lines[:keep], _styled(f"... {hidden} lines hidden (a taller screen shows them)", "dim"), *footer]
         if len(table) > room:
             hidden = len(table) - (room - 1)
             table = [*table[: room - 1], _styled(f"... {hidden} more (filter with /)", "dim")]
