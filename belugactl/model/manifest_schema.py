@@ -528,6 +528,10 @@ class MetadataServe(Strict):
     # serving) it slows the forward pass it waits beside, so such a host sets 0: no busy-poll and
     # no 0.1 ms looks, only a look every 0.25 ms.
     spin_after_ms: Int = 50
+    # Zero a block's bytes when it is freed, so space handed to a new key never still holds another
+    # instance's KV data. None (unset): on when more than one vLLM instance shares the pool
+    # (Manifest.zero_on_free); true/false: as written.
+    zero_on_free: bool | None = None
 
     @field_validator("spin_after_ms")
     @classmethod
@@ -755,6 +759,14 @@ class Manifest(Strict):
         if host.instances is not None:
             return host.instances
         return self.serve.vllm.instances_per_host if self.serve is not None else 1
+
+    def zero_on_free(self) -> bool:
+        """Whether the metadata server zeroes freed blocks: the manifest's serve.metadata.zero_on_free,
+        else on when the rack runs more than one vLLM instance (they share one pool)."""
+        written = self.serve.metadata.zero_on_free if self.serve is not None else None
+        if written is not None:
+            return written
+        return sum(self.instances_on(h) for h in self.hosts) > 1
 
     def metadata_transport_on(self, host: Host) -> Literal["cxl", "tcp"]:
         """How this host's vLLM processes reach the metadata server: its own setting, else the rack's."""

@@ -263,6 +263,7 @@ def build_serve_plan(
             meta.admin_bind,
             "--rpc-bind",
             meta.rpc_bind,
+            *(("--zero-on-free",) if manifest.zero_on_free() else ()),
         )
         plan.processes.append(
             ProcessSpec(
