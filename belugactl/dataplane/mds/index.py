@@ -18,6 +18,13 @@ Namespaces are bounded (`max_namespaces`): at the cap, namespaces with no entry 
 reservation that have been idle for `namespace_idle_s` are dropped; if none can be, opening a new
 one is refused with NS_LIMIT. Ids are never reused, so a client holding a dropped id gets
 UNKNOWN_NS (or a miss), never another namespace's blocks.
+
+No request costs more than its own keys: each namespace keeps its keys (so clearing one never walks
+the index), the reserved bytes are a running sum (STATS is O(1)), and a clear detaches the
+namespace's keys at once (invisible to every lookup) and frees their blocks in steps of
+CLEAR_STEP between the server's loop turns (`clear_step`). Per-owner caps (mds/quotas.py) bound the
+leases, reserved bytes and namespaces one ring or connection holds; the listener names the owner
+of the request it serves with `begin_request`.
 """
 
 from __future__ import annotations
@@ -32,9 +39,14 @@ from typing import Any
 
 from belugactl.dataplane.mds.allocator import Allocation, Allocator
 from belugactl.dataplane.mds.ownership import new_token
+from belugactl.dataplane.mds.quotas import QuotaLimits, Quotas
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
+
+# Cleared entries whose blocks are freed per step (server loop turn): a clear of a large
+# namespace never holds the loop (and the CXL rings) for longer than this many frees.
+CLEAR_STEP = 512
 
 
 class IndexError_(Exception):
@@ -167,20 +179,53 @@ class KVIndex:
         self.counters = Counters()
         # What was removed, for clients that follow evictions (vLLM schedulers publishing BlockRemoved).
         self.removals = RemovalLog(self.config.removal_log_size)
+        # Per-owner caps; `owner` is the ring or connection whose request is being served.
+        self.quotas = Quotas(QuotaLimits.defaults(allocator.capacity, self.config.max_namespaces))
+        self.owner = 0
+        self._lease_owner: dict[int, int] = {}  # live lease id -> owner (Python-granted leases)
+        self._ns_owner: dict[int, int] = {}  # namespace id -> the owner that created it
+        # Within one request (begin_request .. end_request): key -> the lease it got, so a
+        # GET_MANY naming one key many times holds one lease for it, not one per repeat.
+        self._memo: dict[Key, int] | None = None
+        self._memo_reused: dict[int, int] = {}
+        self._ns_keys: dict[int, dict[bytes, Entry]] = {}  # namespace id -> its committed entries
+        self._doomed: dict[Key, Entry] = {}  # cleared (invisible) entries whose removal is pending
+        self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
+
+    # --- the request being served -------------------------------------------------------------
+    def begin_request(self, owner: int) -> None:
+        self.owner = owner
+        self._memo = {}
+
+    def end_request(self) -> None:
+        self._memo = None
+        if self._memo_reused:
+            self._memo_reused.clear()
 
     # --- namespaces ---------------------------------------------------------------------------
     def open_namespace(self, name: str) -> int:
         ns = self.namespaces.get(name)
         if ns is None:
-            if len(self.namespaces) >= self.config.max_namespaces:
+            quota = self.quotas.of(self.owner)
+            full = len(self.namespaces) >= self.config.max_namespaces
+            if full or quota.namespaces >= quota.limits.namespaces:
                 self._drop_idle_namespaces()
-                if len(self.namespaces) >= self.config.max_namespaces:
-                    self.counters.namespaces_refused += 1
-                    raise IndexError_(
-                        "NS_LIMIT",
-                        f"{len(self.namespaces)} namespaces are open (max_namespaces) and none is idle and empty",
-                    )
-            return self._new_namespace(name)
+            if len(self.namespaces) >= self.config.max_namespaces:
+                self.counters.namespaces_refused += 1
+                raise IndexError_(
+                    "NS_LIMIT",
+                    f"{len(self.namespaces)} namespaces are open (max_namespaces) and none is idle and empty",
+                )
+            if quota.namespaces >= quota.limits.namespaces:
+                self.counters.namespaces_refused += 1
+                self.quotas.refused.namespaces += 1
+                raise IndexError_(
+                    "NS_LIMIT", f"this client created {quota.namespaces} namespaces (its quota); it may open no more"
+                )
+            ns = self._new_namespace(name)
+            quota.namespaces += 1
+            self._ns_owner[ns] = self.owner
+            return ns
         if ns in self._ns_empty:  # opened again: idle from now
             del self._ns_empty[ns]
             self._ns_empty[ns] = self.clock()
@@ -193,6 +238,7 @@ class KVIndex:
         self.ns_names[ns] = name
         self._ns_live[ns] = 0
         self._ns_empty[ns] = self.clock()
+        self._ns_keys[ns] = {}
         return ns
 
     def _drop_idle_namespaces(self) -> None:
@@ -204,6 +250,10 @@ class KVIndex:
             doomed.append(ns)
         for ns in doomed:
             del self._ns_empty[ns], self._ns_live[ns], self.namespaces[self.ns_names.pop(ns)]
+            self._ns_keys.pop(ns, None)
+            creator = self._ns_owner.pop(ns, None)
+            if creator is not None:
+                self.quotas.of(creator).namespaces -= 1
         self.counters.namespaces_dropped += len(doomed)
 
     def _ns_add(self, ns: int) -> None:
@@ -234,22 +284,41 @@ class KVIndex:
             if e is None:
                 break
             found.append(e)
-        if not found:
+        lease = self._grant(found) if found else 0
+        if not lease:
             self.counters.misses += 1
             return 0, 0
         self.counters.hits += 1
-        return len(found), self._grant(found)
+        return len(found), lease
 
     def get(self, ns: int, key: bytes) -> tuple[Entry, int] | None:
         self._check_ns(ns)
-        e = self.entries.get((ns, key))
-        if e is None:
+        k = (ns, key)
+        e = self.entries.get(k)
+        memo = self._memo
+        if memo is not None and e is not None:
+            lease = memo.get(k, 0)
+            if lease in self.leases:  # named again in this request: the lease it already got
+                self._memo_reused[lease] = self._memo_reused.get(lease, 0) + 1
+                self.counters.hits += 1
+                return e, lease
+        lease = self._grant([e]) if e is not None else 0
+        if not lease:
             self.counters.misses += 1
             return None
+        if memo is not None:
+            memo[k] = lease
         self.counters.hits += 1
-        return e, self._grant([e])
+        return e, lease
 
     def _grant(self, found: list[Entry]) -> int:
+        """A lease on `found` for the current owner; 0 (a miss) when it holds its quota of leases."""
+        owner = self.owner
+        quota = self.quotas.of(owner)
+        if quota.live_leases >= quota.limits.live_leases:
+            self.quotas.refused.leases += 1
+            return 0
+        quota.live_leases += 1
         lru = self.lru
         leased = 0
         for e in found:
@@ -261,8 +330,14 @@ class KVIndex:
         self.next_lease = lease + 1
         deadline = self.clock() + self.config.lease_ttl_s
         self.leases[lease] = found
+        self._lease_owner[lease] = owner
         self._lease_q.append((deadline, lease))
         return lease
+
+    def _lease_ended(self, lease: int) -> None:
+        owner = self._lease_owner.pop(lease, None)
+        if owner is not None:
+            self.quotas.of(owner).live_leases -= 1
 
     def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
         """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
@@ -274,6 +349,7 @@ class KVIndex:
             e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
             self.entries[k] = e
             self.lru[k] = e
+            self._ns_keys[k[0]][k[1]] = e
             self.by_id[e.id] = e
             if self.mirror is not None:
                 self._mirror_put(self.mirror, k[0], k[1], e.id, self._mirror_reply(e))
@@ -336,9 +412,14 @@ class KVIndex:
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
+        reused = self._memo_reused
         for lid in lease_ids:
+            if reused and reused.get(lid):
+                reused[lid] -= 1  # another answer of this request still holds it
+                continue
             lease = self.leases.pop(lid, None)
             if lease is not None:
+                self._lease_ended(lid)
                 self._drop_lease(lease)
                 released += 1
                 continue
@@ -369,6 +450,10 @@ class KVIndex:
         k = (ns, key)
         if k in self.entries:
             raise IndexError_("EXISTS", "the key is committed already")
+        if self._doomed:
+            old = self._doomed.pop(k, None)
+            if old is not None:  # cleared, not yet removed: finish that first (journal order)
+                self._finish_removal(old, WHY_CLEARED)
         token = self.pending_keys.get(k)
         if token is not None:
             if self.pending[token].deadline > self.clock():
@@ -377,6 +462,13 @@ class KVIndex:
         if not self.alloc.can_ever_fit(nbytes):
             self.counters.pool_full += 1
             raise IndexError_("POOL_FULL", f"{nbytes} bytes exceed the whole shared KV area")
+        quota = self.quotas.of(owner)
+        if quota.reserved_bytes and quota.reserved_bytes + nbytes > quota.limits.reserved_bytes:
+            # Before any eviction: a client over its share evicts nobody's blocks. (One
+            # reservation is always allowed, however large: a block bigger than the share.)
+            self.counters.pool_full += 1
+            self.quotas.refused.reserved_bytes += 1
+            raise IndexError_("POOL_FULL", f"this client holds {quota.reserved_bytes} reserved bytes (its quota)")
         a = self.alloc.alloc(nbytes) or self._evict_for(nbytes)
         if a is None:
             self.counters.pool_full += 1
@@ -386,8 +478,14 @@ class KVIndex:
         self.pending[token] = Pending(k, a, deadline, owner)
         self._pending_q.append((deadline, token))
         self.pending_keys[k] = token
+        quota.reserved_bytes += nbytes
+        self.reserved_footprint += a.footprint
         self._ns_add(ns)
         return token, a
+
+    def _unreserve(self, p: Pending) -> None:
+        self.quotas.of(p.owner).reserved_bytes -= p.alloc.nbytes
+        self.reserved_footprint -= p.alloc.footprint
 
     def _take_pending(self, token: int, owner: int | None) -> Pending:
         """The reservation `token` names, if `owner` (None: the server itself) may finish it."""
@@ -399,6 +497,7 @@ class KVIndex:
             raise IndexError_("NOT_OWNER", f"reservation {token} belongs to another ring or connection")
         del self.pending[token]
         del self.pending_keys[p.key]
+        self._unreserve(p)
         return p
 
     def commit(self, token: int, owner: int | None = None, checksum: int | None = None) -> None:
@@ -408,6 +507,7 @@ class KVIndex:
             self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
         self.lru[p.key] = e
+        self._ns_keys[p.key[0]][p.key[1]] = e
         self.by_id[e.id] = e
         if self.mirror is not None and not self._mirror_put(
             self.mirror, p.key[0], p.key[1], e.id, self._mirror_reply(e)
@@ -435,21 +535,54 @@ class KVIndex:
         return True
 
     def clear_namespace(self, ns: int) -> int:
+        """Detach every entry of `ns` at once (no lookup finds them from now on); their removal
+        (journal, removal log, freeing) follows in `clear_step`s. Returns how many were cleared."""
         self._check_ns(ns)
-        doomed = [e for k, e in self.entries.items() if k[0] == ns]
-        for e in doomed:
-            self._remove(e, WHY_CLEARED)
-        return len(doomed)
+        keys = self._ns_keys[ns]
+        if not keys:
+            return 0
+        self._ns_keys[ns] = {}
+        entries, lru, doomed = self.entries, self.lru, self._doomed
+        mirror = self.mirror
+        for key, e in keys.items():
+            k = (ns, key)
+            del entries[k]
+            lru.pop(k, None)
+            if mirror is not None:
+                self._mirror_del(mirror, ns, key)
+            doomed[k] = e
+        if len(keys) <= CLEAR_STEP:
+            self.clear_step(len(keys))
+        return len(keys)
+
+    @property
+    def clearing(self) -> int:
+        """Cleared entries whose removal is still pending."""
+        return len(self._doomed)
+
+    def clear_step(self, budget: int = CLEAR_STEP) -> int:
+        """Finish the removal of at most `budget` cleared entries; how many were finished."""
+        doomed = self._doomed
+        n = min(budget, len(doomed))
+        for _ in range(n):
+            _k, e = doomed.popitem()
+            self._finish_removal(e, WHY_CLEARED)
+        return n
 
     def _remove(self, e: Entry, why: int) -> None:
+        del self.entries[e.key]
+        self.lru.pop(e.key, None)
+        self._ns_keys[e.key[0]].pop(e.key[1], None)
+        if self.mirror is not None:
+            self._mirror_del(self.mirror, e.key[0], e.key[1])
+        self._finish_removal(e, why)
+
+    def _finish_removal(self, e: Entry, why: int) -> None:
+        """What follows an entry's leaving the lookups: journal, removal log, its blocks."""
         if self.journal is not None:
             self.journal.removed(e)
         self.removals.record(e.key[0], e.key[1], why)
-        del self.entries[e.key]
-        self.lru.pop(e.key, None)
         self._ns_sub(e.key[0])
-        if self.mirror is not None:
-            self._mirror_del(self.mirror, e.key[0], e.key[1])
         if e.leases:
             e.dead = True  # stays in by_id: lease bursts name it by id until they end
         else:
@@ -520,6 +653,7 @@ class KVIndex:
             _, lid = lq.popleft()
             lease = self.leases.pop(lid, None)
             if lease is not None:
+                self._lease_ended(lid)
                 self._drop_lease(lease)
                 self.counters.leases_expired += 1
         bursts = self._bursts
@@ -540,17 +674,19 @@ class KVIndex:
             del bursts[: self._burst_head]
             del self._burst_first[: self._burst_head]
             self._burst_head = 0
+        self.quotas.prune()
 
     def _reclaim(self, token: int) -> None:
         p = self.pending.pop(token)
         del self.pending_keys[p.key]
+        self._unreserve(p)
         self.counters.reservations_reclaimed += 1
         self._ns_sub(p.key[0])
         self._free(p.alloc)
 
     def stats(self) -> dict[str, object]:
         a = self.alloc.stats()
-        reserved = sum(p.alloc.footprint for p in self.pending.values())
+        reserved = self.reserved_footprint  # a running sum: STATS never walks the reservations
         return {
             "entries": len(self.entries),
             "namespaces": len(self.namespaces),
@@ -562,7 +698,8 @@ class KVIndex:
             "leases": len(self.leases) + self.burst_leases,
             "removals_head": self.removals.head,
             "removals_kept": len(self.removals),
+            "clearing": len(self._doomed),
+            "quotas": self.quotas.stats(),
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }
-

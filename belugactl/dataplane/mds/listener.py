@@ -71,6 +71,15 @@ class Listener(ABC):
         """Has clients that would like the spinning listener to yield more often."""
         return False
 
+    @property
+    def backlog(self) -> bool:
+        """Requests already read wait for another turn (a client over its per-turn budget)."""
+        return False
+
+    def serve_backlog(self) -> None:
+        """Give one more turn to what waits (called between turns of the server loop)."""
+        return None
+
     def housekeeping(self, now: float) -> None:
         """A few times a second, from the server loop."""
         return None

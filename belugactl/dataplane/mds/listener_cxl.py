@@ -187,7 +187,12 @@ class RingListener(Listener):
             code, rep = service.error(Code.BAD_LENGTH)
             self.bad_slots += 1
         else:
-            code, rep = service.handle(op, epoch, payload, self.max_payload, ring)
+            index = self.server.index
+            index.begin_request(ring)
+            try:
+                code, rep = service.handle(op, epoch, payload, self.max_payload, ring)
+            finally:
+                index.end_request()
         slots.reply(buf, off, seq, service.epoch32, op & 0xFFFF, code, rep, self.flush)
         lat = service.latency_by_op
         if op < len(lat):

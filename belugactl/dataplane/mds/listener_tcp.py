@@ -11,6 +11,15 @@ the manifest's `serve.metadata` and a `metadata-server` flag:
 - `accept_backoff_s`: when accept() fails for lack of descriptors or memory (EMFILE, ENFILE,
   ENOBUFS, ENOMEM) the listening socket leaves the selector for this long instead of spinning.
 The owner of a request (token and lease ownership) is a number given to its connection.
+
+No client can hold the loop: one turn serves a connection at most `frames_per_turn` frames or
+`bytes_per_turn` bytes of requests. What is left waits in its buffer (the socket is not read
+meanwhile, so the buffer stays bounded) and is served on the next turn, after the CXL rings and
+every other ready connection had theirs (`serve_backlog`). At the connection cap, a new client
+takes the place of a connection that has done no work (anything but PING and HELLO) for
+`evict_idle_after_s`: one that never worked first, the newest of those first (a flood's latest
+arrivals go before a client that held its place). Idle and ping-only connections cannot lock
+others out; connections that work keep their places.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane.mds.listener import Listener, register_listener
 from belugactl.dataplane.mds.ownership import TcpOwners
-from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD, Code
+from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD, Code, Op
 from belugactl.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -42,14 +51,23 @@ class TcpLimits:
     idle_timeout_s: float = 300.0
     max_buffered: int = 256 << 10
     accept_backoff_s: float = 0.2
+    frames_per_turn: int = 32
+    bytes_per_turn: int = 64 << 10
+
+    @property
+    def evict_idle_after_s(self) -> float:
+        return min(1.0, self.idle_timeout_s)
 
     @property
     def max_payload(self) -> int:
         return max(0, min(TCP_MAX_PAYLOAD, self.max_buffered - 4 - HEADER_SIZE))
 
 
+_NOT_WORK = frozenset((int(Op.PING), int(Op.HELLO)))
+
+
 class _Conn:
-    __slots__ = ("sock", "rx", "tx", "owner", "last_active")
+    __slots__ = ("sock", "rx", "tx", "owner", "last_active", "last_work", "worked", "since", "events", "backlogged")
 
     def __init__(self, sock: socket.socket, owner: int, now: float) -> None:
         self.sock = sock
@@ -57,6 +75,11 @@ class _Conn:
         self.tx = bytearray()  # replies the client has not taken yet
         self.owner = owner
         self.last_active = now
+        self.last_work = now  # the last request other than PING/HELLO (who gives way at the cap)
+        self.worked = False
+        self.since = now
+        self.events = 0  # what the selector watches for it
+        self.backlogged = False  # complete frames wait for the next turn
 
 
 @register_listener
@@ -78,6 +101,9 @@ class TcpListener(Listener):
         self.closed_oversize = 0
         self.accept_errors = 0
         self.accept_backoffs = 0
+        self.evicted_idle = 0
+        self.turns_deferred = 0  # turns that ended with frames left for the next one
+        self._backlog: dict[int, _Conn] = {}
 
     @classmethod
     def from_config(cls, server: MetadataServer) -> list[Listener]:
@@ -102,6 +128,22 @@ class TcpListener(Listener):
     def busy(self) -> bool:
         return bool(self.conns)
 
+    @property
+    def backlog(self) -> bool:
+        """Connections with frames waiting for a turn (and room to queue their replies)."""
+        cap = self.limits.max_buffered
+        return any(len(c.tx) <= cap for c in self._backlog.values())
+
+    def serve_backlog(self) -> None:
+        """One more turn for each connection that had frames left after its last one."""
+        cap = self.limits.max_buffered
+        for conn in list(self._backlog.values()):
+            if len(conn.tx) > cap:
+                continue  # its replies wait for the client to read them first
+            del self._backlog[id(conn)]
+            conn.backlogged = False
+            self._turn(conn)
+
     # --- accept -------------------------------------------------------------------------------
     def _on_listen(self, _events: int) -> None:
         assert self.sock is not None
@@ -114,15 +156,42 @@ class TcpListener(Listener):
             if exc.errno in _OUT_OF_DESCRIPTORS:
                 self._pause_accepting()
             return
-        if len(self.conns) >= self.limits.max_connections:
+        now = time.monotonic()
+        if len(self.conns) >= self.limits.max_connections and not self._evict_one_idle(now):
             self.refused_over_cap += 1
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)  # never let one slow client stall the loop (and the CXL rings)
-        conn = _Conn(sock, self.owners.next(), time.monotonic())
+        conn = _Conn(sock, self.owners.next(), now)
         self.conns[sock.fileno()] = conn
-        self.server.selector.register(sock, selectors.EVENT_READ, lambda ev, c=conn: self._on_conn(c, ev))
+        self._watch(conn)
+
+    def _evict_one_idle(self, now: float) -> bool:
+        """At the cap: close a connection that did no work lately (see the module's docstring)."""
+        cutoff = now - self.limits.evict_idle_after_s
+        idle = [c for c in self.conns.values() if c.last_work <= cutoff]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: (c.worked, -c.since))
+        self.evicted_idle += 1
+        self._drop(victim)
+        return True
+
+    def _watch(self, conn: _Conn) -> None:
+        """Watch for what the connection needs: reads unless frames wait for a turn, writes while replies wait."""
+        want = (0 if conn.backlogged else selectors.EVENT_READ) | (selectors.EVENT_WRITE if conn.tx else 0)
+        if want == conn.events:
+            return
+        sel = self.server.selector
+        with contextlib.suppress(KeyError, ValueError):
+            if not conn.events:
+                sel.register(conn.sock, want, lambda ev, c=conn: self._on_conn(c, ev))
+            elif not want:
+                sel.unregister(conn.sock)
+            else:
+                sel.modify(conn.sock, want, lambda ev, c=conn: self._on_conn(c, ev))
+        conn.events = want
 
     def _pause_accepting(self) -> None:
         """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
@@ -145,12 +214,15 @@ class TcpListener(Listener):
     def _on_conn(self, conn: _Conn, events: int) -> None:
         if events & selectors.EVENT_WRITE:
             self._flush_tx(conn)
-        if events & selectors.EVENT_READ and conn.sock.fileno() >= 0:
+        if events & selectors.EVENT_READ and conn.sock.fileno() >= 0 and not conn.backlogged:
             self._read(conn)
 
     def _drop(self, conn: _Conn) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.server.selector.unregister(conn.sock)
+        if conn.events:
+            with contextlib.suppress(KeyError, ValueError):
+                self.server.selector.unregister(conn.sock)
+            conn.events = 0
+        self._backlog.pop(id(conn), None)
         self.conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
 
@@ -163,9 +235,7 @@ class TcpListener(Listener):
             self._drop(conn)
             return
         del conn.tx[:sent]
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.tx else 0)
-        with contextlib.suppress(KeyError, ValueError):
-            self.server.selector.modify(conn.sock, want, lambda ev, c=conn: self._on_conn(c, ev))
+        self._watch(conn)
 
     def _read(self, conn: _Conn) -> None:
         limits = self.limits
@@ -178,13 +248,27 @@ class TcpListener(Listener):
         if not data:
             self._drop(conn)
             return
+        conn.rx += data
+        self._turn(conn)
+
+    def _turn(self, conn: _Conn) -> None:
+        """Serve the complete frames in the connection's buffer, up to one turn's budget."""
+        limits = self.limits
         rx = conn.rx
-        rx += data
         service = self.server.service
+        index = self.server.index
         max_frame = min(HEADER_SIZE + TCP_MAX_PAYLOAD, limits.max_buffered - 4)
         out = bytearray()
         perf = time.perf_counter
+        frames_left = limits.frames_per_turn
+        bytes_left = limits.bytes_per_turn
         while len(rx) >= 4:
+            if frames_left <= 0 or bytes_left <= 0:
+                if len(rx) >= 4 + _FRAME.unpack_from(rx, 0)[0]:  # a complete frame waits: next turn
+                    conn.backlogged = True
+                    self._backlog[id(conn)] = conn
+                    self.turns_deferred += 1
+                break
             (size,) = _FRAME.unpack_from(rx, 0)
             if not HEADER_SIZE <= size <= max_frame:
                 service.error(Code.BAD_LENGTH)
@@ -193,6 +277,8 @@ class TcpListener(Listener):
                 return
             if len(rx) < 4 + size:
                 break
+            frames_left -= 1
+            bytes_left -= 4 + size
             _st, seq, magic, epoch, op, _code, length = HEADER.unpack_from(rx, 4)
             payload = bytes(rx[4 + HEADER_SIZE : 4 + size])
             del rx[: 4 + size]
@@ -202,7 +288,14 @@ class TcpListener(Listener):
             elif length != size - HEADER_SIZE:
                 code, rep = service.error(Code.BAD_LENGTH)
             else:
-                code, rep = service.handle(op, epoch, payload, limits.max_payload, conn.owner)
+                index.begin_request(conn.owner)
+                try:
+                    code, rep = service.handle(op, epoch, payload, limits.max_payload, conn.owner)
+                finally:
+                    index.end_request()
+                if op not in _NOT_WORK:
+                    conn.last_work = time.monotonic()
+                    conn.worked = True
             frame = bytearray(4 + HEADER_SIZE + len(rep))
             _FRAME.pack_into(frame, 0, HEADER_SIZE + len(rep))
             HEADER.pack_into(frame, 4, 0, seq, MAGIC, service.epoch32, op & 0xFFFF, code, len(rep))
@@ -219,6 +312,8 @@ class TcpListener(Listener):
                 self._drop(conn)  # a client that does not read its replies
                 return
             self._flush_tx(conn)
+        else:
+            self._watch(conn)
 
     def stats(self) -> dict[str, Any]:
         lim = self.limits
@@ -232,12 +327,16 @@ class TcpListener(Listener):
                 "idle_timeout_s": lim.idle_timeout_s,
                 "max_buffered": lim.max_buffered,
                 "accept_backoff_s": lim.accept_backoff_s,
+                "frames_per_turn": lim.frames_per_turn,
+                "bytes_per_turn": lim.bytes_per_turn,
             },
             "refused_over_cap": self.refused_over_cap,
             "closed_idle": self.closed_idle,
             "closed_oversize": self.closed_oversize,
             "accept_errors": self.accept_errors,
             "accept_backoffs": self.accept_backoffs,
+            "evicted_idle": self.evicted_idle,
+            "turns_deferred": self.turns_deferred,
             "buffered_bytes": sum(len(c.rx) + len(c.tx) for c in self.conns.values()),
         }
 

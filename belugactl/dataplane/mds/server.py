@@ -228,8 +228,9 @@ class MetadataServer:
         woke = False  # the last idle wait ended early (a ready slot or socket)
         while not self._stop.is_set():
             idle = time.monotonic() - last_request > cfg.idle_after_s
-            # With selector clients connected, spin in shorter stretches so their requests wait less.
-            busy = any(lst.busy for lst in others)
+            # With selector clients connected (or a clear to finish), spin in shorter stretches so
+            # their requests wait less.
+            busy = any(lst.busy for lst in others) or bool(self.index.clearing)
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             if not served:
@@ -276,6 +277,9 @@ class MetadataServer:
         epoll: a request wakes it at once (epoll counts whole milliseconds, so the rings then wait
         up to 1 ms). Without, a wait under a millisecond is a zero-timeout look and a sleep, so the
         rings wait only `timeout` (a new connection waits that long to be accepted)."""
+        self.between_turns()
+        if self.index.clearing or any(lst.backlog for lst in self.listeners):
+            timeout = 0  # work is waiting: look at the sockets, do not sleep
         if not self.selector.get_map():
             if timeout:
                 time.sleep(timeout)
@@ -289,6 +293,15 @@ class MetadataServer:
             events = self.selector.select(timeout)
         for key, mask in events:
             key.data(mask)
+
+    def between_turns(self) -> None:
+        """Work that waits for a turn, a bounded step of each: clients over their per-turn budget,
+        then a step of a namespace clear (the rings were served before this, and are after)."""
+        for lst in self.listeners:
+            if lst.backlog:
+                lst.serve_backlog()
+        if self.index.clearing:
+            self.index.clear_step()
 
     def poll_once(self, timeout_ns: int = 0) -> bool:
         """Serve at most one ring request (tests drive the server with this, without a loop)."""
