@@ -127,6 +127,10 @@ def register(app: typer.Typer) -> None:
             from belugactl.cli.load_rack import rack_context
 
             manifest = rack_context(file, as_json=as_json).manifest
+            if not path.exists():  # the fix names this manifest's file (the inspection itself maps without it)
+                from belugactl.pool.mapping import pool_missing
+
+                raise pool_missing(path, manifest)
         doc = inspect_pool(path, manifest, admin_url=admin)
         if as_json:
             from belugactl.cli.render import print_json

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,26 @@ from belugactl.errors import Location, ManifestError, ManifestProblem
 from belugactl.model.manifest_schema import Manifest
 from belugactl.model.manifest_yaml import Path_, Position, PositionedDocument, YamlSyntaxError, load_positioned
 
-__all__ = ["Manifest", "load_manifest", "load_manifest_text", "format_path"]
+__all__ = ["Manifest", "load_manifest", "load_manifest_text", "format_path", "manifest_source"]
 
 _MAX_BYTES = 4 << 20  # a manifest is a few KiB; refuse to parse something that is clearly not one
+
+# The file each loaded manifest came from, so that a fix deep in pool/ or serve/ can name it
+# (`-f /etc/belugactl/rack.yaml`, not a placeholder). Kept beside the frozen schema model rather
+# than in it: a manifest is the same data wherever it was read from. Entries leave with their manifest.
+_SOURCES: dict[int, Path] = {}
+
+
+def manifest_source(manifest: Manifest) -> Path | None:
+    """The file `load_manifest` read this manifest from; None for one built from text or by hand."""
+    return _SOURCES.get(id(manifest))
+
+
+def _remember_source(manifest: Manifest, path: Path) -> Manifest:
+    key = id(manifest)
+    _SOURCES[key] = path
+    weakref.finalize(manifest, _SOURCES.pop, key, None)
+    return manifest
 
 
 def load_manifest(path: str | Path) -> Manifest:
@@ -32,7 +50,7 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(
             [ManifestProblem(Location(str(path)), "", f"not UTF-8 text (byte {exc.start})")], file=str(path)
         ) from None
-    return load_manifest_text(text, file=str(path))
+    return _remember_source(load_manifest_text(text, file=str(path)), path)
 
 
 def _read_bounded(path: Path) -> bytes:

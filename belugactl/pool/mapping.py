@@ -56,6 +56,34 @@ def load_manifest_arg(manifest: Manifest | str | os.PathLike[str] | None) -> Man
     return load_manifest(manifest)
 
 
+def pool_missing(
+    path: Path, manifest: Manifest | str | os.PathLike[str] | None, loaded: Manifest | None = None
+) -> PoolMissing:
+    """The error for a pool path that does not exist, its fix naming the manifest's real file."""
+    import shlex
+
+    named = _manifest_arg(manifest, loaded if loaded is not None else load_manifest_arg(manifest))
+    return PoolMissing(
+        f"pool {path} does not exist",
+        why="the metadata server and clients map the pool from this path",
+        fix=f"a file pool (development, CI): `belugactl pool create-file -f {named} {shlex.quote(str(path))}`; "
+        f"a devdax pool: `belugactl setup -f {named}`",
+    )
+
+
+def _manifest_arg(manifest: Manifest | str | os.PathLike[str] | None, loaded: Manifest | None) -> str:
+    """The manifest's file for a fix's `-f`: the path given, or the one the manifest was loaded from;
+    the README's placeholder only when neither is known."""
+    import shlex
+
+    from belugactl.model.manifest import manifest_source
+
+    if isinstance(manifest, str | os.PathLike):
+        return shlex.quote(os.fspath(manifest))
+    source = manifest_source(loaded) if loaded is not None else None
+    return shlex.quote(str(source)) if source is not None else "rack.yaml"
+
+
 def _is_devdax(path: Path) -> bool:
     try:
         return stat.S_ISCHR(path.stat().st_mode)
@@ -169,16 +197,7 @@ class PoolMapping:
             raise TypeError("PoolMapping.open: a layout is verified against its manifest; pass the manifest too")
         loaded = load_manifest_arg(manifest)
         if not path.exists():
-            import shlex
-
-            # The manifest's path when the caller gave one; else the placeholder the README uses.
-            named = shlex.quote(os.fspath(manifest)) if isinstance(manifest, str | os.PathLike) else "rack.yaml"
-            raise PoolMissing(
-                f"pool {path} does not exist",
-                why="the metadata server and clients map the pool from this path",
-                fix=f"a file pool (development, CI): `belugactl pool create-file -f {named} {shlex.quote(str(path))}`; "
-                f"a devdax pool: `belugactl setup -f {named}`",
-            )
+            raise pool_missing(path, manifest, loaded)
         devdax = _is_devdax(path)
         flags = os.O_RDWR if writable else os.O_RDONLY
         try:
@@ -205,7 +224,7 @@ class PoolMapping:
                 if size < DEVDAX_ALIGN:
                     raise PoolMismatch(
                         f"pool file {path} is {format_size(size)}, smaller than the 2 MiB header region",
-                        fix="create it with `belugactl pool create-file -f rack.yaml FILE` "
+                        fix=f"create it with `belugactl pool create-file -f {_manifest_arg(manifest, loaded)} FILE` "
                         "or belugactl.pool.file_pool.create_file_pool(path, manifest)",
                     )
             try:
