@@ -128,6 +128,11 @@ def test_unreachable_host_is_named(tmp_path):
     assert "unreachable" in report.host_errors["lab-2"]
     assert "No route to host" in report.host_errors["lab-2"]
     assert report.failed_hosts == ["lab-2"]
+    # reached by nothing, so checked by nothing: unreachable (exit 3), not a failing host
+    summary = report.summary()
+    assert summary.failing == [] and list(summary.unreachable) == ["lab-2"] and summary.exit_code == 3
+    assert summary.unreachable["lab-2"].reason == "ssh: connect: No route to host"
+    assert "ping lab-2" in summary.unreachable["lab-2"].fix
 
 
 @pytest.mark.process
