@@ -270,3 +270,19 @@ def test_the_live_line_names_the_phase_and_who_is_awaited() -> None:
         live.answered("doctor", NodeResult(host=host, returncode=0))
     text = str(live.__rich__().text)
     assert text.startswith("rack doctor: doctor 14/16 answered, waiting for beluga-[14-15] (")
+
+
+def test_wordings_that_differ_only_by_the_host_name_are_one_variant() -> None:
+    from belugactl.workflows.rack.summary import _Findings
+
+    found = _Findings()
+    for host in ("gpu1", "gpu10"):
+        found.add("pool.header", "fail", host, "no header", f"belugactl setup -f r.yaml --host {host}")
+    found.add("pool.header", "fail", "gpu2", "no header", "belugactl setup -f r.yaml --host gpu10")  # not its name
+    found.add("thp.mode", "warn", "gpu3", "madvise on gpu3", None)
+    header, thp = found.findings(["gpu1", "gpu2", "gpu3", "gpu10"])
+    assert [(v.hosts, v.fix) for v in header.variants] == [
+        (["gpu1", "gpu10"], "belugactl setup -f r.yaml --host <host>"),
+        (["gpu2"], "belugactl setup -f r.yaml --host gpu10"),
+    ]
+    assert thp.variants[0].reason == "madvise on gpu3"  # one host: its name stays

@@ -11,6 +11,7 @@ problem found outranks a host not checked, as in `doctor` (1 for a failed check 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 PROBE_FIX = (
     "check that this host maps the same device and namespace as the others (belugactl doctor; belugactl pool show)"
 )
+HOST_PLACEHOLDER = "<host>"  # in a wording several hosts share: each host's own name
 COMMAND_FIX = "run the same command on the host by hand (belugactl ... --json) to see the whole error"
 
 
@@ -108,24 +110,49 @@ class RackSummary:
 
 
 class _Findings:
-    """Collects (id, status, host, reason, fix) and groups them: one finding per id, one variant per wording."""
+    """Collects (id, status, host, reason, fix) and groups them: one finding per id, one variant per wording.
+
+    Wordings that differ only by the host's own name (`--host beluga-03`) are one variant, the name
+    written `<host>`; a variant of one host keeps its name."""
 
     def __init__(self) -> None:
-        self._by_id: dict[tuple[str, str], dict[tuple[str, str | None, tuple[str, ...]], list[str]]] = {}
+        self._by_id: dict[tuple[str, str], dict[tuple[str, str | None, tuple[str, ...]], list[_Said]]] = {}
 
     def add(
         self, id: str, status: str, host: str, reason: str, fix: str | None = None, detail: Iterable[str] = ()
     ) -> None:
+        said = _Said(host, reason, fix, tuple(detail))
         variants = self._by_id.setdefault((id, status), {})
-        variants.setdefault((reason, fix, tuple(detail)), []).append(host)
+        variants.setdefault(said.anonymous(), []).append(said)
 
     def findings(self, order: list[str]) -> list[Finding]:
         rank = {h: i for i, h in enumerate(order)}
-        out = [
-            Finding(id, status, [Variant(sorted(hs, key=rank.__getitem__), r, f, d) for (r, f, d), hs in v.items()])
-            for (id, status), v in self._by_id.items()
-        ]
+        out = []
+        for (id, status), variants in self._by_id.items():
+            merged = []
+            for words, said in variants.items():
+                hosts = sorted((s.host for s in said), key=rank.__getitem__)
+                reason, fix, detail = words if len(said) > 1 else (said[0].reason, said[0].fix, said[0].detail)
+                merged.append(Variant(hosts, reason, fix, detail))
+            out.append(Finding(id, status, merged))
         return sorted(out, key=lambda f: f.status != "fail")  # failures first, each kind in the order found
+
+
+@dataclass(frozen=True)
+class _Said:
+    host: str
+    reason: str
+    fix: str | None
+    detail: tuple[str, ...]
+
+    def anonymous(self) -> tuple[str, str | None, tuple[str, ...]]:
+        """The words with this host's own name as `<host>` (a longer name that contains it is left alone)."""
+        name = re.compile(rf"(?<![\w.-]){re.escape(self.host)}(?![\w-])(?!\.\w)")
+
+        def anon(text: str) -> str:
+            return name.sub(HOST_PLACEHOLDER, text)
+
+        return anon(self.reason), anon(self.fix) if self.fix else self.fix, tuple(anon(d) for d in self.detail)
 
 
 def doctor_summary(report: RackDoctorReport) -> RackSummary:
