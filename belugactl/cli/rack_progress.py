@@ -67,7 +67,8 @@ class LiveProgress:
         from belugactl.workflows.rack.fanout import fold
 
         answered = self.total - len(self.waiting)
-        text = f"rack {self.verb}: {self.phase_name} {answered}/{self.total} answered"
+        doing = f"{self.phase_name} {answered}/{self.total} answered" if self.total else "starting"
+        text = f"rack {self.verb}: {doing}"
         if self.waiting:
             text += f", waiting for {fold(self.waiting)}"
         text += f" ({time.monotonic() - self.started:.0f} s)"
