@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
 import typer
 
 from belugactl.cli.options import file_option, hidden_alias, host_option, ignore_option
@@ -112,13 +116,42 @@ def serve(
 
     sup = Supervisor(plan, max_restarts=max_restarts)
     sup.install_signal_handlers()
-    sup.start()
-    if as_json:
-        print_json({"state": "ready", **plan.to_dict(), "connectors": sup.connectors})
-        sys.stdout.flush()
-    else:
-        print("serve: all ready; Ctrl-C stops everything", file=sys.stderr)
-    sup.run()
+    with _noting_sigint() as interrupted:
+        sup.start()
+        if as_json:
+            print_json({"state": "ready", **plan.to_dict(), "connectors": sup.connectors})
+            sys.stdout.flush()
+        else:
+            print("serve: all ready; Ctrl-C stops everything", file=sys.stderr)
+        sup.run()
+    if interrupted:
+        # Ctrl-C is an interrupt (exit 130, one line); SIGTERM is a service manager's stop (exit 0).
+        from belugactl.errors import set_interrupt_note
+
+        names = ", ".join(p.name for p in plan.processes)
+        set_interrupt_note(f"serve stopped everything it started ({names}); state {plan.run_dir} says stopped")
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _noting_sigint() -> Iterator[list[int]]:
+    """Record a SIGINT while still calling the supervisor's own handler (which asks it to stop);
+    the supervisor's handler is back afterwards."""
+    import signal
+
+    seen: list[int] = []
+    supervisor_handler = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        seen.append(signum)
+        if callable(supervisor_handler):
+            supervisor_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
