@@ -27,6 +27,10 @@ CLASS_CXL_MEMORY = 0x0502  # base 05 memory controller, sub 02 CXL (prog-if 0x10
 CLASS_NVME = 0x0108
 CLASS_3D_CONTROLLER = 0x0302
 CLASS_BRIDGE_BASE = 0x06
+VENDOR_INTEL = 0x8086
+# Intel DSA copy engines (drivers/dma/idxd: DSA_SPR0, DSA_GNRD, DSA_DMR); their class (0x0880xx,
+# "other system peripheral") is shared with many platform functions, so the device id decides.
+DSA_DEVICE_IDS = frozenset({0x0B25, 0x11FB, 0x1212})
 
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _HOST_BRIDGE_RE = re.compile(r"^pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}$")
@@ -97,6 +101,8 @@ def read_pci(host: Host, problems: list[str]) -> tuple[list[PciDevice], list[Roo
         class_code = host.read_int(f"{base}/class", 16)
         vendor = host.read_int(f"{base}/vendor", 16)
         kind = classify(class_code, vendor)
+        if kind is None and vendor == VENDOR_INTEL and host.read_int(f"{base}/device", 16) in DSA_DEVICE_IDS:
+            kind = "dsa"
         if kind is None:
             continue
         driver_link = host.readlink(f"{base}/driver")

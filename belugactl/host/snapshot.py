@@ -284,7 +284,7 @@ class PciDevice:
     device: int | None = None
     class_code: int | None = None  # 24-bit, 0x030200
     numa_node: int | None = None  # -1 in sysfs becomes None
-    kind: str = "other"  # "gpu" | "cxl" | "nvme" | "nic" | "other"
+    kind: str = "other"  # "gpu" | "cxl" | "nvme" | "nic" | "dsa" (Intel DSA copy engine) | "other"
     root_port: str | None = None  # BDF of the root port above it
     link_speed: str | None = None  # current_link_speed, e.g. "32.0 GT/s PCIe"
     link_width: int | None = None

@@ -58,7 +58,10 @@ gpu.count                  skip      skip         skip     skip
 gpu.numa-locality          skip      ok           ok       ok
 pci.root-ports-found       ok        ok           ok       ok
 pci.link-trained           ok        ok           ok       ok
+pci.cxl-adapter-locality   skip      ok           ok       skip
+pci.dsa-engines            skip      skip         skip     skip
 pool.header                skip      skip         skip     skip
+pool.interleave-zones      skip      skip         skip     skip
 discover.complete          ok        ok           ok       ok
 """
 
@@ -140,6 +143,9 @@ LAB_SKIPS = {
     # recorded before discovery listed health and poison (tests/doctor/test_health.py adds them)
     "cxl.memdev-health": "not known to be healthy",
     "cxl.media-errors": "not known to be clean",
+    "pci.cxl-adapter-locality": "0 GPU(s)",
+    "pci.dsa-engines": "no Intel DSA",
+    "pool.interleave-zones": "no software interleave",
 }
 
 

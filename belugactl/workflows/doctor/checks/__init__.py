@@ -15,4 +15,5 @@ from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for the
     pci,
     pool_header,
     tools,
+    topology,
 )
