@@ -19,6 +19,13 @@ from belugactl.workflows.serve.connector_report import read_connector_stats, sum
 from belugactl.workflows.serve.launch_plan import ServePlan, Tools, build_serve_plan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, is_running, signal_process, terminate
 from belugactl.workflows.serve.router import add_router, check_router
+from belugactl.workflows.serve.run_dir import (
+    SUPERVISOR_MARK,
+    check_state_file,
+    holds_file,
+    prepare_run_dir,
+    write_private,
+)
 from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
 
 if TYPE_CHECKING:
@@ -61,7 +68,7 @@ def prepare(
             snapshot = discover(Host.local())
     plan = build_serve_plan(rack, run_dir=run_dir or default_run_dir(), tools=Tools.find(vllm), snapshot=snapshot)
     add_router(plan, rack.manifest)  # the front door, where serve.router puts it
-    plan.notes += preflight.exposure_warnings(rack)  # said on every start and in --dry-run
+    plan.notes += preflight.exposure_warnings(rack, plan)  # said on every start and in --dry-run
     prepared = Prepared(plan)
     if not check:
         return prepared
@@ -71,6 +78,7 @@ def prepare(
             why="\n".join(plan.blockers),
             fix="change the manifest as said above; `belugactl serve --dry-run` shows the plan",
         )
+    prepare_run_dir(plan.run_dir)  # refused (exit 2) when another user could write it
     _check_not_running(Path(plan.run_dir))
     preflight.check_vllm(plan)
     check_router(plan)
@@ -109,6 +117,34 @@ def read_state(run_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def read_trusted_state(run_dir: str | Path) -> dict[str, Any] | None:
+    """The state file, when there is one that only this user could have written (else exit 2)."""
+    path = Path(run_dir) / STATE_FILE
+    if not os.path.lexists(path):
+        return None
+    check_state_file(path)
+    return read_state(run_dir)
+
+
+def _started_here(run: Path, name: str, identity: ProcessIdentity, entry: dict[str, Any] | None) -> str | None:
+    """Why the running process `identity` is not provably one serve started from this run dir (None: it is).
+
+    Its identity can be copied from /proc; a file of this run dir held open cannot (run_dir.py)."""
+    if entry is None:  # the supervisor: it holds supervisor.lock
+        held = holds_file(identity.pid, run / SUPERVISOR_MARK)
+        what = f"{run / SUPERVISOR_MARK} open"
+    else:  # a child: its stdout and stderr are its log in this run dir
+        log = entry.get("log_file")
+        if not isinstance(log, str) or not Path(os.path.realpath(log)).is_relative_to(os.path.realpath(run)):
+            return f"{name} (pid {identity.pid}): its log {log!r} is not in the run dir {run}"
+        held = holds_file(identity.pid, Path(log), fds=(1, 2))
+        what = f"its log {log} as stdout"
+    if held:
+        return None
+    cannot = "cannot be read" if held is None else "does not hold"
+    return f"{name} (pid {identity.pid}, {' '.join(identity.cmdline)[:80]}): /proc/{identity.pid}/fd {cannot} {what}"
+
+
 def _recorded(entry: Any) -> ProcessIdentity | None:
     """The identity a state-file entry recorded (None for a dead process or an older state file)."""
     return ProcessIdentity.from_dict(entry.get("identity") if isinstance(entry, dict) else None)
@@ -132,7 +168,7 @@ def _check_not_running(run_dir: Path) -> None:
 def status(run_dir: str | Path | None = None) -> dict[str, Any]:
     """What serve started: processes (alive, health), ports, and pool usage from the server's /stats."""
     run = Path(run_dir) if run_dir else default_run_dir()
-    state = read_state(run)
+    state = read_trusted_state(run)
     if state is None:
         return {"run_dir": str(run), "running": False, "state": "not started", "processes": []}
     supervisor_alive = is_running(_supervisor(state))
@@ -193,10 +229,11 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
     and `nothing_running` true. Only processes whose recorded identity still matches are signalled.
     """
     run = Path(run_dir) if run_dir else default_run_dir()
-    state = read_state(run)
+    state = read_trusted_state(run)
     if state is None:
         return {"run_dir": str(run), "stopped": [], "nothing_running": True, "skipped": []}
     sup = _supervisor(state)
+    _refuse_unproven(run, state)
     stopped: list[str] = []
     skipped = _unverifiable(state)
     try:
@@ -221,7 +258,8 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
             )
         stopped.append("supervisor")
     # Whatever is still alive (a supervisor killed with SIGKILL leaves its children behind).
-    state = read_state(run) or state
+    state = read_trusted_state(run) or state
+    _refuse_unproven(run, state)
     for kind in ("router", "vllm", "metadata"):
         for p in state.get("processes", []):
             if (
@@ -232,6 +270,28 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
                 stopped.append(p["name"])
     _record_stopped(run, state)
     return {"run_dir": str(run), "stopped": stopped, "nothing_running": not stopped, "skipped": skipped}
+
+
+def _refuse_unproven(run: Path, state: dict[str, Any]) -> None:
+    """Before any signal: every running process the state names must be provably serve's, else exit 2."""
+    problems = []
+    sup = _supervisor(state)
+    if is_running(sup):
+        assert sup is not None
+        problems.append(_started_here(run, "supervisor", sup, None))
+    for p in state.get("processes", []):
+        identity = _recorded(p)
+        if identity is not None and is_running(identity):
+            problems.append(_started_here(run, str(p.get("name")), identity, p))
+    found = [x for x in problems if x is not None]
+    if found:
+        raise InputError(
+            f"stop: refusing to signal anything: the state file {run / STATE_FILE} names running processes "
+            "that serve did not start from this run dir",
+            why="\n".join(found) + "\n(an identity copied from /proc matches; the run dir's files held open do not)",
+            fix="check them with `ps -o pid,user,args -p PID`; stop serve's own processes by hand and remove the "
+            "state file",
+        )
 
 
 def _unverifiable(state: dict[str, Any]) -> list[str]:
@@ -262,7 +322,5 @@ def _record_stopped(run: Path, state: dict[str, Any]) -> None:
             state["state"] = "stopped"
         changed = True
     if changed:
-        tmp = run / f".{STATE_FILE}.stop.tmp"
         with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps(state, indent=2))
-            os.replace(tmp, run / STATE_FILE)
+            write_private(run / STATE_FILE, json.dumps(state, indent=2).encode())

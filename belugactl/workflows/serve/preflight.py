@@ -38,9 +38,10 @@ def is_loopback(bind: str) -> bool:
         return False  # a DNS name (or nothing: every address): assume it reaches the network
 
 
-def exposure_warnings(rack: RackContext) -> list[str]:
+def exposure_warnings(rack: RackContext, plan: ServePlan | None = None) -> list[str]:
     """One warning per listener this host's serve would open beyond loopback (the manifest asked for it,
-    but nothing there authenticates a caller: vLLM's API, the router, the metadata server's admin)."""
+    but nothing there authenticates a caller: vLLM's API, the router, the metadata server's admin).
+    The router's is said when `plan` (with the router added) runs it here."""
     from belugactl.workflows.serve.launch_plan import metadata_host, vllm_bind
 
     manifest, host = rack.manifest, rack.host()
@@ -65,11 +66,9 @@ def exposure_warnings(rack: RackContext) -> list[str]:
                     f"WARNING: the metadata server's {field} is {bind}, beyond loopback: "
                     "firewall it to this rack's hosts"
                 )
-    if serve.router is not None and not is_loopback(serve.router.bind):
-        from belugactl.workflows.serve.router import router_hosts
-
-        if host.name in router_hosts(manifest):
-            out.append(f"WARNING: the router binds {serve.router.bind} (serve.router.bind), beyond loopback")
+    runs_router = plan is not None and any(p.kind == "router" for p in plan.processes)
+    if serve.router is not None and runs_router and not is_loopback(serve.router.bind):
+        out.append(f"WARNING: the router binds {serve.router.bind} (serve.router.bind), beyond loopback")
     return out
 
 

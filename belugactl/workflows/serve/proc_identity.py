@@ -17,6 +17,10 @@ that the pid still belongs to that process:
   the executable must. A recorded entry without an identity (a state file from an older belugactl)
   is never signalled.
 
+All of that can be copied from /proc by whoever writes a state file, so `stop` believes a state
+file only in a run dir of its own user's, and a matching process only when it also holds one of
+that run dir's files open (its log as stdout, the supervisor's lock): run_dir.py.
+
 The single-process signal goes through a pidfd, which pins the process between the check and the
 signal. A process group has no pidfd; `signal_group` relies on the kernel never reusing an id as a
 pid while a process group of that id exists: a process found at the leader's pid that is not the
@@ -114,7 +118,6 @@ class ProcessIdentity:
         if current.cmdline == self.cmdline:
             return True
         return self.exe is not None and current.exe == self.exe
-
 
     def _same_clock(self, current: ProcessIdentity) -> bool:
         """Both start times are in ticks of one boot, so they compare exactly."""

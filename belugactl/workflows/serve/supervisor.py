@@ -29,6 +29,7 @@ from typing import IO, Any
 from belugactl.errors import BelugaError, EnvironmentProblem, ExitCode, set_interrupt_note
 from belugactl.workflows.serve.launch_plan import ProcessSpec, ServePlan
 from belugactl.workflows.serve.proc_identity import ProcessIdentity, terminate
+from belugactl.workflows.serve.run_dir import hold_mark, open_log, prepare_run_dir, write_private
 
 STATE_FILE = "state.json"
 
@@ -154,6 +155,7 @@ class Supervisor:
         self.identity = ProcessIdentity.of(os.getpid())
         self.connector_timeout_s = connector_timeout_s
         self.connectors: dict[str, dict[str, Any]] = {}  # instance -> connector_report.summarize()
+        self._mark: int | None = None  # supervisor.lock, held open while this supervisor runs (run_dir.py)
 
     # -- state file -------------------------------------------------------------------------
     def write_state(self) -> None:
@@ -168,10 +170,9 @@ class Supervisor:
             "processes": [m.to_dict() for m in self.procs],
             "connectors": self.connectors,
         }
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps(doc, indent=2))
-        os.replace(tmp, self.run_dir / STATE_FILE)
+        if not self.run_dir.exists():
+            prepare_run_dir(self.run_dir)
+        write_private(self.run_dir / STATE_FILE, json.dumps(doc, indent=2).encode())
 
     # -- signals ----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -185,12 +186,12 @@ class Supervisor:
     def _spawn(self, m: Managed) -> None:
         Path(m.spec.log_file).parent.mkdir(parents=True, exist_ok=True)
         if m.log is None:
-            m.log = open(m.spec.log_file, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+            m.log = open_log(Path(m.spec.log_file))  # kept open for the child's lifetime
         m.log.write(f"\n=== belugactl serve: starting {m.spec.name}: {' '.join(m.spec.argv)}\n".encode())
         m.log.flush()
         for path, text in m.spec.files:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+            write_private(Path(path), text.encode())
         env = {**os.environ, **m.spec.env}
         try:
             m.proc = subprocess.Popen(  # noqa: S603 - argv list built by the plan, never a shell
@@ -253,6 +254,9 @@ class Supervisor:
 
     def start(self) -> None:
         """Start everything and wait until all are ready; on any failure stop what started and raise."""
+        prepare_run_dir(self.run_dir)  # this user's, nobody else's to write (run_dir.py)
+        if self._mark is None:
+            self._mark = hold_mark(self.run_dir)
         self.write_state()
         try:
             # The router last: it should not answer before there is an instance to route to.
@@ -362,3 +366,6 @@ class Supervisor:
         self.state = "stopped"
         with contextlib.suppress(OSError):
             self.write_state()
+        if self._mark is not None:
+            os.close(self._mark)
+            self._mark = None
