@@ -59,7 +59,7 @@ def test_missing_pool_names_pool_create_file(cli, tmp_path):
     missing = tmp_path / "nowhere.pool"
     result = cli("pool", "inspect", str(missing), "-f", CPU_DEMO)
     assert result.code == 3
-    assert f"belugactl pool create-file -f rack.yaml {missing}" in result.stderr
+    assert f"belugactl pool create-file -f {CPU_DEMO} {missing}" in result.stderr  # the file given, not a placeholder
 
 
 @pytest.mark.parametrize(
