@@ -12,7 +12,8 @@ AUTO_ONLINE = "/sys/devices/system/memory/auto_online_blocks"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-@REGISTRY.check("memory.auto-online", "hot-added memory is not onlined as RAM automatically")
+# Guards data: onlined as system RAM, the pool's memory is the kernel's to hand out and zero.
+@REGISTRY.check("memory.auto-online", "hot-added memory is not onlined as RAM automatically", guards_data=True)
 def auto_online(ctx: DoctorContext) -> CheckResult:
     policy = ctx.snapshot.memory.auto_online_blocks
     if policy is None:
