@@ -250,3 +250,13 @@ def test_a_router_beyond_loopback_is_warned_about_where_it_runs(tmp_path: Path) 
         add_router(plan, rack.manifest, haproxy="/usr/sbin/haproxy")
         warned = any("the router binds 0.0.0.0" in w for w in exposure_warnings(rack, plan))
         assert warned is said
+
+
+def test_directories_serve_creates_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o002)
+    try:
+        run = prepare_run_dir(tmp_path / "state" / "belugactl" / "serve")
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "state", tmp_path / "state" / "belugactl", run):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700

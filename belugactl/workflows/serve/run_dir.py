@@ -88,10 +88,11 @@ def check_private_dir(path: Path, *, euid: int | None = None) -> None:
 def prepare_run_dir(path: str | Path) -> Path:
     """Create the run dir (mode 0700) and its private subdirectories if missing, then check them all."""
     run = Path(path)
-    if not os.path.lexists(run):
-        run.parent.mkdir(parents=True, exist_ok=True)
+    # Every directory serve creates is 0700 (whatever the umask): a group-writable parent would be
+    # refused below, and a umask of 002 is common.
+    for missing in reversed([p for p in (run, *run.parents) if not os.path.lexists(p)]):
         with contextlib.suppress(FileExistsError):
-            os.mkdir(run, 0o700)
+            os.mkdir(missing, 0o700)
     check_private_dir(run)
     for name in PRIVATE_DIRS:
         sub = run / name
