@@ -12,7 +12,7 @@ from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult, Severity
 
 # Intel DSA (drivers/dma/idxd: PCI_DEVICE_ID_INTEL_DSA_SPR0, _GNRD, _DMR); read_pci names them "dsa".
-DSA_DOC = "docs/measurements.md (Intel DSA: worth it from about 4 KB)"
+DSA_DOC = "docs/measurements.md, figures quoted from the seeds"
 
 
 # --- software interleave ------------------------------------------------------------------------
