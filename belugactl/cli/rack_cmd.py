@@ -106,21 +106,36 @@ def register(app: typer.Typer) -> None:
     def common(
         manifest: str = file_option(),
         hosts: str | None = typer.Option(
-            None, "--hosts", help="Node set to act on, e.g. lab-[1-2] (default: all).", autocompletion=complete_host
+            None,
+            "--hosts",
+            metavar="NODESET",
+            help="Node set to act on, e.g. lab-[1-2] (default: all).",
+            autocompletion=complete_host,
         ),
-        transport: str = typer.Option("ssh", "--transport", help=TRANSPORT_HELP),
-        fanout: int = typer.Option(16, "--fanout", help="Hosts at once."),
-        timeout: float = typer.Option(600.0, "--timeout", help="Seconds per host command."),
-        lab_name: str = typer.Option("default", "--lab-name", help="With --transport lab: which lab."),
-        remote_belugactl: str | None = typer.Option(None, "--remote-belugactl", help="belugactl on the hosts."),
+        transport: str = typer.Option("ssh", "--transport", metavar="ssh|lab|local", help=TRANSPORT_HELP),
+        fanout: int = typer.Option(16, "--fanout", metavar="N", help="Hosts at once."),
+        timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="Seconds per host command."),
+        lab_name: str = typer.Option("default", "--lab-name", metavar="NAME", help="With --transport lab: which lab."),
+        remote_belugactl: str | None = typer.Option(
+            None, "--remote-belugactl", metavar="COMMAND", help="belugactl on the hosts (a command line)."
+        ),
         remote_manifest: str | None = typer.Option(
-            None, "--remote-manifest", help="The manifest's path on the hosts (default: the same absolute path)."
+            None,
+            "--remote-manifest",
+            metavar="PATH",
+            help="The manifest's path on the hosts (default: the same absolute path).",
         ),
-        ssh_config: str | None = typer.Option(None, "--ssh-config", help="ssh -F FILE."),
-        ssh_user: str | None = typer.Option(None, "--ssh-user"),
-        identity: str | None = typer.Option(None, "--identity", help="ssh -i KEY."),
-        connect_timeout: int = typer.Option(10, "--connect-timeout", help="ssh connect timeout, seconds."),
-        pool: str | None = typer.Option(None, "--pool", help="Pool device or file on the hosts (default: discovered)."),
+        ssh_config: str | None = typer.Option(None, "--ssh-config", metavar="FILE", help="ssh -F FILE."),
+        ssh_user: str | None = typer.Option(
+            None, "--ssh-user", metavar="USER", help="ssh -l USER (default: ssh's own: the config, or you)."
+        ),
+        identity: str | None = typer.Option(None, "--identity", metavar="KEY", help="ssh -i KEY."),
+        connect_timeout: int = typer.Option(
+            10, "--connect-timeout", metavar="SECONDS", help="ssh connect timeout, seconds."
+        ),
+        pool: str | None = typer.Option(
+            None, "--pool", metavar="PATH", help="Pool device or file on the hosts (default: discovered)."
+        ),
     ) -> dict[str, Any]:
         return dict(locals())
 
@@ -199,7 +214,7 @@ def register(app: typer.Typer) -> None:
         ]
     )
     def doctor(**kwargs: Any) -> None:
-        """Doctor on every host, version skew, and the cross-host pool probe matrix.
+        """Doctor on every host, version skew and the cross-host pool probe, summed up by node set.
 
         Example: belugactl rack doctor -f examples/lab.yaml --transport lab
         """
