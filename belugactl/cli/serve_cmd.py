@@ -126,11 +126,10 @@ def serve(
         sup.run()
     if interrupted:
         # Ctrl-C is an interrupt (exit 130, one line); SIGTERM is a service manager's stop (exit 0).
-        from belugactl.errors import set_interrupt_note
+        from belugactl.cli.interrupt import exit_interrupted
 
         names = ", ".join(p.name for p in plan.processes)
-        set_interrupt_note(f"serve stopped everything it started ({names}); state {plan.run_dir} says stopped")
-        raise KeyboardInterrupt
+        exit_interrupted(f"serve stopped everything it started ({names}); state {plan.run_dir} says stopped")
 
 
 @contextmanager
