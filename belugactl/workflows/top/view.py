@@ -153,7 +153,7 @@ def metadata_lines(md: MetadataView | None, width: int) -> list[Line]:
         f"entries {fmt_count(md.entries)}",
         f"leases {fmt_count(md.leases)}",
         f"evictions {fmt_count(md.evictions)} ({fmt_count(md.evictions_per_s)}/s)",
-        f"hit {fmt_pct(md.hit_rate)} of {fmt_count(md.lookups_per_s)} lookups/s",
+        f"hit {fmt_pct(md.hit_rate)} of {fmt_count(md.lookups_per_s)} lookups/s" if md.lookups_per_s else "hit -",
         f"loaded {fmt_rate(md.loaded_bytes_per_s)}",
         f"saved {fmt_rate(md.saved_bytes_per_s)}",
         f"requests {fmt_count(md.requests_per_s)}/s",
