@@ -139,3 +139,12 @@ def test_the_boot_unit_waits_for_the_devices():
     text = unit_text("/etc/belugactl/rack.yaml", "h1", ["/usr/bin/belugactl"])
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert exec_start.endswith(f"--yes --wait-devices {BOOT_WAIT_DEVICES_S}")
+
+
+def test_a_poll_reads_sysfs_or_one_listing_never_the_poison_lists():
+    fresh = Host.from_tree(FIXTURES / "ram-fresh")  # /sys/bus/cxl: serials from sysfs, no tool run
+    assert sorted(m.serial for m in memdevs_on(fresh)) == [0x10, 0x11]
+    assert fresh.runner.calls == []  # type: ignore[attr-defined]
+    bare = Host.from_tree(FIXTURES / "nocxl")  # no bus: the one memdev listing
+    assert memdevs_on(bare) == []
+    assert bare.runner.calls == [("cxl", "list", "-M", "-i")]  # type: ignore[attr-defined]

@@ -98,10 +98,16 @@ def wait_for_devices(
 
 
 def memdevs_on(host: Host) -> list[CxlMemdev]:
-    """The memdevs discovery sees now (only the cxl topic: a poll must be cheap)."""
-    from belugactl.workflows.discover import discover
+    """The memdevs present now, cheaply (a poll runs every second): /sys/bus/cxl's memX/serial where
+    the bus is, else one `cxl list -M -i`; never the health or poison listings a full discovery runs."""
+    from belugactl.host.read_cxl import OBJECT_LISTINGS, parse_cxl_list, read_cxl_sysfs
+    from belugactl.host.read_tools import run_json
 
-    return discover(host, topics=("cxl",)).cxl.memdevs
+    if host.is_dir("/sys/bus/cxl"):
+        found = read_cxl_sysfs(host).memdevs
+        if found:
+            return found
+    return parse_cxl_list(run_json(host, OBJECT_LISTINGS[0], []) or []).memdevs
 
 
 def wait_or_fail(host: Host, pool: PoolTarget, timeout_s: float, *, say: Callable[[str], None]) -> WaitResult | None:
