@@ -366,6 +366,12 @@ def test_once_prints_the_view_at_80_columns_when_piped(cli, live_rack):
     assert "metadata  h0 127.0.0.1:" in result.stdout and "hit 83.3%" in result.stdout
 
 
+def test_top_parses_the_manifest_once_and_resolves_no_layout(cli, live_rack, model_calls):
+    result = cli("top", "-f", str(live_rack), "--once", "--interval", "0.2")
+    assert result.code == 0, result.stderr
+    assert model_calls["manifest parses"] == 1 and model_calls["layout resolutions"] == 0, dict(model_calls)
+
+
 def test_bad_input_is_exit_2_with_the_fix(cli, tmp_path):
     no_serve = tmp_path / "bare.yaml"
     no_serve.write_text(_rack(9470, 8000, 8404).split("serve:")[0])
