@@ -15,7 +15,7 @@ from typing import Any
 
 from belugactl.cli.render import text_width, wrap_hanging
 
-SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "-", "unreachable": "?", None: "?"}
+SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "-", None: "?"}
 LEGEND = "✓ ok  ! warn  ✗ fail  - skipped  ? no answer"
 PROBE_LEGEND = "row: the host reading; column: the host whose record it read; ✓ seen  ✗ not seen  ? no answer"
 SETUP_LEGEND = "✓ applied  + planned  ✗ not done or failed"
@@ -178,7 +178,10 @@ def _fix(fix: str, width: int) -> list[str]:
 
 def doctor_rows(report: Any) -> list[tuple[str, list[str]]]:
     hosts = report.hosts
-    rows = [("version.skew", [SYMBOL.get(report.skew.get(h, {}).get("status"), "?") for h in hosts])]
+    away = report.unreachable  # their skew row says "fail": nothing could be compared there
+    rows = [
+        ("version.skew", ["?" if h in away else SYMBOL.get(report.skew.get(h, {}).get("status"), "?") for h in hosts])
+    ]
     for check_id, cells in report.checks.items():
         rows.append((check_id, [_cell(cells.get(h)) for h in hosts]))
     return rows

@@ -127,7 +127,7 @@ def test_unreachable_hosts_alone_exit_3(cli, fake) -> None:
     )
     assert "No route to host" in summary["unreachable_why"]["beluga-05"]["reason"]
     assert "getent hosts" in summary["unreachable_why"]["beluga-09"]["fix"]
-    assert doc["version_skew"]["beluga-05"]["status"] == "unreachable"
+    assert doc["version_skew"]["beluga-05"]["status"] == "fail"  # as before: nothing could be compared
     assert doc["failed_hosts"] == ["beluga-05", "beluga-09"]  # as before: every host that needs attention
     assert all("beluga-05" not in cells for cells in doc["checks"].values())
 
@@ -152,6 +152,8 @@ def test_matrix_on_request_keeps_80_columns_with_short_host_labels(cli, fake) ->
     assert "columns: host names after 'beluga-'" in lines
     header = next(line for line in lines if line.strip().startswith("00 01 02"))
     assert header.split() == [f"{i:02d}" for i in range(16)]
+    skew = next(line for line in lines if line.startswith("version.skew ")).split()[1:]
+    assert (skew[5], skew[9], skew[11], skew[0]) == ("?", "?", "✗", "✓")  # not reached is not a skew
     ddio = next(line for line in lines if line.startswith("ddio.disabled "))
     assert ddio.split()[1:] == ["✓", "✓", "✓", "✗", "✓", "?", "✓", "✗", "✓", "?", "✓", "✓", "✓", "✓", "✓", "✓"]
     assert not any(

@@ -209,9 +209,6 @@ def _skew(target: RackTarget, infos: dict[str, NodeResult]) -> tuple[dict[str, d
     rows: dict[str, dict[str, Any]] = {}
     for host, res in infos.items():
         doc, problem = parse_json(res)
-        if res.unreachable:
-            rows[host] = {"status": "unreachable", "reason": problem, "fix": None}
-            continue
         if doc is None:
             rows[host] = {"status": "fail", "reason": problem, "fix": "make belugactl and the manifest reachable"}
             continue
