@@ -288,3 +288,17 @@ def test_wordings_that_differ_only_by_the_host_name_are_one_variant() -> None:
         (["gpu2"], "belugactl setup -f r.yaml --host gpu10"),
     ]
     assert thp.variants[0].reason == "madvise on gpu3"  # one host: its name stays
+
+
+@pytest.mark.process
+def test_lab_transport_with_the_lab_down_says_lab_up(cli, tmp_path) -> None:
+    from belugactl.lab.paths import STATE_ENV
+
+    lab = str(EXAMPLES / "lab.yaml")
+    env = {**AT_80, STATE_ENV: str(tmp_path)}  # an empty lab state: no lab is up
+    result = cli("rack", "doctor", "-f", lab, "--transport", "lab", "--lab-name", "h1", "--no-probe", env=env)
+    assert result.code == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["rack doctor: 2 host(s): 0 ok, 2 unreachable", "  unreachable  lab-[1-2]"]
+    assert "  lab-[1-2]: lab 'h1' is not up" in lines
+    assert "             belugactl lab up --name h1" in lines
