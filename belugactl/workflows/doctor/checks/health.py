@@ -93,9 +93,13 @@ def memdev_health(ctx: DoctorContext) -> CheckResult:
     if unreported:
         warns.append(f"health not reported for {', '.join(unreported)}")
     dirty = any("dirty shutdown" in w for w in warns)
-    fix_parts = [
-        "plan the device's replacement with its vendor (`cxl list -M -H` shows the flags); move the pool off it first"
-    ]
+    wear = [t for t in fails + warns if "dirty shutdown" not in t and "not reported" not in t]
+    fix_parts = []
+    if wear:
+        fix_parts.append(
+            "plan the device's replacement with its vendor (`cxl list -M -H` shows the flags); "
+            "move the pool off it first"
+        )
     if dirty:
         fix_parts.append(
             "dirty shutdowns count for the device's whole life: if the count grew since the last clean boot, "
