@@ -126,7 +126,8 @@ def _unreachable(summary: Any, width: int) -> list[str]:
 
     if not summary.unreachable:
         return []
-    lines = ["", f"? unreachable, not checked: {fold([h for h in summary.hosts if h in summary.unreachable])}"]
+    unchecked = "not checked" if summary.verb == "doctor" else "nothing run there"
+    lines = ["", f"? unreachable, {unchecked}: {fold([h for h in summary.hosts if h in summary.unreachable])}"]
     by_fix: dict[str, dict[str, list[str]]] = {}
     for host in summary.hosts:
         if host in summary.unreachable:

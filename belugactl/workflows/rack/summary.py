@@ -211,7 +211,8 @@ def outcome(verb: str, doc: Any) -> str:
     if verb == "setup":
         report = doc.get("report", doc)
         if report.get("dry_run"):
-            return f"{len(report.get('remaining', []))} step(s) planned"
+            planned = len(report.get("remaining", []))
+            return f"{planned} step(s) planned" if planned else "nothing to do"
         applied = len(report.get("applied", []))
         return f"{applied} step(s) applied" if applied else "no changes"
     if verb == "status":
