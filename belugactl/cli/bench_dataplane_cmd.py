@@ -196,6 +196,24 @@ def mds(
     idle_pings: int = typer.Option(
         100, "--idle-pings", metavar="N", help="PINGs timed after a quiet spell, per server."
     ),
+    scale: bool = typer.Option(
+        False,
+        "--scale",
+        help="Instead: the server at the rack's size (issue 31): a sparse pool of the 16-host example's size "
+        "filled to each of --sizes, then a server at each of --rings; every figure beside its target.",
+    ),
+    sizes: str = typer.Option("100k,1M,4M", "--sizes", metavar="N,...", help="With --scale: index sizes, blocks."),
+    rings: str = typer.Option("16,128,512,1152", "--rings", metavar="N,...", help="With --scale: ring counts."),
+    block_size: str = typer.Option("2MiB", "--block-size", metavar="SIZE", help="With --scale: a block's size."),
+    scale_pool: str = typer.Option(
+        "", "--pool", metavar="PATH", help="With --scale: create the sparse pool file here (default: a temp file)."
+    ),
+    budget_s: float = typer.Option(
+        1800.0,
+        "--budget-s",
+        metavar="SECONDS",
+        help="With --scale: the whole run's bound; what does not fit is skipped.",
+    ),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
     bytes per zone with software interleave (pool.interleave.mode: software) against none, and a
@@ -205,6 +223,9 @@ def mds(
     from belugactl.errors import UsageError
     from belugactl.workflows.bench.rpc_mds import bench_mds
 
+    if scale:
+        _mds_scale(sizes, rings, block_size, scale_pool, budget_s, json_out)
+        return
     if not 3 <= idle_rings <= 1024:
         raise UsageError(f"--idle-rings {idle_rings} is out of range", fix="pass 3 to 1024 rings")
     if not 1 <= idle_pings <= 100_000:
@@ -295,3 +316,61 @@ def _print_idle_server(console: object, doc: dict) -> None:
 
 def _x(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _mds_scale(sizes: str, rings: str, block_size: str, pool: str, budget_s: float, json_out: bool) -> None:
+    """`bench mds --scale`: arguments checked before any work, then one table of figures and targets."""
+    from pathlib import Path
+
+    from belugactl.cli.render import print_json, stdout_console
+    from belugactl.errors import UsageError
+    from belugactl.units import parse_size
+    from belugactl.workflows.bench.mds_scale import bench_scale
+    from belugactl.workflows.bench.mds_scale_report import parse_counts
+
+    try:
+        size_list = parse_counts(sizes, lowest=1_000, highest=64_000_000)
+    except ValueError:
+        raise UsageError(f"--sizes {sizes}: expected block counts 1k to 64M", fix="e.g. --sizes 100k,1M,4M") from None
+    try:
+        ring_list = parse_counts(rings, lowest=3, highest=4096)
+    except ValueError:
+        raise UsageError(
+            f"--rings {rings}: expected ring counts 3 to 4096", fix="e.g. --rings 16,128,512,1152"
+        ) from None
+    try:
+        block = parse_size(block_size)
+    except ValueError:
+        block = 0
+    if not 4096 <= block <= 64 << 20 or block % 4096:
+        raise UsageError(f"--block-size {block_size}: a multiple of 4 KiB up to 64 MiB", fix="e.g. --block-size 2MiB")
+    if not 10 <= budget_s <= 86_400:
+        raise UsageError(f"--budget-s {budget_s:g} is out of range", fix="pass 10 to 86400 seconds")
+    pool_path = Path(pool) if pool else None
+    if pool_path is not None and (pool_path.exists() or pool_path.is_symlink() or not pool_path.parent.is_dir()):
+        raise UsageError(
+            f"--pool {pool}: the benchmark creates this file (and removes it after)",
+            fix="name a file that does not exist yet, in an existing directory",
+        )
+    result = bench_scale(sizes=size_list, rings=ring_list, block=block, pool=pool_path, budget_s=budget_s)
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    console = stdout_console()
+    p = result["pool"]
+    console.print(
+        f"[bold]bench mds --scale[/]: {result['started_utc']}, {result['seconds']} s; pool {p['bytes'] >> 40} TiB "
+        f"sparse file, {p['rings']} rings, {block_size} blocks saved {result['blocks_per_save']} a save; "
+        f"{result['cpus']} CPUs, load average {result['load_average_1m_at_start']} -> "
+        f"{result['load_average_1m_at_end']}"
+    )
+    table = Table("what", "at", "measured", "target", "met")
+    for what, at, measured, target, met in result["table"]:
+        table.add_row(what, at, measured, target, "-" if met is None else ("yes" if met else "NO"))
+    console.print(table)
+    t = result["targets"]
+    console.print(f"targets: {t['met']} met, {t['not_met']} not met, {t['not_judged']} not judged here")
+    for note in result["notes"]:
+        console.print(f"note: {note}")
