@@ -203,7 +203,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a command in a guest as root, in the same directory as here; its output and exit status
         come back as if it ran locally (124 after --timeout). `belugactl` there is this checkout's.
-        Options go before HOST: everything after HOST belongs to the command."""
+        Options go before GUEST: everything after GUEST belongs to the command."""
         from belugactl.errors import UsageError
         from belugactl.lab import emulated_rack
 
@@ -361,7 +361,7 @@ def _print_lab(st) -> None:  # st: belugactl.lab.emulated_rack.LabStatus
         for path in st.backing:
             print(f"          {path}")
     if st.ssh_config:
-        print(f"  ssh     ssh -F {st.ssh_config} HOST  (each guest's sshd behind 127.0.0.1:PORT)")
+        print(f"  ssh     ssh -F {st.ssh_config} GUEST  (each guest's sshd behind 127.0.0.1:PORT)")
     for g in st.guests:
         boot = f"  booted in {g.boot_s:.1f} s" if g.boot_s is not None else ""
         print(f"  {g.name:<7} {g.state:<12} {g.detail}{boot}")
