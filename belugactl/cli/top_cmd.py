@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from belugactl.cli.options import file_option, json_option
+
+if TYPE_CHECKING:
+    from belugactl.workflows.top.model import Snapshot
+    from belugactl.workflows.top.source import TopSource
+    from belugactl.workflows.top.view_state import ViewState
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +35,8 @@ def register(app: typer.Typer) -> None:
         Keys: s cycles the sort column, r reverses it, / filters by host (Enter keeps, Esc clears), q quits.
         Rates and hit rates cover the last interval; an endpoint that does not answer is shown as down
         with the reason. --once prints one snapshot, fitted to the terminal (80 columns when piped)."""
+        from dataclasses import asdict
+
         from belugactl.cli.load_rack import rack_context
         from belugactl.cli.render import print_json, text_width
         from belugactl.errors import set_interrupt_note
@@ -42,14 +50,14 @@ def register(app: typer.Typer) -> None:
         if as_json or once:
             snapshot = top_source.once(src, interval)
             if as_json:
-                print_json({"endpoints": [e.__dict__ for e in src.endpoints], **snapshot.to_dict()})
+                print_json({"endpoints": [asdict(e) for e in src.endpoints], **snapshot.to_dict()})
             else:
                 sys.stdout.write(plain(render_lines(snapshot, ViewState(), text_width())))
             return
         _live(src, interval)
 
 
-def _live(src, interval: float) -> None:  # noqa: ANN001 - a TopSource, imported lazily
+def _live(src: TopSource, interval: float) -> None:
     from belugactl.errors import UsageError
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -62,14 +70,13 @@ def _live(src, interval: float) -> None:  # noqa: ANN001 - a TopSource, imported
 
     from belugactl.workflows.top.live import cbreak, run_live
     from belugactl.workflows.top.view import render_lines, to_rich
-    from belugactl.workflows.top.view_state import ViewState
 
     console = Console(highlight=False, emoji=False)
     waiting = f"belugactl top  rack {src.rack}: scraping {len(src.endpoints)} endpoints..."
 
     live = Live(console=console, screen=True, auto_refresh=False, transient=True)
 
-    def show(snapshot, state: ViewState) -> None:  # noqa: ANN001 - a Snapshot, or None before the first round
+    def show(snapshot: Snapshot | None, state: ViewState) -> None:  # None: before the first round
         width, height = console.size
         if snapshot is None:
             live.update(waiting, refresh=True)

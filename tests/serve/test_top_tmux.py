@@ -29,8 +29,20 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "top/tp0"
-# The pane's command: run argv on the pane's terminal, then write its exit status to a file.
-RECORD_EXIT = "import subprocess, sys; rc = subprocess.call(sys.argv[2:]); open(sys.argv[1], 'w').write(str(rc))"
+# The pane's command: run argv on the pane's terminal, then write its exit status to a file. A Ctrl-C
+# reaches both (one process group): this wrapper waits on; ignoring SIGINT instead would pass the
+# ignore on to the child, whose Ctrl-C would then do nothing.
+RECORD_EXIT = """
+import subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+while True:
+    try:
+        rc = child.wait()
+        break
+    except KeyboardInterrupt:
+        pass
+open(sys.argv[1], "w").write(str(rc))
+"""
 
 
 def _free_port() -> int:
@@ -120,6 +132,20 @@ class Pane:
             time.sleep(0.05)
 
 
+def _skip_without_tmux() -> None:
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("tmux is not installed (scripts/bootstrap installs it)")
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+
+
+def _wait_for_file(path: Path, timeout_s: float = 10.0) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text() if path.exists() else None
+
+
 def _line(text: str, start: str) -> str:
     return next((line for line in text.splitlines() if line.startswith(start)), "")
 
@@ -129,10 +155,7 @@ def _table_hosts(text: str) -> list[str]:
 
 
 def test_top_in_a_terminal_shows_the_rack_updates_and_answers_its_keys(tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("tmux is not installed (scripts/bootstrap installs it)")
-        pytest.skip("tmux is not installed (apt-get install tmux)")
+    _skip_without_tmux()
     from belugactl.dataplane.client import connect
 
     vllm_port, router_port, stats_port = _free_port(), _free_port(), _free_port()
@@ -179,10 +202,27 @@ def test_top_in_a_terminal_shows_the_rack_updates_and_answers_its_keys(tmp_path:
                 shown = pane.wait_for(lambda t: "keys: s sort" in t, "the keys line after Enter")
                 assert "2 of 4 instances (host filter 'h1')" in shown
                 pane.keys("q")
-                deadline = time.monotonic() + 10
-                while not exit_file.exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert exit_file.exists(), f"q did not end top; the screen:\n{pane.screen()}"
-                assert exit_file.read_text() == "0"
+                assert _wait_for_file(exit_file) == "0", f"q did not end top with 0; the screen:\n{pane.screen()}"
             finally:
                 pane.kill()
+
+
+def test_ctrl_c_in_top_is_exit_130_with_the_interrupt_line(tmp_path: Path) -> None:
+    """The terminal's cbreak mode keeps Ctrl-C a signal: top ends like every command (exit 130, one line)."""
+    _skip_without_tmux()
+    rack = tmp_path / "rack.yaml"
+    rack.write_text(_rack(_free_port(), _free_port(), ""))  # nothing answers: every endpoint is down
+    conf = tmp_path / "tmux.conf"
+    conf.write_text("set -g remain-on-exit on\nset -g status off\n")
+    pane = Pane(f"belugactl-top-{os.getpid()}-{tmp_path.name}", conf)
+    exit_file = tmp_path / "exit-status"
+    try:
+        pane.start([sys.executable, "-m", "belugactl", "top", "-f", str(rack), "--interval", "0.3"], exit_file)
+        pane.wait_for(lambda t: "down: connection refused" in _line(t, "h1 "), "the instances, down")
+        pane.keys("C-c")
+        assert _wait_for_file(exit_file) == "130", pane.screen()
+        after = pane.screen()
+        assert "interrupted: belugactl top; it only reads, nothing was changed" in after
+        assert "belugactl top  rack" not in after  # the full-screen view is gone, the shell's screen is back
+    finally:
+        pane.kill()
