@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -260,3 +261,23 @@ def test_directories_serve_creates_are_private_whatever_the_umask(tmp_path: Path
         os.umask(old)
     for d in (tmp_path / "state", tmp_path / "state" / "belugactl", run):
         assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700
+
+
+@pytest.mark.process
+def test_stop_still_stops_a_child_that_holds_its_log_on_another_fd(tmp_path: Path) -> None:
+    """A library may point fd 1 at /dev/null for a while (vLLM does, keeping a dup): still serve's."""
+    run = prepare_run_dir(tmp_path / "run")
+    log = run / "logs" / "vllm-0.log"
+    code = "import os,time; k=os.dup(1); n=os.open(os.devnull, os.O_WRONLY); os.dup2(n,1); os.dup2(n,2); time.sleep(60)"
+    with open(log, "ab") as out:
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while run_dir.holds_file(child.pid, log, fds=(1,)) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until it has moved fd 1 away
+        _copied_state(run, child, as_supervisor=False)  # names this log, which the child holds on fd 3
+        assert stop(run, timeout_s=1)["stopped"] == ["vllm-0"]
+        assert child.wait(timeout=10) is not None
+    finally:
+        child.kill()
+        child.wait(timeout=10)

@@ -137,8 +137,9 @@ def _started_here(run: Path, name: str, identity: ProcessIdentity, entry: dict[s
         log = entry.get("log_file")
         if not isinstance(log, str) or not Path(os.path.realpath(log)).is_relative_to(os.path.realpath(run)):
             return f"{name} (pid {identity.pid}): its log {log!r} is not in the run dir {run}"
-        held = holds_file(identity.pid, Path(log), fds=(1, 2))
-        what = f"its log {log} as stdout"
+        # stdout and stderr first; any fd after (a library may point fd 1 elsewhere for a while, keeping a dup)
+        held = holds_file(identity.pid, Path(log), fds=(1, 2)) or holds_file(identity.pid, Path(log))
+        what = f"its log {log} open"
     if held:
         return None
     cannot = "cannot be read" if held is None else "does not hold"
