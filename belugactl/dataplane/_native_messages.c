@@ -9,10 +9,13 @@
 /* One block of a GET_MANY reply (protocol.py: u64 lease, u64 nbytes, u16 extent count, u16
  * checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) at d + *pos, as the vLLM
  * connector's location tuple (extents, lease id, nbytes, checksum | None), or None where the lease
- * is 0 (absent). Every length is checked against `size` before it is read. Returns a new reference;
- * NULL with ValueError set for a block past the reply's end or an unknown checksum kind. */
+ * is 0 (absent). Every length is checked against `size` before it is read, and every extent of a
+ * located block against [lo, hi), the shared KV area of the pool header (a reply that names bytes
+ * elsewhere, e.g. from a fake server, is refused before anything reads them). Returns a new
+ * reference; NULL with ValueError set for a block past the reply's end, an extent outside the area
+ * or an unknown checksum kind. */
 static PyObject *decode_get_many_block(const unsigned char *d, Py_ssize_t size, Py_ssize_t *pos, Py_ssize_t i,
-                                       unsigned count) {
+                                       unsigned count, uint64_t lo, uint64_t hi) {
     if (size - *pos < 24) {
         PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd of %u starts past its %zd bytes", i, count, size);
         return NULL;
@@ -39,6 +42,13 @@ static PyObject *decode_get_many_block(const unsigned char *d, Py_ssize_t size, 
         uint64_t off, len;
         memcpy(&off, d + *pos, 8); memcpy(&len, d + *pos + 8, 8);
         *pos += 16;
+        if ((lo | ~hi) && (off < lo || off > hi || len > hi - off)) { /* [0, 2**64-1): no area given */
+            PyErr_Format(PyExc_ValueError, "GET_MANY reply: block %zd's extent (%llu, %llu) lies outside the shared KV "
+                         "area [%llu, %llu)", i, (unsigned long long)off, (unsigned long long)len,
+                         (unsigned long long)lo, (unsigned long long)hi);
+            Py_DECREF(ext);
+            return NULL;
+        }
         PyObject *e = Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)len);
         if (e == NULL) { Py_DECREF(ext); return NULL; }
         PyList_SET_ITEM(ext, j, e);
@@ -91,7 +101,7 @@ static Py_ssize_t encode_get_many(PyObject *keys, unsigned int ns, Py_ssize_t pe
 /* The m replies of a GET_MANY burst for `nkeys` keys (`per_msg` to a message; reply i's header in
  * hdrs[i], its payload at out + i * maxp) as rpc_get_many's result (see there). */
 static PyObject *decode_get_many_replies(const struct slot_hdr *hdrs, const char *out, Py_ssize_t m, Py_ssize_t nkeys,
-                                         Py_ssize_t per_msg, Py_ssize_t maxp) {
+                                         Py_ssize_t per_msg, Py_ssize_t maxp, uint64_t lo, uint64_t hi) {
     PyObject *r = NULL, *locs = NULL, *left = NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
         if (hdrs[i].code) return Py_BuildValue("(in)", (int)hdrs[i].code, i);
@@ -113,7 +123,7 @@ static PyObject *decode_get_many_replies(const struct slot_hdr *hdrs, const char
         }
         Py_ssize_t pos = 4;
         for (Py_ssize_t j = 0; j < count; j++) {
-            PyObject *item = decode_get_many_block(d, size, &pos, j, count);
+            PyObject *item = decode_get_many_block(d, size, &pos, j, count, lo, hi);
             if (item == NULL) {
                 PyObject *et, *ev, *tb;
                 PyErr_Fetch(&et, &ev, &tb);
@@ -137,10 +147,12 @@ done:
     return r;
 }
 
-/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush)
+/* rpc_get_many(buf, slot_offsets_int64[S], seq0, epoch32, ns, keys, per_message, max_payload, window, timeout_ns, flush,
+ *              area_lo=0, area_hi=2**64-1)
  *   -> (0, [location | None per key], [index of a key no reply answered, ...])
  *    | (code, message index): the server refused that message (the first one it refused)
- *    | (-3, why): a reply whose payload is not a GET_MANY answer; (-4, why): a reply answering
+ *    | (-3, why): a reply whose payload is not a GET_MANY answer (or names an extent outside
+ *      [area_lo, area_hi), the shared KV area); (-4, why): a reply answering
  *      none of its keys, or more than it was asked (the ring is in step after both)
  *    | (-2, done) | None on timeout | ValueError, as rpc_call_many
  *    | TypeError, before anything is sent, for keys that are not bytes of one length or do not fit
@@ -152,9 +164,9 @@ done:
  * message's keys answers a prefix: the rest are listed for the caller to ask again. */
 PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long seq0, timeout_ns; unsigned int epoch32, ns; PyObject *keys_obj;
-    Py_ssize_t per_msg, maxp, window; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
-                          &timeout_ns, &flush))
+    Py_ssize_t per_msg, maxp, window; int flush = 0; unsigned long long lo = 0, hi = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "w*y*KIIOnnnKp|KK", &v, &ov, &seq0, &epoch32, &ns, &keys_obj, &per_msg, &maxp, &window,
+                          &timeout_ns, &flush, &lo, &hi))
         return NULL;
     PyObject *r = NULL, *keys = NULL;
     const char **src = NULL; Py_ssize_t *src_len = NULL;
@@ -173,7 +185,7 @@ PyObject *py_rpc_get_many(PyObject *self, PyObject *args) {
     int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, epoch32, OP_GET_MANY, src, src_len,
                           m, maxp, window, timeout_ns, flush, hdrs, out, 0, &sent, &taken);
     if (state) { r = burst_failure(state, sent, taken, hdrs, seq0); goto done; }
-    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
+    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp, lo, hi);
 done:
     PyMem_Free(src); PyMem_Free(src_len); PyMem_Free(hdrs); PyMem_Free(req); PyMem_Free(out);
     Py_XDECREF(keys);
@@ -221,13 +233,15 @@ done:
     return r;
 }
 
-/* rpc_get_many_finish(buf, slot_offsets_int64[S], seq0, nkeys, per_message, max_payload, timeout_ns, flush)
+/* rpc_get_many_finish(buf, slot_offsets_int64[S], seq0, nkeys, per_message, max_payload, timeout_ns, flush,
+ *                     area_lo=0, area_hi=2**64-1)
  *   -> what rpc_get_many returns, for the burst rpc_get_many_start sent as seq0 onwards
  * The second half: the replies of the `nkeys`-key lookup started earlier, taken in order (waiting as
  * rpc_call_many waits) and decoded. The caller takes nothing else from the ring in between. */
 PyObject *py_rpc_get_many_finish(PyObject *self, PyObject *args) {
     Py_buffer v, ov; unsigned long long seq0, timeout_ns; Py_ssize_t nkeys, per_msg, maxp; int flush = 0;
-    if (!PyArg_ParseTuple(args, "w*y*KnnnKp", &v, &ov, &seq0, &nkeys, &per_msg, &maxp, &timeout_ns, &flush))
+    unsigned long long lo = 0, hi = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "w*y*KnnnKp|KK", &v, &ov, &seq0, &nkeys, &per_msg, &maxp, &timeout_ns, &flush, &lo, &hi))
         return NULL;
     PyObject *r = NULL;
     char *out = NULL; struct slot_hdr *hdrs = NULL;
@@ -241,7 +255,7 @@ PyObject *py_rpc_get_many_finish(PyObject *self, PyObject *args) {
     int state = run_burst((char *)v.buf, (const int64_t *)ov.buf, ov.len / 8, seq0, 0, OP_GET_MANY, NULL, NULL,
                           m, maxp, m, timeout_ns, flush, hdrs, out, m, &sent, &taken);
     if (state) { r = burst_failure(state, sent, taken, hdrs, seq0); goto done; }
-    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp);
+    r = decode_get_many_replies(hdrs, out, m, nkeys, per_msg, maxp, lo, hi);
 done:
     PyMem_Free(hdrs); PyMem_Free(out);
     PyBuffer_Release(&v); PyBuffer_Release(&ov);
@@ -419,16 +433,17 @@ done:
     return r;
 }
 
-/* get_many_decode(reply) -> [(extents, lease id, nbytes, checksum | None) | None, ...]
+/* get_many_decode(reply, area_lo=0, area_hi=2**64-1) -> [(extents, lease id, nbytes, checksum | None) | None, ...]
  * A GET_MANY reply (protocol.py: u16 count, u16 pad, then per block u64 lease, u64 nbytes, u16
  * extent count, u16 checksum kind, u32 checksum, extent count x (u64 offset, u64 length)) decoded
  * straight into the vLLM connector's location tuples, None where the lease is 0 (absent). The
  * scheduler decodes a long prompt's reply on a pool hit's critical path, a Python loop per block
  * there. Every length is checked against the reply before it is read;
- * ValueError on a short reply, a count or extent count past its end, or an unknown checksum kind. */
+ * ValueError on a short reply, a count or extent count past its end, an extent outside
+ * [area_lo, area_hi) (the shared KV area), or an unknown checksum kind. */
 PyObject *py_get_many_decode(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    Py_buffer b; unsigned long long lo = 0, hi = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "y*|KK", &b, &lo, &hi)) return NULL;
     PyObject *out = NULL;
     const unsigned char *d = (const unsigned char *)b.buf;
     const Py_ssize_t size = b.len;
@@ -439,7 +454,7 @@ PyObject *py_get_many_decode(PyObject *self, PyObject *args) {
     if (out == NULL) goto done;
     Py_ssize_t pos = 4;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = decode_get_many_block(d, size, &pos, i, count);
+        PyObject *item = decode_get_many_block(d, size, &pos, i, count, lo, hi);
         if (item == NULL) { Py_CLEAR(out); goto done; }
         PyList_SET_ITEM(out, i, item);
     }

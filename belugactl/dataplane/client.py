@@ -26,7 +26,9 @@ Semantics (the server's; see docs/dataplane.md):
   past its deadline (90 % of the server's writer window after the request was sent) or once the
   pool's epoch moved, abandon it (`abort`, ignoring errors). See docs/dataplane.md, "Fencing".
 - Ownership: tokens and lease ids are bound to the ring or connection that got them; another
-  client's COMMIT/ABORT/RELEASE raises `NotOwner` and changes nothing.
+  client's COMMIT/ABORT/RELEASE raises `NotOwner` and changes nothing. A release with
+  `granted_elsewhere=True` ends leases another client passed on, only if both said the same
+  `handover_group` when they connected.
 - `lookup_prefix` and `get` grant read leases (10 s by default): a leased block is never evicted or
   freed, so its bytes stay valid while you copy them. `release` ends leases early; they also expire.
   A block deleted while leased disappears from lookups at once and is freed when its leases end.
@@ -197,13 +199,20 @@ def connect(
     pool: PoolMapping | None = None,
     client_id: int | None = None,
     timeout_s: float = 1.0,
+    handover_group: int = 0,
 ) -> KVIndexClient:
     """Connect to the metadata server and learn its epoch.
 
     `address` is "cxl://<pool path>#<ring index>" or "tcp://host:port" (any scheme registered in
     rpc/transport.py). For CXL, pass an open `pool` to share one mapping (otherwise the pool path is
-    mapped here, geometry from its header). Raises MetadataUnavailable when the server does not
-    answer within `timeout_s`, UsageError for a malformed address.
+    mapped here, geometry from its header). Over TCP, pass the `pool` the caller writes into and
+    reads from: the client then holds the server to it as a CXL client is held (`use_pool`).
+    Raises MetadataUnavailable when the server does not answer within `timeout_s` (or answers with
+    another epoch than the pool header's), UsageError for a malformed address.
+
+    `handover_group`: a 64-bit secret this client shares with the clients it passes leases to or
+    takes them from (the processes of one vLLM instance); a `granted_elsewhere` release is accepted
+    only for leases granted to a client of the same group. 0: none.
     """
     cls = transport_for(address)
     try:
@@ -216,6 +225,9 @@ def connect(
         ) from None
     cid = transport.default_client_id() if client_id is None else client_id
     client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s)
+    client.handover_group = handover_group
+    if transport.pool is None and pool is not None:
+        client.use_pool(pool)
     try:
         client.reconnect()
     except BaseException:
@@ -236,6 +248,7 @@ class KVIndexClient:
         self.transport = transport
         self.address = address
         self.client_id = client_id
+        self.handover_group = 0  # sent in HELLO: whose leases this client may release (connect's doc)
         self.timeout_s = timeout_s
         self._timeout_ns = int(timeout_s * 1e9)
         self.epoch = 0
@@ -243,6 +256,10 @@ class KVIndexClient:
         self._ns: dict[str, int] = {}
         self._stale = False
         self._pool = transport.pool
+        # The shared KV area [start, end) of the pool header: every extent a reply names must lie in
+        # it (one elsewhere, e.g. over the header, is refused before a byte is written or read).
+        # Unknown (no pool mapped by this client) until `use_pool`.
+        self.kv_area: p.Area = p.ANYWHERE if self._pool is None else _kv_area(self._pool)
         self.writer_window_s = 0.0  # from HELLO: how long a writer may use a reservation
         self.lease_ttl_s = 0.0  # from HELLO: how long a read lease lives at least (0: unknown)
         # No-wait requests (nowait.py) whose replies are not taken yet, oldest first: for a RELEASE
@@ -272,12 +289,23 @@ class KVIndexClient:
                 nowait.drop_replies(self, "the client reconnected: the reply went with the old ring or socket")
                 t.reset()
             t.forget_epoch()  # HELLO is how we learn the new epoch
-            code, _e, payload = t.call(Op.HELLO, 0, p.encode_hello(self.client_id), self._timeout_ns)
+            hello = p.encode_hello(self.client_id, 0, self.handover_group)
+            code, _e, payload = t.call(Op.HELLO, 0, hello, self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         if code != Code.OK:
             raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
         epoch, _pid, max_payload, window_ms, lease_ms = p.decode_hello_reply(payload)
+        if self._pool is not None:
+            # A server that is not this pool's (a process that bound the port while the real one
+            # restarted) cannot know the header's epoch word: refuse it before any request.
+            header_epoch = self._pool.epoch()
+            if epoch != header_epoch:
+                t.broken = True  # nothing more is asked of it: the next call connects afresh
+                raise self._unavailable(
+                    f"it answered epoch {epoch}, the pool header's epoch word is {header_epoch}: "
+                    "not the metadata server of this pool (or it restarted just now)"
+                )
         t.adopt(epoch, max_payload)
         self.writer_window_s = (window_ms or p.DEFAULT_WRITER_WINDOW_MS) / 1000
         self.lease_ttl_s = lease_ms / 1000
@@ -287,6 +315,25 @@ class KVIndexClient:
         self._stale = False
         self._batches = True
         return epoch
+
+    def use_pool(self, pool: PoolMapping) -> None:
+        """Hold this client's server to `pool` (the mapping its caller copies through): extents
+        outside its shared KV area are refused, and the next HELLO must answer its epoch word."""
+        self._pool = pool
+        self.kv_area = _kv_area(pool)
+
+    def _outside(self, extents: Sequence[Extent], op: int) -> MetadataUnavailable | None:
+        """The error for a reply naming an extent outside the shared KV area (None: all inside).
+        Such a server is not this pool's: the connection is dropped, and the caller writes nothing."""
+        bad = p.extents_outside(extents, self.kv_area)
+        if bad is None:
+            return None
+        self.transport.broken = True  # the next request reconnects (and checks the epoch again)
+        lo, hi = self.kv_area
+        return self._unavailable(
+            f"its {Op(op).name} reply names extent {bad}, outside the shared KV area [{lo}, {hi}) of the pool "
+            "header: not the metadata server of this pool; nothing was written or read"
+        )
 
     def _unavailable(self, why: str) -> MetadataUnavailable:
         return MetadataUnavailable(
@@ -450,6 +497,8 @@ class KVIndexClient:
                 return None
             raise
         lease, nbytes, extents, checksum = p.decode_get_reply_ex(reply)
+        if self.kv_area is not p.ANYWHERE and (bad := self._outside(extents, Op.GET)) is not None:
+            raise bad
         return BlockLocation(extents, lease, nbytes, checksum)
 
     def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[BlockLocation | None]:
@@ -492,7 +541,7 @@ class KVIndexClient:
             replies = self._call_many(Op.GET_MANY, [p.encode_lookup(ns, [keys[j] for j in c]) for c in chunks])
             left: list[int] = []
             for chunk, reply in zip(chunks, replies, strict=True):
-                items = p.decode_get_many_tuples(reply)  # in C when the native helper is built
+                items = p.decode_get_many_tuples(reply, self.kv_area)  # in C when the native helper is built
                 if not items or len(items) > len(chunk):
                     raise RequestRejected(f"GET_MANY answered {len(items)} of {len(chunk)} keys")
                 for j, loc in zip(chunk, items, strict=False):
@@ -517,6 +566,8 @@ class KVIndexClient:
         ns = self._ns_id(namespace)
         asked = time.monotonic()  # before sending: the server's clock for this reservation starts later
         token, extents = p.decode_reserve_reply(self._call(Op.RESERVE, p.encode_reserve(ns, key, nbytes)))
+        if (bad := self._outside(extents, Op.RESERVE)) is not None:
+            raise bad
         return Reservation(token, extents, nbytes, asked + WRITER_WINDOW_SHARE * self.writer_window_s, self.epoch)
 
     def reserve_many(self, namespace: str, items: Sequence[tuple[bytes, int]]) -> list[Reservation | Code]:
@@ -558,6 +609,9 @@ class KVIndexClient:
                 answered = p.decode_reserve_many_reply(reply)
                 if not answered or len(answered) > len(chunk):
                     raise RequestRejected(f"RESERVE_MANY answered {len(answered)} of {len(chunk)} keys")
+                for _i, (code, _token, extents) in zip(chunk, answered, strict=False):
+                    if code == 0 and (bad := self._outside(extents, Op.RESERVE_MANY)) is not None:
+                        raise bad  # before any reservation is handed out: the caller writes nothing
                 for i, (code, token, extents) in zip(chunk, answered, strict=False):
                     if code == 0:
                         out[i] = Reservation(token, extents, items[i][1], deadline, self.epoch)
@@ -778,6 +832,11 @@ class KVIndexClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _kv_area(pool: PoolMapping) -> p.Area:
+    g = pool.geometry
+    return g.shared_kv_offset, g.shared_kv_offset + g.shared_kv_size
 
 
 def _chunks(todo: list[int], key_lens: list[int], capacity) -> list[list[int]]:  # noqa: ANN001 - a callable

@@ -99,3 +99,63 @@ class TcpOwners:
         owner = self.base + self._next
         self._next = (self._next + 1) % self.span
         return owner
+
+
+class HandoverGroups:
+    """Which owners may release each other's leases: those that said the same hand-over group in
+    HELLO (a 64-bit secret the processes of one vLLM instance share; 0 joins none).
+
+    The vLLM scheduler looks blocks up under its leases and a worker of the same instance copies
+    them and releases them (RELEASE_GRANTED_ELSEWHERE). A lease id names the owner it was granted
+    to; the release is accepted only when that owner is in the releaser's group, so a client that
+    merely learned an id cannot free another reader's block. A group holds at most MAX_MEMBERS
+    owners (an instance has a scheduler and one worker per rank); a HELLO past that joins none.
+    """
+
+    MAX_MEMBERS = 256
+
+    def __init__(self) -> None:
+        self.group_of: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}
+        self.refused_joins = 0  # HELLOs naming a full group
+
+    def join(self, owner: int, group: int) -> None:
+        """`owner` said `group` in its HELLO (a new HELLO replaces what it said before)."""
+        self.forget(owner)
+        if not group:
+            return
+        members = self.members.setdefault(group, [])
+        if len(members) >= self.MAX_MEMBERS:
+            self.refused_joins += 1
+            return
+        members.append(owner)
+        self.group_of[owner] = group
+
+    def forget(self, owner: int) -> None:
+        """`owner` left (its connection closed, or it said another group)."""
+        group = self.group_of.pop(owner, 0)
+        if group:
+            members = self.members[group]
+            members.remove(owner)
+            if not members:
+                del self.members[group]
+
+    def granted_within(self, codec: LeaseCodec, ids: bytes, owner: int, foreign: int) -> bool:
+        """Were all `foreign` ids of `ids` (those not granted to `owner`) granted to members of
+        `owner`'s group? One native decode per member tried, the last granter first: the ids a worker
+        releases all come from its scheduler."""
+        group = self.group_of.get(owner, 0)
+        if not group:
+            return False
+        members = self.members[group]
+        n = len(ids) // 8
+        left = foreign
+        for i, member in enumerate(members):
+            if member == owner:
+                continue
+            left -= n - codec.decode_many(ids, member)[1]
+            if left <= 0:
+                if i:
+                    members.insert(0, members.pop(i))  # the granter first next time
+                return left == 0
+        return False

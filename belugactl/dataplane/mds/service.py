@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from belugactl.dataplane.mds.index import IndexError_, KVIndex
-from belugactl.dataplane.mds.ownership import LeaseCodec
+from belugactl.dataplane.mds.ownership import HandoverGroups, LeaseCodec
 from belugactl.dataplane.rpc import protocol as p
 from belugactl.dataplane.rpc.protocol import Code, Op, ProtocolError
 
@@ -56,6 +56,8 @@ class MetadataService:
         self.reserve_blocked = ""
         self.on_reserve: Callable[[], None] | None = None  # fencing records the writers' deadline
         self.released_granted_elsewhere = 0  # leases released by a client another one passed them to
+        # Who may release whose leases on their behalf: owners that said the same secret group in HELLO.
+        self.groups = HandoverGroups()
         # How long a writer may write into a reservation, from before it asked (HELLO tells it).
         self.writer_window_ms = int(index.config.reservation_ttl_s * 1000)
         # How long a read lease lives at least, from before its request was sent (HELLO tells readers:
@@ -97,6 +99,11 @@ class MetadataService:
         }
         self.batched_items = 0  # keys and tokens carried by RESERVE_MANY / COMMIT_MANY requests
 
+    def forget_owner(self, owner: int) -> None:
+        """A connection closed: its owner number may be given to another one, which must not
+        inherit its hand-over group (listeners call this when they drop a connection)."""
+        self.groups.forget(owner)
+
     def error(self, code: Code) -> tuple[int, bytes]:
         self.error_count += 1
         self.errors[code.name] = self.errors.get(code.name, 0) + 1
@@ -131,8 +138,9 @@ class MetadataService:
         return code, reply
 
     # --- handlers -----------------------------------------------------------------------------
-    def _hello(self, data, max_reply: int, _owner: int) -> tuple[int, bytes]:
+    def _hello(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
         p.decode_hello(data)
+        self.groups.join(owner, p.decode_hello_group(data))
         return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms, self.lease_ttl_ms)
 
     def _open_ns(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
@@ -344,12 +352,14 @@ class MetadataService:
 
     def _release(self, data, _max: int, owner: int) -> tuple[int, bytes]:
         """All or nothing: one id granted to another owner refuses the whole request (NOT_OWNER),
-        unless the client says they were granted elsewhere and passed to it (RELEASE_GRANTED_ELSEWHERE,
-        counted)."""
+        unless the client says they were granted elsewhere and passed to it (RELEASE_GRANTED_ELSEWHERE)
+        and every such id was granted to an owner of its own hand-over group (counted either way)."""
         ids, flags = p.decode_release_raw(data)
         granted_elsewhere = bool(flags & p.RELEASE_GRANTED_ELSEWHERE)
         seqs, foreign = self.leases.decode_many(ids, owner)
-        if foreign and not granted_elsewhere:
+        if foreign and not (granted_elsewhere and self.groups.granted_within(self.leases, ids, owner, foreign)):
+            # A stranger that learned a lease id (read from another ring's reply slot, or told)
+            # would free a reader's block under it: the next writer would overwrite what it copies.
             self.index.counters.foreign_refused += 1
             return int(Code.NOT_OWNER), b""
         self.released_granted_elsewhere += foreign

@@ -104,7 +104,7 @@ def pack_header(buf, offset: int, *, status: int, seq: int, epoch: int, op: int,
 # --- payloads ---------------------------------------------------------------------------------
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_HELLO_REQ = struct.Struct("<II")  # client_id, flags
+_HELLO_REQ = struct.Struct("<II")  # client_id, flags; then optionally u64 hand-over group (below)
 _HELLO_REP = struct.Struct("<QIIII")  # full epoch, server pid, max payload, writer window (ms), lease TTL (ms)
 _LOOKUP_REQ = struct.Struct("<IHH")  # ns, count, key length
 _LOOKUP_REP = struct.Struct("<IIQ")  # present count, pad, lease id
@@ -117,6 +117,11 @@ _RELEASE_REQ = struct.Struct("<HHI")  # count, flags, pad
 # RELEASE flag: the leases were granted to another client, which passed them to this one (the vLLM
 # scheduler looks blocks up, a worker copies and releases). Without it a lease of another owner is refused.
 RELEASE_GRANTED_ELSEWHERE = 1
+# HELLO may carry a u64 hand-over group after its 8 bytes: a secret the processes of one vLLM
+# instance share (the plugin derives it from the engine's id). A RELEASE_GRANTED_ELSEWHERE is
+# accepted only for leases granted to an owner of the releaser's group (0: none; such a client can
+# release only its own leases). Older servers ignore the trailing bytes, as they ignore any.
+_HELLO_GROUP = struct.Struct("<Q")
 
 STATS_FIELDS: tuple[str, ...] = (
     "epoch",
@@ -151,13 +156,21 @@ def _need(data: bytes | memoryview, size: int, what: str) -> None:
         raise ProtocolError(Code.BAD_LENGTH, f"{what}: payload of {len(data)} bytes, need {size}")
 
 
-def encode_hello(client_id: int, flags: int = 0) -> bytes:
-    return _HELLO_REQ.pack(client_id & 0xFFFFFFFF, flags)
+def encode_hello(client_id: int, flags: int = 0, handover_group: int = 0) -> bytes:
+    head = _HELLO_REQ.pack(client_id & 0xFFFFFFFF, flags)
+    return head + _HELLO_GROUP.pack(handover_group) if handover_group else head
 
 
 def decode_hello(data) -> tuple[int, int]:
     _need(data, _HELLO_REQ.size, "HELLO")
     return _HELLO_REQ.unpack_from(data, 0)
+
+
+def decode_hello_group(data) -> int:
+    """The hand-over group a HELLO carries (0: none, or a client from before groups)."""
+    if len(data) < _HELLO_REQ.size + _HELLO_GROUP.size:
+        return 0
+    return _HELLO_GROUP.unpack_from(data, _HELLO_REQ.size)[0]
 
 
 def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int, lease_ttl_ms: int = 0) -> bytes:
@@ -342,8 +355,25 @@ def encode_get_many_item(lease: int, nbytes: int, extents: Sequence[Extent], che
     return _MANY_ITEM.pack(lease, nbytes, len(extents), kind, crc) + _pack_extents(extents)
 
 
-def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | None]]:
+Area = tuple[int, int]  # [start, end) of the shared KV area, from the pool header
+ANYWHERE: Area = (0, (1 << 64) - 1)  # no bound: a decoder that does not know the pool
+
+
+def extents_outside(extents: Sequence[Extent], area: Area) -> Extent | None:
+    """The first extent not inside `area`, or None. A reply's extents come from whoever answered on
+    the port: one outside the shared KV area (over the header, another host's partition) is refused
+    before any byte is written or read."""
+    lo, hi = area
+    for extent in extents:
+        off, n = extent
+        if off < lo or off > hi or n > hi - off:
+            return extent
+    return None
+
+
+def decode_get_many_reply_ex(data, area: Area = ANYWHERE) -> list[tuple[int, int, list[Extent], int | None]]:
     """(lease id, nbytes, extents, checksum or None) per key answered, in order; lease 0 means absent.
+    A located block's extent outside `area` raises ProtocolError (BAD_ARGS).
 
     Written flat (no helper calls per item): the scheduler decodes a long prompt's whole lookup on
     a pool hit's critical path."""
@@ -370,6 +400,10 @@ def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | N
         else:
             raise ProtocolError(Code.BAD_ARGS, f"GET_MANY reply: unknown checksum kind {kind}")
         extents = [extent(data, pos)] if n == 1 else [extent(data, pos + i * esz) for i in range(n)]
+        if lease and area != ANYWHERE:
+            bad = extents_outside(extents, area)
+            if bad is not None:
+                raise ProtocolError(Code.BAD_ARGS, f"GET_MANY reply: extent {bad} outside the shared KV area {area}")
         out.append((lease, nbytes, extents, checksum))
         pos = end
     return out
@@ -378,22 +412,22 @@ def decode_get_many_reply_ex(data) -> list[tuple[int, int, list[Extent], int | N
 LocationTuple = tuple[list[Extent], int, int, int | None]  # extents, lease id, nbytes, checksum
 
 
-def decode_get_many_tuples(data) -> list[LocationTuple | None]:
+def decode_get_many_tuples(data, area: Area = ANYWHERE) -> list[LocationTuple | None]:
     """A GET_MANY reply as (extents, lease id, nbytes, checksum or None) per key answered, None for
     an absent one: the vLLM connector's own shape, built in C when the native helper is there
-    (`get_many_decode`: the same checks as decode_get_many_reply_ex, a malformed reply raises
-    ProtocolError either way)."""
+    (`get_many_decode`: the same checks as decode_get_many_reply_ex, a malformed reply or an extent
+    outside `area` raises ProtocolError either way)."""
     from belugactl.dataplane import native  # here, not at import: native is optional
 
     fast = getattr(native._native, "get_many_decode", None) if native._native is not None else None
     if fast is not None:
         try:
-            return fast(data)
+            return fast(data, *area)
         except ValueError as exc:
             raise ProtocolError(Code.BAD_LENGTH, str(exc)) from None
     return [
         None if not lease else (extents, lease, nbytes, checksum)
-        for lease, nbytes, extents, checksum in decode_get_many_reply_ex(data)
+        for lease, nbytes, extents, checksum in decode_get_many_reply_ex(data, area)
     ]
 
 

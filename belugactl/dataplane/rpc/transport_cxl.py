@@ -96,6 +96,8 @@ class CxlTransport(ClientTransport):
         self._inflight: deque[int] = deque()
         # The slot offsets as int64s, for the native bursts (they never change).
         self._offsets_buf = b"".join(off.to_bytes(8, "little", signed=True) for off in self._offsets)
+        # The shared KV area from the header: the native decoders refuse a location outside it.
+        self._area = (g.shared_kv_offset, g.shared_kv_offset + g.shared_kv_size)
         self.broken = False
         # The epoch the client adopted: a call first checks the header's epoch word against it.
         self.fence_epoch: int | None = None
@@ -243,7 +245,7 @@ class CxlTransport(ClientTransport):
         seq = self._seq
         try:
             r = _rpc_get_many(self.buf, self._offsets_buf, seq, epoch, ns, keys, per_message, self.max_payload,
-                              self.max_inflight, timeout_ns, self.flush)  # fmt: skip
+                              self.max_inflight, timeout_ns, self.flush, *self._area)  # fmt: skip
         except TypeError:
             return None  # keys of several lengths, or too long for a slot: nothing was sent
         except ValueError as exc:  # a malformed reply slot: nothing of this ring can be trusted now
@@ -299,7 +301,7 @@ class CxlTransport(ClientTransport):
             raise ValueError("finish_get_many: that lookup's replies are not the next ones in flight")
         try:
             r = _rpc_get_many_finish(self.buf, self._offsets_buf, seq, nkeys, per_message, self.max_payload,
-                                     timeout_ns, self.flush)  # fmt: skip
+                                     timeout_ns, self.flush, *self._area)  # fmt: skip
         except ValueError as exc:  # a malformed reply slot: nothing of this ring can be trusted now
             self.broken = True
             raise TransportError(str(exc)) from None

@@ -39,12 +39,16 @@ def tensors() -> Iterator[tuple[list[mmap.mmap], KVBlockLayout]]:
         b.close()
 
 
+# The scheduler and workers of these tests are one engine's: a worker may release its scheduler's leases.
+ENGINE = 0xE17E
+
+
 def _block(bufs: list[mmap.mmap], block: int) -> bytes:
     return b"".join(b[block * PIECE : (block + 1) * PIECE] for b in bufs)
 
 
 def _transfer(address: str, pool: PoolMapping, layout: KVBlockLayout, stats: ConnectorStats) -> PoolTransfer:
-    index = BestEffortIndex(address, stats=stats, timeout_s=1.0, retry_s=0.2)
+    index = BestEffortIndex(address, stats=stats, timeout_s=1.0, retry_s=0.2, handover_group=ENGINE)
     return PoolTransfer(index, KVCopyEngine(layout, pool.buf), NS, stats)
 
 
@@ -124,7 +128,7 @@ def test_locations_found_by_the_scheduler_are_loaded_and_their_leases_released(s
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert worker.save([0, 1], [b"p", b"q"]) == 2
-    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"))
+    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"), handover_group=ENGINE)
     locations = [locate_many(scheduler, NS, [k])[0] for k in (b"p", b"zz", b"q")]
     assert locations[1] is None and locations[0] is not None
     assert scheduler.connect_now()
@@ -148,7 +152,7 @@ def test_spare_leases_are_released_with_the_loads_own_in_one_burst(server, tenso
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.tcp, pool, layout, ConnectorStats(None, role="worker0"))
     assert worker.save([0, 1, 2], [b"a", b"b", b"c"]) == 3
-    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"))
+    scheduler = BestEffortIndex(server.tcp, stats=ConnectorStats(None, role="scheduler"), handover_group=ENGINE)
     located = locate_many(scheduler, NS, [b"a", b"b", b"c"])
     assert scheduler._client.stats()["leases"] == 3
     trips = worker.index.round_trips
@@ -303,7 +307,7 @@ def _saved_and_hit(server, layout: KVBlockLayout, keys: list[bytes]):  # noqa: A
     pool = PoolMapping.open(server.pool_path)
     worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
     assert worker.save(list(range(len(keys))), keys) == len(keys)
-    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+    scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"), handover_group=ENGINE)
     located, trusted = _scheduler_hit(scheduler, keys)
     return worker, scheduler, located, trusted
 
@@ -437,7 +441,7 @@ def test_leases_that_expired_during_a_slow_load_are_still_caught(tmp_path, tenso
         pool = PoolMapping.open(server.pool_path)
         worker = _transfer(server.cxl(2), pool, layout, ConnectorStats(None, role="worker0"))
         assert worker.save([0, 1], [b"s", b"t"]) == 2
-        scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"))
+        scheduler = BestEffortIndex(server.cxl(1), stats=ConnectorStats(None, role="scheduler"), handover_group=ENGINE)
         located, trusted = _scheduler_hit(scheduler, [b"s", b"t"])
         assert trusted is not None
         time.sleep(0.8)  # past the TTL: the server ended both leases

@@ -7,6 +7,7 @@ or its tensor-parallel rank's).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -95,6 +96,7 @@ class ConnectorContext:
             stats=stats,
             timeout_s=cfg.timeout_s,
             retry_s=cfg.retry_s,
+            handover_group=handover_group(kv_transfer_config),
         )
         log.info("Beluga connector (%s): namespace %s, server %s", role_name, namespace, index.address)
         kv_role = str(getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both")
@@ -113,6 +115,18 @@ class ConnectorContext:
             events_on=events_enabled(vllm_config),
             medium=str(cfg.extra.get("kv_events_medium") or DEFAULT_MEDIUM),
         )
+
+
+def handover_group(kv_transfer_config: Any) -> int:
+    """The 64-bit hand-over group the scheduler and the workers of one engine say in HELLO, so that a
+    worker may release the leases its scheduler took and no other client may: derived from the
+    engine's id (vLLM draws a uuid per engine and hands the same config to every worker). 0 without
+    one: then every lease is released by the process that took it, or expires."""
+    engine_id = getattr(kv_transfer_config, "engine_id", None)
+    if not engine_id:
+        return 0
+    digest = hashlib.sha256(b"beluga-handover\0" + str(engine_id).encode()).digest()
+    return int.from_bytes(digest[:8], "little") or 1
 
 
 def layout_facts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None, cfg: BelugaConfig) -> dict[str, Any]:

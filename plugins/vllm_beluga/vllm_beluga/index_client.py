@@ -51,13 +51,18 @@ class BestEffortIndex:
         timeout_s: float = 1.0,
         retry_s: float = 5.0,
         connect: Callable[..., KVIndexClient] | None = None,
+        handover_group: int = 0,
     ) -> None:
         self.address = address
+        # Said in HELLO: the scheduler and the workers of one engine share it, so a worker may
+        # release the leases its scheduler took (and no other client may).
+        self.handover_group = handover_group
         self.stats = stats
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self._connect = connect
         self._client: KVIndexClient | None = None
+        self._pool: Any = None  # the pool this process copies through (use_pool)
         self._retry_at = 0.0
         self._warned_down = False
         # Metadata requests sent and waits for replies, over every client this index has used (it
@@ -69,6 +74,15 @@ class BestEffortIndex:
         self.transport = address.split("://", 1)[0] if address and "://" in address else "none"
         stats.set("metadata_address", address or "")
         stats.set("metadata_transport", self.transport)
+
+    def use_pool(self, pool: Any) -> None:
+        """Hold the server to the pool this process maps (a TCP client knows no pool of its own):
+        extents outside its shared KV area are refused before any copy, and a server whose epoch
+        is not the header's is refused at connect (KVIndexClient.use_pool)."""
+        self._pool = pool
+        client = self._client
+        if client is not None and client.transport.pool is None:
+            client.use_pool(pool)
 
     @property
     def healthy(self) -> bool:
@@ -87,7 +101,10 @@ class BestEffortIndex:
             connect = self._connect
             if connect is None:
                 from belugactl.dataplane.client import connect
-            self._client = connect(self.address, timeout_s=self.timeout_s)
+            extra: dict[str, Any] = {"pool": self._pool} if self._pool is not None else {}
+            if self.handover_group:
+                extra["handover_group"] = self.handover_group
+            self._client = connect(self.address, timeout_s=self.timeout_s, **extra)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means "no pool for now"
             if self.transport == "cxl":
                 # A ring that cannot be opened is not a reason to switch to TCP: misses until it opens.

@@ -68,6 +68,7 @@ class BelugaWorker:
             log.warning("Beluga: cannot map the pool %s (%s); saving and loading nothing", cfg.pool_path, exc)
             self.stats.set("pool_error", str(exc))
             return
+        self.index.use_pool(self._pool)
         if layout.device == "cpu":
             from belugactl.dataplane.kvcopy import KVCopyEngine
 
