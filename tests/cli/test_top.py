@@ -149,6 +149,23 @@ def test_a_router_that_does_not_answer_leaves_its_backends_unknown():
     assert snap.routers[0].state == "down" and {i.router for i in snap.instances} == {"?"}
 
 
+def test_a_prefill_decode_front_door_is_shown_as_what_it_is():
+    """belugactl's own P/D proxy keeps no backend list: its requests, not an empty 0/0 backends."""
+    from prometheus_client import generate_latest
+
+    from belugactl.workflows.serve.pd_proxy import PdProxy
+
+    proxy = PdProxy(["http://127.0.0.1:1"], ["http://127.0.0.1:2"])
+    proxy.requests.labels(outcome="ok").inc(7)
+    cur = a_round(1.0, "b")
+    cur.scrapes[ROUTER.name] = Scrape(ROUTER, parse(generate_latest(proxy.registry).decode()))
+    snap = build_snapshot("dp-test", ["h0", "h1"], ENDPOINTS, a_round(0.0, "a"), cur)
+    (router,) = snap.routers
+    assert (router.kind, router.state, router.requests) == ("pd-proxy", "up", 7)
+    assert {i.router for i in snap.instances} == {None}  # no HAProxy: no router column to fill
+    assert "up, P/D proxy, 7 requests" in plain(render_lines(snap, ViewState(), 80))
+
+
 def test_quantile_interpolates_within_a_bucket_like_prometheus():
     buckets = [(0.001, 10.0), (0.01, 90.0), (0.1, 100.0), (float("inf"), 100.0)]
     assert quantile(0.5, buckets) == pytest.approx(0.001 + 0.009 * (50 - 10) / 80)

@@ -54,6 +54,9 @@ class RouterView:
     error: str | None = None
     backends: dict[str, str] = field(default_factory=dict)  # instance name -> UP, DOWN, MAINT, ...
     sessions: dict[str, int] = field(default_factory=dict)  # instance name -> current sessions
+    # haproxy, or pd-proxy (prefill/decode racks: belugactl's own front door, which keeps no backend list)
+    kind: str = "haproxy"
+    requests: int | None = None  # pd-proxy: requests it has relayed
 
     @property
     def backends_up(self) -> int:
@@ -203,6 +206,10 @@ def router_view(target: Target, cur: Scrape) -> RouterView:
     if cur.metrics is None:
         return RouterView(target.host, target.address, "down", cur.error)
     m = cur.metrics
+    if not m.has("haproxy_server_status") and m.has("beluga_pd_requests_total"):
+        return RouterView(
+            target.host, target.address, "up", kind="pd-proxy", requests=_int(m.total("beluga_pd_requests_total"))
+        )
     backends: dict[str, str] = {}
     for labels, value in m.samples.get("haproxy_server_status", ()):
         if labels.get("proxy") == ROUTER_BACKEND and value == 1 and "server" in labels:
@@ -238,6 +245,7 @@ def instance_view(target: Target, prev: Scrape | None, cur: Scrape, dt: float | 
 
 
 def _router_state(name: str, routers: list[RouterView]) -> str | None:
+    routers = [r for r in routers if r.kind == "haproxy"]
     if not routers:
         return None
     seen = [r.backends[name] for r in routers if r.state == "up" and name in r.backends]

@@ -168,6 +168,8 @@ def router_lines(routers: list[RouterView], width: int) -> list[Line]:
         line: Line = [(f"router    {r.host} {r.address}  ", None), (r.state, STATE_STYLE.get(r.state))]
         if r.state == "down":
             line.append((f": {r.error}", "red"))
+        elif r.kind == "pd-proxy":
+            line.append((f", P/D proxy, {fmt_count(r.requests)} requests", None))
         else:
             line.append((f", backends {r.backends_up}/{len(r.backends)} up", None))
             not_up = [name for name, s in r.backends.items() if s != "UP"]
