@@ -5,7 +5,8 @@ Three jobs, one target per process, each labelled with the rack, its manifest ho
 groups by:
 - `beluga-metadata`: the metadata server's admin HTTP `/metrics` (pool bytes, evictions, RPC latency);
 - `beluga-vllm`: every vLLM instance's `/metrics` (TTFT, prompt tokens by source, connector hits);
-- `beluga-router`: HAProxy's built-in exporter on the router's stats port, where `serve.router` is set.
+- `beluga-router`: HAProxy's built-in exporter on the router's stats port, where `serve.router` is set
+  (with prefill/decode roles, the P/D proxy's own /metrics on the router's port).
 
 A listener bound to loopback is only reachable from its own host: the target is then 127.0.0.1 when
 the whole rack is one host, else the host's address with a warning (bind it to the rack address).
@@ -105,8 +106,10 @@ def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
                 address = f"{bind}:{port}"
             targets.append(Target("beluga-vllm", address, host.name, f"{host.name}-vllm-{i}"))
     if serve.router is not None:
+        # With prefill/decode roles the front door is belugactl's P/D proxy: /metrics on its one port.
+        port = serve.router.port if serve.vllm.disaggregated else serve.router.stats_port
         for name in router_hosts(manifest):
-            add("beluga-router", serve.router.bind, manifest.host(name), serve.router.stats_port,
+            add("beluga-router", serve.router.bind, manifest.host(name), port,
                 "the router's stats", f"{name}-router")  # fmt: skip
     return targets, list(dict.fromkeys(warnings))  # one per listener kind and host
 

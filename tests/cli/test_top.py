@@ -166,6 +166,20 @@ def test_a_prefill_decode_front_door_is_shown_as_what_it_is():
     assert "up, P/D proxy, 7 requests" in plain(render_lines(snap, ViewState(), 80))
 
 
+def test_a_prefill_decode_rack_is_scraped_where_its_proxy_listens(tmp_path):
+    """The P/D proxy serves /metrics on the router's port (it has no stats port): top and the
+    Prometheus export both read it there."""
+    from belugactl.model.manifest import load_manifest
+    from belugactl.workflows.top.source import TopSource
+
+    path = tmp_path / "pd.yaml"
+    roles = "instances_per_host: 2, kv_roles: [kv_producer, kv_consumer],"
+    path.write_text(_rack(9470, 8000, 8404).replace("instances_per_host: 2,", roles))
+    endpoints = TopSource.from_manifest(load_manifest(path), timeout_s=1).endpoints
+    (router,) = [e for e in endpoints if e.job == "beluga-router"]
+    assert router.address == "127.0.0.1:8090"  # serve.router.port's default; HAProxy's stats would be 8404
+
+
 def test_quantile_interpolates_within_a_bucket_like_prometheus():
     buckets = [(0.001, 10.0), (0.01, 90.0), (0.1, 100.0), (float("inf"), 100.0)]
     assert quantile(0.5, buckets) == pytest.approx(0.001 + 0.009 * (50 - 10) / 80)
