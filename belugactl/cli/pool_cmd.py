@@ -227,6 +227,8 @@ def render_inspection(console: Any, doc: dict[str, Any]) -> None:
         console.print(rings)
     idle = len(doc["rings"]) - len(used)
     say(f"  rings       {len(doc['rings'])}, {len(used)} used, {idle} never used")
+    if (doc.get("rings_summary") or {}).get("problem"):  # a header whose ring count is bounded, not read
+        say(f"  rings       NOT ALL READ: {doc['rings_summary']['problem']}")
 
     j = doc["journal"]
     if j["state"] == "active":

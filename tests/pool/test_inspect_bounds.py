@@ -85,3 +85,11 @@ def test_an_ordinary_pool_lists_every_ring(pool_path: Path) -> None:
     summary = doc["rings_summary"]
     assert summary["complete"] and summary["problem"] is None
     assert len(doc["rings"]) == summary["count"] == summary["scanned"] == summary["listed"] > 0
+
+
+def test_the_text_output_says_the_rings_were_not_all_read(
+    tmp_path: Path, pool_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _crafted(pool_path, tmp_path / "hostile.pool", rings=4 << 20)
+    assert run(["pool", "inspect", str(path), "--admin", NOBODY]) == 0
+    assert "NOT ALL READ: the header says 4194304 RPC rings" in " ".join(capsys.readouterr().out.split())
