@@ -1,4 +1,5 @@
-"""Builds the optional native helper `belugactl.dataplane._native` (everything else is in pyproject.toml).
+"""Builds the optional native helper `belugactl.dataplane._native` and its counting twin for tests
+(`_native_counting`; everything else is in pyproject.toml).
 
 The helper needs a C compiler and Python headers. Where the build fails, installation still
 succeeds: the package then runs without it and says loudly, at run time, that multi-host
@@ -76,6 +77,18 @@ if os.environ.get("BELUGACTL_NO_NATIVE") != "1":
             "belugactl.dataplane._native",
             sources=NATIVE_SOURCES,
             depends=NATIVE_HEADERS,
+            extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
+            optional=True,
+        )
+    )
+    # The same sources again, recording every flush, non-temporal store and fence
+    # (_native_count.c): tests load it in place of _native to see that the bytes are made visible.
+    ext_modules.append(
+        Extension(
+            "belugactl.dataplane._native_counting",
+            sources=NATIVE_SOURCES,
+            depends=NATIVE_HEADERS,
+            define_macros=[("BELUGA_COUNT_FLUSHES", "1")],
             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
             optional=True,
         )

@@ -26,6 +26,23 @@
 
 #define HIDDEN __attribute__((visibility("hidden")))
 
+/* The counting build (`_native_counting`, setup.py compiles the same sources with
+ * -DBELUGA_COUNT_FLUSHES): every flush, non-temporal store, fence, and the pool copies' reads and
+ * plain writes, append a record (_native_count.c) that tests read to prove each written line is made
+ * visible and each read line invalidated first. The normal build compiles the hooks away. */
+#define COUNT_WB 1     /* a line written back for a writer (clwb, or clflushopt/clflush) */
+#define COUNT_INV 2    /* a line evicted for a reader (clflushopt/clflush) */
+#define COUNT_NT 3     /* bytes stored non-temporally */
+#define COUNT_FENCE 4  /* sfence or mfence */
+#define COUNT_READ 5   /* bytes a copy reads (copy's source) */
+#define COUNT_WRITE 6  /* bytes a copy stores (plain or streaming) */
+#ifdef BELUGA_COUNT_FLUSHES
+void count_record(int kind, const void *p, size_t n) __attribute__((visibility("hidden")));
+#define COUNT(kind, p, n) count_record((kind), (const void *)(p), (size_t)(n))
+#else
+#define COUNT(kind, p, n) ((void)0)
+#endif
+
 /* CPU features, set once by detect_cpu() at import (_native_module.c). */
 extern HIDDEN int have_clflushopt, have_clwb, have_sse2, have_avx2, have_clflush, nt_avx2;
 
@@ -46,6 +63,7 @@ static inline void cpu_relax(void) {
 }
 
 static inline void full_fence(void) {
+    COUNT(COUNT_FENCE, NULL, 0);
 #if BELUGA_X86
     _mm_mfence();
 #else
@@ -54,6 +72,7 @@ static inline void full_fence(void) {
 }
 
 static inline void store_fence(void) {
+    COUNT(COUNT_FENCE, NULL, 0);
 #if BELUGA_X86
     _mm_sfence();
 #else
@@ -66,6 +85,7 @@ static inline void store_fence(void) {
 static inline void flush_range(const char *p, size_t n, int for_read) {
 #if BELUGA_X86
     if (n == 0) return;
+    COUNT(for_read ? COUNT_INV : COUNT_WB, p, n);
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(LINE - 1);
     uintptr_t end = (uintptr_t)p + n;
     if (!for_read && have_clwb) {
@@ -184,6 +204,10 @@ HIDDEN PyObject *release_nowait_result(const struct nowait_release *pr, int stat
 HIDDEN void release_nowait_free(struct nowait_release *pr);
 HIDDEN uint32_t beluga_crc32c(uint32_t crc, const void *p, size_t n);
 HIDDEN void crc_init(void);
+#ifdef BELUGA_COUNT_FLUSHES
+PYFN(py_count_records); HIDDEN PyObject *py_count_reset(PyObject *self, PyObject *noargs);
+HIDDEN PyObject *py_count_lost(PyObject *self, PyObject *noargs);                               /* count */
+#endif
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */
 
 #endif

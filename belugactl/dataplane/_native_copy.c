@@ -75,6 +75,7 @@ void nt_memcpy(char *dst, const char *src, size_t n) {
     const char *s = src + head;
     size_t body = (n - head) & ~(size_t)(LINE - 1);
     if (body) {
+        COUNT(COUNT_NT, d, body);
         if (nt_avx2) nt_body_avx2(d, s, body);
         else nt_body_sse2(d, s, body);
     }
@@ -107,6 +108,7 @@ PyObject *py_copy(PyObject *self, PyObject *args) {
         PyBuffer_Release(&d); PyBuffer_Release(&s); return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
+    COUNT(COUNT_READ, sp, n); COUNT(COUNT_WRITE, dp, n);
     if (nt) { nt_memcpy(dp, sp, (size_t)n); store_fence(); }
     else memmove(dp, sp, (size_t)n);
     Py_END_ALLOW_THREADS
@@ -139,6 +141,7 @@ PyObject *py_gather(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < count; i++) {
         char *dp = (char *)d.buf + t[3 * i + 1];
         const char *sp = (const char *)s.buf + t[3 * i];
+        COUNT(COUNT_READ, sp, t[3 * i + 2]); COUNT(COUNT_WRITE, dp, t[3 * i + 2]);
         if (nt) nt_memcpy(dp, sp, (size_t)t[3 * i + 2]);
         else memcpy(dp, sp, (size_t)t[3 * i + 2]);
     }
@@ -215,6 +218,7 @@ PyObject *py_gather_blocks(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) {
+        COUNT(COUNT_READ, pieces[i].src, pieces[i].n); COUNT(COUNT_WRITE, pieces[i].dst, pieces[i].n);
         if (nt) nt_memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
         else memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
     }

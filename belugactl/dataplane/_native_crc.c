@@ -138,6 +138,7 @@ __attribute__((target("sse4.2"))) static uint32_t hw_copy_crc(uint32_t c, unsign
             const unsigned char *s1 = s + L, *s2 = s + 2 * L;
             unsigned char *d1 = d + L, *d2 = d + 2 * L;
             if (nt) {
+                COUNT(COUNT_NT, d, 3 * L);
                 for (size_t i = 0; i < L; i += 8) {
                     uint64_t x, y, z;
                     memcpy(&x, s + i, 8); memcpy(&y, s1 + i, 8); memcpy(&z, s2 + i, 8);
@@ -180,6 +181,7 @@ static uint32_t crc_raw(uint32_t c, const unsigned char *p, size_t n) {
  * the whole range is then written back, which covers the bytes stored plainly (head, tail, a
  * misaligned destination); the caller fences. */
 static uint32_t copy_crc_raw(uint32_t c, unsigned char *d, const unsigned char *s, size_t n, int nt) {
+    COUNT(COUNT_READ, s, n); COUNT(COUNT_WRITE, d, n);
 #if BELUGA_X86
     if (have_sse42) c = hw_copy_crc(c, d, s, n, nt);
     else

@@ -95,12 +95,26 @@ static PyMethodDef methods[] = {
     {"rpc_get_many_finish", py_rpc_get_many_finish, METH_VARARGS, "rpc_get_many_finish(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_start's burst."},
     {"rpc_release_nowait", py_rpc_release_nowait, METH_VARARGS, "rpc_release_nowait(buf, offsets, seq0, epoch32, lease_ids, flags, per_message, max_payload, flush) -> [ids per message] | (-2, [...]): RELEASE messages sent without waiting."},
     {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
+#ifdef BELUGA_COUNT_FLUSHES
+    {"count_reset", py_count_reset, METH_NOARGS, "count_reset(): forget the recorded flushes (counting build)."},
+    {"count_records", py_count_records, METH_VARARGS, "count_records(buf) -> [(kind, off, len, repeats)] meeting buf (counting build; _native_count.c)."},
+    {"count_lost", py_count_lost, METH_NOARGS, "count_lost() -> records dropped because the buffer was full (counting build)."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Coherence helpers for a CXL pool.", -1, methods};
+/* The counting build is the same code under another name (setup.py, _native_count.c). */
+#ifdef BELUGA_COUNT_FLUSHES
+#define MODULE_NAME "_native_counting"
+#define MODULE_INIT PyInit__native_counting
+#else
+#define MODULE_NAME "_native"
+#define MODULE_INIT PyInit__native
+#endif
 
-PyMODINIT_FUNC PyInit__native(void) {
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, MODULE_NAME, "Coherence helpers for a CXL pool.", -1, methods};
+
+PyMODINIT_FUNC MODULE_INIT(void) {
     detect_cpu();
     const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
     nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
