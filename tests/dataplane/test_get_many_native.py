@@ -107,6 +107,8 @@ def _hostile(pool_path: Path, body: Callable[[int, bytes], bytes]) -> Iterator[t
             return seq, min(len(out), mp), out[:mp]
         return seq, len(payload), payload
 
+    g = pool.geometry
+    assert g.shared_kv_offset <= KV < KV + (1 << 20) <= g.shared_kv_offset + g.shared_kv_size
     thread = _hostile_server(pool, 2, answer, stop)
     try:
         t = CxlTransport(pool, 2)
@@ -126,11 +128,12 @@ def hostile(pool_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[K
 
 
 KEYS = [bytes([i]) * 32 for i in range(30)]
+KV = 6 << 20  # inside the test pool's shared KV area (checked in _hostile): where the replies' extents lie
 
 
 def _good(nth: int, payload: bytes) -> bytes:
     n = _asked(payload)
-    return _reply([(1000 * nth + i + 1, 4096, [(i * 4096, 4096)], 1, i) for i in range(n)])
+    return _reply([(1000 * nth + i + 1, 4096, [(KV + i * 4096, 4096)], 1, i) for i in range(n)])
 
 
 @pytest.mark.parametrize("hostile", [_good], indirect=True, ids=["well-formed"])
@@ -142,14 +145,14 @@ def test_a_well_formed_reply_from_a_hand_written_server(hostile) -> None:
     want = []
     for j in range(len(KEYS)):
         nth, i = j // per + 1, j % per
-        want.append(([(i * 4096, 4096)], 1000 * nth + i + 1, 4096, i))
+        want.append(([(KV + i * 4096, 4096)], 1000 * nth + i + 1, 4096, i))
     assert got == want
 
 
 def _prefix_then_rest(nth: int, payload: bytes) -> bytes:
     n = _asked(payload)
     answered = n - 2 if nth == 1 else n  # the first reply leaves its last two keys out
-    return _reply([(1000 * nth + i + 1, 4096, [(i, 4096)], 0, 0) for i in range(answered)])
+    return _reply([(1000 * nth + i + 1, 4096, [(KV + i, 4096)], 0, 0) for i in range(answered)])
 
 
 @pytest.mark.parametrize("hostile", [_prefix_then_rest], indirect=True, ids=["prefix"])
@@ -174,6 +177,8 @@ def _bad_payloads() -> list:
         pytest.param(lambda nth, pl: _reply([one] * (_asked(pl) + 1)), RequestRejected, id="more-than-asked"),
         pytest.param(lambda nth, pl: _reply([one])[:-8], RequestRejected, id="extent-cut-short"),
         pytest.param(lambda nth, pl: _reply([(5, 4096, [(0, 4096)], 7, 9)]), RequestRejected, id="checksum-kind"),
+        # A fake server naming the header's bytes: refused in the native decode, before any read.
+        pytest.param(lambda nth, pl: _reply([one] * _asked(pl)), RequestRejected, id="extent-over-the-header"),
         pytest.param(
             lambda nth, pl: struct.pack("<HH", 1, 0) + struct.pack("<QQHHI", 5, 4096, 0xFFFF, 1, 0),
             RequestRejected,

@@ -27,6 +27,7 @@ from tests.dataplane.test_batched_puts import RACK_64
 from tests.dataplane.test_call_many import ServerThread, serve_pool
 from tests.dataplane.test_get_many_native import (  # noqa: F401 - `hostile` is a fixture
     KEYS,
+    KV,
     NS,
     _bad_payloads,
     _client,
@@ -195,7 +196,8 @@ def test_a_started_lookup_from_a_hand_written_server(hostile) -> None:  # noqa: 
     pending = c.start_lookup("m", KEYS)
     got = c.finish_lookup(pending)
     assert seen[0] == -(-len(KEYS) // per)
-    assert got == [([(j % per * 4096, 4096)], 1000 * (j // per + 1) + j % per + 1, 4096, j % per) for j in range(30)]
+    want = [([(KV + j % per * 4096, 4096)], 1000 * (j // per + 1) + j % per + 1, 4096, j % per) for j in range(30)]
+    assert got == want
 
 
 @pytest.mark.parametrize("hostile", [_prefix_then_rest], indirect=True, ids=["prefix"])
