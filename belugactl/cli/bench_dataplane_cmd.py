@@ -200,7 +200,7 @@ def mds(
         False,
         "--scale",
         help="Instead: the server at the rack's size (issue 31): a sparse pool of the 16-host example's size "
-        "filled to each of --sizes, then a server at each of --rings; every figure beside its target.",
+        "filled to each of --sizes, and a server at each of --rings; every figure beside its target.",
     ),
     sizes: str = typer.Option("100k,1M,4M", "--sizes", metavar="N,...", help="With --scale: index sizes, blocks."),
     rings: str = typer.Option("16,128,512,1152", "--rings", metavar="N,...", help="With --scale: ring counts."),
