@@ -7,14 +7,12 @@ housekeeping tick, ~100 ms) plus plain integer counters, so it never races the i
 
 from __future__ import annotations
 
-import errno
 import json
-import socket
-import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+
+from belugactl.dataplane.bounded_http import BoundedHTTPServer
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
@@ -22,6 +20,8 @@ if TYPE_CHECKING:
 ADMIN_TIMEOUT_S = 5.0  # per request: reading it and writing the answer
 ADMIN_MAX_CLIENTS = 16  # handler threads at once; more connections are closed at once
 ADMIN_ACCEPT_BACKOFF_S = 0.2
+# The whole request (a GET: its head) within this, however slowly it trickles in.
+ADMIN_REQUEST_DEADLINE_S = 2.0
 
 
 class _Collector:
@@ -127,47 +127,13 @@ class _Collector:
         yield ready
 
 
-class _AdminServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with bounded threads, EMFILE back-off and quiet client errors."""
+class _AdminServer(BoundedHTTPServer):
+    """Bounded threads, a whole-request deadline, slow clients give way (dataplane/bounded_http.py)."""
 
-    # A bounded number of handler threads, each with a socket timeout: an idle or slow client
-    # costs one thread for ADMIN_TIMEOUT_S at most, and a flood is closed, not queued.
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: Any) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._slots = threading.BoundedSemaphore(ADMIN_MAX_CLIENTS)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def get_request(self) -> Any:
-        try:
-            return super().get_request()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                time.sleep(ADMIN_ACCEPT_BACKOFF_S)  # out of descriptors: wait, do not spin
-            raise
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, OSError):  # the client went away or timed out: not the server's problem
-            return
-        print(f"metadata server: admin request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+    max_clients = ADMIN_MAX_CLIENTS
+    request_deadline_s = ADMIN_REQUEST_DEADLINE_S
+    accept_backoff_s = ADMIN_ACCEPT_BACKOFF_S
+    name = "metadata server: admin"
 
 
 def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPServer:
@@ -189,6 +155,7 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            httpd.request_read(self.connection)
             path = self.path.split("?", 1)[0]
             snap = server.snapshot
             if path == "/healthz":

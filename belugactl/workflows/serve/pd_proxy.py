@@ -22,7 +22,6 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -33,7 +32,14 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-MAX_BODY = 16 << 20  # a prompt of a few hundred thousand tokens, as JSON
+from belugactl.dataplane.bounded_http import BoundedHTTPServer
+
+# A prompt of a couple hundred thousand tokens, as JSON; buffered whole, so at most
+# MAX_CLIENTS x this is held at once.
+MAX_BODY = 4 << 20
+MAX_CLIENTS = 64  # handler threads at once (dataplane/bounded_http.py: slow clients give way)
+REQUEST_DEADLINE_S = 30.0  # the whole request, head and body, however slowly it arrives
+READ_TIMEOUT_S = 10.0  # one read from the client
 TIMEOUT_S = 600.0  # a generation can take minutes
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -140,6 +146,7 @@ def _handler(proxy: PdProxy) -> type[BaseHTTPRequestHandler]:
             self._reply(status, {"error": {"message": message, "type": "belugactl_pd_proxy", "code": status}})
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.server.request_read(self.connection)  # type: ignore[attr-defined]
             if self.path in ("/healthz", "/health"):
                 self._reply(200, b"ok\n", "text/plain")
             elif self.path == "/metrics":
@@ -159,9 +166,11 @@ def _handler(proxy: PdProxy) -> type[BaseHTTPRequestHandler]:
                 self._error(411, "a Content-Length is required")
                 return
             if not 0 <= length <= MAX_BODY:
+                self.close_connection = True  # the body is not read: the connection cannot go on
                 self._error(413, f"request body of {length} bytes; at most {MAX_BODY}")
                 return
             raw = self.rfile.read(length)
+            self.server.request_read(self.connection)  # type: ignore[attr-defined]
             try:
                 doc = json.loads(raw)
             except ValueError as exc:
@@ -213,14 +222,13 @@ def _handler(proxy: PdProxy) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+class _Server(BoundedHTTPServer):
+    max_clients = MAX_CLIENTS
+    request_deadline_s = REQUEST_DEADLINE_S
+    name = "pd-proxy"
 
 
 def make_server(proxy: PdProxy, bind: str, port: int) -> ThreadingHTTPServer:
-    cls = _Server6 if ":" in bind else _Server
-    return cls((bind, port), _handler(proxy))
+    handler = _handler(proxy)
+    handler.timeout = READ_TIMEOUT_S
+    return _Server((bind, port), handler)
