@@ -63,7 +63,11 @@ def _write_wire_header() -> None:
         print(f"setup.py: could not regenerate {NATIVE_DIR}/_native_wire.h ({exc}); using the committed one")
         return
     path = f"{NATIVE_DIR}/_native_wire.h"
-    old = open(path).read() if os.path.exists(path) else None
+    if os.path.exists(path):
+        with open(path) as fh:
+            old = fh.read()
+    else:
+        old = None
     if old != text:
         with open(path, "w") as fh:
             fh.write(text)
