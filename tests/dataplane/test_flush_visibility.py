@@ -164,3 +164,29 @@ def test_the_recording_sees_a_missing_flush(counter: Counter) -> None:
     assert counter.recording(buf).summary() == {
         "lines_written_back": 6, "lines_invalidated": 0, "nontemporal_bytes": 0, "fences": 1,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_journal_appends_are_published_and_replayed_after_an_invalidate(
+    counter: Counter, pool_path: Path, mode: str
+) -> None:
+    from belugactl.dataplane.mds.journal import HEADER, Journal, encode_commit
+
+    pool = PoolMapping.open(pool_path)
+    pool.needs_flush = mode == "flush"
+    try:
+        g = pool.geometry
+        j = Journal(pool, g.journal_offset, HEADER + 2 * 4096)
+        counter.reset()
+        j.rewrite([], {})
+        start = j.pos
+        j.append(encode_commit("n", b"k" * 16, 10, [(4096, g.shared_kv_offset)]))
+        base = g.journal_offset + HEADER + j.half * j.half_size
+        # The header (magic, generation word) and every record byte of the active half.
+        _assert_mode(counter.recording(pool.buf), mode, [(g.journal_offset, 16), (base, j.pos)], [])
+        assert j.pos > start
+        counter.reset()
+        assert len(list(Journal(pool, g.journal_offset, HEADER + 2 * 4096).read())) == 2
+        _assert_mode(counter.recording(pool.buf), mode, [], [(g.journal_offset, 16), (base, j.pos)])
+    finally:
+        pool.close()
