@@ -26,9 +26,10 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 class BoundedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a burst of connects waits in the backlog, not in SYN retries
     max_clients = 16
     request_deadline_s = 5.0
-    evict_after_s = 0.5
+    evict_after_s = 0.05  # a request head arrives in one packet: one still arriving after this is slow
     accept_backoff_s = 0.2
     name = "http"
 
