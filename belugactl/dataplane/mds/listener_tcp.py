@@ -225,6 +225,8 @@ class TcpListener(Listener):
         self._backlog.pop(id(conn), None)
         self.conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
+        # Its owner number may go to a later connection, which must not inherit its hand-over group.
+        self.server.service.forget_owner(conn.owner)
 
     def _flush_tx(self, conn: _Conn) -> None:
         try:
