@@ -488,9 +488,49 @@ class Host(Strict):
 # ---- caching and serving --------------------------------------------------------------------
 
 
+MemoryType = Literal["uncachable", "write-back"]
+# Named per-area choices: seeds = the KV area uncachable (GPU copies, DDIO off), the control areas
+# (header, epoch word, rings, journal: what the CPU polls or writes small) write-back.
+MEMORY_TYPE_PRESETS: dict[str, dict[str, str]] = {"seeds": {"kv": "uncachable", "control": "write-back"}}
+
+
+class CachingAreas(Strict):
+    kv: MemoryType = "write-back"
+    control: MemoryType = "write-back"
+
+
 class Caching(Strict):
     ddio: Literal["disabled", "enabled", "unmanaged"] = "disabled"
-    pool_memory_type: Literal["uncachable", "write-back"] = "write-back"
+    pool_memory_type: MemoryType = "write-back"
+    # The memory type per area (areas) or a named preset of them (memory_types); at most one of
+    # pool_memory_type, areas and memory_types is written.
+    areas: CachingAreas | None = None
+    memory_types: Literal["seeds"] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Caching:
+        given = [k for k in ("pool_memory_type", "areas", "memory_types") if k in self.model_fields_set]
+        if len(given) > 1:
+            raise ValueError(f"write only one of {', '.join(given)}: they all set the pool's memory type")
+        kinds = self.area_types()
+        if kinds["kv"] != kinds["control"]:
+            # Until the layout aligns the KV area for its own MTRRs (issue 33 item 1), a split would
+            # be silently set up as one type for the whole pool; refusing keeps that from happening.
+            raise ValueError(
+                "a different memory type for the KV and control areas is not supported yet "
+                "(the layout does not align the KV area to MTRR pieces); use pool_memory_type"
+            )
+        # Equal areas mean the whole pool: the rest of belugactl reads pool_memory_type.
+        object.__setattr__(self, "pool_memory_type", kinds["kv"])
+        return self
+
+    def area_types(self) -> dict[str, str]:
+        """The memory type of each area, kv and control, whichever way the manifest says it."""
+        if self.memory_types is not None:
+            return dict(MEMORY_TYPE_PRESETS[self.memory_types])
+        if self.areas is not None:
+            return {"kv": self.areas.kv, "control": self.areas.control}
+        return {"kv": self.pool_memory_type, "control": self.pool_memory_type}
 
 
 def _port(value: int) -> int:

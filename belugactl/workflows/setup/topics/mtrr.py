@@ -41,6 +41,27 @@ def split_range(base: int, size: int) -> list[tuple[int, int]]:
     return pieces
 
 
+def span_pieces(hpa_base: int, offset: int, size: int) -> list[tuple[int, int]]:
+    """The MTRR pieces for the pool bytes [offset, offset+size) of a pool mapped at hpa_base.
+
+    The layout is in pool offsets and the same on every host; the physical base differs per host,
+    so the piece count is computed here, per host."""
+    return split_range(hpa_base + offset, size)
+
+
+def granule_that_fits(hpa_base: int, offset: int, size: int, free: int) -> int | None:
+    """The smallest power-of-two granule g such that [offset, offset+size) rounded inward to g
+    splits into at most `free` pieces at this host's base; None when even the largest does not."""
+    granule = PAGE
+    while granule <= size:
+        start = -(-(hpa_base + offset) // granule) * granule
+        end = (hpa_base + offset + size) // granule * granule
+        if end > start and len(split_range(start, end - start)) <= free:
+            return granule
+        granule <<= 1
+    return None
+
+
 def pool_ranges(target: SetupTarget, facts: SetupFacts) -> list[tuple[int, int]] | None:
     """The pool's physical range(s); None while the device does not exist yet."""
     region = find_pool_region(target, facts)
