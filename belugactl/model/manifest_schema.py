@@ -509,10 +509,15 @@ class Caching(Strict):
 
     @model_validator(mode="after")
     def _one_way(self) -> Caching:
-        given = [k for k in ("pool_memory_type", "areas", "memory_types") if k in self.model_fields_set]
-        if len(given) > 1:
-            raise ValueError(f"write only one of {', '.join(given)}: they all set the pool's memory type")
+        if self.areas is not None and self.memory_types is not None:
+            raise ValueError("write areas or memory_types, not both: they both set the memory type per area")
         kinds = self.area_types()
+        explicit = "pool_memory_type" in self.model_fields_set
+        if explicit and set(kinds.values()) != {self.pool_memory_type}:
+            raise ValueError(
+                f"pool_memory_type {self.pool_memory_type} contradicts the per-area types "
+                f"(kv {kinds['kv']}, control {kinds['control']}): write only one of them"
+            )
         if kinds["kv"] != kinds["control"]:
             # Until the layout aligns the KV area for its own MTRRs (issue 33 item 1), a split would
             # be silently set up as one type for the whole pool; refusing keeps that from happening.

@@ -25,6 +25,12 @@ def test_equal_areas_mean_the_whole_pool():
     assert m.caching.area_types() == {"kv": "uncachable", "control": "uncachable"}
 
 
+def test_an_agreeing_pool_memory_type_beside_areas_is_accepted():
+    # what a dump of the resolved section looks like; it must load again
+    m = _with("  pool_memory_type: uncachable\n  areas: {kv: uncachable, control: uncachable}\n  memory_types: null\n")
+    assert m.caching.pool_memory_type == "uncachable"
+
+
 def test_pool_memory_type_alone_still_covers_both_areas():
     m = _with("  pool_memory_type: uncachable\n")
     assert m.caching.area_types() == {"kv": "uncachable", "control": "uncachable"}
@@ -33,8 +39,9 @@ def test_pool_memory_type_alone_still_covers_both_areas():
 @pytest.mark.parametrize(
     "caching, words",
     [
-        ("  pool_memory_type: uncachable\n  areas: {kv: uncachable, control: uncachable}\n", "only one of"),
-        ("  pool_memory_type: write-back\n  memory_types: seeds\n", "only one of"),
+        ("  pool_memory_type: write-back\n  areas: {kv: uncachable, control: uncachable}\n", "contradicts"),
+        ("  pool_memory_type: write-back\n  memory_types: seeds\n", "contradicts"),
+        ("  areas: {kv: uncachable, control: uncachable}\n  memory_types: seeds\n", "not both"),
         ("  memory_types: seeds\n", "not supported yet"),
         ("  areas: {kv: uncachable, control: write-back}\n", "not supported yet"),
         ("  areas: {kv: uncachable, ring: write-back}\n", ""),
