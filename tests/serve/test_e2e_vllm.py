@@ -213,6 +213,10 @@ def test_b_loads_what_a_computed_and_answers_the_same(stack: Stack) -> None:
     # Greedy: identical tokens from the loaded KV and from B's own prefill (and A's).
     assert len(hit.tokens) == 8
     assert hit.tokens == reference.tokens == a.tokens
+    # The worker releases the leases B's scheduler was granted: a hand-over within one engine's group,
+    # never refused as a stranger's release (issue 30).
+    requests = json.loads(_get(f"http://127.0.0.1:{stack.ports['admin']}/stats"))["requests"]
+    assert requests["foreign_refused"] == 0, requests
 
 
 def test_status_reports_processes_and_pool_usage(stack: Stack) -> None:
