@@ -25,6 +25,7 @@ from belugactl.workflows.top.prom_text import NotPrometheusText, parse
 from belugactl.workflows.top.scrape import Round, Scrape, fetch, reason
 from belugactl.workflows.top.view import fmt_bytes, plain, render_lines
 from belugactl.workflows.top.view_state import ViewState, press, visible
+from tests.support.top_rack import top_rack
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -341,27 +342,7 @@ def test_fetch_says_why_an_endpoint_gave_nothing():
 
 
 def _rack(admin_port: int, port_base: int, stats_port: int) -> str:
-    return f"""\
-version: 1
-name: top-test
-pool:
-  source: {{kind: cxl-region, memdevs: all, type: ram}}
-  size: 64MiB
-  align: 2MiB
-layout:
-  metadata: {{slots_per_ring: 8, slot_size: 256B, spare_rings: 2, journal: 2MiB}}
-  shared_kv: 40MiB
-  partition_size: equal
-hosts:
-  - {{name: h0, address: 127.0.0.1, roles: [metadata, worker], platform: gpu, numa: {{cpu_nodes: 1, cxl_nodes: 1}},
-      gpus: {{count: 2, model: L40S}}}}
-  - {{name: h1, address: 127.0.0.2, roles: [worker], platform: gpu, numa: {{cpu_nodes: 1, cxl_nodes: 1}},
-      gpus: {{count: 2, model: L40S}}}}
-serve:
-  metadata: {{admin_port: {admin_port}}}
-  router: {{stats_port: {stats_port}}}
-  vllm: {{model: Qwen/Qwen2.5-7B-Instruct, instances_per_host: 2, port_base: {port_base}}}
-"""
+    return top_rack("top-test", admin_port, port_base, f"router: {{stats_port: {stats_port}}}")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from belugactl.model.manifest import load_manifest
 from belugactl.pool.file_pool import create_file_pool
 from belugactl.workflows.serve.router import haproxy_config
 from tests.support.mds_process import start_mds
+from tests.support.top_rack import top_rack
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
@@ -52,27 +53,7 @@ def _free_port() -> int:
 
 
 def _rack(admin_port: int, port_base: int, router: str) -> str:
-    return f"""\
-version: 1
-name: top-tmux
-pool:
-  source: {{kind: cxl-region, memdevs: all, type: ram}}
-  size: 64MiB
-  align: 2MiB
-layout:
-  metadata: {{slots_per_ring: 8, slot_size: 256B, spare_rings: 2, journal: 2MiB}}
-  shared_kv: 40MiB
-  partition_size: equal
-hosts:
-  - {{name: h0, address: 127.0.0.1, roles: [metadata, worker], platform: gpu, numa: {{cpu_nodes: 1, cxl_nodes: 1}},
-      gpus: {{count: 2, model: L40S}}}}
-  - {{name: h1, address: 127.0.0.2, roles: [worker], platform: gpu, numa: {{cpu_nodes: 1, cxl_nodes: 1}},
-      gpus: {{count: 2, model: L40S}}}}
-serve:
-  metadata: {{admin_port: {admin_port}}}
-  {router}
-  vllm: {{model: Qwen/Qwen2.5-7B-Instruct, instances_per_host: 2, port_base: {port_base}}}
-"""
+    return top_rack("top-tmux", admin_port, port_base, router)
 
 
 @contextmanager
