@@ -703,3 +703,16 @@ class KVIndex:
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }
+
+    def drop_overlapping(self, candidates: Sequence[Entry], hits: Callable[[Allocation], bool]) -> int:
+        """Remove each of `candidates` still visible whose allocation `hits` names (poisoned lines:
+        mds/poison.py hands a bounded slice of its scan each loop turn). Like a DELETE: journal,
+        removal log (WHY_DELETED, a KV event), mirror; a leased block leaves every lookup at once and
+        its space is freed when its leases end. Returns how many it removed."""
+        dropped = 0
+        entries = self.entries
+        for e in candidates:
+            if entries.get(e.key) is e and hits(e.alloc):
+                self._remove(e, WHY_DELETED)
+                dropped += 1
+        return dropped
