@@ -8,17 +8,24 @@
   bytes (a per-recv socket timeout alone restarts at every byte).
 - A client that goes away or times out is not an error worth a traceback.
 Handlers call `self.server.request_read(self.connection)` once they have the whole request.
+
+Writes (any method but GET and HEAD) on a server given a `write_verifier` (rpc/auth.py: an
+endpoint bound beyond loopback) must be signed: `WriteAuthHandler` reads the body (at most
+`max_write_body` bytes), checks the signature before any `do_POST` runs, and answers 401 (or
+413) itself; the handler then reads the same body from `self.rfile` as usual.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import json
 import socket
 import sys
 import threading
 import time
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -32,6 +39,9 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     evict_after_s = 0.05  # a request head arrives in one packet: one still arriving after this is slow
     accept_backoff_s = 0.2
     name = "http"
+    write_verifier: Any = None  # rpc/auth.py:AdminVerifier when writes must be signed
+    max_write_body = 1 << 20
+    writes_refused = 0
 
     def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
@@ -116,6 +126,49 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         if isinstance(exc, OSError | ValueError):  # the client went away, timed out, or was cut off
             return
         print(f"{self.name}: request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+
+
+class WriteAuthHandler(BaseHTTPRequestHandler):
+    """A request handler whose writes are checked against the server's `write_verifier` first."""
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        verifier = getattr(self.server, "write_verifier", None)
+        if verifier is None or self.command in ("GET", "HEAD"):
+            return True
+        self.close_connection = True  # one signed write per connection: the body is read here
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        limit = getattr(self.server, "max_write_body", 1 << 20)
+        if not 0 <= length <= limit:
+            self._refuse(413, f"a write's body is 0..{limit} bytes with a Content-Length")
+            return False
+        body = self.rfile.read(length) if length else b""
+        if len(body) != length:
+            return False  # the client went away mid-body
+        why = verifier.check(self.headers.get("Authorization"), self.command, self.path, body)
+        if why is not None:
+            self._refuse(401, why)
+            return False
+        self.rfile = io.BytesIO(body)  # the handler reads the body it expects, as if unread
+        return True
+
+    def _refuse(self, status: int, why: str) -> None:
+        server = self.server
+        server.writes_refused = getattr(server, "writes_refused", 0) + 1  # type: ignore[attr-defined]
+        request_read = getattr(server, "request_read", None)
+        if request_read is not None:
+            request_read(self.connection)
+        body = json.dumps({"error": why}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("WWW-Authenticate", "Beluga-HMAC")
+        self.end_headers()
+        self.wfile.write(body)
 
 
 def _shut(sock: socket.socket) -> None:

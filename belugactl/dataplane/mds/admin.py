@@ -2,17 +2,18 @@
 
 Runs in its own thread and reads only `server.snapshot` (refreshed by the server loop every
 housekeeping tick, ~100 ms) plus plain integer counters, so it never races the index. Binds
-127.0.0.1 unless told otherwise: the endpoints are unauthenticated.
+127.0.0.1 unless told otherwise. The GETs are open; on an address beyond loopback every write
+(any other method) must be signed with the rack secret (rpc/auth.py, bounded_http.WriteAuthHandler).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from belugactl.dataplane.bounded_http import BoundedHTTPServer
+from belugactl.dataplane.bounded_http import BoundedHTTPServer, WriteAuthHandler
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
@@ -143,7 +144,7 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(server))  # type: ignore[arg-type]
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(WriteAuthHandler):
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             return  # keep stderr for the server's own messages
 
@@ -185,6 +186,10 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
 
     Handler.timeout = ADMIN_TIMEOUT_S
     httpd = _AdminServer((bind, port), Handler)
+    if server.auth_required(bind):  # writes beyond loopback are signed with the rack secret
+        from belugactl.dataplane.rpc.auth import AdminVerifier
+
+        httpd.write_verifier = AdminVerifier(server.rack_credential(True).key)
     thread = threading.Thread(target=httpd.serve_forever, name="mds-admin", daemon=True)
     thread.start()
     return httpd

@@ -20,6 +20,14 @@ takes the place of a connection that has done no work (anything but PING and HEL
 `evict_idle_after_s`: one that never worked first, the newest of those first (a flood's latest
 arrivals go before a client that held its place). Idle and ping-only connections cannot lock
 others out; connections that work keep their places.
+
+Authentication (rpc/auth.py): when the listener binds beyond loopback (or its policy says so) a
+connection must finish the handshake before any other frame; until then its frames are capped at
+`auth.AUTH_MAX_FRAME` bytes, it has done no work (so it gives way at the cap first), and it is
+closed `auth_timeout_s` after it arrived. The handshake is frames like any other, served on the
+same non-blocking turns: a client that sends it slowly, or never finishes it, stalls nobody. A
+listener with the rack secret also answers a handshake a client offers on loopback (a client that
+holds a key verifies the server); with neither, frames are served as before, at no cost per frame.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane.mds.listener import Listener, register_listener
 from belugactl.dataplane.mds.ownership import TcpOwners
+from belugactl.dataplane.rpc import auth
 from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD, Code, Op
 from belugactl.errors import EnvironmentProblem
 
@@ -53,6 +62,7 @@ class TcpLimits:
     accept_backoff_s: float = 0.2
     frames_per_turn: int = 32
     bytes_per_turn: int = 64 << 10
+    auth_timeout_s: float = 5.0  # a connection that must authenticate has this long to finish
 
     @property
     def evict_idle_after_s(self) -> float:
@@ -67,7 +77,8 @@ _NOT_WORK = frozenset((int(Op.PING), int(Op.HELLO)))
 
 
 class _Conn:
-    __slots__ = ("sock", "rx", "tx", "owner", "last_active", "last_work", "worked", "since", "events", "backlogged")
+    __slots__ = ("sock", "rx", "tx", "owner", "last_active", "last_work", "worked", "since", "events", "backlogged",
+                 "gate", "shake")  # fmt: skip
 
     def __init__(self, sock: socket.socket, owner: int, now: float) -> None:
         self.sock = sock
@@ -80,6 +91,13 @@ class _Conn:
         self.since = now
         self.events = 0  # what the selector watches for it
         self.backlogged = False  # complete frames wait for the next turn
+        # 0: frames are served; _OFFERED: a handshake may come first; _REQUIRED: it must come first;
+        # _PROVING: the challenge is out, the proof must come next.
+        self.gate = 0
+        self.shake: auth.ServerHandshake | None = None
+
+
+_OFFERED, _REQUIRED, _PROVING = 1, 2, 3
 
 
 @register_listener
@@ -104,6 +122,13 @@ class TcpListener(Listener):
         self.evicted_idle = 0
         self.turns_deferred = 0  # turns that ended with frames left for the next one
         self._backlog: dict[int, _Conn] = {}
+        # Who must prove a key (decided at bind, from the address and the server's policy).
+        self.credential: auth.Credential | None = None
+        self.auth_required = False
+        self.auth_ok = 0
+        self.auth_refused = 0
+        self.auth_timed_out = 0
+        self.unauthenticated_refused = 0
 
     @classmethod
     def from_config(cls, server: MetadataServer) -> list[Listener]:
@@ -119,6 +144,8 @@ class TcpListener(Listener):
         return cls(server, host, port)
 
     def bind(self) -> None:
+        self.auth_required = self.server.auth_required(self.bind_address)
+        self.credential = self.server.rack_credential(self.auth_required)
         self.sock = listen(self.bind_address, self.want_port, "RPC (TCP)")
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
@@ -164,6 +191,10 @@ class TcpListener(Listener):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)  # never let one slow client stall the loop (and the CXL rings)
         conn = _Conn(sock, self.owners.next(), now)
+        if self.auth_required:
+            conn.gate = _REQUIRED
+        elif self.credential is not None:
+            conn.gate = _OFFERED
         self.conns[sock.fileno()] = conn
         self._watch(conn)
 
@@ -208,6 +239,10 @@ class TcpListener(Listener):
         limit = self.limits.idle_timeout_s
         for conn in [c for c in self.conns.values() if now - c.last_active > limit]:
             self.closed_idle += 1
+            self._drop(conn)
+        deadline = now - self.limits.auth_timeout_s
+        for conn in [c for c in self.conns.values() if c.gate >= _REQUIRED and c.since < deadline]:
+            self.auth_timed_out += 1
             self._drop(conn)
 
     # --- one connection -----------------------------------------------------------------------
@@ -260,6 +295,8 @@ class TcpListener(Listener):
         service = self.server.service
         index = self.server.index
         max_frame = min(HEADER_SIZE + TCP_MAX_PAYLOAD, limits.max_buffered - 4)
+        if conn.gate >= _REQUIRED:
+            max_frame = auth.AUTH_MAX_FRAME  # no big frame before the handshake
         out = bytearray()
         perf = time.perf_counter
         frames_left = limits.frames_per_turn
@@ -284,6 +321,15 @@ class TcpListener(Listener):
             _st, seq, magic, epoch, op, _code, length = HEADER.unpack_from(rx, 4)
             payload = bytes(rx[4 + HEADER_SIZE : 4 + size])
             del rx[: 4 + size]
+            if conn.gate:
+                if not self._gate(conn, magic, op, length, seq, payload, out):
+                    return  # refused and closed
+                if conn.gate >= _REQUIRED:
+                    max_frame = auth.AUTH_MAX_FRAME
+                    continue
+                max_frame = min(HEADER_SIZE + TCP_MAX_PAYLOAD, limits.max_buffered - 4)
+                if magic == auth.AUTH_MAGIC:
+                    continue
             t0 = perf()
             if magic != MAGIC:
                 code, rep = service.error(Code.BAD_MAGIC)
@@ -317,6 +363,45 @@ class TcpListener(Listener):
         else:
             self._watch(conn)
 
+    # --- the handshake (rpc/auth.py) ----------------------------------------------------------
+    def _gate(self, conn: _Conn, magic: int, op: int, length: int, seq: int, payload: bytes, out: bytearray) -> bool:
+        """One frame of a connection that has not finished (or may offer) the handshake. Appends the
+        answer to `out`; False when the connection was refused and closed."""
+        if magic != auth.AUTH_MAGIC:
+            if conn.gate == _OFFERED:
+                conn.gate = 0  # no handshake offered: served as before (loopback)
+                return True
+            self.unauthenticated_refused += 1
+            return self._refuse(conn, out, auth.REQUIRED, seq)
+        if op == auth.HELLO and conn.gate in (_OFFERED, _REQUIRED) and length == len(payload):
+            conn.shake = auth.ServerHandshake(self.credential)
+            answer, body = conn.shake.on_hello(payload)
+            if answer != auth.OK:
+                return self._refuse(conn, out, answer, seq)
+            conn.gate = _PROVING
+            out += _auth_frame(auth.CHALLENGE, auth.OK, seq, body)
+            return True
+        if op == auth.PROOF and conn.gate == _PROVING and conn.shake is not None and conn.shake.on_proof(payload):
+            tenant = conn.shake.tenant
+            conn.gate = 0
+            conn.shake = None
+            self.auth_ok += 1
+            bind_tenant = getattr(self.server.service, "bind_tenant", None)
+            if tenant and bind_tenant is not None:
+                bind_tenant(conn.owner, tenant)
+            out += _auth_frame(auth.DONE, auth.OK, seq, b"")
+            return True
+        return self._refuse(conn, out, auth.REFUSED, seq)
+
+    def _refuse(self, conn: _Conn, out: bytearray, answer: int, seq: int) -> bool:
+        """Say why (best effort, one small frame) and close: nothing else this connection sent is served."""
+        if answer == auth.REFUSED:
+            self.auth_refused += 1
+        with contextlib.suppress(OSError):
+            conn.sock.send(bytes(conn.tx) + bytes(out) + _auth_frame(auth.DONE, answer, seq, b""))
+        self._drop(conn)
+        return False
+
     def stats(self) -> dict[str, Any]:
         lim = self.limits
         return {
@@ -339,6 +424,14 @@ class TcpListener(Listener):
             "accept_backoffs": self.accept_backoffs,
             "evicted_idle": self.evicted_idle,
             "turns_deferred": self.turns_deferred,
+            "auth": {
+                "required": self.auth_required,
+                "offered": self.credential is not None,
+                "ok": self.auth_ok,
+                "refused": self.auth_refused,
+                "unauthenticated_refused": self.unauthenticated_refused,
+                "timed_out": self.auth_timed_out,
+            },
             "buffered_bytes": sum(len(c.rx) + len(c.tx) for c in self.conns.values()),
         }
 
@@ -350,6 +443,14 @@ class TcpListener(Listener):
                 self.server.selector.unregister(self.sock)
             self.sock.close()
             self.sock = None
+
+
+def _auth_frame(phase: int, answer: int, seq: int, body: bytes) -> bytes:
+    frame = bytearray(4 + HEADER_SIZE + len(body))
+    _FRAME.pack_into(frame, 0, HEADER_SIZE + len(body))
+    HEADER.pack_into(frame, 4, 0, seq, auth.AUTH_MAGIC, 0, phase, answer, len(body))
+    frame[4 + HEADER_SIZE :] = body
+    return bytes(frame)
 
 
 def listen(bind: str, port: int, what: str) -> socket.socket:

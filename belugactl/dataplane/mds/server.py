@@ -113,6 +113,10 @@ class ServerConfig:
     restart_policy: str = "start-empty"  # or "journal": rebuild the index from the pool's journal area
     tcp: TcpLimits = field(default_factory=TcpLimits)
     listen: tuple[str, ...] = ()  # more listeners by URL, for transports registered beyond cxl and tcp
+    # The rack secret (rpc/auth.py): required of TCP RPC clients and admin writes on an address
+    # beyond loopback ("auto"), or everywhere ("required": tests, and hosts that want it on loopback).
+    secret_file: str | None = None  # None: no secret, so nothing that requires one can start
+    auth: str = "auto"
 
 
 class MetadataServer:
@@ -141,6 +145,33 @@ class MetadataServer:
         for cls in load_listeners().values():
             self.listeners.extend(cls.from_config(self))
         self.ring: Any = next((lst for lst in self.listeners if lst.spins), None)
+        self._credential: Any = None
+        self._credential_loaded = False
+
+    # --- who must authenticate (rpc/auth.py) ------------------------------------------------------
+    def auth_required(self, bind: str) -> bool:
+        """A listener on `bind` requires the handshake: beyond loopback, or when the policy says so."""
+        from belugactl.dataplane.rpc.auth import is_loopback
+
+        return self.config.auth == "required" or not is_loopback(bind)
+
+    def rack_credential(self, required: bool) -> Any:
+        """The rack secret (created when required and missing); None when not required and absent.
+        Required without a secret file configured is a usage error (exit 2)."""
+        from belugactl.dataplane.rpc.auth import load_rack_secret
+        from belugactl.errors import UsageError
+
+        path = self.config.secret_file
+        if self._credential is None and path and (required or not self._credential_loaded):
+            self._credential = load_rack_secret(path, create=required)
+            self._credential_loaded = True
+        if required and self._credential is None:
+            raise UsageError(
+                "an endpoint beyond loopback needs the rack secret, and this server has none",
+                why="clients beyond loopback must prove the rack secret, and the server must prove it to them",
+                fix="set serve.metadata.secret_file (setup creates it), or bind 127.0.0.1",
+            )
+        return self._credential
 
     # --- the pool lock: the one place the server opens the pool a second time -------------------
     def _lock_pool(self) -> None:
@@ -165,6 +196,12 @@ class MetadataServer:
         if c.admin_port is not None:
             from belugactl.dataplane.mds.admin import start_admin
 
+            if self.auth_required(c.admin_bind):
+                try:
+                    self.rack_credential(True)  # before the port opens: a missing secret is exit 2
+                except BaseException:
+                    self.close()
+                    raise
             try:
                 self.admin = start_admin(self, c.admin_bind, c.admin_port)
             except OSError as exc:
@@ -417,6 +454,11 @@ def open_server(
     config: ServerConfig | None = None,
 ) -> MetadataServer:
     """Map + verify the pool against the manifest, then build (not start) a server."""
+    config = config or ServerConfig()
+    if config.secret_file is None:
+        from belugactl.dataplane.rpc.auth import secret_path
+
+        config.secret_file = secret_path(manifest)
     pool = PoolMapping.open(pool_path, manifest)
     if pool.geometry.shared_kv_size < (2 << 20):
         pool.close()

@@ -1,4 +1,11 @@
-"""The TCP client transport: the same messages, length-prefixed (`tcp://<host>:<port>`)."""
+"""The TCP client transport: the same messages, length-prefixed (`tcp://<host>:<port>`).
+
+A client holding a key (`key_file=`, else `$BELUGA_KEY_FILE`: the rack secret or a tenant's key)
+runs the handshake of rpc/auth.py on every connection before its first frame, and refuses a server
+that cannot prove the same key (a fake server on the port) before any request is sent, so before
+any reply could point it at pool bytes. Without a key it connects as before; a server that
+requires one then says so and closes, and the client's error says how to get one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from belugactl.dataplane.rpc import auth
 from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD
 from belugactl.dataplane.rpc.transport import ClientTransport, Reply, TransportError, register_transport
 from belugactl.errors import UsageError
@@ -46,7 +54,7 @@ class TcpTransport(ClientTransport):
     @classmethod
     def open(cls, address: str, *, pool: PoolMapping | None, timeout_s: float) -> TcpTransport:
         host, port = parse_tcp_url(address)
-        return cls(host, port, timeout_s=timeout_s)
+        return cls(host, port, timeout_s=timeout_s, credential=auth.client_credential())
 
     def default_client_id(self) -> int:
         return os.getpid()
@@ -56,8 +64,20 @@ class TcpTransport(ClientTransport):
         if 0 < max_payload < self.max_payload:
             self.max_payload = max_payload
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout_s: float = 1.0,
+        credential: auth.Credential | None = None,
+        key_file: str | None = None,
+    ) -> None:
         self.address = (host, port)
+        self.credential = credential if credential is not None else (
+            auth.client_credential(key_file) if key_file else None
+        )  # fmt: skip
+        self.server_verified = False
         self.max_payload = TCP_MAX_PAYLOAD
         self.timeout_s = timeout_s
         self._seq = random.randrange(1, 1 << 40)
@@ -79,7 +99,67 @@ class TcpTransport(ClientTransport):
         self.sock = sock
         self._inflight.clear()
         self._rx.clear()
+        self.server_verified = False
+        if self.credential is not None:
+            try:
+                self._handshake(self.credential)
+            except BaseException:
+                self.close()
+                self.broken = True
+                raise
         self.broken = False
+
+    # --- the handshake (rpc/auth.py) ------------------------------------------------------------
+    def _auth_send(self, phase: int, body: bytes) -> None:
+        assert self.sock is not None
+        frame = bytearray(4 + HEADER_SIZE + len(body))
+        _FRAME.pack_into(frame, 0, HEADER_SIZE + len(body))
+        HEADER.pack_into(frame, 4, 0, 0, auth.AUTH_MAGIC, 0, phase, 0, len(body))
+        frame[4 + HEADER_SIZE :] = body
+        try:
+            self.sock.sendall(frame)
+        except OSError as exc:
+            raise TransportError(f"handshake with {self._where()} failed: {exc}") from None
+
+    def _auth_recv(self, want: int) -> bytes:
+        """The server's next handshake frame of phase `want`; anything else refuses the server."""
+        try:
+            (size,) = _FRAME.unpack(self._recv_exact(4, self.timeout_s))
+            if not HEADER_SIZE <= size <= auth.AUTH_MAX_FRAME:
+                raise self._unproven(f"a {size}-byte frame instead of the handshake")
+            frame = self._recv_exact(size, self.timeout_s)
+        except TransportError as exc:
+            if str(exc).startswith("refused the server"):
+                raise
+            raise self._unproven(f"no handshake answer ({exc})") from None
+        _st, _seq, magic, _epoch, phase, code, length = HEADER.unpack_from(frame, 0)
+        if magic != auth.AUTH_MAGIC:
+            raise self._unproven("an answer that is no handshake (a server without authentication?)")
+        if phase == auth.DONE and code != auth.OK:
+            raise self._unproven(auth.ANSWERS.get(code, f"handshake answer {code}"))
+        if phase != want or code != auth.OK or length != size - HEADER_SIZE:
+            raise self._unproven(f"handshake phase {phase} (code {code}) where phase {want} was due")
+        return frame[HEADER_SIZE:]
+
+    def _handshake(self, credential: auth.Credential) -> None:
+        nc = os.urandom(auth.NONCE_BYTES)
+        self._auth_send(auth.HELLO, auth.hello_payload(nc, credential.tenant))
+        proof = auth.check_challenge(credential, nc, self._auth_recv(auth.CHALLENGE))
+        if proof is None:
+            raise self._unproven("a proof made with another key: not this rack's metadata server")
+        self._auth_send(auth.PROOF, proof)
+        self._auth_recv(auth.DONE)
+        self.server_verified = True
+
+    def _where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    def _unproven(self, what: str) -> TransportError:
+        key = self.credential.path if self.credential is not None and self.credential.path else "the key"
+        return TransportError(
+            f"refused the server at {self._where()}: {what}; nothing was sent to it "
+            f"(this client proves {key})"
+        )
 
     def submit(self, op: int, epoch: int, payload: bytes) -> int:
         if self.sock is None:
@@ -123,6 +203,13 @@ class TcpTransport(ClientTransport):
             raise TransportError(f"bad frame length {size}")
         frame = self._recv_exact(size, timeout_s)
         _st, seq, magic, epoch, _op, code, length = HEADER.unpack_from(frame, 0)
+        if magic == auth.AUTH_MAGIC:
+            self.broken = True
+            why = auth.ANSWERS.get(code, f"handshake answer {code}")
+            raise TransportError(
+                f"{self._where()}: {why} (it binds beyond loopback); give this client the rack's key: "
+                f"${auth.ENV_KEY_FILE}=<the secret file, or this tenant's key file>"
+            )
         expected = self._inflight.popleft() if self._inflight else None
         if magic != MAGIC or seq != expected or length != size - HEADER_SIZE:
             self.broken = True
