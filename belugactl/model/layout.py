@@ -8,6 +8,14 @@ every host before it uses the pool. Nothing here reads a machine.
 
 Every boundary is a multiple of the devdax align (2 MiB by default).
 
+With a memory-type split (caching.memory_types: seeds, or areas with the KV area uncachable and
+the control areas write-back) the host partitions come first and the shared KV area is placed and
+sized so that a few variable MTRRs (caching.kv_mtrrs) cover it exactly, as pool offsets:
+
+    [ header ][ metadata ][ host 0 ] ... [ host N-1 ][ unused: kv-align ][ shared KV ][ unused ]
+
+Without a split nothing of this applies and the layout (and its hash) is what it always was.
+
 CXL-RPC rings: a ring has exactly one client, and every vLLM process holds a client of its own (a
 connector object each: the scheduler's, and one per tensor-parallel worker), so the layout allots
 one ring per process: for each instance on each worker host, `scheduler`, then `worker0` ..
@@ -165,6 +173,9 @@ class PoolLayout:
     partitions: tuple[Partition, ...]
     clients: tuple[Client, ...]
     format_version: int = FORMAT_VERSION
+    # With a split: {"kv": "uncachable", "control": "write-back"}; None: one type for the whole pool
+    # (caching.pool_memory_type), which is not the layout's business.
+    memory_types: tuple[tuple[str, str], ...] | None = None
     _by_host: dict[str, Partition] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,7 +183,29 @@ class PoolLayout:
 
     @property
     def used(self) -> int:
+        if self.split:  # the areas' bytes: the gap that aligns the KV area is unused
+            return self.metadata.end + self.shared_kv.size + sum(p.size for p in self.partitions)
         return self.partitions[-1].end if self.partitions else self.shared_kv.end
+
+    @property
+    def split(self) -> bool:
+        """The KV area has a memory type of its own (uncachable) and its own MTRR pieces."""
+        return self.memory_types is not None
+
+    def area_type(self, area: str) -> str | None:
+        """"kv" or "control": its memory type with a split, None without one."""
+        return dict(self.memory_types)[area] if self.memory_types is not None else None
+
+    @property
+    def kv_pieces(self) -> list[tuple[int, int]]:
+        """The shared KV area as (pool offset, size) pieces, each a power of two aligned to itself:
+        one variable MTRR each on a host whose physical base is aligned to the largest piece."""
+        return mtrr_pieces(self.shared_kv.offset, self.shared_kv.size)
+
+    @property
+    def control_extents(self) -> list[Extent]:
+        """What the CPU polls or writes small: the header, the RPC rings and the journal."""
+        return [self.header, self.metadata]
 
     @property
     def unused(self) -> int:
@@ -220,6 +253,8 @@ class PoolLayout:
                 [c.host, c.instance, c.ring] if c.process is None else [c.host, c.instance, c.process, c.ring]
                 for c in self.clients
             ],
+            # Only with a split, so a layout without one hashes as it always did.
+            **({"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}),
         }
 
     @cached_property
@@ -229,6 +264,9 @@ class PoolLayout:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def regions(self) -> Iterator[Region]:
+        if self.split:
+            yield from self._split_regions()
+            return
         rpc_area = Extent(self.rpc.offset, self.journal.offset - self.rpc.offset)
         yield Region(
             "header", "header", self.header.offset, self.header.size, "all hosts", "magic, uuid, layout hash, epoch"
@@ -239,8 +277,7 @@ class PoolLayout:
             rpc_area.offset,
             rpc_area.size,
             "metadata server",
-            f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B: "
-            f"{len(self.clients)} vLLM processes, {len(self.spare_rings)} spare",
+            self._rings_detail(),
         )
         yield Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server", "index journal")
         yield Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts", "KV blocks")
@@ -248,6 +285,43 @@ class PoolLayout:
             yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}")
         if self.unused:
             yield Region("unused", "unused", self.used, self.unused, "-", "alignment tail")
+
+    def _rings_detail(self) -> str:
+        return (
+            f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B: "
+            f"{len(self.clients)} vLLM processes, {len(self.spare_rings)} spare"
+        )
+
+    def _split_regions(self) -> Iterator[Region]:
+        """The rows of a split layout, each saying its memory type; gaps are unused rows."""
+        control = self.area_type("control")
+        kv = self.area_type("kv")
+        cpu = f"{control}: flushes, non-temporal stores"
+        rpc_area = Extent(self.rpc.offset, self.journal.offset - self.rpc.offset)
+        pieces = self.kv_pieces
+        rows = [
+            Region("header", "header", self.header.offset, self.header.size, "all hosts",
+                   f"magic, uuid, layout hash, epoch; {cpu}"),
+            Region("rpc-rings", "rpc", rpc_area.offset, rpc_area.size, "metadata server",
+                   f"{self._rings_detail()}; {cpu}"),
+            Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server",
+                   f"index journal; {cpu}"),
+            *(Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}; {control}")
+              for p in self.partitions),
+            Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts",
+                   f"KV blocks; {kv}: {len(pieces)} MTRR piece(s) "
+                   + ", ".join(f"{format_size(s)}@{o:#x}" for o, s in pieces)),
+        ]
+        cursor = 0
+        for row in sorted(rows, key=lambda r: r.offset):
+            if row.offset > cursor:
+                why = "below the KV area: aligns it for its MTRRs" if row.kind == "shared-kv" else "alignment gap"
+                yield Region("kv-align" if row.kind == "shared-kv" else "unused", "unused", cursor,
+                             row.offset - cursor, "-", f"{why}; {control}")
+            yield row
+            cursor = row.end
+        if cursor < self.pool_size:
+            yield Region("unused", "unused", cursor, self.pool_size - cursor, "-", f"alignment tail; {control}")
 
     def to_dict(self) -> dict[str, Any]:
         data = self.canonical()
@@ -271,6 +345,8 @@ class PoolLayout:
         ]
         data["spare_rings"] = list(self.spare_rings)
         data["unused"] = self.unused
+        if self.memory_types is not None:
+            data["kv_mtrr_pieces"] = [{"offset": o, "size": s} for o, s in self.kv_pieces]
         data["regions"] = [
             {
                 "name": r.name,
@@ -421,6 +497,8 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
                 "shrink the partitions",
             )
 
+    if manifest.caching.split:
+        return _split_layout(manifest, clients, header, metadata, rpc, journal, sizes, shared_size)
     shared_kv = Extent(metadata.end, shared_size)
     partitions: list[Partition] = []
     offset = shared_kv.end
@@ -437,6 +515,88 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
         shared_kv=shared_kv,
         partitions=tuple(partitions),
         clients=tuple(clients),
+    )
+
+
+def mtrr_pieces(offset: int, size: int) -> list[tuple[int, int]]:
+    """[offset, offset+size) as the fewest pieces each a power of two in size and aligned to it,
+    greedy from the low end (offset 0 counts as aligned to anything)."""
+    pieces = []
+    while size > 0:
+        align = offset & -offset if offset else 1 << 62
+        piece = min(align, 1 << (size.bit_length() - 1))
+        pieces.append((offset, piece))
+        offset += piece
+        size -= piece
+    return pieces
+
+
+def _split_layout(
+    manifest: Manifest,
+    clients: list[Client],
+    header: Extent,
+    metadata: Extent,
+    rpc: RpcArea,
+    journal: Extent,
+    sizes: list[int],
+    shared_size: int,
+) -> PoolLayout:
+    """The layout of a memory-type split: partitions right after the metadata, then the shared KV
+    area on a granule G (a power of two, at least the align) that lets at most caching.kv_mtrrs
+    MTRR pieces cover it. An explicit shared_kv size is kept exactly (placed where it takes the
+    fewest pieces); a derived one (rest, a percentage) is rounded inward to G, the smallest G that fits."""
+    pool_size = manifest.pool.size
+    align = manifest.pool.align
+    budget = manifest.caching.kv_mtrrs
+    partitions: list[Partition] = []
+    offset = metadata.end
+    for index, (host, size) in enumerate(zip(manifest.hosts, sizes, strict=True)):
+        partitions.append(Partition(host.name, index, offset, size))
+        offset += size
+    low = offset  # the KV area starts at or after the partitions
+    explicit = isinstance(manifest.layout.shared_kv, int)
+    best: tuple[int, int, int] | None = None  # (pieces, offset, size)
+    granule = align
+    while granule <= max(pool_size, align):
+        start = align_up(low, granule)
+        end = start + shared_size if explicit else align_down(min(start + shared_size, pool_size), granule)
+        if start < end <= pool_size:
+            count = len(mtrr_pieces(start, end - start))
+            if explicit:
+                if best is None or count < best[0]:
+                    best = (count, start, end - start)
+            elif count <= budget:
+                best = (count, start, end - start)
+                break
+        granule <<= 1
+    if best is None or best[0] > budget:
+        if explicit:
+            needs = f"at best {best[0]} MTRR pieces" if best else "more room than the pool has"
+            raise LayoutDoesNotFit(
+                ("layout", "shared_kv"),
+                f"a shared KV area of exactly {format_size(shared_size)} with its own memory type needs {needs}; "
+                f"caching.kv_mtrrs allows {budget}",
+                "make shared_kv a sum of few powers of two (e.g. 48 GiB = 32 + 16) or rest, or raise caching.kv_mtrrs",
+            )
+        raise LayoutDoesNotFit(
+            ("pool", "size"),
+            f"no granule lets {budget} MTRR piece(s) cover a shared KV area in a {format_size(pool_size)} pool "
+            f"after {format_size(low)} of header, metadata and partitions",
+            "use a larger pool (a power of two is covered by the fewest pieces) or raise caching.kv_mtrrs",
+        )
+    _, kv_offset, kv_size = best
+    kinds = manifest.caching.area_types()
+    return PoolLayout(
+        pool_size=pool_size,
+        align=align,
+        header=header,
+        metadata=metadata,
+        rpc=rpc,
+        journal=journal,
+        shared_kv=Extent(kv_offset, kv_size),
+        partitions=tuple(partitions),
+        clients=tuple(clients),
+        memory_types=(("kv", kinds["kv"]), ("control", kinds["control"])),
     )
 
 

@@ -317,6 +317,17 @@ class Permissions(Strict):
         return int(self.mode, 8)
 
 
+class PoolExpect(Strict):
+    """What the pool's memory devices should measure (`belugactl doctor --perf`, `bench pool -f`): the
+    vendor's or the seeds' figures (about 750 ns, 22.5 GB/s per device). Unset fields are not compared.
+    A figure worse than expected by more than `margin_percent` is a warning, never a failure."""
+
+    load_latency_ns: float | None = Field(default=None, gt=0)  # one dependent load, one device
+    read_gbps_per_device: float | None = Field(default=None, gt=0)  # GB/s (10^9 bytes), invalidated reads
+    write_gbps_per_device: float | None = Field(default=None, gt=0)  # GB/s, non-temporal stores
+    margin_percent: float = Field(default=25.0, ge=0, lt=100)
+
+
 class Pool(Strict):
     source: RegionSource | DaxSource = Field(discriminator="kind")
     size: Size  # usable bytes: the dax device size, which the layout is built on
@@ -324,6 +335,7 @@ class Pool(Strict):
     interleave: Interleave = Interleave()
     namespace: Namespace | None = None
     permissions: Permissions = Permissions()  # of the pool's /dev node on every host
+    expect: PoolExpect | None = None  # measured speed to compare against (doctor --perf)
 
     @field_validator("align")
     @classmethod
@@ -492,6 +504,9 @@ MemoryType = Literal["uncachable", "write-back"]
 # Named per-area choices: seeds = the KV area uncachable (GPU copies, DDIO off), the control areas
 # (header, epoch word, rings, journal: what the CPU polls or writes small) write-back.
 MEMORY_TYPE_PRESETS: dict[str, dict[str, str]] = {"seeds": {"kv": "uncachable", "control": "write-back"}}
+# A CPU has 8 to 10 variable MTRRs (IA32_MTRRCAP) and firmware keeps some; a split's KV area may
+# take at most this many (caching.kv_mtrrs).
+MAX_KV_MTRRS = 8
 
 
 class CachingAreas(Strict):
@@ -501,11 +516,26 @@ class CachingAreas(Strict):
 
 class Caching(Strict):
     ddio: Literal["disabled", "enabled", "unmanaged"] = "disabled"
+    # The whole pool's memory type. With a split (KV uncachable, control write-back) it reads as the
+    # control areas' type, the one the CPU's paths (mapping, rings, copies) flush for.
     pool_memory_type: MemoryType = "write-back"
     # The memory type per area (areas) or a named preset of them (memory_types); at most one of
     # pool_memory_type, areas and memory_types is written.
     areas: CachingAreas | None = None
     memory_types: Literal["seeds"] | None = None
+    # With a split: the variable MTRRs the KV area may take (the layout aligns it to fit; fewer
+    # leave more of the pool unused below it). Ignored without a split.
+    kv_mtrrs: Int = 4
+
+    @field_validator("kv_mtrrs")
+    @classmethod
+    def _kv_mtrrs(cls, value: int) -> int:
+        if not 1 <= value <= MAX_KV_MTRRS:
+            raise ValueError(
+                f"kv_mtrrs is 1 to {MAX_KV_MTRRS}: a CPU has 8 to 10 variable MTRRs and firmware keeps some; "
+                "to need fewer, make the pool (and shared_kv) a power of two aligned to its size"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_way(self) -> Caching:
@@ -513,20 +543,20 @@ class Caching(Strict):
             raise ValueError("write areas or memory_types, not both: they both set the memory type per area")
         kinds = self.area_types()
         explicit = "pool_memory_type" in self.model_fields_set
-        if explicit and set(kinds.values()) != {self.pool_memory_type}:
+        if explicit and self.pool_memory_type != kinds["control"]:
             raise ValueError(
                 f"pool_memory_type {self.pool_memory_type} contradicts the per-area types "
                 f"(kv {kinds['kv']}, control {kinds['control']}): write only one of them"
             )
-        if kinds["kv"] != kinds["control"]:
-            # Until the layout aligns the KV area for its own MTRRs (issue 33 item 1), a split would
-            # be silently set up as one type for the whole pool; refusing keeps that from happening.
+        if kinds["kv"] == "write-back" and kinds["control"] == "uncachable":
             raise ValueError(
-                "a different memory type for the KV and control areas is not supported yet "
-                "(the layout does not align the KV area to MTRR pieces); use pool_memory_type"
+                "an uncachable control area beside a write-back KV area is refused: the CPU polls the rings and "
+                "writes the journal small, which uncachable memory makes slow (a 16 KB store 281.56 us instead of "
+                "2.41 us with non-temporal stores); use memory_types: seeds (KV uncachable, control write-back)"
             )
-        # Equal areas mean the whole pool: the rest of belugactl reads pool_memory_type.
-        object.__setattr__(self, "pool_memory_type", kinds["kv"])
+        # The rest of belugactl reads pool_memory_type: the whole pool's type, or with a split the
+        # control areas' (header, rings, journal: the CPU's paths flush for write-back).
+        object.__setattr__(self, "pool_memory_type", kinds["control"])
         return self
 
     def area_types(self) -> dict[str, str]:
@@ -536,6 +566,13 @@ class Caching(Strict):
         if self.areas is not None:
             return {"kv": self.areas.kv, "control": self.areas.control}
         return {"kv": self.pool_memory_type, "control": self.pool_memory_type}
+
+    @property
+    def split(self) -> bool:
+        """The KV area uncachable and the control areas write-back: the layout aligns the KV area for
+        MTRRs of its own (model/layout.py)."""
+        kinds = self.area_types()
+        return kinds["kv"] != kinds["control"]
 
 
 def _port(value: int) -> int:
@@ -577,6 +614,16 @@ class MetadataServe(Strict):
     # instance's KV data. None (unset): on when more than one vLLM instance shares the pool
     # (Manifest.zero_on_free); true/false: as written.
     zero_on_free: bool | None = None
+    # The rack secret (docs/dataplane.md, Authentication): TCP RPC clients and admin writes must
+    # prove it when rpc_bind or admin_bind is beyond loopback. Mode 0600, owned by the server's
+    # user; `setup` creates it (or the server, when it needs it and the file is missing).
+    # None: /etc/belugactl/<rack name>.secret.
+    secret_file: str | None = None
+    # Seconds between the server's reads of its pool device's poison lists (`cxl list -R -L`, what
+    # doctor's cxl.media-errors reads): poisoned lines are quarantined and the blocks on them
+    # dropped (dataplane/mds/poison.py). 0: never (POST /poison on the admin port still works).
+    # A file pool has no poison list to read.
+    poison_check_s: Int = Field(default=60, ge=0, le=86400)
 
     @field_validator("spin_after_ms")
     @classmethod
@@ -604,6 +651,13 @@ class MetadataServe(Strict):
         lo, hi = TCP_LIMIT_RANGES[info.field_name]
         if not lo <= value <= hi:
             raise ValueError(f"{info.field_name} must be between {lo} and {hi}, got {value}")
+        return value
+
+    @field_validator("secret_file")
+    @classmethod
+    def _secret_file(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or any(c in value for c in "\0\n")):
+            raise ValueError(f"secret_file must be an absolute path, got {value!r}")
         return value
 
     @field_validator("admin_bind", "rpc_bind")

@@ -1,5 +1,5 @@
 """caching.areas / caching.memory_types: one way to say the pool's memory type, refused when two are
-written or when the KV and control areas differ (the layout cannot give the KV area its own MTRRs yet)."""
+written or contradict; a split (KV uncachable, control write-back) loads, its inverse is refused."""
 
 import pytest
 
@@ -36,14 +36,30 @@ def test_pool_memory_type_alone_still_covers_both_areas():
     assert m.caching.area_types() == {"kv": "uncachable", "control": "uncachable"}
 
 
+def test_the_seeds_preset_is_a_split_whose_pool_memory_type_is_the_control_areas():
+    m = _with("  memory_types: seeds\n")
+    assert m.caching.split and m.caching.area_types() == {"kv": "uncachable", "control": "write-back"}
+    # the CPU's paths (mapping, serve's coherence) read pool_memory_type: they must flush for write-back
+    assert m.caching.pool_memory_type == "write-back"
+    assert m.caching.kv_mtrrs == 4
+
+
+def test_a_split_dump_loads_again():
+    m = _with("  pool_memory_type: write-back\n  memory_types: seeds\n  areas: null\n  kv_mtrrs: 4\n")
+    assert m.caching.split
+    m = _with("  areas: {kv: uncachable, control: write-back}\n")
+    assert m.caching.split and m.caching.pool_memory_type == "write-back"
+
+
 @pytest.mark.parametrize(
     "caching, words",
     [
         ("  pool_memory_type: write-back\n  areas: {kv: uncachable, control: uncachable}\n", "contradicts"),
-        ("  pool_memory_type: write-back\n  memory_types: seeds\n", "contradicts"),
+        ("  pool_memory_type: uncachable\n  memory_types: seeds\n", "contradicts"),
         ("  areas: {kv: uncachable, control: uncachable}\n  memory_types: seeds\n", "not both"),
-        ("  memory_types: seeds\n", "not supported yet"),
-        ("  areas: {kv: uncachable, control: write-back}\n", "not supported yet"),
+        ("  areas: {kv: write-back, control: uncachable}\n", "memory_types: seeds"),
+        ("  memory_types: seeds\n  kv_mtrrs: 9\n", "kv_mtrrs is 1 to 8"),
+        ("  memory_types: seeds\n  kv_mtrrs: 0\n", "kv_mtrrs is 1 to 8"),
         ("  areas: {kv: uncachable, ring: write-back}\n", ""),
     ],
 )
