@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from belugactl.dataplane.rpc.auth import ENV_KEY_FILE, is_loopback, secret_path
 from belugactl.model.layout import SCHEDULER, worker_process, workers_per_instance
 from belugactl.workflows.serve.reachability import rpc_dial, unreachable_instances
 
@@ -248,6 +249,13 @@ def build_serve_plan(
         if mds_host.name == host.name:
             plan.notes += _tcp_unreachable_elsewhere(manifest, meta, mds_host)
     if mds_host is not None and mds_host.name == host.name:
+        binds = (("RPC", meta.rpc_bind), ("admin", meta.admin_bind))
+        beyond = [f"{what} {b}" for what, b in binds if not is_loopback(b)]
+        if beyond:
+            plan.notes.append(
+                f"metadata-server: {', '.join(beyond)} beyond loopback: TCP clients and admin writes prove the "
+                f"rack secret {secret_path(manifest)} (created if missing; docs/dataplane.md, Authentication)"
+            )
         argv = (
             *tools.belugactl,
             "metadata-server",
@@ -362,6 +370,9 @@ def build_serve_plan(
             argv += ["--tensor-parallel-size", str(gpi)]
         argv += list(serve.vllm.extra_args)
         env = {"PYTHONHASHSEED": serve.vllm.hash_seed, **serve.vllm.env}
+        if clients and not rings and not is_loopback(meta.rpc_bind):
+            # The listener binds beyond loopback: every client proves the rack secret (rpc/auth.py).
+            env[ENV_KEY_FILE] = secret_path(manifest)
         node: int | None = None
         if host.platform == "gpu" and gpus:
             # GPU indexes are PCI order (as discovery lists them) only with this; CUDA's default is
