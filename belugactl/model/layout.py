@@ -203,6 +203,12 @@ class PoolLayout:
         return mtrr_pieces(self.shared_kv.offset, self.shared_kv.size)
 
     @property
+    def uncachable_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """Pool offsets (offset, size) setup marks uncachable with a split: the shared KV area; None
+        without one (then caching.pool_memory_type says it for the whole pool)."""
+        return ((self.shared_kv.offset, self.shared_kv.size),) if self.split else None
+
+    @property
     def control_extents(self) -> list[Extent]:
         """What the CPU polls or writes small: the header, the RPC rings and the journal."""
         return [self.header, self.metadata]

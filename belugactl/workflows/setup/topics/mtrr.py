@@ -1,15 +1,21 @@
-"""Marking the pool's physical range uncachable with variable MTRRs.
+"""Marking the pool's physical range uncachable with variable MTRRs: the whole pool, or with a
+memory-type split (caching.memory_types: seeds) exactly the shared KV area's pieces.
 
 An MTRR covers a power-of-two size at a base aligned to that size, so a range is split into the
 fewest such pieces (greedy from the low end: the largest piece the base's alignment and the
 remaining length allow). Setup checks there are enough free registers before writing any, and
 remembers exactly which registers it added, tied to the boot id: teardown removes only those,
 and after a reboot (when the kernel forgot them) the memory of them is dropped too.
+
+A split's KV area is given in pool offsets (`PoolLayout.uncachable_spans`, the same on every host);
+its physical pieces depend on where this host maps the pool, so they are counted here, per host,
+and a host with too few free variable MTRRs is refused before anything is written. Entries setup
+added earlier that the manifest no longer wants (a whole-pool range before a split) are removed.
 """
 
 from __future__ import annotations
 
-from belugactl.errors import EnvironmentProblem, StepFailed
+from belugactl.errors import EnvironmentProblem, InputError, StepFailed
 from belugactl.host.host import Host
 from belugactl.host.setup_state import boot_id
 from belugactl.host.snapshot import MtrrEntry
@@ -80,58 +86,103 @@ def ours(facts: SetupFacts) -> list[dict]:
     return list(facts.state.get("mtrr", []))
 
 
+def uncachable_spans(target: SetupTarget) -> tuple[tuple[int, int], ...] | None:
+    """The pool offsets (offset, size) a split wants uncachable, None without a split.
+
+    `SetupTarget.uncachable_spans` carries them (target.py fills it from
+    `PoolLayout.uncachable_spans`); a target without the field has no split."""
+    return getattr(target, "uncachable_spans", None)
+
+
+def _pool_base(target: SetupTarget, facts: SetupFacts) -> int | None:
+    """Where pool offset 0 is in this host's physical address space: the dax device's start (a
+    devdax namespace on a pmem region starts after its info block, not at the region)."""
+    dax = pool_dax(target, facts)
+    if dax is not None and dax.resource is not None and dax.size:
+        return dax.resource
+    return None
+
+
 def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
     entries = facts.snapshot.mtrr
-    if not target.uncachable:
+    spans = uncachable_spans(target)
+    if not target.uncachable and not spans:
         leftovers = _still_listed(ours(facts), entries)
         if not leftovers:
             return Planned(skipped=[Skip(ID, "caching.pool_memory_type is write-back")])
         return Planned(steps=[_remove_step(leftovers, "the manifest now wants the pool write-back")])
+    what = "the shared KV area" if spans else "the pool"
     if entries is None:
         raise EnvironmentProblem(
-            "the manifest wants the pool uncachable, but this machine has no /proc/mtrr",
+            f"the manifest wants {what} uncachable, but this machine has no /proc/mtrr",
             why="MTRRs are disabled or absent (common in VMs and on non-x86 machines)",
-            fix="set caching.pool_memory_type: write-back and rely on flushes / non-temporal stores",
+            fix="set caching.pool_memory_type: write-back (no memory_types) and rely on flushes / non-temporal stores",
         )
-    ranges = pool_ranges(target, facts)
-    if ranges is None:
+    if spans:
+        base = _pool_base(target, facts)
+        pieces = None if base is None else [p for off, size in spans for p in span_pieces(base, off, size)]
+    else:
+        ranges = pool_ranges(target, facts)
+        pieces = None if ranges is None else [p for b, size in ranges for p in split_range(b, size)]
+    if pieces is None:
         return Planned(steps=[
             Step(
                 id="mtrr.add",
                 topic=ID,
-                summary="mark the pool's physical range uncachable (MTRR)",
+                summary=f"mark {what}'s physical range uncachable (MTRR)",
                 deferred=True,
                 note="the physical range is known once the region or dax device exists",
             )
         ])
-    pieces = [p for base, size in ranges for p in split_range(base, size)]
+    # Entries setup added that the manifest no longer wants (the whole pool before a split, a KV
+    # area at other offsets): removed first, which also frees their registers.
+    stale = [r for r in _still_listed(ours(facts), entries) if (r["base"], r["size"]) not in set(pieces)]
     missing = [(b, s) for b, s in pieces if not _listed(entries, b, s)]
-    if not missing:
+    if not missing and not stale:
         return Planned()
     total = facts.mtrr_count
     note = None
     if total is None:
         total = ASSUMED_VARIABLE_MTRRS
         note = f"IA32_MTRRCAP unreadable (load the msr module); assuming {total} variable MTRRs"
-    free = total - len(entries)
+    free = total - len(entries) + len(stale)
     if len(missing) > free:
+        in_use = "in use: " + ", ".join(f"reg{e.reg:02d} {e.type} {format_size(e.size)}" for e in entries)
+        if spans:
+            raise InputError(
+                f"the shared KV area's uncachable range needs {len(missing)} MTRR(s) on this host; "
+                f"{free} of {total} are free ({len(pieces)} in all at physical base 0x{base:x})",
+                why=in_use + "; nothing was changed",
+                fix="lower caching.kv_mtrrs (the layout then aligns the KV area to fewer, larger pieces), map the "
+                "pool at a physical base aligned to its largest piece (a ram region's dax device starts at the "
+                "region), or free firmware MTRRs in the BIOS",
+            )
         raise EnvironmentProblem(
             f"marking the pool uncachable needs {len(missing)} MTRR(s); {free} of {total} are free",
-            why="in use: " + ", ".join(f"reg{e.reg:02d} {e.type} {format_size(e.size)}" for e in entries),
+            why=in_use,
             fix="align the pool to a power of two, free firmware MTRRs in the BIOS, or use write-back",
         )
-    return Planned(steps=[
-        Step(
+    steps = []
+    if stale:
+        steps.append(_remove_step(stale, f"the manifest wants only {what} uncachable now"))
+    if missing:
+        used = len(entries) - len(stale)
+        steps.append(Step(
             id="mtrr.add",
             topic=ID,
-            summary=f"mark {format_size(sum(s for _, s in missing))} of the pool uncachable "
+            summary=f"mark {format_size(sum(s for _, s in missing))} of {what} uncachable "
             f"with {len(missing)} MTRR(s)",
             actions=tuple(MtrrAdd(b, s) for b, s in missing),
-            before=f"{len(entries)} of {total} variable MTRRs used",
-            after=f"{len(entries) + len(missing)} used",
-            note=note,
-        )
-    ])
+            before=f"{used} of {total} variable MTRRs used",
+            after=f"{used + len(missing)} used",
+            note=_split_note(spans, base) if spans else note,
+        ))
+    return Planned(steps=steps)
+
+
+def _split_note(spans: tuple[tuple[int, int], ...], base: int) -> str:
+    kv = ", ".join(f"{format_size(s)}@{o:#x}" for o, s in spans)
+    return f"the KV area (pool offsets {kv}) at physical base 0x{base:x}; header, rings, journal stay write-back"
 
 
 def _listed(entries: list[MtrrEntry], base: int, size: int) -> MtrrEntry | None:
