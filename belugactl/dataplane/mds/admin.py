@@ -126,6 +126,10 @@ class _Collector:
         ready = GaugeMetricFamily("beluga_mds_ready", "1 when the server accepts index operations")
         ready.add_metric([], 1 if snap.get("ready") else 0)
         yield ready
+        from belugactl.dataplane.mds.admin_metrics import journal_metrics, loop_metrics
+
+        yield from journal_metrics(snap)
+        yield from loop_metrics(snap)
 
 
 class _AdminServer(BoundedHTTPServer):

@@ -10,6 +10,9 @@ Layout of the journal area (`layout.journal`):
 
     0     8  magic b"BLGJRNL1"
     8     8  state word: generation << 1 | active half   (one 8-byte store switches halves)
+    64    16 the fence line (fencing.py)
+    128   .. the stop record, when journaling had to stop: b"BLGJSTOP", u64 wall-clock ns, u64 epoch,
+             u16 reason length, the reason (UTF-8, at most 512 bytes); zeros otherwise
     4096  .. half 0, then half 1 (each (size - 4096) // 2 bytes)
 
 A half is a sequence of records: u32 body length, u32 crc32(generation, body), body. Replay stops
@@ -28,6 +31,14 @@ When the active half is full, the live index is written into the other half unde
 generation and the state word flips to it; a start-up rebuild does the same, so a replayed
 journal is always compacted.
 
+Journaling stops only when it must (the live index does not fit one half, a write failed). It
+then clears the magic (a stale journal could restore blocks whose space is handed out again
+afterwards) and writes the stop record, so that nothing is silently empty: the running server's
+`/readyz` answers 503 with the reason and `beluga_mds_journal_stopped` is 1; doctor's
+`metadata.journal` reads the stop record from the pool; the next start says it restored nothing
+because the previous journal stopped (`journal.previous_stop` in /stats,
+`beluga_mds_journal_lost_at_start`), and clears the record once its own journal is written.
+
 The checksum trailer needs no new format version: a reader from before it stops at the block list
 and ignores the 6 bytes after it (records are length-prefixed). A COMMIT without the trailer (an
 old journal, from when a writer could commit without a checksum) is not restored: every served
@@ -38,6 +49,7 @@ block carries its CRC32C, so such a block stays out of the index, its space free
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -63,6 +75,45 @@ _U64 = struct.Struct("<Q")
 _BLOCK = struct.Struct("<QQ")
 _CHECKSUM = struct.Struct("<HI")  # kind, CRC32C
 CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
+STOP_AT = 128  # the stop record's offset in the area's header
+STOP_MAGIC = b"BLGJSTOP"
+_STOP = struct.Struct("<8sQQH")  # magic, wall-clock ns, epoch, reason length
+STOP_REASON_MAX = 512
+
+
+@dataclass
+class StopRecord:
+    """Why and when journaling stopped (the record in the journal area's header)."""
+
+    at_ns: int
+    epoch: int
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"at_ns": self.at_ns, "epoch": self.epoch, "reason": self.reason}
+
+
+def read_stop(read: Callable[[int, int], bytes], offset: int) -> StopRecord | None:
+    """The stop record of the journal area at `offset` (read(offset, n) reads the pool), or None."""
+    head = read(offset + STOP_AT, _STOP.size)
+    magic, at_ns, epoch, n = _STOP.unpack(head)
+    if magic != STOP_MAGIC:
+        return None
+    raw = read(offset + STOP_AT + _STOP.size, min(n, STOP_REASON_MAX))
+    return StopRecord(at_ns, epoch, raw.decode("utf-8", "replace"))
+
+
+def stop_record(at_ns: int, epoch: int, reason: str) -> bytes:
+    raw = reason.encode()[:STOP_REASON_MAX]
+    return _STOP.pack(STOP_MAGIC, at_ns, epoch, len(raw)) + raw
+
+
+def coverage_bytes(blocks: int, ns_len: int, key_len: int = 32) -> int:
+    """The journal area that holds `blocks` one-extent blocks with their CRC32C in one half (what the
+    live index needs at a compaction), for names `ns_len` bytes long and keys `key_len` bytes long."""
+    record = _REC.size + len(encode_commit("n" * ns_len, bytes(key_len), 1, [(0, 0)], 0))
+    order = _REC.size + _ORDER.size
+    return HEADER + 2 * (order + blocks * record + _REC.size)
 
 
 class JournalFull(Exception):
@@ -236,7 +287,9 @@ class JournalKeeper:
     one could restore blocks whose space was handed out again after it stopped.
     """
 
-    def __init__(self, pool: PoolMapping, offset: int, size: int, index: KVIndex, allocator: Allocator) -> None:
+    def __init__(
+        self, pool: PoolMapping, offset: int, size: int, index: KVIndex, allocator: Allocator, epoch: int = 0
+    ) -> None:
         self.pool = pool
         self.offset = offset
         self.index = index
@@ -246,11 +299,16 @@ class JournalKeeper:
         self.note = ""
         self.restored_entries = 0
         self.unchecked_dropped = 0  # journaled blocks without a CRC32C, not restored
+        self.epoch = epoch
+        self.stopped = ""  # why journaling stopped ("" while it runs): /readyz fails with it
+        self.previous_stop: StopRecord | None = None  # the previous incarnation's, read at start
+        self.clock_ns = time.time_ns
 
     def rebuild(self) -> None:
         """Replay the journal into the (empty) index, compact it, and journal from now on."""
         journal = self.journal
         assert journal is not None
+        self.previous_stop = read_stop(self.pool.read, self.offset)
         live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
         checksums: dict[tuple[str, bytes], int | None] = {}
         order = NO_INTERLEAVE  # a half without an ORDER record was written before interleave order existed
@@ -286,11 +344,19 @@ class JournalKeeper:
         self.restored_entries = len(live)
         if unchecked and not self.note:
             self.note = f"{len(unchecked)} journaled blocks without a checksum were not restored"
+        prev = self.previous_stop
+        if prev is not None and not self.note:
+            self.note = (
+                f"nothing restored: the previous server's journal stopped (epoch {prev.epoch}: {prev.reason}); "
+                "started empty"
+            )
         try:
             journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
-        except JournalFull as exc:
-            self.off(f"{exc}; journaling disabled")
+        except (JournalFull, OSError, ValueError) as exc:
+            self.off(f"{exc}; journaling stopped at start")
             return
+        if prev is not None:
+            self.pool.write(self.offset + STOP_AT, bytes(_STOP.size))  # our own journal runs: the stop is past
         self.index.journal = self
 
     def committed(self, e: Entry) -> None:
@@ -307,13 +373,22 @@ class JournalKeeper:
         try:
             self.journal.append(body, lambda: list(index.entries.values()), index.ns_names)
         except JournalFull as exc:
-            self.off(f"{exc}; journaling disabled, the next start will be empty")
+            self.off(f"{exc}; journaling stopped, the next start will be empty")
+        except (OSError, ValueError, BufferError) as exc:  # a write the pool refused
+            self.off(f"journal write failed ({exc}); journaling stopped, the next start will be empty")
 
     def off(self, why: str) -> None:
-        self.pool.write(self.offset, bytes(len(MAGIC)))
+        """Stop journaling, for good in this incarnation: invalidate the journal and say why, on media
+        (the stop record) and to /readyz."""
         self.index.journal = None
         self.journal = None
         self.note = why
+        self.stopped = why
+        try:
+            self.pool.write(self.offset, bytes(len(MAGIC)))
+            self.pool.write(self.offset + STOP_AT, stop_record(self.clock_ns(), self.epoch, why))
+        except (OSError, ValueError, BufferError) as exc:
+            self.stopped = f"{why}; the journal could not even be invalidated ({exc})"
 
     def stats(self) -> dict[str, object]:
         return {
@@ -323,4 +398,8 @@ class JournalKeeper:
             "records_written": self.journal.records_written if self.journal else 0,
             "compactions": self.journal.compactions if self.journal else 0,
             "note": self.note,
+            "stopped": self.stopped,
+            "previous_stop": self.previous_stop.to_dict() if self.previous_stop else None,
+            "half_bytes": self.journal.half_size if self.journal else 0,
+            "used_bytes": self.journal.pos if self.journal else 0,
         }

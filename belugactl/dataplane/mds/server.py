@@ -52,6 +52,7 @@ from belugactl.dataplane.mds.fencing import Fencing
 from belugactl.dataplane.mds.index import IndexConfig, KVIndex
 from belugactl.dataplane.mds.listener import Listener, load_listeners
 from belugactl.dataplane.mds.listener_tcp import TcpLimits, TcpListener, port_problem
+from belugactl.dataplane.mds.loop_stats import LoopStats
 from belugactl.dataplane.mds.service import MetadataService
 from belugactl.dataplane.rpc.protocol import HEADER_SIZE
 from belugactl.errors import PoolMismatch
@@ -145,6 +146,10 @@ class MetadataServer:
         for cls in load_listeners().values():
             self.listeners.extend(cls.from_config(self))
         self.ring: Any = next((lst for lst in self.listeners if lst.spins), None)
+        self.loop = LoopStats()  # the loop's own pause figures (mds/loop_stats.py)
+        self._waited = 0.0  # the loop's deliberate waits since the last look at the rings
+        if self.ring is not None and hasattr(self.ring, "serve_taken"):
+            self._time_requests(self.ring)
         self._credential: Any = None
         self._credential_loaded = False
 
@@ -172,6 +177,24 @@ class MetadataServer:
                 fix="set serve.metadata.secret_file (setup creates it), or bind 127.0.0.1",
             )
         return self._credential
+
+    def _time_requests(self, ring: Any) -> None:
+        """Count each request the ring listener answers in Python as one turn of the loop."""
+        inner = ring.serve_taken
+        loop = self.loop
+        clock = time.perf_counter
+
+        def serve_taken(t: Any) -> int:
+            t0 = clock()
+            try:
+                return inner(t)
+            finally:
+                took = clock() - t0
+                loop.turn(took, "request")
+                if took >= loop.longest_s:
+                    loop.longest_what = f"request op {t[4]}"
+
+        ring.serve_taken = serve_taken
 
     # --- the pool lock: the one place the server opens the pool a second time -------------------
     def _lock_pool(self) -> None:
@@ -222,7 +245,9 @@ class MetadataServer:
             from belugactl.dataplane.mds.journal import JournalKeeper
 
             g = self.geometry
-            self.keeper = JournalKeeper(self.pool, g.journal_offset, g.journal_size, self.index, self.allocator)
+            self.keeper = JournalKeeper(
+                self.pool, g.journal_offset, g.journal_size, self.index, self.allocator, epoch=self.epoch
+            )
             self.keeper.rebuild()
         self.fencing.start(previous)
         self._ready_at = time.monotonic() + self.config.fence_grace_s
@@ -240,6 +265,12 @@ class MetadataServer:
         left = self._ready_at - time.monotonic()
         if left > 0:
             return False, f"fencing grace period: {left:.1f} s left"
+        if self.keeper is not None and self.keeper.stopped:
+            # Requests are still answered; what fails is the promise of restart policy "journal".
+            return False, (
+                f"journal stopped: {self.keeper.stopped}; the index will not survive a restart "
+                "(doctor's metadata.journal says what to do)"
+            )
         quarantine = self.fencing.remaining()
         if quarantine > 0:
             return True, f"ready (RESERVE fenced for {quarantine:.1f} s: writers of the previous epoch)"
@@ -263,13 +294,20 @@ class MetadataServer:
         last_request = time.monotonic()
         next_housekeeping = 0.0
         woke = False  # the last idle wait ended early (a ready slot or socket)
+        loop = self.loop
+        clock = time.perf_counter
+        look_end = clock()
         while not self._stop.is_set():
+            # The loop's own work since its last look at the rings, less its deliberate waits.
+            loop.turn(clock() - look_end - self._waited)
+            self._waited = 0.0
             idle = time.monotonic() - last_request > cfg.idle_after_s
             # With selector clients connected (or a clear to finish), spin in shorter stretches so
             # their requests wait less.
             busy = any(lst.busy for lst in others) or bool(self.index.clearing)
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
+            look_end = clock()
             if not served:
                 now = time.monotonic()
                 wait = quiet_wait_s(cfg, now - last_request, ring is not None)
@@ -279,7 +317,10 @@ class MetadataServer:
                     # the housekeeping is due, with no turn of this loop in between (each costs CPU
                     # on the cores the model runs on).
                     timeout = idle_wait_timeout_s(cfg, now - last_request, next_housekeeping - now)
+                    loop.turn(clock() - look_end - self._waited)
                     got, answered = idle_wait(wait, timeout, selector_fd)
+                    look_end = clock()
+                    self._waited = 0.0
                     woke = got != -1
                     if answered:  # answered in the idle wait, bookkept: a request as any other
                         served_since_poll += answered
@@ -317,9 +358,12 @@ class MetadataServer:
         self.between_turns()
         if self.index.clearing or any(lst.backlog for lst in self.listeners):
             timeout = 0  # work is waiting: look at the sockets, do not sleep
+        clock = time.perf_counter
+        t0 = clock()
         if not self.selector.get_map():
             if timeout:
                 time.sleep(timeout)
+                self._waited += clock() - t0
             return
         if 0 < timeout < 0.001 and self.ring is not None and not tcp_clients:
             events = self.selector.select(0)
@@ -328,6 +372,8 @@ class MetadataServer:
                 events = self.selector.select(0)
         else:
             events = self.selector.select(timeout)
+        if timeout:
+            self._waited += clock() - t0  # a wait, not a pause (the dispatch below is work)
         for key, mask in events:
             key.data(mask)
 
@@ -355,6 +401,10 @@ class MetadataServer:
         now = time.monotonic()
         for listener in self.listeners:
             listener.housekeeping(now)
+        if self.ring is not None:  # what one look at the rings costs, when it finds nothing
+            t0 = time.perf_counter()
+            if not self.ring.serve(0):
+                self.loop.ring_pass(time.perf_counter() - t0)
         self.publish_snapshot()
 
     # --- what the admin thread reads ------------------------------------------------------------
@@ -430,6 +480,7 @@ class MetadataServer:
             },
             "tcp": tcp_stats,
             "listeners": {lst.scheme: lst.stats() for lst in self.listeners if lst not in (tcp, self.ring)},
+            "loop": self.loop.stats(),
         }
 
     # --- shutdown -----------------------------------------------------------------------------
