@@ -114,3 +114,36 @@ def read_media_errors(host: Host, problems: list[str]) -> dict[str, list[MediaEr
         problems.append(f"`{' '.join(MEDIA_ERRORS_LIST)}`: poison lists not read: {trouble}")
         return None
     return {obj["region"]: parse_media_errors(obj.get("media_errors")) for obj in _objects(data, "region")}
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionPoison:
+    """One region's poison records with where the region lies (HPA base and size, from the same
+    listing), so a reader without a discovery snapshot can place them (the metadata server's check)."""
+
+    name: str
+    resource: int | None
+    size: int | None
+    records: list[MediaError]
+
+
+def read_region_poison(host: Host, problems: list[str]) -> list[RegionPoison] | None:
+    """`cxl list -R -L` with each region's base: None when the poison lists could not be read."""
+    result = host.run(list(MEDIA_ERRORS_LIST), timeout=LIST_TIMEOUT_S)
+    if result.not_found or result.returncode == _USAGE_EXIT:
+        problems.append(f"`{' '.join(MEDIA_ERRORS_LIST)}`: no cxl tool with -L (ndctl 80 or newer)")
+        return None
+    try:
+        data = parse_list_output(result)
+    except ToolOutputError as exc:
+        problems.append(f"{exc.what}: {exc.why}" if exc.why else exc.what)
+        return None
+    trouble = _stderr_problem(result.stderr)
+    if trouble is not None:
+        problems.append(f"`{' '.join(MEDIA_ERRORS_LIST)}`: poison lists not read: {trouble}")
+        return None
+    return [
+        RegionPoison(obj["region"], as_hex(obj.get("resource")), as_size(obj.get("size")),
+                     parse_media_errors(obj.get("media_errors")))  # fmt: skip
+        for obj in _objects(data, "region")
+    ]

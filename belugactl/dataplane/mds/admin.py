@@ -126,10 +126,61 @@ class _Collector:
         ready = GaugeMetricFamily("beluga_mds_ready", "1 when the server accepts index operations")
         ready.add_metric([], 1 if snap.get("ready") else 0)
         yield ready
+        poison = snap.get("poison", {})  # mds/poison.py
+        for name, help_, key in (
+            ("beluga_mds_poisoned_ranges", "Poisoned pool ranges the server knows of", "ranges_known"),
+            ("beluga_mds_quarantined_bytes", "KV bytes never allocated again (poisoned)", "bytes_quarantined"),
+        ):
+            gp = GaugeMetricFamily(name, help_)
+            gp.add_metric([], poison.get(key, 0))
+            yield gp
+        dropped = CounterMetricFamily("beluga_mds_poison_dropped_blocks", "Blocks dropped for lying on poisoned lines")
+        dropped.add_metric([], poison.get("blocks_dropped", 0))
+        yield dropped
         from belugactl.dataplane.mds.admin_metrics import journal_metrics, loop_metrics
 
         yield from journal_metrics(snap)
         yield from loop_metrics(snap)
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def post_poison(server: Any, httpd: Any, client: str, headers: Any, rfile: Any) -> tuple[int, dict[str, Any]]:
+    """POST /poison: pool-relative poisoned ranges for the loop to apply (mds/poison.py). Loopback
+    only, unless the admin server checks signed writes (then anyone holding the rack secret).
+    A bounded body with a Content-Length, parsed whole before anything is queued."""
+    from belugactl.dataplane.mds.poison import MAX_BODY, PoisonRequestError, parse_ranges
+
+    if getattr(httpd, "write_verifier", None) is None and not _is_loopback(client):
+        return 403, {"error": "POST /poison is taken from loopback only (no rack secret on this admin port)"}
+    try:
+        length = int(headers.get("Content-Length") or -1)
+    except ValueError:
+        length = -1
+    if length < 0:
+        return 411, {"error": "a Content-Length is required"}
+    if length > MAX_BODY:
+        return 413, {"error": f"the body is {length} bytes, over {MAX_BODY}"}
+    body = rfile.read(length) if length else b""
+    if len(body) != length:
+        return 400, {"error": "the body ended early"}
+    try:
+        ranges = parse_ranges(body, server.geometry.pool_size)
+    except PoisonRequestError as exc:
+        return 400, {"error": str(exc)}
+    queued = server.poison.submit(ranges, f"POST /poison from {client}")
+    if ranges and not queued:
+        return 503, {"error": "too many ranges waiting for the server loop: retry in a second"}
+    return 200, {"queued": queued, "note": "applied by the server loop within a housekeeping tick; see /stats poison"}
 
 
 class _AdminServer(BoundedHTTPServer):
@@ -187,6 +238,17 @@ def start_admin(server: MetadataServer, bind: str, port: int) -> ThreadingHTTPSe
                 self._send(200, json.dumps(snap, default=str, indent=2).encode())
             else:
                 self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            if self.path.split("?", 1)[0] != "/poison":
+                httpd.request_read(self.connection)
+                self._send(404, b'{"error": "not found"}')
+                return
+            status, body = post_poison(server, httpd, self.client_address[0], self.headers, self.rfile)
+            httpd.request_read(self.connection)
+            if status != 200:
+                self.close_connection = True  # a body left unread must not be taken for a request
+            self._send(status, json.dumps(body).encode())
 
     Handler.timeout = ADMIN_TIMEOUT_S
     httpd = _AdminServer((bind, port), Handler)

@@ -22,6 +22,13 @@ the rotation even; the area's ends that do not make a whole granule in every zon
 `granularity` before the first zone, less than `ways` granules after the last) are left unused
 and reported (`stats()["interleave"]["unused_bytes"]`). When the zone whose turn it is has no
 room the next zone with room answers, so interleave never turns a fitting request into a failure.
+
+Quarantine (poisoned lines, mds/poison.py): `quarantine(offset, length)` takes every chunk the range
+touches out of use for good, rounded out to the chunk (the allocator's unit: a 64-byte poisoned line
+costs 2 MiB). A free chunk is skipped when its turn comes (never handed out again); a chunk in use
+keeps its live blocks, hands out no more of them, and its blocks are not given back when freed.
+`free_chunk_count` stays exact (the skipped chunks are not counted), so `alloc` and the eviction
+planner never count on a quarantined chunk.
 """
 
 from __future__ import annotations
@@ -69,23 +76,32 @@ class _Zone:
     """One interleave zone's chunks: a bump pointer over chunks never handed out, and a stack of
     chunks given back (an 8 TiB area has 4 million chunks, too many to list up front)."""
 
-    __slots__ = ("start", "end", "fresh", "free")
+    __slots__ = ("start", "end", "fresh", "free", "skip")
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end, self.fresh = start, end, start
         self.free: list[int] = []
+        # Quarantined chunks that are still among the free ones (on the stack or not yet reached
+        # by the bump pointer): not counted, and passed over when their turn comes.
+        self.skip: set[int] = set()
 
     @property
     def count(self) -> int:
-        return len(self.free) + (self.end - self.fresh) // CHUNK
+        return len(self.free) + (self.end - self.fresh) // CHUNK - len(self.skip)
 
     def pop(self) -> int | None:
-        if self.free:
-            return self.free.pop()
-        if self.fresh < self.end:
+        skip = self.skip
+        while self.free:
+            chunk = self.free.pop()
+            if not skip or chunk not in skip:
+                return chunk
+            skip.discard(chunk)
+        while self.fresh < self.end:
             chunk = self.fresh
             self.fresh += CHUNK
-            return chunk
+            if not skip or chunk not in skip:
+                return chunk
+            skip.discard(chunk)
         return None
 
 
@@ -98,6 +114,9 @@ class Allocator:
         self.used = 0  # bytes in blocks handed out (footprint)
         self.requested = 0  # bytes callers asked for
         self.chunks_returned = 0  # carved chunks given back to the free chunks when they emptied
+        # Quarantined chunk -> the class it was carved for (CHUNK: whole, or in use with its class
+        # not known yet; 0: nothing left to account). Their blocks never come back (mds/poison.py).
+        self.quarantined: dict[int, int] = {}
         self.set_interleave(ways, granularity)
 
     def set_interleave(self, ways: int, granularity: int = CHUNK) -> None:
@@ -106,8 +125,8 @@ class Allocator:
             raise ValueError("interleave ways must be at least 1")
         if granularity < CHUNK or granularity % CHUNK:
             raise ValueError(f"interleave granularity {granularity} is not a multiple of 2 MiB")
-        if self.used:
-            raise ValueError("the interleave of an allocator in use cannot change")
+        if self.used or self.quarantined:
+            raise ValueError("the interleave of an allocator in use (or with a quarantine) cannot change")
         area_end = self.base + self.area_size - self.area_size % CHUNK
         start = min(-(-self.base // granularity) * granularity, area_end)  # the first granule boundary
         granules = (area_end - start) // granularity
@@ -242,7 +261,11 @@ class Allocator:
         self.requested -= allocation.nbytes
 
     def _give_back(self, blocks: list[Block]) -> None:
+        quarantined = self.quarantined
         for size, off in blocks:
+            if quarantined and self._chunk_of(off) in quarantined:
+                self._retire(size, self._chunk_of(off))
+                continue
             if size == CHUNK:
                 self._zones[self.zone_of(off)].free.append(off)
                 continue
@@ -259,6 +282,62 @@ class Allocator:
                 self._zones[self.zone_of(chunk)].free.append(chunk)
                 self.chunks_returned += 1
 
+    # --- quarantine (poisoned lines) ----------------------------------------------------------
+    def quarantine(self, offset: int, length: int) -> tuple[list[int], list[int]]:
+        """Take every chunk that [offset, offset + length) touches out of use for good. Returns the
+        chunks newly quarantined and, of those, the ones in use (blocks on them may hold data: the
+        caller looks for them). The part of the range outside the zones is ignored (the caller says so).
+
+        O(chunks in the range), plus one pass over a zone's stack of free chunks when a chunk below
+        its bump pointer is quarantined."""
+        new: list[int] = []
+        in_use: list[int] = []
+        lo = max(offset, self.zones_start)
+        hi = min(offset + max(length, 0), self.zones_start + self.capacity)
+        if lo >= hi:
+            return new, in_use
+        stacked: dict[int, set[int]] = {}  # zone -> its free stack as a set, built once if needed
+        for chunk in range(self._chunk_of(lo), hi, CHUNK):
+            if chunk in self.quarantined:
+                continue
+            z = self.zone_of(chunk)
+            zone = self._zones[z]
+            if chunk >= zone.fresh:
+                zone.skip.add(chunk)  # free, never handed out: passed over when reached
+                self.quarantined[chunk] = 0
+            else:
+                if z not in stacked:
+                    stacked[z] = set(zone.free)
+                if chunk in stacked[z]:
+                    zone.skip.add(chunk)  # free on the stack: passed over when popped
+                    self.quarantined[chunk] = 0
+                else:
+                    self.quarantined[chunk] = self._stop_carving(chunk, z)
+                    in_use.append(chunk)
+            new.append(chunk)
+        return new, in_use
+
+    def _stop_carving(self, chunk: int, zone: int) -> int:
+        """A chunk in use: no more blocks from it. Its class when it had free blocks (it is no longer
+        carved for that class), else CHUNK (a whole-chunk block, or a class not known until a block
+        of it is freed)."""
+        for cls in SIZE_CLASSES:
+            if self._partial[cls][zone].pop(chunk, None) is not None:
+                self._carved[cls] -= 1
+                return 0
+        return CHUNK
+
+    def _retire(self, size: int, chunk: int) -> None:
+        """A block of a quarantined chunk was freed: it stays out of use; the chunk's class stops
+        counting it as carved the first time one of its class blocks comes back."""
+        if size != CHUNK and self.quarantined.get(chunk) == CHUNK:
+            self._carved[size] -= 1
+            self.quarantined[chunk] = 0
+
+    @property
+    def quarantined_bytes(self) -> int:
+        return len(self.quarantined) * CHUNK
+
     # --- what eviction would achieve -----------------------------------------------------------
     def fit_planner(self, nbytes: int) -> FitPlanner:
         """A what-if for eviction: feed it the blocks of eviction candidates, coldest first, and it
@@ -268,7 +347,7 @@ class Allocator:
     def can_ever_fit(self, nbytes: int) -> bool:
         """Whether `nbytes` fits an empty area of this size (whatever eviction would free)."""
         whole, cls = self.shape(nbytes)
-        return whole + (1 if cls else 0) <= self.chunks
+        return whole + (1 if cls else 0) <= self.chunks - len(self.quarantined)
 
     # --- restart --------------------------------------------------------------------------------
     def restore(self, allocations: list[tuple[int, list[Block]]]) -> list[Allocation]:
@@ -278,8 +357,8 @@ class Allocator:
         misaligned, overlapping, or two classes in one chunk. A block of a size class this version
         no longer has (above half a chunk) that starts a chunk is taken as the whole chunk.
         """
-        if self.used:
-            raise ValueError("restore needs an empty allocator")
+        if self.used or self.quarantined:
+            raise ValueError("restore needs an empty allocator (restore first, then quarantine)")
         allocations = [(n, [_upgrade(b, self.base) for b in blocks]) for n, blocks in allocations]
         chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
         taken: set[int] = set()
@@ -336,6 +415,8 @@ class Allocator:
             "fill": round(self.requested / self.used, 6) if self.used else 1.0,
             "free_chunks": self.free_chunk_count,
             "chunks_returned": self.chunks_returned,
+            "quarantined_chunks": len(self.quarantined),
+            "quarantined_bytes": self.quarantined_bytes,
             "carved_idle_bytes": carved_idle,
             "classes": {str(c): {"chunks": n, "free_blocks": free_blocks[c]} for c, n in self._carved.items() if n},
             "interleave": {
@@ -368,7 +449,10 @@ class FitPlanner:
     def add(self, blocks: Iterable[Block]) -> bool:
         """Count one candidate's blocks as freed; True once the request would fit."""
         a = self.a
+        quarantined = a.quarantined
         for size, off in blocks:
+            if quarantined and a._chunk_of(off) in quarantined:
+                continue  # never comes back
             if size == CHUNK:
                 self.free_chunks += 1
                 continue

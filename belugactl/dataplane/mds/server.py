@@ -114,6 +114,9 @@ class ServerConfig:
     restart_policy: str = "start-empty"  # or "journal": rebuild the index from the pool's journal area
     tcp: TcpLimits = field(default_factory=TcpLimits)
     listen: tuple[str, ...] = ()  # more listeners by URL, for transports registered beyond cxl and tcp
+    # Seconds between reads of the pool device's poison lists (mds/poison.py); 0: never; None: the
+    # manifest's serve.metadata.poison_check_s (open_server), else 60. Only a dax device pool has them.
+    poison_check_s: float | None = None
     # The rack secret (rpc/auth.py): required of TCP RPC clients and admin writes on an address
     # beyond loopback ("auto"), or everywhere ("required": tests, and hosts that want it on loopback).
     secret_file: str | None = None  # None: no secret, so nothing that requires one can start
@@ -146,6 +149,10 @@ class MetadataServer:
         for cls in load_listeners().values():
             self.listeners.extend(cls.from_config(self))
         self.ring: Any = next((lst for lst in self.listeners if lst.spins), None)
+        from belugactl.dataplane.mds.poison import PoisonWatch
+
+        self.poison = PoisonWatch(self.index, g)  # poisoned lines: quarantined, blocks on them dropped
+        self.poison_checker: Any = None  # poison.PoisonChecker, on a dax device pool
         self.loop = LoopStats()  # the loop's own pause figures (mds/loop_stats.py)
         self._waited = 0.0  # the loop's deliberate waits since the last look at the rings
         if self.ring is not None and hasattr(self.ring, "serve_taken"):
@@ -252,7 +259,22 @@ class MetadataServer:
         self.fencing.start(previous)
         self._ready_at = time.monotonic() + self.config.fence_grace_s
         self.service.ready = self.is_ready()
+        self._start_poison_check()
         self.publish_snapshot()
+
+    def _start_poison_check(self) -> None:
+        """The periodic read of the pool device's poison lists (a thread; the loop applies them)."""
+        interval = self.config.poison_check_s
+        interval = 60.0 if interval is None else interval
+        if interval <= 0 or not self.pool.is_devdax:
+            return
+        from belugactl.dataplane.mds.poison import PoisonChecker
+        from belugactl.pool.poison_reading import device_poison_reader
+
+        reader = device_poison_reader(self.pool.path)
+        if reader is not None:
+            self.poison_checker = PoisonChecker(self.poison, reader, interval)
+            self.poison_checker.start()
 
     def is_ready(self) -> bool:
         return time.monotonic() >= self._ready_at and not self._stop.is_set()
@@ -274,6 +296,8 @@ class MetadataServer:
         quarantine = self.fencing.remaining()
         if quarantine > 0:
             return True, f"ready (RESERVE fenced for {quarantine:.1f} s: writers of the previous epoch)"
+        if self.poison.note:  # poisoned lines on the header, rings or journal: ready, but said loudly
+            return True, f"ready; {self.poison.note}"
         return True, "ready"
 
     # --- the loop -----------------------------------------------------------------------------
@@ -304,7 +328,7 @@ class MetadataServer:
             idle = time.monotonic() - last_request > cfg.idle_after_s
             # With selector clients connected (or a clear to finish), spin in shorter stretches so
             # their requests wait less.
-            busy = any(lst.busy for lst in others) or bool(self.index.clearing)
+            busy = any(lst.busy for lst in others) or bool(self.index.clearing) or self.poison.busy
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             look_end = clock()
@@ -385,6 +409,8 @@ class MetadataServer:
                 lst.serve_backlog()
         if self.index.clearing:
             self.index.clear_step()
+        if self.poison.busy:
+            self.poison.step()  # poisoned ranges: quarantine, then a bounded slice of the scan
 
     def poll_once(self, timeout_ns: int = 0) -> bool:
         """Serve at most one ring request (tests drive the server with this, without a loop)."""
@@ -397,6 +423,9 @@ class MetadataServer:
                 break
         self.service.ready = self.is_ready()
         self.fencing.refresh()
+        for _ in range(8):  # the poison scan also makes progress here, like a clear
+            if not self.poison.busy or not self.poison.step():
+                break
         self.index.expire()
         now = time.monotonic()
         for listener in self.listeners:
@@ -480,11 +509,14 @@ class MetadataServer:
             },
             "tcp": tcp_stats,
             "listeners": {lst.scheme: lst.stats() for lst in self.listeners if lst not in (tcp, self.ring)},
+            "poison": self.poison.stats(),
             "loop": self.loop.stats(),
         }
 
     # --- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
+        if self.poison_checker is not None:
+            self.poison_checker.stop()
         if self._lock is not None and self.epoch:
             self.fencing.clean_shutdown(len(self.index.pending))
         self._unlock_pool()
@@ -510,6 +542,9 @@ def open_server(
         from belugactl.dataplane.rpc.auth import secret_path
 
         config.secret_file = secret_path(manifest)
+    if config is not None and config.poison_check_s is None:
+        ms = getattr(getattr(manifest, "serve", None), "metadata", None)
+        config.poison_check_s = float(getattr(ms, "poison_check_s", 60))
     pool = PoolMapping.open(pool_path, manifest)
     if pool.geometry.shared_kv_size < (2 << 20):
         pool.close()
