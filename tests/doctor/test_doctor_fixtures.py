@@ -54,6 +54,8 @@ hugepages.per-node         skip      skip         skip     skip
 thp.mode                   ok        ok           ok       ok
 ddio.disabled              skip      fail         skip     skip
 mtrr.pool-uncachable       skip      skip         skip     skip
+mtrr.kv-uncachable         skip      skip         skip     skip
+mtrr.control-cached        skip      skip         skip     skip
 gpu.count                  skip      skip         skip     skip
 gpu.numa-locality          skip      ok           ok       ok
 pci.root-ports-found       ok        ok           ok       ok
@@ -137,6 +139,7 @@ def test_amd_host_ddio_is_skipped_with_the_vendor():
 LAB_SKIPS = {
     "ddio.disabled": "AuthenticAMD",  # and lab.yaml leaves DDIO unmanaged
     "mtrr.pool-uncachable": "write-back",
+    "mtrr.kv-uncachable": "one memory type",
     "gpu.count": "no GPU count",
     "gpu.numa-locality": "no GPUs",
     "pool.header": "/dev/dax0.0",  # a tree holds no device files to map
