@@ -1,5 +1,6 @@
 """`belugactl bench soak`: writers and readers over CXL-RPC and TCP against a real metadata server
-that is SIGKILLed and restarted, with client kills and eviction pressure, checked byte for byte."""
+that is SIGKILLed and restarted, with client kills and eviction pressure, checked byte for byte.
+`--mixed`: honest, stalling, forgetful and hostile tenants on one server (workflows/bench/soak_mixed.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,26 @@ def soak(
         4, "--writers", metavar="N", help="Writer processes (even ones on CXL-RPC rings, odd on TCP)."
     ),
     readers: int = typer.Option(4, "--readers", metavar="N", help="Reader processes (same split)."),
-    keys: int = typer.Option(300, "--keys", metavar="N", help="Distinct keys; with --kv-mib, how hard eviction works."),
-    kv_mib: int = typer.Option(64, "--kv-mib", metavar="MIB", help="Shared KV area of the soak's pool, MiB."),
-    restart_every: float = typer.Option(
-        8.0, "--restart-every", metavar="SECONDS", help="SIGKILL and restart the server every N s (0: never)."
+    keys: int | None = typer.Option(
+        None,
+        "--keys",
+        metavar="N",
+        help="Distinct keys; with --kv-mib, how hard eviction works (default 300; --mixed: 1.5x what the area holds).",
     ),
-    kill_every: float = typer.Option(
-        3.0, "--kill-every", metavar="SECONDS", help="SIGKILL one client every N s and start another (0: never)."
+    kv_mib: int | None = typer.Option(
+        None, "--kv-mib", metavar="MIB", help="Shared KV area of the soak's pool, MiB (default 64; --mixed: 1024)."
+    ),
+    restart_every: float | None = typer.Option(
+        None,
+        "--restart-every",
+        metavar="SECONDS",
+        help="SIGKILL and restart the server every N s (0: never; default 8, --mixed: 0).",
+    ),
+    kill_every: float | None = typer.Option(
+        None,
+        "--kill-every",
+        metavar="SECONDS",
+        help="SIGKILL one client every N s and start another (0: never; default 3, --mixed: 0).",
     ),
     restart_policy: str = typer.Option(
         "journal", "--restart-policy", metavar="start-empty|journal", help="The server's: journal or start-empty."
@@ -46,15 +60,44 @@ def soak(
     faulty_writer: bool = typer.Option(
         False, "--faulty-writer", help="Check the checker: one writer writes wrong bytes (the run must exit 1)."
     ),
+    mixed: bool = typer.Option(
+        False,
+        "--mixed",
+        help="Honest, stalling, forgetful (no checksum) and hostile tenants (lease, reservation, namespace and "
+        "connection floods) on one server, quiet then attacked: goals beside figures; exit 1 if a goal fails.",
+    ),
+    stallers: int = typer.Option(1, "--stallers", metavar="N", help="--mixed: stalling writer processes."),
+    forgetful: int = typer.Option(
+        1, "--forgetful", metavar="N", help="--mixed: writers that commit without the CRC32C (must be refused)."
+    ),
+    attackers: str = typer.Option(
+        "lease-flood,reserve-flood,namespace-churn,connection-flood",
+        "--attackers",
+        metavar="NAMES",
+        help="--mixed: the hostile tenants, comma-separated (empty: none).",
+    ),
+    p99_ratio_max: float | None = typer.Option(
+        None,
+        "--p99-ratio-max",
+        metavar="RATIO",
+        help="--mixed: fail when an honest p99 attacked is above RATIO times quiet (default: report only).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
 ) -> None:
-    """Run the soak; exit 1 if any reader was served a wrong byte."""
+    """Run the soak; exit 1 if any reader was served a wrong byte (--mixed: if any goal fails)."""
     from belugactl.cli.render import print_json
     from belugactl.workflows.bench.soak import SoakConfig, run_soak
 
+    if mixed:
+        _mixed(
+            seconds, writers, readers, keys, kv_mib, restart_every, kill_every, restart_policy, reservation_ttl,
+            seed, stallers, forgetful, attackers, p99_ratio_max, json_out,
+        )  # fmt: skip
+        return
     cfg = SoakConfig(
-        seconds=seconds, ops=ops, writers=writers, readers=readers, keys=keys, kv_mib=kv_mib,
-        restart_every_s=restart_every, kill_every_s=kill_every, restart_policy=restart_policy,
+        seconds=seconds, ops=ops, writers=writers, readers=readers, keys=300 if keys is None else keys,
+        kv_mib=64 if kv_mib is None else kv_mib, restart_every_s=8.0 if restart_every is None else restart_every,
+        kill_every_s=3.0 if kill_every is None else kill_every, restart_policy=restart_policy,
         fence_grace_s=fence_grace, seed=seed, faulty_writer=faulty_writer,
         stall_writers=stall_writers, reservation_ttl_s=reservation_ttl,
     )  # fmt: skip
@@ -81,4 +124,52 @@ def soak(
         for line in r["wrong_examples"]:
             console.print(f"  {line}")
     if result["wrong_reads"]:
+        raise typer.Exit(1)
+
+
+def _mixed(
+    seconds: float, writers: int, readers: int, keys: int | None, kv_mib: int | None, restart_every: float | None,
+    kill_every: float | None, restart_policy: str, reservation_ttl: float, seed: int, stallers: int, forgetful: int,
+    attackers: str, p99_ratio_max: float | None, json_out: bool,
+) -> None:  # fmt: skip
+    from belugactl.cli.render import print_json, stdout_console
+    from belugactl.workflows.bench.soak_mixed import MixedConfig, run_mixed
+
+    cfg = MixedConfig(
+        seconds=seconds, writers=writers, readers=readers, stallers=stallers, forgetful=forgetful,
+        attackers=tuple(a.strip() for a in attackers.split(",") if a.strip()), keys=keys or 0,
+        kv_mib=1024 if kv_mib is None else kv_mib, restart_every_s=restart_every or 0.0,
+        kill_every_s=kill_every or 0.0, restart_policy=restart_policy, reservation_ttl_s=reservation_ttl,
+        p99_ratio_max=p99_ratio_max, seed=seed,
+    )  # fmt: skip
+    r = run_mixed(cfg)
+    if json_out:
+        print_json(r)
+    else:
+        from rich.table import Table
+
+        console = stdout_console()
+        t = r["tenants"]
+        console.print(
+            f"[bold]bench soak --mixed[/]: {r['seconds']} s, half quiet, half attacked; {t['writers']} writers, "
+            f"{t['readers']} readers, {t['stallers']} stalling, {t['forgetful']} forgetful, hostile: "
+            f"{', '.join(t['attackers']) or 'none'}; {r['ops']:,} honest ops, {r['committed']:,} committed, "
+            f"{r['stalled_writes']} stalled writes, server restarts {r['server_restarts']}, client kills "
+            f"{r['client_kills']}"
+        )
+        lat = Table("honest", "p50 quiet ms", "p99 quiet ms", "p50 attacked ms", "p99 attacked ms", "p99 ratio")
+        for row, e in r["latency"].items():
+            lat.add_row(
+                row, *(str(e[k]) for k in ("p50_quiet_ms", "p99_quiet_ms", "p50_attacked_ms", "p99_attacked_ms")),
+                "" if e["p99_ratio"] is None else f"{e['p99_ratio']:g}x",
+            )  # fmt: skip
+        console.print(lat)
+        goals = Table("goal", "want", "figure", "met")
+        for g in r["goals"]:
+            met = "[green]yes[/]" if g["ok"] else ("[red]NO[/]" if g["ok"] is False else "reported")
+            goals.add_row(g["goal"], g["want"], g["figure"], met)
+        console.print(goals)
+        for line in r["wrong_examples"]:
+            console.print(f"  {line}")
+    if r["failed"]:
         raise typer.Exit(1)

@@ -129,6 +129,7 @@ class WorkerCounts:
     wrong_reads: int = 0
     wrong_bytes: int = 0
     corrupt_detected: int = 0  # reads whose CRC32C did not match: caught, treated as misses
+    stalled: int = 0  # writes that stalled between their fence check and their stores (--stall-writers)
     errors: dict[str, int] = field(default_factory=dict)
     error_reasons: dict[str, int] = field(default_factory=dict)  # a few distinct messages, counted
     wrong_examples: list[str] = field(default_factory=list)
@@ -223,7 +224,10 @@ def _write_one(
     faulty: bool,
     stall: float,
     reservation_ttl: float,
+    timings: list[float] | None = None,
 ) -> None:
+    """One put. `timings` (bench soak --mixed): a committed save's seconds from RESERVE sent to
+    COMMIT answered (the copy and checksum included) is appended to it."""
     from belugactl.dataplane import native
     from belugactl.dataplane.metadata_errors import AlreadyPresent, PoolFull
 
@@ -247,6 +251,7 @@ def _write_one(
     if stall and rng.random() < stall:
         # A writer stalled between that check and its stores (preempted, paging, a GC pause),
         # past a restart or its reservation's TTL: its extents may belong to another block now.
+        counts.stalled += 1
         time.sleep(rng.uniform(0.5, 8.0))
     # Store and checksum in one pass (what a connector does with host memory). The faulty
     # writer's checksum matches the wrong bytes it stores: only the byte checker can see them.
@@ -267,9 +272,15 @@ def _write_one(
         return
     client.commit(r.token, checksum=crc)
     counts.committed += 1
+    if timings is not None:
+        timings.append(time.monotonic() - t0)
 
 
-def _read_one(client: Any, pool: Any, key: bytes, counts: WorkerCounts, lease_ttl: float) -> None:
+def _read_one(
+    client: Any, pool: Any, key: bytes, counts: WorkerCounts, lease_ttl: float, timings: list[float] | None = None
+) -> None:
+    """One get, copied out and checked byte for byte. `timings` (bench soak --mixed): the lookup's
+    seconds (GET sent to answered, hit or miss) is appended to it."""
     from belugactl.dataplane import native
     from belugactl.dataplane.client import copy_verified
     from belugactl.dataplane.metadata_errors import CorruptBlock
@@ -277,6 +288,8 @@ def _read_one(client: Any, pool: Any, key: bytes, counts: WorkerCounts, lease_tt
     epoch = client.epoch
     t0 = time.monotonic()
     loc = client.get(NAMESPACE, key)
+    if timings is not None:
+        timings.append(time.monotonic() - t0)
     if loc is None:
         counts.misses += 1
         return
@@ -359,7 +372,9 @@ class SoakConfig:
 class _Server:
     """The metadata server as a child process, driven through its CLI only."""
 
-    def __init__(self, manifest: Path, pool: Path, port: int, cfg: SoakConfig, log: Path) -> None:
+    def __init__(
+        self, manifest: Path, pool: Path, port: int, cfg: SoakConfig, log: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         self.argv = [
             sys.executable, "-m", "belugactl", "metadata-server", "-f", str(manifest), "--pool", str(pool),
             "--rpc-port", str(port), "--admin-port", "0", "--json", "--restart-policy", cfg.restart_policy,
@@ -367,6 +382,7 @@ class _Server:
         ]  # fmt: skip
         if cfg.fence_grace_s is not None:
             self.argv += ["--fence-grace", str(cfg.fence_grace_s)]
+        self.argv += list(extra)
         self.log = log
         self.proc: subprocess.Popen[str] | None = None
         self.record: dict[str, Any] = {}
