@@ -163,6 +163,12 @@ def test_doctor_details_and_a_bare_list_are_taken() -> None:
     details = {"poisoned_pool_ranges": [{"offset": 4096, "length": 64, "source": "Injected", "area": "kv"}]}
     assert parse_ranges(json.dumps(details).encode(), 1 << 20) == [(4096, 64)]
     assert parse_ranges(b'[{"offset": 0, "length": 1}]', 1 << 20) == [(0, 1)]
+    checks = [{"id": "cxl.memdev-health", "details": {}}, {"id": "cxl.media-errors", "details": details}]
+    report = {"schema_version": 1, "checks": checks}
+    assert parse_ranges(json.dumps(report).encode(), 1 << 20) == [(4096, 64)]  # doctor --json | POST
+    clean = {"checks": [{"id": "cxl.media-errors", "status": "skip", "details": {}}]}
+    assert parse_ranges(json.dumps(clean).encode(), 1 << 20) == []
+    assert parse_ranges(json.dumps({"checks": []}).encode(), 1 << 20) == []
 
 
 # --- the index: dropped incrementally -------------------------------------------------------------

@@ -6,9 +6,11 @@ block on one must leave the index, and the space must never be allocated again.
 
 Where the server hears of them (pool-relative byte ranges, as doctor's
 `details.poisoned_pool_ranges` gives them):
-- `POST /poison` on the admin port (admin.py): doctor, an operator, or a test on a file pool. Loopback
-  clients only; the body is bounded (`MAX_BODY`, `MAX_RANGES_PER_POST`) and checked before anything
-  is queued (`parse_ranges`).
+- `POST /poison` on the admin port (admin.py): doctor's report piped to it (`belugactl doctor --json |
+  curl --data-binary @- http://127.0.0.1:9470/poison`), an operator, or a test on a file pool.
+  Loopback clients only (or signed with the rack secret where the admin port checks signed writes);
+  the body is bounded (`MAX_BODY`, `MAX_RANGES_PER_POST`) and checked before anything is queued
+  (`parse_ranges`).
 - a periodic check (`PoisonChecker`, a background thread, never in the loop) calling a reader
   (`reader()` returns ranges, or None when the lists could not be read) every
   `serve.metadata.poison_check_s` seconds (0: off). The server has one only where its pool is a device
@@ -53,6 +55,7 @@ SCAN_STEP = 1024  # entries or reservations checked per call of step (one loop t
 MAX_RANGES = 65536  # distinct poisoned ranges the server keeps (more: merged into the last)
 MAX_BODY = 256 << 10  # POST /poison body
 MAX_RANGES_PER_POST = 4096
+DOCTOR_CHECK = "cxl.media-errors"  # the doctor check whose details name the poisoned pool ranges
 MIN_CHECK_S = 1.0  # the periodic check's shortest interval (0 turns it off)
 
 
@@ -61,8 +64,9 @@ class PoisonRequestError(ValueError):
 
 
 def parse_ranges(body: bytes, pool_size: int) -> list[tuple[int, int]]:
-    """Ranges (offset, length) from a JSON body: `{"ranges": [{"offset": N, "length": N}, ...]}`, or a
-    doctor `--json` check's `details` (`poisoned_pool_ranges`), or a bare list of such objects.
+    """Ranges (offset, length) from a JSON body: `{"ranges": [{"offset": N, "length": N}, ...]}`, a
+    whole `belugactl doctor --json` report (its `cxl.media-errors` check's `poisoned_pool_ranges`: a
+    report without that check, or a passing one, gives none), that check's `details`, or a bare list.
 
     Untrusted input: every offset and length is a plain non-negative integer (no bool, float or
     string), lengths positive, and each range inside the pool."""
@@ -72,6 +76,11 @@ def parse_ranges(body: bytes, pool_size: int) -> list[tuple[int, int]]:
         data = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise PoisonRequestError(f"the body is not JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("checks"), list):  # a doctor --json report
+        check = next((c for c in data["checks"] if isinstance(c, dict) and c.get("id") == DOCTOR_CHECK), None)
+        details = check.get("details") if isinstance(check, dict) else None
+        data = details if isinstance(details, dict) else {"ranges": []}
+        data.setdefault("poisoned_pool_ranges", [])
     items = data.get("ranges", data.get("poisoned_pool_ranges")) if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise PoisonRequestError('expected {"ranges": [{"offset": N, "length": N}, ...]}')

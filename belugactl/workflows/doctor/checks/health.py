@@ -2,12 +2,16 @@
 
 A device that reported nothing is never called healthy: its check skips and says why. Poisoned
 lines are placed in the pool (pool-relative byte ranges and the layout's area) in the check's
-details, for the metadata server to consume; a block on a poisoned line must not be served.
+details, the same way the metadata server's own periodic check places them
+(`pool/poison_reading.py:place_records`); a block on a poisoned line must not be served, and the
+server quarantines such ranges (dataplane/mds/poison.py) when it reads them or is told of them
+(`POST /poison`, which takes this report as it is).
 """
 
 from __future__ import annotations
 
 from belugactl.host.snapshot import CxlRegion, DaxDevice, MediaError, MemdevHealth
+from belugactl.pool.poison_reading import place_records
 from belugactl.units import format_size
 from belugactl.workflows.doctor.checks.common import skip_without_cxl
 from belugactl.workflows.doctor.context import DoctorContext
@@ -151,17 +155,10 @@ def pool_ranges(
     A region offset is from the region's base (HPA), so interleave is already accounted for; the pool
     starts at the dax device's physical address, which a devdax namespace puts after its info block."""
     assert region.resource is not None and dax.resource is not None
-    size = dax.size or 0
+    placed, outside = place_records(region.resource, dax.resource, dax.size or 0, records)
     inside: list[dict[str, object]] = []
-    outside: list[MediaError] = []
-    for rec in records:
-        start = region.resource + rec.offset - dax.resource
-        end = start + rec.length
-        lo, hi = max(start, 0), min(end, size)
-        if lo >= hi:
-            outside.append(rec)
-            continue
-        item: dict[str, object] = {"offset": lo, "length": hi - lo, "source": rec.source}
+    for lo, length, rec in placed:
+        item: dict[str, object] = {"offset": lo, "length": length, "source": rec.source}
         area = _area(layout, lo)
         if area is not None:
             item["area"] = area
@@ -220,10 +217,12 @@ def media_errors(ctx: DoctorContext) -> CheckResult:
             )
         return CheckResult.ok(f"no media errors in {', '.join(clean)}", **details)
     fix = (
-        "a block on a poisoned line must not be served: stop the serving stack, restart the metadata server with "
-        "--restart-policy start-empty (nothing indexed before is served again), and have the device's poison "
-        "cleared or the device replaced (vendor procedure; `cxl list -R -L` lists the records). The metadata server "
-        "does not yet skip these ranges by itself: `doctor --json` gives them as details.poisoned_pool_ranges"
+        "a block on a poisoned line must not be served: the metadata server reads its device's poison lists every "
+        "serve.metadata.poison_check_s (60 s), quarantines the lines in the shared KV area and drops the blocks on "
+        "them (/stats poison); to tell it now: `belugactl doctor --json | curl --data-binary @- "
+        "http://127.0.0.1:9470/poison` on the metadata host. Poison on the header, rings or journal it cannot "
+        "quarantine (it says so on /readyz): stop serving and lay the pool out again. Have the device's poison "
+        "cleared or the device replaced (vendor procedure; `cxl list -R -L` lists the records)"
     )
     if poisoned:
         ranges = ", ".join(
