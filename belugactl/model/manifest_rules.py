@@ -408,7 +408,41 @@ def _fit_rules(m: Manifest) -> list[RuleProblem]:
     from belugactl.model.layout import LayoutDoesNotFit, resolve_layout
 
     try:
-        resolve_layout(m)
+        layout = resolve_layout(m)
     except LayoutDoesNotFit as exc:
         return [RuleProblem(exc.path, exc.message, exc.hint)]
-    return []
+    return _journal_rules(m, layout.shared_kv.size, layout.journal.size)
+
+
+def _journal_rules(m: Manifest, kv_bytes: int, journal: int) -> list[RuleProblem]:
+    """The journal covers a full shared KV area of the smallest blocks (model/journal_sizing.py)."""
+    from belugactl.model.journal_sizing import (
+        DEFAULT_MIN_BLOCK,
+        blocks_covered,
+        covering_min_block,
+        journal_bytes,
+        namespace_bytes,
+    )
+
+    md = m.layout.metadata
+    min_block = md.min_block or DEFAULT_MIN_BLOCK
+    tp = m.serve.vllm.gpus_per_instance if m.serve is not None else 1
+    ns = namespace_bytes(m.name, tp)
+    need = journal_bytes(kv_bytes, min_block, ns)
+    if journal >= need:
+        return []
+    align = m.pool.align
+    fix = f"use journal: {format_size(-(-need // align) * align)}"
+    block = covering_min_block(journal, kv_bytes, ns)
+    if block is not None:
+        fix += f", or, if no KV block is ever smaller, min_block: {format_size(block)}"
+    return [
+        RuleProblem(
+            ("layout", "metadata", "journal"),
+            f"the journal ({format_size(journal)}) holds {blocks_covered(journal, ns):,} blocks, but the shared KV "
+            f"area ({format_size(kv_bytes)}) holds {kv_bytes // min_block:,} blocks of min_block "
+            f"{format_size(min_block)}: "
+            "a full pool would stop journaling (and the next restart would start empty)",
+            fix,
+        )
+    ]

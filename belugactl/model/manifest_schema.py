@@ -359,7 +359,19 @@ class Metadata(Strict):
     slots_per_ring: Int = 64
     slot_size: Size = 256
     spare_rings: Int = 4
+    # Unset: sized to cover the pool at min_block (Manifest._default_journal, model/journal_sizing.py),
+    # at least 4 MiB, which is what every pool up to ~36 GiB gets (and got before the rule).
     journal: Size = 4 * MiB
+    # The smallest KV block the journal must cover a full pool of (manifest_rules refuses a journal that
+    # cannot). Not part of the layout: raising it never moves a region. Unset: 2 MiB, one allocator chunk.
+    min_block: Size | None = None
+
+    @field_validator("min_block")
+    @classmethod
+    def _min_block(cls, value: int | None) -> int | None:
+        if value is not None and (value < 4 * KiB or value % (4 * KiB) or value > 1 << 30):
+            raise ValueError("min_block is a multiple of 4 KiB between 4KiB and 1GiB")
+        return value
 
     @field_validator("slots_per_ring")
     @classmethod
@@ -821,6 +833,32 @@ class Manifest(Strict):
     tuning: Tuning = Tuning()
     caching: Caching = Caching()
     serve: Serve | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_journal(cls, data: Any) -> Any:
+        """No layout.metadata.journal: one that covers the pool at min_block (model/journal_sizing.py)."""
+        from belugactl.model.journal_sizing import DEFAULT_MIN_BLOCK, default_journal, namespace_bytes
+
+        try:
+            layout = data.get("layout") or {}
+            metadata = layout.get("metadata") or {}
+            if "journal" in metadata:
+                return data
+            pool = data["pool"]
+            min_block = parse_size(metadata.get("min_block") or DEFAULT_MIN_BLOCK)
+            tp = int(((data.get("serve") or {}).get("vllm") or {}).get("gpus_per_instance", 1))
+            journal = default_journal(
+                parse_size(pool["size"]),
+                min_block,
+                namespace_bytes(str(data["name"]), tp),
+                parse_size(pool.get("align") or 2 * MiB),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return data  # the schema's own validation reports what is wrong
+        if journal == 4 * MiB:
+            return data
+        return {**data, "layout": {**layout, "metadata": {**metadata, "journal": journal}}}
 
     @field_validator("version", mode="before")
     @classmethod
