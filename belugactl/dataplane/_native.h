@@ -212,3 +212,4 @@ PYFN(py_bench_chase); PYFN(py_bench_read); PYFN(py_bench_write_nt);             
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */
 
 #endif
+PYFN(py_fi_set_room); /* fast path: the lease room (tenants, quotas) */

@@ -27,6 +27,14 @@ typedef struct {
     size_t cap; /* power of two */
     size_t used;
     size_t tombs;
+    /* Lease room (fi_set_room): how many more leases each ring and each tenant may get. room[r] for
+     * ring r, room[ring_slot[r]] for its tenant; a grant takes one of each, and a ring without room
+     * leaves the request to Python (which answers a miss). No room set: no cap (old servers, tests). */
+    Py_buffer room_buf;
+    int64_t *room;
+    Py_ssize_t room_len;
+    int64_t *ring_slot;
+    Py_ssize_t nrings;
 } FastIndex;
 
 static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
@@ -68,6 +76,8 @@ static void fi_free(PyObject *cap) {
     if (fi) {
         for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
         free(fi->slots);
+        if (fi->room) PyBuffer_Release(&fi->room_buf);
+        free(fi->ring_slot);
         free(fi);
     }
 }
@@ -148,6 +158,49 @@ PyObject *py_fi_len(PyObject *self, PyObject *cap) {
     return PyLong_FromSize_t(fi->used);
 }
 
+/* fi_set_room(fi, room, ring_slot): the lease room the fast path takes from (see FastIndex). room:
+ * a writable int64 array (kept exported, so it cannot be resized under us), ring_slot: int64 per
+ * ring, the cell of its tenant (>= the ring count, < len(room)). */
+PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
+    PyObject *cap, *room; Py_buffer sl;
+    if (!PyArg_ParseTuple(args, "OOy*", &cap, &room, &sl)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    Py_buffer rb;
+    if (!fi) goto done;
+    if (PyObject_GetBuffer(room, &rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    Py_ssize_t n = sl.len / 8, len = rb.len / 8;
+    const int64_t *slots = (const int64_t *)sl.buf;
+    int bad = sl.len % 8 || rb.len % 8 || rb.itemsize != 8 || ((uintptr_t)rb.buf & 7);
+    for (Py_ssize_t i = 0; i < n && !bad; i++) bad = slots[i] < n || slots[i] >= len;
+    int64_t *copy = bad ? NULL : malloc((size_t)(n ? n : 1) * 8);
+    if (bad || !copy) {
+        PyBuffer_Release(&rb);
+        if (bad) PyErr_SetString(PyExc_ValueError, "fi_set_room: room must be int64 cells, ring_slot cells past the rings");
+        else PyErr_NoMemory();
+        goto done;
+    }
+    if (n) memcpy(copy, slots, (size_t)n * 8);
+    if (fi->room) PyBuffer_Release(&fi->room_buf);
+    free(fi->ring_slot);
+    fi->room_buf = rb; fi->room = (int64_t *)rb.buf; fi->room_len = len;
+    fi->ring_slot = copy; fi->nrings = n;
+    r = Py_None; Py_INCREF(r);
+done:
+    PyBuffer_Release(&sl);
+    return r;
+}
+
+/* Take `n` leases' room for `ring` (ring and tenant); 0 when there is not enough (nothing taken). */
+static int room_take(FastIndex *fi, uint64_t ring, int64_t n) {
+    if (!fi->room) return 1;
+    if ((Py_ssize_t)ring >= fi->nrings) return 0;
+    int64_t *own = &fi->room[ring], *ten = &fi->room[fi->ring_slot[ring]];
+    if (*own < n || *ten < n) return 0;
+    *own -= n; *ten -= n;
+    return 1;
+}
+
 struct logbuf { int64_t *v; size_t n, cap; };
 
 static int log_push(struct logbuf *l, int64_t x) {
@@ -176,23 +229,39 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* From a lease log ((lease, n, ids...) records), the distinct entry ids with how many leases each
- * got: (id, count) pairs. The Python index then touches each entry once per burst. */
+/* A lease log record is (lease, n | ring << LOG_RING_SHIFT, n entry ids): the ring it was granted to
+ * rides in the count word, so the Python index credits the right ring and tenant when it ends. */
+#define LOG_RING_SHIFT 16
+#define LOG_N(w) ((size_t)((w) & 0xFFFF))
+
+/* From a lease log, the distinct entry ids with how many leases each got: (id, count) pairs, then
+ * per ring the leases it got: (-1 - ring, count) pairs. The Python index then touches each entry
+ * once per burst, and each ring's quota once. */
 static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
-    size_t total = 0;
-    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1]) total += (size_t)log->v[i + 1];
+    size_t total = 0, records = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + LOG_N(log->v[i + 1])) { total += LOG_N(log->v[i + 1]); records++; }
     if (total == 0) return 0;
-    int64_t *ids = malloc(total * sizeof(int64_t));
+    int64_t *ids = malloc((total + records) * sizeof(int64_t));
     if (!ids) return -1;
-    size_t k = 0;
-    for (size_t i = 0; i + 1 < log->n; i += 2 + (size_t)log->v[i + 1])
-        for (int64_t q = 0; q < log->v[i + 1]; q++) ids[k++] = log->v[i + 2 + q];
+    int64_t *rings = ids + total;
+    size_t k = 0, m = 0;
+    for (size_t i = 0; i + 1 < log->n; i += 2 + LOG_N(log->v[i + 1])) {
+        for (size_t q = 0; q < LOG_N(log->v[i + 1]); q++) ids[k++] = log->v[i + 2 + q];
+        rings[m++] = log->v[i + 1] >> LOG_RING_SHIFT;
+    }
     qsort(ids, total, sizeof(int64_t), cmp_i64);
+    qsort(rings, records, sizeof(int64_t), cmp_i64);
     int bad = 0;
     for (size_t i = 0; i < total && !bad;) {
         size_t j = i;
         while (j < total && ids[j] == ids[i]) j++;
         bad = log_push(out, ids[i]) || log_push(out, (int64_t)(j - i));
+        i = j;
+    }
+    for (size_t i = 0; i < records && !bad;) {
+        size_t j = i;
+        while (j < records && rings[j] == rings[i]) j++;
+        bad = log_push(out, -1 - rings[i]) || log_push(out, (int64_t)(j - i));
         i = j;
     }
     free(ids);
@@ -223,9 +292,9 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     memcpy(key, pl + 6, klen);
     fi_slot *e = fi_find(c->fi, ns, key, klen, fi_hash(ns, key, klen));
     if (!e || !e->get_reply || e->get_len > c->maxp || e->get_len > 4096) return -1;
-    if (log_reserve(c->log, 3) < 0) return -1;
+    if (log_reserve(c->log, 3) < 0 || !room_take(c->fi, c->ring, 1)) return -1;
     uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
-    log_push(c->log, (int64_t)lseq); log_push(c->log, 1); log_push(c->log, e->id);
+    log_push(c->log, (int64_t)lseq); log_push(c->log, 1 | (int64_t)(c->ring << LOG_RING_SHIFT)); log_push(c->log, e->id);
     uint8_t tmp[4096];
     memcpy(tmp, e->get_reply, e->get_len);
     memcpy(tmp, &lease, 8);
@@ -275,6 +344,10 @@ static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *
     }
     if (n == 0) return -1;
     if (got && log_reserve(c->log, 3 * (size_t)got) < 0) return -1; /* out of memory: Python's */
+    /* A lease per hit, each counted against the ring's and its tenant's room: a request that would
+     * pass either is Python's, which grants up to the quota and answers the rest as misses (a GET_MANY
+     * naming one key 256 times cannot take more leases here than the quota allows). */
+    if (got && !room_take(c->fi, c->ring, (int64_t)got)) return -1;
     uint8_t reply[FAST_REPLY_MAX];
     uint16_t answered = (uint16_t)n, pad = 0;
     memcpy(reply, &answered, 2); memcpy(reply + 2, &pad, 2);
@@ -283,7 +356,8 @@ static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *
         fi_slot *e = found[q];
         if (!e) { memset(reply + pos, 0, MANY_ITEM); pos += MANY_ITEM; continue; }
         uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
-        log_push(c->log, (int64_t)lseq); log_push(c->log, 1); log_push(c->log, e->id);
+        log_push(c->log, (int64_t)lseq); log_push(c->log, 1 | (int64_t)(c->ring << LOG_RING_SHIFT));
+        log_push(c->log, e->id);
         memcpy(reply + pos, e->get_reply, e->get_len);
         memcpy(reply + pos, &lease, 8);
         pos += e->get_len;
@@ -315,10 +389,11 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
     }
     uint64_t lease = 0;
     if (n && log_reserve(c->log, 2 + (size_t)n) < 0) return -1; /* out of memory: Python's */
+    if (n && !room_take(c->fi, c->ring, 1)) return -1; /* over the quota: Python answers a miss */
     if (n) {
         uint64_t lseq = (*c->lease_next)++;
         lease = lease_encode(c->lkeys, lseq, c->ring);
-        log_push(c->log, (int64_t)lseq); log_push(c->log, (int64_t)n);
+        log_push(c->log, (int64_t)lseq); log_push(c->log, (int64_t)n | (int64_t)(c->ring << LOG_RING_SHIFT));
         for (uint32_t q = 0; q < n; q++) log_push(c->log, ids[q]);
     }
     uint8_t reply[16];
@@ -340,7 +415,9 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
  * cursors: int64[R]; bounds_ns/hist: service-time histogram (hist has len(bounds)+1 counters).
  * stop_index >= 0: a ready slot this path does not handle (Python serves it); -1: timed out.
  * lease_keys: 16 bytes, the four round keys of the lease id permutation (see _native_ring.h); the
- * lease log records sequence numbers, the replies carry lease_encode(seq, ring).
+ * lease log records sequence numbers, the replies carry lease_encode(seq, ring); each record's count
+ * word carries the ring (LOG_RING_SHIFT), and the per-entry pairs end with (-1 - ring, leases) pairs.
+ * With a lease room (fi_set_room) a grant past a ring's or its tenant's room is left to Python.
  * sleep_ns > 0 (optional, with fd, optional): the idle server's idle wait and its answer in one
  * call. Between looks it sleeps sleep_ns (or until fd is readable: stop_index -2) instead of
  * spinning, and it returns as soon as nothing more is ready once it served something. A request

@@ -99,6 +99,7 @@ static PyMethodDef methods[] = {
     {"bench_chase", py_bench_chase, METH_VARARGS, "bench_chase(buf, off, n, steps, seed=1) -> ns per dependent load (_native_bench.c)."},
     {"bench_read", py_bench_read, METH_VARARGS, "bench_read(buf, off, n, flush=False) -> ns for one pass of loads (invalidated first with flush)."},
     {"bench_write_nt", py_bench_write_nt, METH_VARARGS, "bench_write_nt(buf, off, n) -> ns for one pass of non-temporal stores and a fence."},
+    {"fi_set_room", py_fi_set_room, METH_VARARGS, "fi_set_room(fi, room, ring_slot): the lease room the fast path takes from."},
 #ifdef BELUGA_COUNT_FLUSHES
     {"count_reset", py_count_reset, METH_NOARGS, "count_reset(): forget the recorded flushes (counting build)."},
     {"count_records", py_count_records, METH_VARARGS, "count_records(buf) -> [(kind, off, len, repeats)] meeting buf (counting build; _native_count.c)."},

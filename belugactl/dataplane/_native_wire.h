@@ -55,5 +55,6 @@
 #define CODE_NOT_OWNER 15
 #define CODE_NS_LIMIT 16
 #define CODE_NO_CHECKSUM 17
+#define CODE_QUOTA 18
 
 #endif

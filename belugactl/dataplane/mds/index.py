@@ -25,6 +25,14 @@ namespace's keys at once (invisible to every lookup) and frees their blocks in s
 CLEAR_STEP between the server's loop turns (`clear_step`). Per-owner caps (mds/quotas.py) bound the
 leases, reserved bytes and namespaces one ring or connection holds; the listener names the owner
 of the request it serves with `begin_request`.
+
+Tenants (mds/quotas.py, set by `set_tenants` from the manifest): a namespace belongs to the tenant
+whose client opened it, and the namespace table is keyed by (tenant, name), so another tenant's
+client opening the same name gets a namespace of its own, and one naming another tenant's id gets
+UNKNOWN_NS for every request (lookup, get, reserve, delete, clear). Each tenant keeps its own LRU;
+eviction under pressure takes the coldest unleased block of the tenant furthest above its weighted
+share of the area (`_victim_tenant`), so a tenant's commits evict only tenants above their share
+(or its own blocks). With no tenants everything is the implicit tenant's: one LRU, as before.
 """
 
 from __future__ import annotations
@@ -32,14 +40,15 @@ from __future__ import annotations
 import itertools
 import time
 from bisect import bisect_right
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from belugactl.dataplane import native
 from belugactl.dataplane.mds.allocator import Allocation, Allocator
 from belugactl.dataplane.mds.ownership import new_token
-from belugactl.dataplane.mds.quotas import QuotaLimits, Quotas
+from belugactl.dataplane.mds.quotas import LeaseRoom, Quota, QuotaLimits, Quotas, Tenant, Tenants, TenantSpec
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
@@ -47,6 +56,13 @@ Key = tuple[int, bytes]  # (namespace id, block hash)
 # Cleared entries whose blocks are freed per step (server loop turn): a clear of a large
 # namespace never holds the loop (and the CXL rings) for longer than this many frees.
 CLEAR_STEP = 512
+# Leased entries an eviction step walks past at most in one tenant's LRU before it tries the next
+# tenant (leases move entries to the hot end, so the cold end is rarely leased): no step grows
+# with the index.
+EVICT_SCAN = 1024
+# A tenant's composite namespace key: "<tenant>\0<name>" (clients cannot send a NUL in a name).
+_TENANT_SEP = "\x00"
+_fi_set_room = getattr(native._native, "fi_set_room", None) if native._native is not None else None
 
 
 class IndexError_(Exception):
@@ -73,24 +89,30 @@ class Pending:
     alloc: Allocation
     deadline: float
     owner: int = 0  # the ring or connection that reserved it (mds/ownership.py)
+    tenant: Tenant | None = None  # whose reserved bytes it counts in
 
 
 class _LeaseBurst:
-    __slots__ = ("first", "last", "deadline", "log", "per_entry", "live", "table")
+    __slots__ = ("first", "last", "deadline", "log", "per_entry", "live", "table", "rings")
 
-    def __init__(self, first: int, last: int, deadline: float, log: bytes, per_entry: bytes, live: int) -> None:
+    def __init__(
+        self, first: int, last: int, deadline: float, log: bytes, per_entry: bytes, live: int, rings: dict[int, int]
+    ) -> None:
         self.first, self.last, self.deadline = first, last, deadline
         self.log, self.per_entry, self.live = log, per_entry, live
-        self.table: dict[int, list[int]] | None = None  # lease id -> entry ids, built on first release
+        self.rings = rings  # ring -> its leases of this burst still live
+        # lease id -> (ring, entry ids), built on first release
+        self.table: dict[int, tuple[int, list[int]]] | None = None
 
-    def detail(self) -> dict[int, list[int]]:
+    def detail(self) -> dict[int, tuple[int, list[int]]]:
         if self.table is None:
             words = memoryview(self.log).cast("q").tolist()
-            table: dict[int, list[int]] = {}
+            table: dict[int, tuple[int, list[int]]] = {}
             i = 0
             while i < len(words):
-                n = words[i + 1]
-                table[words[i]] = words[i + 2 : i + 2 + n]
+                w = words[i + 1]
+                n = w & 0xFFFF  # the count word carries the ring above bit 16 (_native_fastpath.c)
+                table[words[i]] = (w >> 16, words[i + 2 : i + 2 + n])
                 i += 2 + n
             self.table = table
         return self.table
@@ -154,7 +176,6 @@ class KVIndex:
         self._ns_live: dict[int, int] = {}  # namespace id -> entries + reservations
         self._ns_empty: dict[int, float] = {}  # empty namespaces -> when last used, oldest first
         self.entries: dict[Key, Entry] = {}
-        self.lru: OrderedDict[Key, Entry] = OrderedDict()  # committed, live entries; cold end first
         self.pending: dict[int, Pending] = {}
         self.pending_keys: dict[Key, int] = {}
         # lease id -> the entries it holds; deadlines live in _lease_q (one TTL, so in order).
@@ -182,8 +203,16 @@ class KVIndex:
         # Per-owner caps; `owner` is the ring or connection whose request is being served.
         self.quotas = Quotas(QuotaLimits.defaults(allocator.capacity, self.config.max_namespaces))
         self.owner = 0
-        self._lease_owner: dict[int, int] = {}  # live lease id -> owner (Python-granted leases)
+        # live lease id -> (its owner's quota, its tenant) (Python-granted leases)
+        self._lease_owner: dict[int, tuple[Quota, Tenant]] = {}
         self._ns_owner: dict[int, int] = {}  # namespace id -> the owner that created it
+        # Tenants: the implicit one alone until set_tenants; its LRU is self.lru.
+        self.tenants = Tenants()
+        self.tenant: Tenant = self.tenants.default  # the tenant of the request being served
+        self.lru = self.tenants.default.lru
+        self._ns_tenant: dict[int, Tenant] = {}  # namespace id -> its tenant
+        self.room: LeaseRoom | None = None  # what the native fast path may still grant (set_rings)
+        self._rings = 0
         # Within one request (begin_request .. end_request): key -> the lease it got, so a
         # GET_MANY naming one key many times holds one lease for it, not one per repeat.
         self._memo: dict[Key, int] | None = None
@@ -195,7 +224,35 @@ class KVIndex:
     # --- the request being served -------------------------------------------------------------
     def begin_request(self, owner: int) -> None:
         self.owner = owner
+        self.tenant = self.tenants.of(owner)
         self._memo = {}
+
+    # --- tenants ------------------------------------------------------------------------------
+    def set_tenants(self, specs: tuple[TenantSpec, ...] | list[TenantSpec], ring_tenant: dict[int, str]) -> None:
+        """The manifest's tenants, and which ring is whose (ring -> tenant name). Before any entry."""
+        if self.entries or self.pending or self.namespaces:
+            raise RuntimeError("set_tenants: the index already holds namespaces")
+        self.tenants = Tenants(specs)
+        self.tenant = self.tenants.default
+        self.lru = self.tenants.default.lru
+        for ring, name in ring_tenant.items():
+            self.tenants.assign(ring, self.tenants.by_name[name])
+        self.set_rings(self._rings)
+
+    def set_rings(self, rings: int) -> None:
+        """How many CXL rings there are (owners 0..rings-1): the native fast path's lease room."""
+        self._rings = rings
+        t = self.tenants
+        self.room = LeaseRoom(rings, t, {r: t.of(r) for r in range(rings)}, self.quotas.limits.live_leases)
+        self._attach_room()
+
+    def _attach_room(self) -> None:
+        if self.mirror is not None and self.room is not None and _fi_set_room is not None:
+            _fi_set_room(self.mirror, self.room.room, self.room.ring_slot.tobytes())
+
+    def _tenant_of_name(self, key: str) -> Tenant:
+        tname, sep, _ = key.partition(_TENANT_SEP)
+        return self.tenants.by_name.get(tname, self.tenants.default) if sep else self.tenants.default
 
     def end_request(self) -> None:
         self._memo = None
@@ -204,12 +261,21 @@ class KVIndex:
 
     # --- namespaces ---------------------------------------------------------------------------
     def open_namespace(self, name: str) -> int:
+        tenant = self.tenant
+        if _TENANT_SEP in name:
+            raise IndexError_("BAD_ARGS", "a namespace name has no NUL character")
+        if tenant is not self.tenants.default:
+            name = tenant.name + _TENANT_SEP + name  # (tenant, name): another tenant's is another namespace
         ns = self.namespaces.get(name)
         if ns is None:
             quota = self.quotas.of(self.owner)
             full = len(self.namespaces) >= self.config.max_namespaces
-            if full or quota.namespaces >= quota.limits.namespaces:
+            if full or quota.namespaces >= quota.limits.namespaces or tenant.namespaces >= tenant.max_namespaces:
                 self._drop_idle_namespaces()
+            if tenant.namespaces >= tenant.max_namespaces:
+                self.counters.namespaces_refused += 1
+                tenant.refused["namespaces"] += 1
+                raise IndexError_("QUOTA", f"tenant {tenant.name!r} holds {tenant.namespaces} namespaces (its quota)")
             if len(self.namespaces) >= self.config.max_namespaces:
                 self.counters.namespaces_refused += 1
                 raise IndexError_(
@@ -226,6 +292,8 @@ class KVIndex:
             quota.namespaces += 1
             self._ns_owner[ns] = self.owner
             return ns
+        if self._ns_tenant[ns] is not tenant:  # cannot happen: the key names the tenant
+            raise IndexError_("UNKNOWN_NS", "another tenant's namespace")
         if ns in self._ns_empty:  # opened again: idle from now
             del self._ns_empty[ns]
             self._ns_empty[ns] = self.clock()
@@ -239,6 +307,9 @@ class KVIndex:
         self._ns_live[ns] = 0
         self._ns_empty[ns] = self.clock()
         self._ns_keys[ns] = {}
+        tenant = self._tenant_of_name(name)
+        self._ns_tenant[ns] = tenant
+        tenant.namespaces += 1
         return ns
 
     def _drop_idle_namespaces(self) -> None:
@@ -251,6 +322,7 @@ class KVIndex:
         for ns in doomed:
             del self._ns_empty[ns], self._ns_live[ns], self.namespaces[self.ns_names.pop(ns)]
             self._ns_keys.pop(ns, None)
+            self._ns_tenant.pop(ns).namespaces -= 1
             creator = self._ns_owner.pop(ns, None)
             if creator is not None:
                 self.quotas.of(creator).namespaces -= 1
@@ -268,15 +340,17 @@ class KVIndex:
         if not n:
             self._ns_empty[ns] = self.clock()
 
-    def _check_ns(self, ns: int) -> None:
-        if ns not in self.ns_names:
-            raise IndexError_("UNKNOWN_NS", f"namespace id {ns} was never opened")
+    def _check_ns(self, ns: int) -> Tenant:
+        """The namespace's tenant; UNKNOWN_NS for an id never issued, dropped, or another tenant's."""
+        t = self._ns_tenant.get(ns)
+        if t is None or (t is not self.tenant and self.tenants.named):
+            raise IndexError_("UNKNOWN_NS", f"namespace id {ns} was never opened (by this tenant)")
+        return t
 
     # --- reads --------------------------------------------------------------------------------
     def lookup_prefix(self, ns: int, keys: Sequence[bytes]) -> tuple[int, int]:
         """Leading present count, and a lease id covering those blocks (0 if none)."""
-        if ns not in self.ns_names:
-            raise IndexError_("UNKNOWN_NS", f"namespace id {ns} was never opened")
+        tenant = self._check_ns(ns)
         found: list[Entry] = []
         entries = self.entries
         for k in keys:
@@ -284,7 +358,7 @@ class KVIndex:
             if e is None:
                 break
             found.append(e)
-        lease = self._grant(found) if found else 0
+        lease = self._grant(found, tenant) if found else 0
         if not lease:
             self.counters.misses += 1
             return 0, 0
@@ -292,7 +366,7 @@ class KVIndex:
         return len(found), lease
 
     def get(self, ns: int, key: bytes) -> tuple[Entry, int] | None:
-        self._check_ns(ns)
+        tenant = self._check_ns(ns)
         k = (ns, key)
         e = self.entries.get(k)
         memo = self._memo
@@ -302,7 +376,7 @@ class KVIndex:
                 self._memo_reused[lease] = self._memo_reused.get(lease, 0) + 1
                 self.counters.hits += 1
                 return e, lease
-        lease = self._grant([e]) if e is not None else 0
+        lease = self._grant([e], tenant) if e is not None else 0
         if not lease:
             self.counters.misses += 1
             return None
@@ -311,15 +385,25 @@ class KVIndex:
         self.counters.hits += 1
         return e, lease
 
-    def _grant(self, found: list[Entry]) -> int:
-        """A lease on `found` for the current owner; 0 (a miss) when it holds its quota of leases."""
+    def _grant(self, found: list[Entry], tenant: Tenant) -> int:
+        """A lease on `found` (entries of one namespace of `tenant`) for the current owner; 0 (a miss)
+        when the owner, or the owner's tenant, holds its quota of leases."""
         owner = self.owner
         quota = self.quotas.of(owner)
+        mine = self.tenant
         if quota.live_leases >= quota.limits.live_leases:
             self.quotas.refused.leases += 1
             return 0
+        if mine.live_leases >= mine.max_leases:
+            mine.refused["leases"] += 1
+            return 0
         quota.live_leases += 1
-        lru = self.lru
+        mine.live_leases += 1
+        room = self.room
+        if room is not None:
+            room.owner(quota)
+            room.tenant(mine)
+        lru = tenant.lru
         leased = 0
         for e in found:
             e.leases += 1
@@ -330,14 +414,31 @@ class KVIndex:
         self.next_lease = lease + 1
         deadline = self.clock() + self.config.lease_ttl_s
         self.leases[lease] = found
-        self._lease_owner[lease] = owner
+        self._lease_owner[lease] = (quota, mine)
         self._lease_q.append((deadline, lease))
         return lease
 
     def _lease_ended(self, lease: int) -> None:
-        owner = self._lease_owner.pop(lease, None)
-        if owner is not None:
-            self.quotas.of(owner).live_leases -= 1
+        holder = self._lease_owner.pop(lease, None)
+        if holder is not None:
+            quota, tenant = holder
+            quota.live_leases -= 1
+            tenant.live_leases -= 1
+            room = self.room
+            if room is not None:
+                room.owner(quota)
+                room.tenant(tenant)
+
+    def _burst_leases_ended(self, ring: int, n: int) -> None:
+        """`n` leases the native fast path granted to `ring` ended (released or expired)."""
+        quota = self.quotas.of(ring)
+        tenant = self.tenants.of(ring)
+        quota.live_leases -= n
+        tenant.live_leases -= n
+        room = self.room
+        if room is not None:
+            room.owner(quota)
+            room.tenant(tenant)
 
     def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
         """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
@@ -348,7 +449,9 @@ class KVIndex:
             self._ns_add(k[0])
             e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
             self.entries[k] = e
-            self.lru[k] = e
+            tenant = self._ns_tenant[k[0]]
+            tenant.lru[k] = e
+            tenant.stored_bytes += alloc.nbytes
             self._ns_keys[k[0]][k[1]] = e
             self.by_id[e.id] = e
             if self.mirror is not None:
@@ -367,6 +470,7 @@ class KVIndex:
         """
         self.mirror, self._mirror_put, self._mirror_del = mirror, put, delete
         self._mirror_reply = get_reply or (lambda e: b"")
+        self._attach_room()
         for e in self.entries.values():
             put(mirror, e.key[0], e.key[1], e.id, self._mirror_reply(e))
 
@@ -380,16 +484,31 @@ class KVIndex:
         if not count:
             return
         words = memoryview(per_entry).cast("q").tolist()
-        move_to_end = self.lru.move_to_end
         by_id = self.by_id
+        ns_tenant = self._ns_tenant
         leased = 0
+        rings: dict[int, int] = {}
+        quotas, tenants, room = self.quotas, self.tenants, self.room
         for i in range(0, len(words), 2):
-            e = by_id[words[i]]
+            x = words[i]
+            if x < 0:  # (-1 - ring, leases): what each ring got in this burst, counted in its quotas
+                ring, n = -1 - x, words[i + 1]
+                rings[ring] = n
+                quota, tenant = quotas.of(ring), tenants.of(ring)
+                quota.live_leases += n
+                tenant.live_leases += n
+                if room is not None:
+                    room.owner(quota)
+                    room.tenant(tenant)
+                continue
+            e = by_id[x]
             e.leases += words[i + 1]
             leased += words[i + 1] * e.alloc.nbytes
-            move_to_end(e.key)
+            ns_tenant[e.key[0]].lru.move_to_end(e.key)
         self.counters.leased_bytes += leased
-        self._bursts.append(_LeaseBurst(first, last, self.clock() + self.config.lease_ttl_s, log, per_entry, count))
+        self._bursts.append(
+            _LeaseBurst(first, last, self.clock() + self.config.lease_ttl_s, log, per_entry, count, rings)
+        )
         self._burst_first.append(first)
         self.burst_leases += count
 
@@ -408,7 +527,7 @@ class KVIndex:
         burst = self._find_burst(lid)
         if burst is None:
             return []
-        return [self.by_id[x] for x in burst.detail().get(lid, ())]
+        return [self.by_id[x] for x in burst.detail().get(lid, (0, ()))[1]]
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
@@ -425,12 +544,16 @@ class KVIndex:
                 continue
             burst = self._find_burst(lid)
             if burst is not None:
-                ids = burst.detail().pop(lid, None)
-                if ids is not None:
+                held = burst.detail().pop(lid, None)
+                if held is not None:
+                    ring, ids = held
                     for x in ids:
                         self._unlease(self.by_id[x], 1)
                     burst.live -= 1
                     self.burst_leases -= 1
+                    if ring in burst.rings:
+                        burst.rings[ring] -= 1
+                        self._burst_leases_ended(ring, 1)
                     released += 1
         return released
 
@@ -446,7 +569,7 @@ class KVIndex:
 
     # --- writes -------------------------------------------------------------------------------
     def reserve(self, ns: int, key: bytes, nbytes: int, owner: int = 0) -> tuple[int, Allocation]:
-        self._check_ns(ns)
+        tenant = self._check_ns(ns)
         k = (ns, key)
         if k in self.entries:
             raise IndexError_("EXISTS", "the key is committed already")
@@ -469,22 +592,38 @@ class KVIndex:
             self.counters.pool_full += 1
             self.quotas.refused.reserved_bytes += 1
             raise IndexError_("POOL_FULL", f"this client holds {quota.reserved_bytes} reserved bytes (its quota)")
-        a = self.alloc.alloc(nbytes) or self._evict_for(nbytes)
+        if tenant.reserved_bytes and tenant.reserved_bytes + nbytes > tenant.max_reserved:
+            self.counters.pool_full += 1
+            tenant.refused["reserved_bytes"] += 1
+            raise IndexError_(
+                "QUOTA", f"tenant {tenant.name!r} holds {tenant.reserved_bytes} reserved bytes (its quota)"
+            )
+        if tenant.stored_bytes + tenant.reserved_bytes + nbytes > tenant.max_stored:
+            # Over its stored quota: its own coldest blocks go first (nobody else's), a batch at most.
+            self._evict_own(tenant, tenant.stored_bytes + tenant.reserved_bytes + nbytes - tenant.max_stored)
+            if tenant.stored_bytes + tenant.reserved_bytes + nbytes > tenant.max_stored:
+                self.counters.pool_full += 1
+                tenant.refused["stored_bytes"] += 1
+                raise IndexError_("QUOTA", f"tenant {tenant.name!r} stores {tenant.stored_bytes} bytes (its quota)")
+        a = self.alloc.alloc(nbytes) or self._evict_for(nbytes, tenant)
         if a is None:
             self.counters.pool_full += 1
             raise IndexError_("POOL_FULL", "no space, and evicting unleased blocks would not make room")
         token = new_token(self.pending)
         deadline = self.clock() + self.config.reservation_ttl_s
-        self.pending[token] = Pending(k, a, deadline, owner)
+        self.pending[token] = Pending(k, a, deadline, owner, tenant)
         self._pending_q.append((deadline, token))
         self.pending_keys[k] = token
         quota.reserved_bytes += nbytes
+        tenant.reserved_bytes += nbytes
         self.reserved_footprint += a.footprint
         self._ns_add(ns)
         return token, a
 
     def _unreserve(self, p: Pending) -> None:
         self.quotas.of(p.owner).reserved_bytes -= p.alloc.nbytes
+        if p.tenant is not None:
+            p.tenant.reserved_bytes -= p.alloc.nbytes
         self.reserved_footprint -= p.alloc.footprint
 
     def _take_pending(self, token: int, owner: int | None) -> Pending:
@@ -506,7 +645,9 @@ class KVIndex:
         if self.journal is not None:
             self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
-        self.lru[p.key] = e
+        tenant = p.tenant or self.tenants.default
+        tenant.lru[p.key] = e
+        tenant.stored_bytes += p.alloc.nbytes
         self._ns_keys[p.key[0]][p.key[1]] = e
         self.by_id[e.id] = e
         if self.mirror is not None and not self._mirror_put(
@@ -542,15 +683,19 @@ class KVIndex:
         if not keys:
             return 0
         self._ns_keys[ns] = {}
-        entries, lru, doomed = self.entries, self.lru, self._doomed
+        tenant = self._ns_tenant[ns]
+        entries, lru, doomed = self.entries, tenant.lru, self._doomed
         mirror = self.mirror
+        stored = 0
         for key, e in keys.items():
             k = (ns, key)
             del entries[k]
             lru.pop(k, None)
+            stored += e.alloc.nbytes
             if mirror is not None:
                 self._mirror_del(mirror, ns, key)
             doomed[k] = e
+        tenant.stored_bytes -= stored
         if len(keys) <= CLEAR_STEP:
             self.clear_step(len(keys))
         return len(keys)
@@ -571,7 +716,12 @@ class KVIndex:
 
     def _remove(self, e: Entry, why: int) -> None:
         del self.entries[e.key]
-        self.lru.pop(e.key, None)
+        tenant = self._ns_tenant[e.key[0]]
+        if tenant.lru.pop(e.key, None) is not None:
+            tenant.stored_bytes -= e.alloc.nbytes
+            if why == WHY_EVICTED:
+                tenant.evicted += 1
+                tenant.evicted_bytes += e.alloc.footprint
         self._ns_keys[e.key[0]].pop(e.key[1], None)
         if self.mirror is not None:
             self._mirror_del(self.mirror, e.key[0], e.key[1])
@@ -603,11 +753,14 @@ class KVIndex:
         evicted = 0
         if self.alloc.used <= goal_used:
             return 0
-        for key in list(self.lru):
-            if self.alloc.used <= goal_used:
+        spent: set[int] = set()  # tenants with nothing evictable within EVICT_SCAN
+        while self.alloc.used > goal_used:
+            t = self._victim_tenant(spent)
+            if t is None:
                 break
-            e = self.lru[key]
-            if e.leases:
+            e = self._coldest_unleased(t)
+            if e is None:
+                spent.add(t.id)
                 continue
             self.counters.evicted_bytes += e.alloc.footprint
             self._remove(e, WHY_EVICTED)
@@ -615,7 +768,54 @@ class KVIndex:
         self.counters.evictions += evicted
         return evicted
 
-    def _evict_for(self, nbytes: int) -> Allocation | None:
+    def _coldest_unleased(self, t: Tenant) -> Entry | None:
+        for i, e in enumerate(t.lru.values()):
+            if not e.leases:
+                return e
+            if i >= EVICT_SCAN:
+                break
+        return None
+
+    def _victim_tenant(self, spent: set[int], planned: dict[int, int] | None = None, me: Tenant | None = None):
+        """The tenant to evict from next: the one furthest above its weighted share of the area
+        (share = capacity x weight / the weights of the tenants holding blocks), counting what is
+        already `planned` for eviction. With `me` (a reservation's tenant), only tenants above their
+        share, or `me` itself, are candidates: a tenant's writes never push another below its share."""
+        ts = self.tenants.all
+        if len(ts) == 1:
+            t = ts[0]
+            return t if t.lru and t.id not in spent else None
+        holders = [t for t in ts if t.lru and t.id not in spent]
+        if not holders:
+            return None
+        wsum = sum(t.weight for t in holders)
+        cap = self.alloc.capacity
+        best, best_over = None, 0.0
+        for t in holders:
+            over = t.stored_bytes - (planned.get(t.id, 0) if planned else 0) - cap * t.weight / wsum
+            if me is not None and over <= 0 and t is not me:
+                continue
+            if best is None or over > best_over:
+                best, best_over = t, over
+        return best
+
+    def _evict_own(self, tenant: Tenant, nbytes: int) -> None:
+        """Evict up to EVICT_SCAN of `tenant`'s own coldest unleased blocks, until `nbytes` are gone."""
+        freed = 0
+        victims = []
+        for i, e in enumerate(tenant.lru.values()):
+            if freed >= nbytes or i >= EVICT_SCAN:
+                break
+            if e.leases:
+                continue
+            victims.append(e)
+            freed += e.alloc.nbytes
+        for e in victims:
+            self.counters.evicted_bytes += e.alloc.footprint
+            self._remove(e, WHY_EVICTED)
+        self.counters.evictions += len(victims)
+
+    def _evict_for(self, nbytes: int, me: Tenant | None = None) -> Allocation | None:
         """Evict the coldest unleased entries whose space lets `nbytes` allocate, then allocate.
 
         The allocator's planner says beforehand which entries that takes (a size class can be
@@ -624,7 +824,7 @@ class KVIndex:
         """
         plan = self.alloc.fit_planner(nbytes)
         victims: list[Entry] = []
-        if not plan.fits():
+        if not plan.fits() and not self.tenants.named:
             for e in self.lru.values():
                 if e.leases:
                     continue
@@ -632,6 +832,27 @@ class KVIndex:
                 if plan.add(e.alloc.blocks):
                     break
             else:
+                self.counters.evictions_refused += 1
+                return None
+        elif not plan.fits():
+            # Fair: each next victim is the coldest unleased block of the tenant furthest above
+            # its share (or of `me`), counting the victims already planned.
+            walkers = {t.id: iter(t.lru.values()) for t in self.tenants.all if t.lru}
+            planned: dict[int, int] = {}
+            spent: set[int] = set()
+            fits = False
+            while not fits:
+                t = self._victim_tenant(spent, planned, me)
+                if t is None:
+                    break
+                e = next((x for x in walkers[t.id] if not x.leases), None)
+                if e is None:
+                    spent.add(t.id)
+                    continue
+                victims.append(e)
+                planned[t.id] = planned.get(t.id, 0) + e.alloc.nbytes
+                fits = plan.add(e.alloc.blocks)
+            if not fits:
                 self.counters.evictions_refused += 1
                 return None
         for e in victims:
@@ -662,11 +883,15 @@ class KVIndex:
             if burst.table is None:
                 words = memoryview(burst.per_entry).cast("q").tolist()
                 for i in range(0, len(words), 2):
-                    self._unlease(self.by_id[words[i]], words[i + 1])
+                    if words[i] >= 0:  # (-1 - ring, n) pairs: the rings' counts, below
+                        self._unlease(self.by_id[words[i]], words[i + 1])
             else:
-                for ids in burst.table.values():
+                for _ring, ids in burst.table.values():
                     for x in ids:
                         self._unlease(self.by_id[x], 1)
+            for ring, n in burst.rings.items():
+                if n:
+                    self._burst_leases_ended(ring, n)
             self.burst_leases -= burst.live
             self.counters.leases_expired += burst.live
             self._burst_head += 1
@@ -700,6 +925,7 @@ class KVIndex:
             "removals_kept": len(self.removals),
             "clearing": len(self._doomed),
             "quotas": self.quotas.stats(),
+            "tenants": self.tenants.stats(),
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }

@@ -138,6 +138,8 @@ class MetadataServer:
         self._ready_at = float("inf")
         self.epoch = 0
         self.service = MetadataService(self.index, epoch=0, ready=False)
+        self.service.rings = g.ring_count  # owners below are rings (tenants: from the manifest)
+        self.index.set_rings(g.ring_count)  # the native fast path's lease room (mds/quotas.py)
         self.fencing = Fencing(pool, g, self.service, self.config.index.reservation_ttl_s)
         self.admin = None
         self.admin_port: int | None = None
@@ -549,4 +551,18 @@ def open_server(
     if pool.geometry.shared_kv_size < (2 << 20):
         pool.close()
         raise PoolMismatch(f"pool {pool_path} has no shared KV area", fix="give layout.shared_kv some space")
-    return MetadataServer(pool, config)
+    server = MetadataServer(pool, config)
+    set_tenants(server, manifest)
+    return server
+
+
+def set_tenants(server: MetadataServer, manifest: Any) -> None:
+    """The manifest's tenants (`tenants:`, model/tenants.py) and which ring is whose, into the index."""
+    plan = getattr(manifest, "tenant_plan", None)
+    layout = server.pool.layout
+    if plan is None or layout is None or not getattr(manifest, "tenants", None):
+        return
+    from belugactl.dataplane.mds.quotas import TenantSpec
+
+    specs, ring_tenant = plan(layout)
+    server.index.set_tenants([TenantSpec(**s) for s in specs], ring_tenant)

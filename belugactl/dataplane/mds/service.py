@@ -98,11 +98,63 @@ class MetadataService:
             Op.REMOVALS: self._removals,
         }
         self.batched_items = 0  # keys and tokens carried by RESERVE_MANY / COMMIT_MANY requests
+        # Owners below this are CXL rings (their tenant comes from the manifest); set by the server.
+        self.rings = 0
+        self.tenant_refused = 0  # HELLOs naming a tenant other than the bound one, or an unknown one
 
     def forget_owner(self, owner: int) -> None:
         """A connection closed: its owner number may be given to another one, which must not
-        inherit its hand-over group (listeners call this when they drop a connection)."""
+        inherit its hand-over group or its tenant (listeners call this when they drop a connection)."""
         self.groups.forget(owner)
+        self.index.tenants.forget(owner)
+
+    def bind_tenant(self, owner: int, tenant: str) -> bool:
+        """An authentication (listener_tcp.py's handshake) proved that `owner` is `tenant`'s: from now
+        on the connection is that tenant's, and a HELLO naming another tenant is refused (NOT_OWNER).
+        False: no such tenant (the manifest names none by that name); nothing changes."""
+        tenants = self.index.tenants
+        t = tenants.by_name.get(tenant)
+        if t is None or not tenant:
+            return False
+        tenants.bound[owner] = t
+        tenants.assign(owner, t)
+        return True
+
+    def _join_tenant(self, owner: int, name: str) -> Code:
+        """HELLO's tenant: the one it names (trusted unless an authentication bound the connection),
+        else the bound one, else the implicit tenant. A TCP connection counts in its tenant's
+        connections (rings belong to their instance's tenant, from the manifest, whatever they say)."""
+        tenants = self.index.tenants
+        if owner < self.rings:
+            mine = tenants.of(owner)
+            if name and name != mine.name:
+                self.tenant_refused += 1
+                return Code.NOT_OWNER
+            return Code.OK
+        bound = tenants.bound.get(owner)
+        if bound is not None:
+            if name and name != bound.name:
+                self.tenant_refused += 1
+                return Code.NOT_OWNER  # authenticated as one tenant, claiming another
+            t = bound
+        elif name:
+            t = tenants.by_name.get(name)
+            if t is None:
+                self.tenant_refused += 1
+                return Code.NOT_OWNER  # a tenant the manifest does not name
+        else:
+            t = tenants.default
+        counted = tenants.counted.get(owner)
+        if counted is not t:
+            if t.connections >= t.max_connections:
+                t.refused["connections"] += 1
+                return Code.QUOTA
+            if counted is not None:
+                counted.connections -= 1
+            t.connections += 1
+            tenants.counted[owner] = t
+        tenants.assign(owner, t)
+        return Code.OK
 
     def error(self, code: Code) -> tuple[int, bytes]:
         self.error_count += 1
@@ -118,6 +170,9 @@ class MetadataService:
         if fn is None:
             return self.error(Code.BAD_OP)
         self._op_counts[op] += 1
+        index = self.index
+        if index.tenants.named:
+            index.tenant = index.tenants.of(owner)
         if op != _HELLO:
             if req_epoch != self.epoch32:
                 return self.error(Code.STALE_EPOCH)
@@ -140,6 +195,10 @@ class MetadataService:
     # --- handlers -----------------------------------------------------------------------------
     def _hello(self, data, max_reply: int, owner: int) -> tuple[int, bytes]:
         p.decode_hello(data)
+        refused = self._join_tenant(owner, p.decode_hello_tenant(data))
+        if refused:
+            return int(refused), b""
+        self.index.tenant = self.index.tenants.of(owner)
         self.groups.join(owner, p.decode_hello_group(data))
         return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms, self.lease_ttl_ms)
 
@@ -323,6 +382,13 @@ class MetadataService:
             raise ProtocolError(Code.BAD_ARGS, f"REMOVALS: cursor {cursor} is past the log's head {log.head}")
         if ns > self.index.ns_id_bound:
             raise ProtocolError(Code.UNKNOWN_NS, f"REMOVALS: namespace id {ns} was never issued")
+        index = self.index
+        mine = index.tenant
+        ns_tenant = index._ns_tenant
+        # Another tenant's removals are none of this client's business (its keys name its prompts).
+        foreign = index.tenants.named and ns != 0 and ns_tenant.get(ns, mine) is not mine
+        if foreign:
+            raise ProtocolError(Code.UNKNOWN_NS, f"REMOVALS: namespace id {ns} was never issued")
         lost = log.lost_before(cursor)
         start, stop = log.window(cursor)
         room = max_reply - p.REMOVALS_REPLY_HEAD
@@ -335,6 +401,8 @@ class MetadataService:
             next_cursor = start  # a head query: only the head (and what is lost) is news
         else:
             for rec in log.records(start, stop, ns):
+                if index.tenants.named and ns_tenant.get(rec.ns) is not mine:
+                    continue  # another tenant's (or a dropped namespace's, whose tenant is forgotten)
                 item = p.encode_removal_item(rec.ns, rec.why, rec.key)
                 if len(item) > full:
                     lost += 1  # a key too long for any reply of this transport: skipped, not a stall

@@ -84,6 +84,7 @@ class Code(IntEnum):
     NOT_OWNER = 15  # COMMIT/ABORT/RELEASE of a token or lease another ring/connection got
     NS_LIMIT = 16  # max_namespaces namespaces are open and none is idle and empty
     NO_CHECKSUM = 17  # COMMIT (or a COMMIT_MANY item) without the block's CRC32C: every block carries one
+    QUOTA = 18  # the client's tenant holds its manifest quota (reserved or stored bytes, namespaces, connections)
 
 
 OPS = frozenset(int(o) for o in Op)
@@ -122,6 +123,10 @@ RELEASE_GRANTED_ELSEWHERE = 1
 # accepted only for leases granted to an owner of the releaser's group (0: none; such a client can
 # release only its own leases). Older servers ignore the trailing bytes, as they ignore any.
 _HELLO_GROUP = struct.Struct("<Q")
+# After the group (then always present, 0 for none), HELLO may name the client's tenant: u8 length and
+# the UTF-8 name (docs/dataplane.md, "Tenants"). Older servers ignore it; a HELLO without it is the
+# implicit tenant's, or the tenant the connection's authentication bound it to.
+MAX_TENANT_NAME = 63
 
 STATS_FIELDS: tuple[str, ...] = (
     "epoch",
@@ -156,8 +161,13 @@ def _need(data: bytes | memoryview, size: int, what: str) -> None:
         raise ProtocolError(Code.BAD_LENGTH, f"{what}: payload of {len(data)} bytes, need {size}")
 
 
-def encode_hello(client_id: int, flags: int = 0, handover_group: int = 0) -> bytes:
+def encode_hello(client_id: int, flags: int = 0, handover_group: int = 0, tenant: str = "") -> bytes:
     head = _HELLO_REQ.pack(client_id & 0xFFFFFFFF, flags)
+    if tenant:
+        name = tenant.encode()
+        if not 0 < len(name) <= MAX_TENANT_NAME:
+            raise ValueError(f"a tenant name is 1 to {MAX_TENANT_NAME} bytes, got {len(name)}")
+        return head + _HELLO_GROUP.pack(handover_group) + bytes((len(name),)) + name
     return head + _HELLO_GROUP.pack(handover_group) if handover_group else head
 
 
@@ -171,6 +181,20 @@ def decode_hello_group(data) -> int:
     if len(data) < _HELLO_REQ.size + _HELLO_GROUP.size:
         return 0
     return _HELLO_GROUP.unpack_from(data, _HELLO_REQ.size)[0]
+
+
+def decode_hello_tenant(data) -> str:
+    """The tenant a HELLO names ("": none, or a client from before tenants)."""
+    at = _HELLO_REQ.size + _HELLO_GROUP.size
+    if len(data) <= at:
+        return ""
+    n = data[at]
+    if n == 0 or n > MAX_TENANT_NAME or len(data) < at + 1 + n:
+        raise ProtocolError(Code.BAD_LENGTH, f"HELLO: tenant name length {n} does not fit {len(data) - at - 1} bytes")
+    try:
+        return bytes(data[at + 1 : at + 1 + n]).decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(Code.BAD_ARGS, "HELLO: tenant name is not UTF-8") from exc
 
 
 def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int, lease_ttl_ms: int = 0) -> bytes:
