@@ -21,10 +21,10 @@ SETUP = Path(topics.__file__).resolve().parents[1]
 
 def test_topic_ids_in_planning_order_and_the_boot_units_share():
     assert topics.topic_ids() == (
-        "autoonline", "region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr"
+        "autoonline", "region", "devdax", "permissions", "header", "hugepages", "thp", "ddio", "mtrr", "secret"
     )
     assert topics.boot_topic_ids() == ("autoonline", "permissions", "hugepages", "thp", "ddio", "mtrr")
-    assert topics.persistent_topic_ids() == ("region", "devdax", "header")
+    assert topics.persistent_topic_ids() == ("region", "devdax", "header", "secret")
     from belugactl.workflows.setup.systemd import unit_text
 
     assert "--only autoonline,permissions,hugepages,thp,ddio,mtrr " in unit_text("/m.yaml", "h1", ["belugactl"])

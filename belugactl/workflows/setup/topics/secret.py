@@ -189,7 +189,7 @@ def _record(step: Step, target: SetupTarget, facts: SetupFacts, state: dict, ver
 
 TOPIC = SetupTopic(
     id=ID,
-    order=35,
+    order=90,  # after the host is set up: it depends on no other topic
     summary="the rack secret TCP RPC clients and admin writes prove beyond loopback (metadata host)",
     plan=plan,
     survives_reboot=True,
