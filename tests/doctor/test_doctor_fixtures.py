@@ -65,6 +65,7 @@ pci.dsa-engines            skip      skip         skip     skip
 pool.header                skip      skip         skip     skip
 pool.interleave-zones      skip      skip         skip     skip
 discover.complete          ok        ok           ok       ok
+metadata.journal           skip      skip         skip     skip
 """
 
 

@@ -11,6 +11,7 @@ from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for the
     health,
     kernel_facts,
     memory,
+    metadata,
     numa,
     pci,
     pool_header,
