@@ -524,6 +524,13 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
     )
 
 
+def split_geometry(shared_kv_offset: int, partition_offsets: list[int]) -> bool:
+    """Whether offsets (a header's) are a memory-type split's layout: only a split puts the host
+    partitions before the shared KV area (`_split_layout`); every other layout puts them after it.
+    Setup reads the split from the header it writes this way (workflows/setup/topics/mtrr.py)."""
+    return bool(partition_offsets) and min(partition_offsets) < shared_kv_offset
+
+
 def mtrr_pieces(offset: int, size: int) -> list[tuple[int, int]]:
     """[offset, offset+size) as the fewest pieces each a power of two in size and aligned to it,
     greedy from the low end (offset 0 counts as aligned to anything)."""

@@ -4,10 +4,10 @@ MTRR pieces of its own, the control areas and partitions outside them; no split,
 import pytest
 
 from belugactl.errors import ManifestError
-from belugactl.model.layout import mtrr_pieces, resolve_layout
-from belugactl.model.manifest import load_manifest_text
+from belugactl.model.layout import mtrr_pieces, resolve_layout, split_geometry
+from belugactl.model.manifest import load_manifest, load_manifest_text
 from belugactl.units import GiB, MiB
-from tests.support.manifests import MINIMAL
+from tests.support.manifests import EXAMPLES, MINIMAL
 
 # MINIMAL's layout hash as belugactl computed it before splits existed (commit 1c3dcb9): a pool set up
 # then must still verify.
@@ -106,3 +106,12 @@ def test_an_explicit_size_needing_more_pieces_than_kv_mtrrs_is_refused_with_a_li
 def test_mtrr_pieces_examples():
     assert mtrr_pieces(0, 8 * GiB) == [(0, 8 * GiB)]
     assert mtrr_pieces(2 * MiB, 6 * MiB) == [(2 * MiB, 2 * MiB), (4 * MiB, 4 * MiB)]
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_only_a_split_puts_the_partitions_before_the_kv_area(path):
+    # setup reads the split from the header's offsets this way (workflows/setup/topics/mtrr.py)
+    layout = resolve_layout(load_manifest(path))
+    assert split_geometry(layout.shared_kv.offset, [p.offset for p in layout.partitions]) == layout.split
+    split = resolve_layout(_split())
+    assert split_geometry(split.shared_kv.offset, [p.offset for p in split.partitions])

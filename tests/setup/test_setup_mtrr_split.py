@@ -13,7 +13,7 @@ from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.setup.applier import run_setup, run_teardown
 from belugactl.workflows.setup.target import SetupTarget, target_from_manifest
-from belugactl.workflows.setup.topics.mtrr import span_pieces
+from belugactl.workflows.setup.topics.mtrr import span_pieces, uncachable_spans
 from tests.support.fake_machine import LAB, FakeMachine
 
 # The lab manifest with a split: a 128 MiB KV area (one piece at pool offset 256 MiB) after two 64 MiB
@@ -27,21 +27,29 @@ SPLIT = {
 
 @dataclasses.dataclass(frozen=True)
 class SplitTarget(SetupTarget):
-    """SetupTarget plus the field target.py is to carry (see mtrr.uncachable_spans)."""
+    """SetupTarget with the field target.py is to carry (see mtrr.uncachable_spans)."""
 
     uncachable_spans: tuple[tuple[int, int], ...] | None = None
 
 
 def split_target(edit: dict[str, str] = SPLIT, host: str = "lab-1") -> SetupTarget:
+    """The target setup builds (target_from_manifest with the layout): the split is read from its header."""
     text = LAB.read_text()
     for old, new in edit.items():
         assert old in text, old
         text = text.replace(old, new)
     manifest = load_manifest_text(text, file="lab.yaml")
-    layout = resolve_layout(manifest)
-    plain = target_from_manifest(manifest, host, layout=layout)
-    fields = {f.name: getattr(plain, f.name) for f in dataclasses.fields(plain)}
-    return SplitTarget(**{**fields, "uncachable_spans": layout.uncachable_spans})
+    return target_from_manifest(manifest, host, layout=resolve_layout(manifest))
+
+
+def test_the_split_is_read_from_the_target_and_an_explicit_field_wins():
+    target = split_target()
+    assert uncachable_spans(target) == ((256 << 20, 128 << 20),)
+    assert uncachable_spans(split_target({"pool_memory_type: write-back": "pool_memory_type: uncachable"})) is None
+    assert uncachable_spans(split_target({})) is None
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
+    explicit = SplitTarget(**{**fields, "uncachable_spans": ((512 << 20, 2 << 20),)})
+    assert uncachable_spans(explicit) == ((512 << 20, 2 << 20),)
 
 
 def _aligned_dax(machine: FakeMachine, base: int) -> None:
@@ -51,7 +59,7 @@ def _aligned_dax(machine: FakeMachine, base: int) -> None:
 
 def _prepared(machine: FakeMachine, base: int | None) -> SetupTarget:
     target = split_target()
-    assert target.uncachable is False and target.uncachable_spans == ((256 << 20, 128 << 20),)
+    assert target.uncachable is False and uncachable_spans(target) == ((256 << 20, 128 << 20),)
     run_setup(machine.host, target, only=["region", "devdax"])
     if base is not None:
         _aligned_dax(machine, base)

@@ -20,6 +20,7 @@ from belugactl.host.host import Host
 from belugactl.host.setup_state import boot_id
 from belugactl.host.snapshot import MtrrEntry
 from belugactl.host.write_mtrr import add_mtrr, read_mtrr, remove_mtrr, variable_mtrr_count
+from belugactl.model.layout import split_geometry
 from belugactl.model.setup_plan import MtrrAdd, MtrrRemove, Skip, Step
 from belugactl.units import format_size
 from belugactl.workflows.setup.facts import SetupFacts
@@ -89,9 +90,17 @@ def ours(facts: SetupFacts) -> list[dict]:
 def uncachable_spans(target: SetupTarget) -> tuple[tuple[int, int], ...] | None:
     """The pool offsets (offset, size) a split wants uncachable, None without a split.
 
-    `SetupTarget.uncachable_spans` carries them (target.py fills it from
-    `PoolLayout.uncachable_spans`); a target without the field has no split."""
-    return getattr(target, "uncachable_spans", None)
+    `SetupTarget.uncachable_spans` says it when the target carries the field (filled from
+    `PoolLayout.uncachable_spans`); until then the header setup writes says it: only a split's layout
+    puts the host partitions before the shared KV area (model/layout.py:split_geometry)."""
+    spans = getattr(target, "uncachable_spans", None)
+    if spans is not None or target.header is None:
+        return spans
+    ours = target.header.ours
+    g = ours.geometry
+    if split_geometry(g.shared_kv_offset, [h.offset for h in ours.hosts]):
+        return ((g.shared_kv_offset, g.shared_kv_size),)
+    return None
 
 
 def _pool_base(target: SetupTarget, facts: SetupFacts) -> int | None:
