@@ -373,9 +373,28 @@ def _lease_flood(client: Any, spec: dict[str, Any], got: dict[str, Any], state: 
     got["requests"] += 1
     _count(got, code)
     if code == 0:
-        found = sum(t is not None for t in p.decode_get_many_tuples(reply))
-        got["keys_found"] = got.get("keys_found", 0) + found
-        got["messages_found"] = got.get("messages_found", 0) + (found > 0)
+        answered = p.decode_get_many_reply_ex(reply)
+        leases = {item[0] for item in answered if item[0]}
+        got["keys_found"] = got.get("keys_found", 0) + sum(1 for item in answered if item[0])
+        got["leases_granted"] = got.get("leases_granted", 0) + len(leases)
+        got["leases_per_message_max"] = max(got.get("leases_per_message_max", 0), len(leases))
+        # Never released: every lease granted within the last lease TTL is still live.
+        got["live_leases_max"] = max(got.get("live_leases_max", 0), _window(state, len(leases), client.lease_ttl_s))
+        if not leases:
+            state.pop("payload")  # its block was evicted: put it again
+
+
+def _window(state: dict[str, Any], n: int, ttl_s: float) -> int:
+    """What was granted within the last `ttl_s` seconds, this grant of `n` included."""
+    from collections import deque
+
+    now = time.monotonic()
+    window = state.setdefault("window", deque())
+    window.append((now, n))
+    state["in_window"] = state.get("in_window", 0) + n
+    while window and window[0][0] < now - ttl_s:
+        state["in_window"] -= window.popleft()[1]
+    return int(state["in_window"])
 
 
 def _reserve_flood(client: Any, spec: dict[str, Any], got: dict[str, Any], state: dict[str, Any]) -> None:
@@ -392,7 +411,9 @@ def _reserve_flood(client: Any, spec: dict[str, Any], got: dict[str, Any], state
     held = sum(isinstance(r, Reservation) for r in answered)
     got["granted"] = got.get("granted", 0) + held
     got["asked"] = got.get("asked", 0) + n
-    got["granted_bytes_max_round"] = max(got.get("granted_bytes_max_round", 0), held * (2 << 20))
+    # Never committed: every reservation granted within the last reservation TTL is still held.
+    held_bytes = _window(state, held * (2 << 20), spec["reservation_ttl"])
+    got["held_bytes_max"] = max(got.get("held_bytes_max", 0), held_bytes)
     for r in answered:
         if not isinstance(r, Reservation):
             _count(got, int(r))
@@ -467,7 +488,7 @@ def _admin_stats(record: dict[str, Any]) -> dict[str, Any] | None:
     if not url:
         return None
     try:
-        with urllib.request.urlopen(url + "/stats", timeout=2) as r:  # noqa: S310 - the loopback admin port
+        with urllib.request.urlopen(url + "/stats", timeout=5) as r:  # noqa: S310 - the loopback admin port
             return json.loads(r.read())
     except (OSError, ValueError):
         return None
@@ -481,13 +502,15 @@ class _Watch:
     def __init__(self) -> None:
         self.high: dict[str, dict[str, int]] = {p: dict.fromkeys(self.FIGURES, 0) for p in ("quiet", "attacked")}
         self.last: dict[str, Any] = {}
-        self.polls = 0
+        self.polls = {"quiet": 0, "attacked": 0}
+        self.missed = {"quiet": 0, "attacked": 0}
 
     def poll(self, record: dict[str, Any], phase: str) -> None:
         st = _admin_stats(record)
         if st is None:
+            self.missed[phase] += 1
             return
-        self.polls += 1
+        self.polls[phase] += 1
         self.last = st
         ix, tcp = st.get("index", {}), st.get("tcp", {})
         now = {
@@ -649,7 +672,7 @@ def _start_attack(cfg: MixedConfig, spawn: Any, tcp: str, procs: dict[str, Any],
     area = int(watch.last.get("index", {}).get("bytes_capacity", cfg.kv_mib << 20)) if watch.last else cfg.kv_mib << 20
     for kind in cfg.attackers:
         spawn(kind, {"role": "attacker", "kind": kind, "address": tcp, "connections": 2 * cfg.tcp_max_connections,
-                     "area_bytes": area})  # fmt: skip
+                     "area_bytes": area, "reservation_ttl": cfg.reservation_ttl_s})  # fmt: skip
     end = time.monotonic() + 30
     while time.monotonic() < end:
         ready = 0
@@ -762,6 +785,7 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
             "high_quiet": watch.high["quiet"],
             "high_attacked": watch.high["attacked"],
             "stats_polls": watch.polls,
+            "stats_polls_missed": watch.missed,
             "quotas": watch.last.get("index", {}).get("quotas", {}),
             "tcp_limits": watch.last.get("tcp", {}).get("limits", {}),
             "tcp_evicted_idle": watch.last.get("tcp", {}).get("evicted_idle"),
@@ -800,23 +824,32 @@ def _judge(cfg: MixedConfig, r: dict[str, Any]) -> None:
         a = att.get(kind) or {}
         active = a.get("requests", 0) > 0
         if kind == "lease-flood":
+            active = a.get("keys_found", 0) > 0  # it got its key's leases (its block was not evicted throughout)
+        elif kind == "connection-flood":
+            active = a.get("opened", 0) > 0
+        if kind == "lease-flood":
             cap = int(limits.get("live_leases", 0))
             bound = cap + _LEASE_SLACK
             refused = (srv.get("quotas") or {}).get("refused", {}).get("leases", 0)
+            live = max(high["leases"], a.get("live_leases_max", 0))
+            per_message = a.get("leases_per_message_max", 0)
             fig = (
-                f"{a.get('requests', 0):,} messages of {a.get('repeats_per_message', 0)} repeats; server held "
-                f"<= {high['leases']:,} leases (cap {cap:,} an owner); {refused:,} refused by the quota"
+                f"{a.get('requests', 0):,} messages of {a.get('repeats_per_message', 0)} repeats, <= {per_message} "
+                f"lease a message; it held <= {a.get('live_leases_max', 0):,} live leases, the server <= "
+                f"{high['leases']:,} in all (cap {cap:,} an owner); {refused:,} refused by the quota"
             )
-            ok = active and cap > 0 and high["leases"] <= bound
+            ok = active and cap > 0 and live <= bound and per_message <= 1
         elif kind == "reserve-flood":
             cap = int(limits.get("reserved_bytes", 0))
             bound = cap + honest_writers * (8 << 20)
+            held = max(high["bytes_reserved"], a.get("held_bytes_max", 0))
             fig = (
                 f"{a.get('granted', 0):,} of {a.get('asked', 0):,} 2 MiB reservations granted "
-                f"({a.get('codes', {})}); server reserved <= {high['bytes_reserved'] >> 20:,} MiB "
-                f"(cap {cap >> 20:,} MiB an owner, area {capacity >> 20:,} MiB)"
+                f"({a.get('codes', {})}); it held <= {a.get('held_bytes_max', 0) >> 20:,} MiB, the server "
+                f"<= {high['bytes_reserved'] >> 20:,} MiB in all (cap {cap >> 20:,} MiB an owner, area "
+                f"{capacity >> 20:,} MiB)"
             )
-            ok = active and 0 < cap < capacity and high["bytes_reserved"] <= bound
+            ok = active and 0 < cap < capacity and held <= bound
         elif kind == "namespace-churn":
             cap = int(limits.get("namespaces", 0))
             fig = (
@@ -834,7 +867,10 @@ def _judge(cfg: MixedConfig, r: dict[str, Any]) -> None:
             )
             ok = active and high["connections"] <= cap_conn and r["probe"]["connect_failed"] == 0
         if not active:
-            fig += " (the attacker never got a request answered: no attack took place)"
+            fig += " (the attacker was never served: no attack took place)"
+        if not srv["stats_polls"]["attacked"]:
+            ok = False  # nothing to judge it by: a server whose /stats does not answer is stalled anyway
+            fig += " (the server's /stats never answered during the attack)"
         goal(f"{kind} attacker", "refused/bounded", fig, ok)
     served = all(e["samples_attacked"] > 0 for e in r["latency"].values()) and len(r["latency"]) > 0
     counted = ", ".join(f"{k} {e['samples_attacked']:,}" for k, e in r["latency"].items()) or "no samples"
