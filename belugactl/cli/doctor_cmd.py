@@ -44,8 +44,15 @@ def register(app: typer.Typer) -> None:
             "--allow-no-cxl",
             help="Exit 0, not 3, on a host without CXL when nothing failed (CI images, build hosts).",
         ),
+        perf: bool = typer.Option(
+            False,
+            "--perf",
+            help="Also measure the pool (a short read-only bench pool) against the manifest's pool.expect.",
+        ),
     ) -> None:
         """Run the named health checks (ok / warn / fail / skip, each with its fix). Reads only; changes nothing.
+
+        --perf also runs a short read-only bench of the pool and compares it with pool.expect (warnings only).
 
         Exit 0 when no check failed, 1 when one did, 2 for bad flags, a bad manifest or a --root that is
         not a host tree, 3 when the host has no CXL at all (nothing to check; --allow-no-cxl: 0)."""
@@ -75,10 +82,11 @@ def register(app: typer.Typer) -> None:
             opened: Any = open_root(root)
         else:
             opened = contextlib.nullcontext(Host.local())
+        probe = perf_probe(rack, root) if perf else None
         with opened as host:
             if root is not None:
                 require_host_tree(host, root)
-            report = run_doctor(host, rack=rack, ignore=ignores, registry=registry)
+            report = run_doctor(host, rack=rack, ignore=ignores, registry=registry, perf=probe)
         if as_json:
             from belugactl.cli.render import print_json
 
@@ -86,6 +94,21 @@ def register(app: typer.Typer) -> None:
         else:
             render_report(report, verbose=verbose, allow_no_cxl=allow_no_cxl)
         raise typer.Exit(code=report.exit_code_for(allow_no_cxl=allow_no_cxl))
+
+
+def perf_probe(rack: Any, root: Path | None) -> Any:
+    """`--perf`'s probe: the pool by the rack context's rule, or why there is nothing to measure."""
+    from belugactl.errors import BelugaError
+    from belugactl.workflows.doctor.checks.perf import PerfProbe
+
+    if root is not None:
+        return PerfProbe(unavailable="--root: a capture or fixture tree, nothing to measure")
+    if rack is None:
+        return PerfProbe(unavailable="no manifest: pass -f rack.yaml (it names the pool and pool.expect)")
+    try:
+        return PerfProbe(pool=rack.pool_path())
+    except BelugaError as exc:
+        return PerfProbe(unavailable=f"no pool to measure: {exc.what}")
 
 
 def require_host_tree(host: Any, root: Path) -> None:

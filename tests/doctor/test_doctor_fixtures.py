@@ -66,6 +66,9 @@ pool.header                skip      skip         skip     skip
 pool.interleave-zones      skip      skip         skip     skip
 discover.complete          ok        ok           ok       ok
 metadata.journal           skip      skip         skip     skip
+perf.load-latency          skip      skip         skip     skip
+perf.read-bandwidth        skip      skip         skip     skip
+perf.write-bandwidth       skip      skip         skip     skip
 """
 
 
@@ -150,6 +153,9 @@ LAB_SKIPS = {
     "pci.cxl-adapter-locality": "0 GPU(s)",
     "pci.dsa-engines": "no Intel DSA",
     "pool.interleave-zones": "no software interleave",
+    "perf.load-latency": "--perf",  # measured only when asked
+    "perf.read-bandwidth": "--perf",
+    "perf.write-bandwidth": "--perf",
 }
 
 

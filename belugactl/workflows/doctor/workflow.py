@@ -13,6 +13,7 @@ from belugactl.workflows.doctor.result import DoctorReport
 if TYPE_CHECKING:
     from belugactl.host.host import Host
     from belugactl.host.snapshot import HostSnapshot
+    from belugactl.workflows.doctor.checks.perf import PerfProbe
     from belugactl.workflows.rack_context import RackContext
 
 
@@ -30,8 +31,10 @@ def run_doctor(
     ignore: Iterable[str] = (),
     registry: Registry | None = None,
     snapshot: HostSnapshot | None = None,
+    perf: PerfProbe | None = None,
 ) -> DoctorReport:
-    """Check a host, against its entry in `rack` when given; raise UsageError for bad flags (exit 2)."""
+    """Check a host, against its entry in `rack` when given; raise UsageError for bad flags (exit 2).
+    `perf` (`doctor --perf`): the probe the perf checks measure the pool with (checks/perf.py)."""
     registry = registry if registry is not None else builtin_registry()
     ignores = validate_ignores(registry, ignore)  # before any slow work: a typo should fail fast
     if snapshot is None:
@@ -44,7 +47,12 @@ def run_doctor(
 
         # The snapshot's hostname, not this process's: with --root the tree says which host it is.
         expect = from_context(rack, rack.host(snapshot.hostname))
-    ctx = DoctorContext(snapshot, expect, host)
+    if perf is not None:
+        from belugactl.workflows.doctor.checks.perf import PerfContext
+
+        ctx: DoctorContext = PerfContext(snapshot, expect, host, perf=perf)
+    else:
+        ctx = DoctorContext(snapshot, expect, host)
     outcomes = run_checks(registry, ctx, ignores)
     notes = []
     if not ctx.has_cxl:

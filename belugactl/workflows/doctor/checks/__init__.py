@@ -14,6 +14,7 @@ from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for the
     metadata,
     numa,
     pci,
+    perf,
     pool_header,
     tools,
     topology,
