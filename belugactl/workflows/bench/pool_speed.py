@@ -25,6 +25,7 @@ Figures from the lab's emulated devices (or any guest) are the emulator's: `emul
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -42,6 +43,7 @@ from belugactl.units import format_size
 
 LINE = 64
 MiB = 1 << 20
+GiB = 1 << 30
 HEADER_AREA = 2 * MiB  # the header's region at offset 0 (pool/header.py), never written here
 MIN_REGION = 64 * 1024  # a region smaller than this measures caches and set-up, not the device
 CHASE_MAX = 64 * MiB  # the chase's range per region (each line once: steps <= lines)
@@ -127,6 +129,17 @@ def _devdax_size(path: str) -> int | None:
         return None
 
 
+def _map(fd: int, length: int, prot: int, *, devdax: bool) -> mmap.mmap:
+    """A shared mapping of `length` bytes; a devdax device with a 1 GiB alignment refuses a length
+    that is not a multiple of it (EINVAL), so such a length is rounded up to 1 GiB once."""
+    try:
+        return mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+    except OSError as exc:
+        if not devdax or exc.errno != errno.EINVAL:
+            raise
+        return mmap.mmap(fd, -(-length // GiB) * GiB, mmap.MAP_SHARED, prot)
+
+
 def served_here(path: str) -> bool:
     """True when a process on this host holds the pool's lock (pool/lock.py: a metadata server, or
     setup's claim): a shared lock cannot be had then."""
@@ -162,7 +175,7 @@ def inspect_pool(path: str) -> PoolState:
     try:
         size = (_devdax_size(path) or 0) if devdax else os.fstat(fd).st_size
         window = min(size or HEADER_AREA, HEADER_AREA)
-        mm = mmap.mmap(fd, window, mmap.MAP_SHARED, mmap.PROT_READ)
+        mm = _map(fd, window, mmap.PROT_READ, devdax=devdax)
     except (OSError, ValueError) as exc:
         raise EnvironmentProblem(f"cannot map {path}", why=str(exc)) from None
     finally:
@@ -501,7 +514,8 @@ def bench_pool(
         end = max(r.offset + r.length for r in p.regions)
         length = -(-end // HEADER_AREA) * HEADER_AREA
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        mm = mmap.mmap(fd, min(length, p.state.size) if p.state.kind == "file" else length, mmap.MAP_SHARED, prot)
+        devdax = p.state.kind == "devdax"
+        mm = _map(fd, length if devdax else min(length, p.state.size), prot, devdax=devdax)
     except OSError as exc:
         raise EnvironmentProblem(
             f"cannot map {path} {'read-write' if writable else 'read-only'}", why=str(exc),
