@@ -25,7 +25,12 @@ def register(app: typer.Typer) -> None:
         rack = rack_context(file, as_json=as_json)
         m, layout = rack.manifest, rack.layout
         if as_json:
-            print_json({"ok": True, "file": str(file), "manifest": summary(m), "layout": layout.to_dict()})
+            document = {"ok": True, "file": str(file), "manifest": summary(m), "layout": layout.to_dict()}
+            if m.tenants:
+                from belugactl.model.tenants import tenant_rows
+
+                document["tenants"] = tenant_rows(m, layout)
+            print_json(document)
             return
         from belugactl.cli.render import stdout_console
         from belugactl.units import format_size
@@ -39,6 +44,9 @@ def register(app: typer.Typer) -> None:
         )
         console.print(f"pool source: {describe_source(m.pool)}", markup=False, highlight=False)
         render_layout_table(console, layout, title=f"pool layout {layout.layout_hash[:12]}")
+        from belugactl.cli.pool_cmd import render_tenants
+
+        render_tenants(console, m, layout)
 
     @manifest.command("schema")
     def schema() -> None:

@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
             from belugactl.cli.render import print_json
 
             document: dict[str, Any] = {"rack": m.name, **layout.to_dict()}
+            if m.tenants:
+                from belugactl.model.tenants import tenant_rows
+
+                document["tenants"] = tenant_rows(m, layout)
             if svg is not None:
                 document["svg"] = str(svg)
             print_json(document)
@@ -47,6 +51,7 @@ def register(app: typer.Typer) -> None:
         console = stdout_console()
         render_layout_table(console, layout, title=f"pool map: {m.name} (layout {layout.layout_hash[:12]})")
         render_ring_owners(console, layout)
+        render_tenants(console, m, layout)
         if svg is not None:
             stderr_console().print(f"wrote {svg}")
 
@@ -275,6 +280,31 @@ def render_ring_owners(console: Any, layout: Any) -> None:
     if len(spare):
         span = str(spare[0]) if len(spare) == 1 else f"{spare[0]}-{spare[-1]}"
         table.add_row(span, "-", "-", f"spare ({len(spare)}): tools and probes")
+    console.print(table)
+
+
+def render_tenants(console: Any, manifest: Any, layout: Any) -> None:
+    """Which tenant owns which instances and rings, with its weight and quotas (nothing without tenants)."""
+    if not manifest.tenants:
+        return
+    from rich import box
+    from rich.table import Table
+
+    from belugactl.model.tenants import tenant_rows
+    from belugactl.units import format_size
+
+    table = Table(title="tenants (docs/manifest.md)", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("tenant", "weight", "instances", "rings", "quotas"):
+        table.add_column(name, justify="right" if name == "weight" else "left")
+    for row in tenant_rows(manifest, layout):
+        quotas = ", ".join(
+            f"{k} {format_size(v) if k.endswith('bytes') else v}" for k, v in row["quotas"].items() if v is not None
+        )
+        rings = row["rings"]
+        table.add_row(
+            row["name"], str(row["weight"]), ", ".join(row["instances"]),
+            ", ".join(str(r) for r in rings) or "-", quotas or "no limits",
+        )  # fmt: skip
     console.print(table)
 
 

@@ -200,6 +200,7 @@ def connect(
     client_id: int | None = None,
     timeout_s: float = 1.0,
     handover_group: int = 0,
+    tenant: str = "",
 ) -> KVIndexClient:
     """Connect to the metadata server and learn its epoch.
 
@@ -213,6 +214,11 @@ def connect(
     `handover_group`: a 64-bit secret this client shares with the clients it passes leases to or
     takes them from (the processes of one vLLM instance); a `granted_elsewhere` release is accepted
     only for leases granted to a client of the same group. 0: none.
+
+    `tenant`: the manifest tenant this client is of (said in HELLO; "" the implicit one). A CXL ring's
+    tenant is its instance's, from the manifest; a TCP connection's is this one (or the one its
+    authentication proved). A server answers NOT_OWNER to a name that is not the ring's or the
+    connection's, and QUOTA when the tenant holds its connections.
     """
     cls = transport_for(address)
     try:
@@ -226,6 +232,7 @@ def connect(
     cid = transport.default_client_id() if client_id is None else client_id
     client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s)
     client.handover_group = handover_group
+    client.tenant = tenant
     if transport.pool is None and pool is not None:
         client.use_pool(pool)
     try:
@@ -249,6 +256,7 @@ class KVIndexClient:
         self.address = address
         self.client_id = client_id
         self.handover_group = 0  # sent in HELLO: whose leases this client may release (connect's doc)
+        self.tenant = ""  # sent in HELLO: the manifest tenant this client is of (connect's doc)
         self.timeout_s = timeout_s
         self._timeout_ns = int(timeout_s * 1e9)
         self.epoch = 0
@@ -289,7 +297,7 @@ class KVIndexClient:
                 nowait.drop_replies(self, "the client reconnected: the reply went with the old ring or socket")
                 t.reset()
             t.forget_epoch()  # HELLO is how we learn the new epoch
-            hello = p.encode_hello(self.client_id, 0, self.handover_group)
+            hello = p.encode_hello(self.client_id, 0, self.handover_group, self.tenant)
             code, _e, payload = t.call(Op.HELLO, 0, hello, self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
@@ -418,6 +426,10 @@ class KVIndexClient:
             self._ns.clear()  # the server dropped an idle empty namespace: the next call opens it again
         if code == Code.POOL_FULL:
             return PoolFull(what, why="no space in the shared KV area, even after eviction")
+        if code == Code.QUOTA:
+            exc = PoolFull(what, why="this client's tenant holds its quota (manifest tenants: quotas)")
+            exc.code = code  # type: ignore[attr-defined]
+            return exc
         if code == Code.EXISTS:
             return AlreadyPresent(what, why="the key is committed, or another client is writing it")
         if code == Code.NOT_OWNER:
@@ -626,7 +638,7 @@ class KVIndexClient:
     def _refuse_after_full(self, out: list[Reservation | Code]) -> list[Reservation | Code]:
         """The rule the server applies within a request, over the whole burst: past the first key
         refused for lack of space, reservations granted by later requests are given back."""
-        first = next((i for i, r in enumerate(out) if r is Code.POOL_FULL), None)
+        first = next((i for i, r in enumerate(out) if r is Code.POOL_FULL or r is Code.QUOTA), None)
         if first is None:
             return out
         late = [i for i in range(first + 1, len(out)) if isinstance(out[i], Reservation)]

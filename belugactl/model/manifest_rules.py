@@ -26,6 +26,7 @@ def check_rules(m: Manifest) -> list[RuleProblem]:
     problems += _pool_rules(m)
     problems += _layout_rules(m)
     problems += _serve_rules(m)
+    problems += _tenant_rules(m)
     if not problems:
         problems += _fit_rules(m)
     return problems
@@ -446,3 +447,10 @@ def _journal_rules(m: Manifest, kv_bytes: int, journal: int) -> list[RuleProblem
             fix,
         )
     ]
+
+
+def _tenant_rules(m: Manifest) -> list[RuleProblem]:
+    """tenants: unique names, selectors naming real instances, each instance in exactly one (model/tenants.py)."""
+    from belugactl.model.tenants import tenant_problems
+
+    return [RuleProblem(path, msg, hint, at_key=path == ("tenants",)) for path, msg, hint in tenant_problems(m)]

@@ -824,6 +824,56 @@ class Serve(Strict):
     router: RouterServe | None = None  # absent: no front door
 
 
+_TENANT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class TenantQuotas(Strict):
+    """What one tenant's clients may hold at once, summed over them (absent: no tenant limit; the
+    per-client caps of docs/dataplane.md still apply)."""
+
+    live_leases: Int | None = None
+    reserved_bytes: Size | None = None
+    stored_bytes: Size | None = None
+    connections: Int | None = None
+    namespaces: Int | None = None
+
+    @field_validator("live_leases", "reserved_bytes", "stored_bytes", "connections", "namespaces")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be positive (leave it out for no limit)")
+        return value
+
+
+class Tenant(Strict):
+    """One tenant of the pool (docs/manifest.md, "tenants"): its vLLM instances, its quotas and its
+    fair share (weight) of the shared KV area under pressure."""
+
+    name: str
+    instances: list[str]  # "HOST" (every instance on it) or "HOST:N" (its instance N, from 0)
+    weight: Int = 1
+    quotas: TenantQuotas = TenantQuotas()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _TENANT_NAME_RE.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a tenant name: 1 to 63 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("weight")
+    @classmethod
+    def _weight(cls, value: int) -> int:
+        if not 1 <= value <= 1000:
+            raise ValueError(
+                "a weight is a whole number from 1 to 1000 (its share of the area is weight / sum of weights)"
+            )
+        return value
+
+
 class Manifest(Strict):
     version: int
     name: str
@@ -833,6 +883,13 @@ class Manifest(Strict):
     tuning: Tuning = Tuning()
     caching: Caching = Caching()
     serve: Serve | None = None
+    tenants: list[Tenant] = []  # none: one implicit tenant owns everything (docs/manifest.md, "tenants")
+
+    def tenant_plan(self, layout: Any) -> tuple[list[dict[str, Any]], dict[int, str]]:
+        """The tenants as the metadata server takes them, and ring -> tenant (model/tenants.py)."""
+        from belugactl.model.tenants import tenant_plan
+
+        return tenant_plan(self, layout)
 
     @model_validator(mode="before")
     @classmethod

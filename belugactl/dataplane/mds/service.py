@@ -318,7 +318,7 @@ class MetadataService:
             except IndexError_ as exc:
                 code = Code[exc.code]
                 self._count_item_error(code)
-                full = code == Code.POOL_FULL
+                full = code == Code.POOL_FULL or code == Code.QUOTA  # a tenant's quota ends the chain too
                 out.append(p.encode_reserve_many_item(int(code)))
                 size += refused_size
                 continue

@@ -334,6 +334,10 @@ def build_serve_plan(
         }
         if partition is not None:
             extra["partition"] = {"offset": partition.offset, "size": partition.size}
+        if manifest.tenants:
+            from belugactl.model.tenants import tenant_of_instance
+
+            extra["tenant"] = tenant_of_instance(manifest, host.name, i) or ""  # said in HELLO
         if rings:
             # Every process over its own CXL-RPC ring in the pool (a ring has exactly one client): the
             # scheduler's lookups, and each tensor-parallel worker's loads and saves, by rank.

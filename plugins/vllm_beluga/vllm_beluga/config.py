@@ -47,6 +47,7 @@ class BelugaConfig:
     # A file pool up to this size has its page tables filled at start-up (prefault.py); 0: never.
     prefault_max_bytes: int = 16 << 30
     instance: str = ""
+    tenant: str = ""  # the manifest tenant this instance is of (said in HELLO; `serve` fills it in)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -97,6 +97,7 @@ class ConnectorContext:
             timeout_s=cfg.timeout_s,
             retry_s=cfg.retry_s,
             handover_group=handover_group(kv_transfer_config),
+            tenant=cfg.tenant,
         )
         log.info("Beluga connector (%s): namespace %s, server %s", role_name, namespace, index.address)
         kv_role = str(getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both")

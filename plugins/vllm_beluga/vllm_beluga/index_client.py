@@ -52,11 +52,13 @@ class BestEffortIndex:
         retry_s: float = 5.0,
         connect: Callable[..., KVIndexClient] | None = None,
         handover_group: int = 0,
+        tenant: str = "",
     ) -> None:
         self.address = address
         # Said in HELLO: the scheduler and the workers of one engine share it, so a worker may
         # release the leases its scheduler took (and no other client may).
         self.handover_group = handover_group
+        self.tenant = tenant  # said in HELLO: the manifest tenant this instance is of ("" none)
         self.stats = stats
         self.timeout_s = timeout_s
         self.retry_s = retry_s
@@ -104,6 +106,8 @@ class BestEffortIndex:
             extra: dict[str, Any] = {"pool": self._pool} if self._pool is not None else {}
             if self.handover_group:
                 extra["handover_group"] = self.handover_group
+            if self.tenant:
+                extra["tenant"] = self.tenant
             self._client = connect(self.address, timeout_s=self.timeout_s, **extra)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means "no pool for now"
             if self.transport == "cxl":
@@ -379,6 +383,7 @@ _REFUSED = {
     "EXISTS": "save_skipped_exists",
     "POOL_FULL": "save_skipped_poolfull",
     "TOO_BIG": "save_skipped_poolfull",
+    "QUOTA": "save_skipped_quota",  # the instance's tenant holds its reserved or stored bytes quota
 }
 
 
