@@ -115,10 +115,12 @@ def render(doc: dict[str, Any]) -> None:
     print(f"  {access['mode']}: {access['area']}; latency by {doc['latency_method']}")
     head = f"  {'region':<12} {'thr':>3}  {'latency ns':>10} {'x DRAM':>7}  {'read GB/s':>9} {'x DRAM':>7}  "
     print(head + f"{'write GB/s':>10} {'x DRAM':>7}")
+    memdevs = {r["name"]: r.get("memdev") for r in doc.get("regions", [])}
     for row in doc["rows"]:
         r = row.get("vs_dram", {})
+        name = f"{row['region']} ({memdevs[row['region']]})" if memdevs.get(row["region"]) else row["region"]
         print(
-            f"  {row['region']:<12} {row['threads']:>3}  {_fmt(row['load_latency_ns']):>10} "
+            f"  {name:<12} {row['threads']:>3}  {_fmt(row['load_latency_ns']):>10} "
             f"{_fmt(r.get('load_latency'), 'x') if r else '':>7}  {_fmt(row['read_gb_per_s']):>9} "
             f"{_fmt(r.get('read'), 'x') if r else '':>7}  {_fmt(row['write_nt_gb_per_s']):>10} "
             f"{_fmt(r.get('write'), 'x') if r else '':>7}"

@@ -242,3 +242,21 @@ def test_compare_never_judges_an_emulated_device_a_file_or_a_figure_nobody_expec
     verdicts = pool_speed.compare(_doc(5000, 1.0, 1.0), expect)
     assert [v.status for v in verdicts] == ["warn", "skip", "skip"]
     assert [v.status for v in pool_speed.compare(_doc(5000, 1.0, 1.0), None)] == ["skip"] * 3
+
+
+def test_sysfs_names_the_region_its_positions_memdevs_and_where_the_dax_device_starts() -> None:
+    from tests.support.paths import REPO
+
+    fixtures = REPO / "tests" / "fixtures"
+    lab = pool_speed.sysfs_interleave("/dev/dax0.0", str(fixtures / "lab-guest"))
+    assert (lab.mode, lab.ways, lab.base, lab.memdevs, lab.source) == ("one device", 1, 2 << 20, ("mem0",),
+                                                                       "sysfs region0")  # fmt: skip
+    two = pool_speed.sysfs_interleave("/dev/dax0.0", str(fixtures / "beluga-intel"))
+    assert (two.mode, two.ways, two.granularity, two.memdevs) == ("hardware", 2, 4096, ("mem0", "mem1"))
+    assert pool_speed.sysfs_interleave("/dev/dax0.0", str(fixtures / "nocxl")) is None
+    assert pool_speed.interleave_of(None, two) is two and pool_speed._memdev_of("position 1", two) == "mem1"
+    # a dax device starting one chunk into its region: position 0's first chunk is one chunk later
+    shifted = pool_speed.Interleave("hardware", 2, 4096, base=4096, source="sysfs region0")
+    regions, notes = pool_speed.plan_regions(pool_speed.Access(True, 2 << 20, 64 << 20, "scratch"), shifted, 1 << 20)
+    assert [r.offset for r in regions] == [(2 << 20) + 4096, (2 << 20) + 8192, (2 << 20) + 4096]
+    assert "starts 4096 B into the region" in notes[0]

@@ -99,9 +99,16 @@ class Interleave:
     ways: int = 1
     granularity: int = 0
     device_size: int = 0  # software: the bytes of each device, end to end
+    base: int = 0  # hardware: the dax device's byte 0 in its region (positions count from the region)
+    memdevs: tuple[str, ...] = ()  # in position order, where the region says (sysfs)
+    source: str = "manifest"  # "manifest" | "sysfs <region>" | "none"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "ways": self.ways, "granularity": self.granularity or None}
+        return {"mode": self.mode, "ways": self.ways, "granularity": self.granularity or None, "base": self.base,
+                "memdevs": list(self.memdevs), "source": self.source}  # fmt: skip
+
+    def memdev(self, position: int) -> str | None:
+        return self.memdevs[position] if position < len(self.memdevs) else None
 
 
 def _kernels() -> Any:  # noqa: ANN401 - the C module
@@ -253,13 +260,38 @@ def decide_access(state: PoolState, *, read_only: bool) -> Access:
 # --- the regions ----------------------------------------------------------------------------
 
 
-def interleave_of(manifest: Any | None) -> Interleave:
-    if manifest is None:
-        return Interleave("unknown")
-    il = manifest.pool.interleave
-    if il.mode == "software" and il.ways > 1:
+def sysfs_interleave(path: str, root: str = "/") -> Interleave | None:
+    """The CXL region that holds the dax device, from sysfs (no command run): its ways, granularity,
+    memdevs in position order, and where the dax device starts in it. None when no region says
+    (a firmware-provisioned range, a file, a kernel without the CXL bus)."""
+    from belugactl.host.host import Host
+    from belugactl.host.read_cxl import read_cxl_sysfs
+
+    host = Host(root)
+    start = host.read_int(f"/sys/bus/dax/devices/{os.path.basename(path)}/resource")
+    if start is None:
+        return None
+    for region in read_cxl_sysfs(host).regions:
+        if region.resource is None or not region.size or not region.resource <= start < region.resource + region.size:
+            continue
+        ways = region.interleave_ways or 1
+        mode = "hardware" if ways > 1 else "one device"
+        return Interleave(mode, ways, region.interleave_granularity or 0, base=start - region.resource,
+                          memdevs=tuple(region.memdevs), source=f"sysfs {region.name}")  # fmt: skip
+    return None
+
+
+def interleave_of(manifest: Any | None, found: Interleave | None = None) -> Interleave:
+    """Software interleave from the manifest (no region describes it); otherwise the region sysfs
+    found (`found`: what this host decodes), else the manifest's hardware interleave."""
+    il = manifest.pool.interleave if manifest is not None else None
+    if il is not None and il.mode == "software" and il.ways > 1:
         gran = il.granularity if il.granularity is not None else manifest.pool.align
         return Interleave("software", il.ways, gran, manifest.pool.size // il.ways)
+    if found is not None and (found.mode != "hardware" or found.granularity):
+        return found
+    if il is None:
+        return Interleave("unknown", source="none")
     if il.mode == "hardware" and il.ways > 1:
         return Interleave("hardware", il.ways, il.granularity or 4096)  # the kernel's default granularity
     return Interleave("one device")
@@ -275,7 +307,7 @@ def plan_regions(access: Access, il: Interleave, size: int) -> tuple[list[Region
     lo, hi = access.offset, access.offset + access.length
     if il.mode == "hardware":
         stride = il.ways * il.granularity
-        start = -(-lo // stride) * stride
+        start = lo + (-(lo + il.base)) % stride  # the first interleave set in range: position 0 there
         span = _down(min(hi - start, size * il.ways), stride)
         if span < stride or span // il.ways < MIN_REGION:
             raise UsageError(f"the range the bench may touch ({format_size(access.length)}) is too small")
@@ -287,9 +319,15 @@ def plan_regions(access: Access, il: Interleave, size: int) -> tuple[list[Region
         regions = [Region(r.name, r.offset, _down(r.length, stride), r.chunk, stride) for r in regions]
         regions = [r for r in regions if r.length >= stride]
         regions.append(Region("interleaved", start, _down(min(span, size), 4096)))
+        where = (
+            f"{il.source}: the dax device starts {il.base} B into the region"
+            + (f", memdevs by position {', '.join(il.memdevs)}" if il.memdevs else "")
+            if il.source.startswith("sysfs")
+            else "the manifest's (no region in sysfs: assumes the dax device starts on an interleave set)"
+        )
         notes.append(
             f"hardware interleave, {il.ways} ways of {il.granularity} B: position p is every {il.ways}th "
-            f"{il.granularity} B chunk from p (assumes the dax device starts on an interleave set)"
+            f"{il.granularity} B chunk from p; {where}"
         )
         return regions, notes
     if il.mode == "software":
@@ -481,12 +519,13 @@ class BenchPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(path: str, manifest: Any | None, *, size: int, read_only: bool) -> BenchPlan:
+def plan(path: str, manifest: Any | None, *, size: int, read_only: bool, root: str = "/") -> BenchPlan:
     state = inspect_pool(path)
     access = decide_access(state, read_only=read_only)
-    il = interleave_of(manifest)
     if state.kind == "file":
-        il = Interleave("file")  # a file has no memory devices
+        il = Interleave("file", source="none")  # a file has no memory devices
+    else:
+        il = interleave_of(manifest, sysfs_interleave(path, root))
     regions, notes = plan_regions(access, il, size)
     return BenchPlan(state, access, il, regions, notes)
 
@@ -504,7 +543,7 @@ def bench_pool(
     """`belugactl bench pool`: plan, map (read-only unless writing is allowed), measure, and say what
     was measured where. The pool's lock is held shared while it runs, so no server starts on this
     host under a write test."""
-    p = plan(path, manifest, size=size, read_only=read_only)
+    p = plan(path, manifest, size=size, read_only=read_only, root=root)
     writable = p.access.writable
     emulated_why = emulation(root) if p.state.kind == "devdax" else None
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
@@ -561,12 +600,21 @@ def bench_pool(
                 "bytes": r.touched,
                 "chunk": r.chunk or None,
                 "stride": r.stride or None,
+                "memdev": _memdev_of(r.name, p.interleave),
             }
             for r in p.regions
         ],  # fmt: skip
         notes=notes,
     )
     return doc
+
+
+def _memdev_of(name: str, il: Interleave) -> str | None:
+    """The memdev behind a region row, where the region's positions name one."""
+    kind, _, number = name.partition(" ")
+    if kind in ("position", "device") and number.isdigit():
+        return il.memdev(int(number))
+    return None
 
 
 # --- expectations ---------------------------------------------------------------------------
