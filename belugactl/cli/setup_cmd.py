@@ -20,7 +20,7 @@ ROOT_HELP = (
 )
 # The topics in planning order, spelled here so --help need not import them (tests/cli/test_readme_agrees.py
 # compares this with workflows/setup/topics/).
-TOPICS = "autoonline, region, devdax, permissions, header, hugepages, thp, ddio, mtrr"
+TOPICS = "autoonline, region, devdax, permissions, header, hugepages, thp, ddio, mtrr, secret"
 WRITE_ROOT_HELP = "Let setup/teardown write into the --root tree (tests of the apply path on fake machines)."
 
 
