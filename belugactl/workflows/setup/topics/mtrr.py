@@ -184,7 +184,7 @@ def plan(target: SetupTarget, facts: SetupFacts) -> Planned:
             actions=tuple(MtrrAdd(b, s) for b, s in missing),
             before=f"{used} of {total} variable MTRRs used",
             after=f"{used + len(missing)} used",
-            note=_split_note(spans, base) if spans else note,
+            note="; ".join(n for n in (_split_note(spans, base) if spans else None, note) if n) or None,
         ))
     return Planned(steps=steps)
 
