@@ -14,6 +14,24 @@ The argument (docs/dataplane.md, "Fencing") in short:
   at most once a second, with a second of slack) and its window; cleared on a clean shutdown
   with no reservation open. A new server quarantines: RESERVE answers NOT_READY until
   min(recorded window, recorded deadline - now) has passed. Lookups and reads are served at once.
+
+When the quarantine can be shorter (issue 31), and when it cannot:
+- No reservation open: every reservation of this epoch ended by its owner's COMMIT (it wrote, then
+  committed) or ABORT (it gave up), or was reclaimed a full TTL after it was granted (past its
+  writer's deadline). Nobody may write any extent, so the recorded deadline is lowered to 0 at the
+  next housekeeping (`idle`), as a clean shutdown does, and a server killed then (SIGKILL, a crash)
+  is followed by one with no quarantine. A RESERVE raises the line again before its reply leaves
+  (`note_reserve`, in the loop's one thread: no housekeeping runs in between), so a crash at any
+  moment finds a line that covers every open reservation's writer. The line is written only when
+  that changes (a reservation after an idle stretch), not per request.
+- Reservations open at the crash: the quarantine stays. A re-HELLO from the rings that held them is
+  not proof: `KVIndexClient.reconnect` asks its caller to drop every token first, but nothing makes
+  a copy already running (another thread, a DMA on a GPU stream) finish before the HELLO goes out;
+  and the old server's TCP owners come back on new connections that cannot be matched to them. A
+  shorter wait would need the client to say so: a HELLO flag "no write into an earlier epoch's
+  extent is in flight" sent only after its copies ended, and the old server recording which rings
+  held reservations (a bitmap beside the fence line) and whether any TCP owner did. Until then the
+  window is kept, bounded by the recorded deadline as before.
 """
 
 from __future__ import annotations
@@ -101,6 +119,12 @@ class Fencing:
         self.service.reserve_blocked = (
             f"earlier epoch's writers may still write: RESERVE refused for {left:.1f} s" if left > 0 else ""
         )
+
+    def idle(self, open_reservations: int) -> None:
+        """Housekeeping: no reservation open (and none of the previous epoch's writers left to wait
+        for), so nobody may write: lower the recorded deadline to 0 (written once, when it changes)."""
+        if self.offset is not None and open_reservations == 0 and self._recorded_until and self.remaining() == 0:
+            self._write(0)
 
     def clean_shutdown(self, open_reservations: int) -> None:
         """No reservation open and the server stopping: nobody can be writing; the next start need not wait."""

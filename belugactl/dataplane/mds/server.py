@@ -429,6 +429,7 @@ class MetadataServer:
             if not self.poison.busy or not self.poison.step():
                 break
         self.index.expire()
+        self.fencing.idle(len(self.index.pending))  # nothing open: a crash now needs no quarantine
         now = time.monotonic()
         for listener in self.listeners:
             listener.housekeeping(now)
