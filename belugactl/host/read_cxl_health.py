@@ -15,12 +15,18 @@ import dataclasses
 from typing import Any
 
 from belugactl.errors import ToolOutputError
+from belugactl.host.command_runner import CommandResult
 from belugactl.host.host import Host
 from belugactl.host.read_tools import LIST_TIMEOUT_S, as_bool, as_hex, as_int, as_size, as_str, parse_list_output
 from belugactl.host.snapshot import MediaError, MemdevHealth
 
 HEALTH_LIST = ("cxl", "list", "-M", "-H", "-i")
 MEDIA_ERRORS_LIST = ("cxl", "list", "-R", "-L", "-i")
+
+# The poison lists come from each device's mailbox through trace events: seconds per device under
+# emulation (a TCG lab guest: about 10 s), so a listing that timed out among discovery's parallel
+# listings (LIST_TIMEOUT_S each) is read once more, alone, with this long.
+MEDIA_ERRORS_TIMEOUT_S = 60.0
 
 # ndctl's option parser exits 129 on an unknown switch (an ndctl older than the option).
 _USAGE_EXIT = 129
@@ -99,9 +105,16 @@ def read_health(host: Host, problems: list[str]) -> dict[str, MemdevHealth]:
     return out
 
 
+def _run_media_errors(host: Host) -> CommandResult:
+    result = host.run(list(MEDIA_ERRORS_LIST), timeout=LIST_TIMEOUT_S)
+    if result.timed_out:  # among the parallel listings: once more, alone, with longer
+        result = host.run(list(MEDIA_ERRORS_LIST), timeout=MEDIA_ERRORS_TIMEOUT_S)
+    return result
+
+
 def read_media_errors(host: Host, problems: list[str]) -> dict[str, list[MediaError]] | None:
     """Poison records by region name ([] for a region read clean); None when they could not be read."""
-    result = host.run(list(MEDIA_ERRORS_LIST), timeout=LIST_TIMEOUT_S)
+    result = _run_media_errors(host)
     if result.not_found or result.returncode == _USAGE_EXIT:
         return None
     try:
@@ -129,7 +142,7 @@ class RegionPoison:
 
 def read_region_poison(host: Host, problems: list[str]) -> list[RegionPoison] | None:
     """`cxl list -R -L` with each region's base: None when the poison lists could not be read."""
-    result = host.run(list(MEDIA_ERRORS_LIST), timeout=LIST_TIMEOUT_S)
+    result = host.run(list(MEDIA_ERRORS_LIST), timeout=MEDIA_ERRORS_TIMEOUT_S)
     if result.not_found or result.returncode == _USAGE_EXIT:
         problems.append(f"`{' '.join(MEDIA_ERRORS_LIST)}`: no cxl tool with -L (ndctl 80 or newer)")
         return None

@@ -6,6 +6,11 @@ volatile devices, optionally behind a switch) takes its CXL part from `belugactl
 The topology is the one recorded in shared/reference/qemu-cxl-lab.md: one pxb-cxl host bridge with
 TWO cxl-rp root ports. With a single root port QEMU 7.2 silently drops every data write to the
 region (it does not emulate the pass-through host-bridge decoder), which `lab selftest` would catch.
+
+Every guest's QEMU listens for QMP (its machine protocol) on `qmp.sock` in the guest's directory
+(`qmp_socket`; lab/qmp.py speaks it): tests inject device errors through it. QEMU 10 (profile ram)
+has the CXL error injection commands (`cxl-inject-poison`, ...); Debian 12's QEMU 7.2 (profile pmem)
+has none of them (its QMP answers CommandNotFound).
 """
 
 from __future__ import annotations
@@ -61,6 +66,21 @@ def kernel_cmdline(spec: GuestSpec) -> str:
 
 
 QEMU = "qemu-system-x86_64"
+QMP_SOCKET = "qmp.sock"
+# sockaddr_un holds 108 bytes with the NUL: a longer path gets no monitor (QEMU would refuse to start).
+_UNIX_PATH_MAX = 107
+
+
+def qmp_socket(spec: GuestSpec) -> Path | None:
+    """Where the guest's QEMU listens for QMP: `qmp.sock` beside its console (the guest's directory),
+    None when that path is too long for a unix socket."""
+    path = spec.console.parent / QMP_SOCKET
+    return path if len(os.fsencode(path)) <= _UNIX_PATH_MAX else None
+
+
+def qmp_args(spec: GuestSpec) -> list[str]:
+    path = qmp_socket(spec)
+    return [] if path is None else ["-qmp", f"unix:{_opt(path)},server=on,wait=off"]
 
 
 def argv(spec: GuestSpec, qemu: str = QEMU) -> list[str]:
@@ -104,6 +124,7 @@ def argv(spec: GuestSpec, qemu: str = QEMU) -> list[str]:
         "-device", f"virtio-9p-pci,fsdev=spool,mount_tag={SPOOL_TAG}",
         *repo,
         *network(spec),
+        *qmp_args(spec),
         *(pmem_cxl_args(spec) if spec.profile == "pmem" else cxl_args(spec.ram)),  # type: ignore[arg-type]
     ]  # fmt: skip
 

@@ -74,3 +74,26 @@ def test_the_periodic_check_runs_in_its_thread_and_survives_a_failing_reader() -
     checker.thread.join(5)
     assert watch.got[0] == (None, "RuntimeError: cxl went away") and watch.got[1] == ([(0, 64)], None)
     assert not checker.thread.is_alive()
+
+
+class _SlowOnce:
+    """A runner whose first poison listing times out (as among discovery's parallel listings)."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.calls = out, []
+
+    def run(self, argv, *, timeout: float = 30.0, input=None) -> CommandResult:  # noqa: A002, ANN001
+        self.calls.append(timeout)
+        if len(self.calls) == 1:
+            return CommandResult(tuple(argv), -1, timed_out=True)
+        return CommandResult(tuple(argv), 0, self.out)
+
+
+def test_a_poison_listing_that_timed_out_is_read_once_more_with_longer() -> None:
+    from belugactl.host.read_cxl_health import LIST_TIMEOUT_S, MEDIA_ERRORS_TIMEOUT_S, read_media_errors
+
+    runner = _SlowOnce((RECORDED / "media-errors-in-region.json").read_text())
+    problems: list[str] = []
+    got = read_media_errors(Host(TREE, runner), problems)  # type: ignore[arg-type]
+    assert runner.calls == [LIST_TIMEOUT_S, MEDIA_ERRORS_TIMEOUT_S] and problems == []
+    assert got is not None and len(got["region0"]) == 3

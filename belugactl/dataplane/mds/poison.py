@@ -194,14 +194,15 @@ class PoisonWatch:
         self.last_check: dict[str, object] | None = None
 
     # --- any thread --------------------------------------------------------------------------
-    def submit(self, ranges: list[tuple[int, int]], source: str) -> int:
-        """Queue ranges for the loop; how many were queued (0 when the inbox is full)."""
+    def submit(self, ranges: list[tuple[int, int]], source: str, *, push: bool = True) -> int:
+        """Queue ranges for the loop; how many were queued (0 when the inbox is full). `push`: from
+        POST /poison (counted as a push), else from the periodic check."""
         with self._inbox_lock:
             if self._queued + len(ranges) > 4 * MAX_RANGES_PER_POST:
                 return 0
             self._inbox.append((source, list(ranges)))
             self._queued += len(ranges)
-            self.counters["pushes"] += 1
+            self.counters["pushes"] += int(push)
             self.counters["ranges_received"] += len(ranges)
         return len(ranges)
 
@@ -211,7 +212,7 @@ class PoisonWatch:
         if ranges is None:
             self.counters["checks_unread"] += 1
         else:
-            self.submit(ranges, "device poison list")
+            self.submit(ranges, "the device's poison list", push=False)
         self.last_check = {"time": time.time(), "read": ranges is not None, "ranges": len(ranges or ()),
                            "problem": problem}  # fmt: skip
 
