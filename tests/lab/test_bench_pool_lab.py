@@ -60,6 +60,8 @@ def test_bench_pool_reads_the_lab_devdax_labels_it_emulated_and_writes_nothing(p
                               "area": "the shared KV area (read only)"}  # fmt: skip
     assert [(r["region"], r["threads"]) for r in doc["rows"]] == [("dram", 1), ("device 0", 1), ("dram", 2),
                                                                   ("device 0", 2)]  # fmt: skip
+    assert doc["interleave"]["source"].startswith("sysfs region") and doc["interleave"]["ways"] == 1
+    assert doc["regions"][0]["memdev"] == "mem0"  # the region's one memdev, from sysfs
     device = doc["rows"][1]
     assert device["load_latency_ns"] > 0 and device["read_gb_per_s"] > 0 and device["write_nt_gb_per_s"] is None
     assert doc["latency_method"].startswith("hashed chase")
