@@ -68,6 +68,8 @@ class SetupTarget:
     ddio: str = "unmanaged"  # "disabled" | "enabled" | "unmanaged"
     uncachable: bool = False
     header: HeaderSpec | None = None  # None: leave the header alone
+    # A memory-type split: the KV area's pieces in pool offsets (PoolLayout.uncachable_spans); None: no split
+    uncachable_spans: tuple[tuple[int, int], ...] | None = None
 
 
 def default_host_name(manifest: Any) -> str:
@@ -128,4 +130,5 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
         ddio=manifest.caching.ddio,
         uncachable=manifest.caching.pool_memory_type == "uncachable",
         header=header,
+        uncachable_spans=layout.uncachable_spans if layout is not None else None,
     )
