@@ -76,6 +76,12 @@ def soak(
         metavar="NAMES",
         help="--mixed: the hostile tenants, comma-separated (empty: none).",
     ),
+    tenants: bool = typer.Option(
+        True,
+        "--tenants/--no-tenants",
+        help="--mixed: the rack names tenants (honest, one per attacker, with quotas); --no-tenants: "
+        "only the per-client caps.",
+    ),
     p99_ratio_max: float | None = typer.Option(
         None,
         "--p99-ratio-max",
@@ -91,7 +97,7 @@ def soak(
     if mixed:
         _mixed(
             seconds, writers, readers, keys, kv_mib, restart_every, kill_every, restart_policy, reservation_ttl,
-            seed, stallers, forgetful, attackers, p99_ratio_max, json_out,
+            seed, stallers, forgetful, attackers, tenants, p99_ratio_max, json_out,
         )  # fmt: skip
         return
     cfg = SoakConfig(
@@ -130,7 +136,7 @@ def soak(
 def _mixed(
     seconds: float, writers: int, readers: int, keys: int | None, kv_mib: int | None, restart_every: float | None,
     kill_every: float | None, restart_policy: str, reservation_ttl: float, seed: int, stallers: int, forgetful: int,
-    attackers: str, p99_ratio_max: float | None, json_out: bool,
+    attackers: str, tenants: bool, p99_ratio_max: float | None, json_out: bool,
 ) -> None:  # fmt: skip
     from belugactl.cli.render import print_json, stdout_console
     from belugactl.workflows.bench.soak_mixed import MixedConfig, run_mixed
@@ -140,7 +146,7 @@ def _mixed(
         attackers=tuple(a.strip() for a in attackers.split(",") if a.strip()), keys=keys or 0,
         kv_mib=1024 if kv_mib is None else kv_mib, restart_every_s=restart_every or 0.0,
         kill_every_s=kill_every or 0.0, restart_policy=restart_policy, reservation_ttl_s=reservation_ttl,
-        p99_ratio_max=p99_ratio_max, seed=seed,
+        p99_ratio_max=p99_ratio_max, seed=seed, tenants=tenants,
     )  # fmt: skip
     r = run_mixed(cfg)
     if json_out:
@@ -151,18 +157,28 @@ def _mixed(
         console = stdout_console()
         t = r["tenants"]
         console.print(
-            f"[bold]bench soak --mixed[/]: {r['seconds']} s, half quiet, half attacked; {t['writers']} writers, "
+            f"[bold]bench soak --mixed[/]: {r['seconds']} s ({r['warmup_s']} s warm-up, {r['phase_s']} s quiet, "
+            f"{r['phase_s']} s attacked); {t['writers']} writers, "
             f"{t['readers']} readers, {t['stallers']} stalling, {t['forgetful']} forgetful, hostile: "
-            f"{', '.join(t['attackers']) or 'none'}; {r['ops']:,} honest ops, {r['committed']:,} committed, "
+            f"{', '.join(t['attackers']) or 'none'} ({'a tenant each' if r['tenants_in_rack'] else 'no tenants'}); "
+            f"{r['ops']:,} honest ops, {r['committed']:,} committed, "
             f"{r['stalled_writes']} stalled writes, server restarts {r['server_restarts']}, client kills "
             f"{r['client_kills']}"
         )
-        lat = Table("honest", "p50 quiet ms", "p99 quiet ms", "p50 attacked ms", "p99 attacked ms", "p99 ratio")
+        lat = Table(
+            "honest", "per s quiet", "p50 quiet ms", "p99 quiet ms", "per s attacked", "p50 attacked ms",
+            "p99 attacked ms", "p99 ratio",
+        )  # fmt: skip
         for row, e in r["latency"].items():
-            lat.add_row(
-                row, *(str(e[k]) for k in ("p50_quiet_ms", "p99_quiet_ms", "p50_attacked_ms", "p99_attacked_ms")),
-                "" if e["p99_ratio"] is None else f"{e['p99_ratio']:g}x",
-            )  # fmt: skip
+            cells = (
+                "per_s_quiet",
+                "p50_quiet_ms",
+                "p99_quiet_ms",
+                "per_s_attacked",
+                "p50_attacked_ms",
+                "p99_attacked_ms",
+            )
+            lat.add_row(row, *(str(e[k]) for k in cells), "" if e["p99_ratio"] is None else f"{e['p99_ratio']:g}x")
         console.print(lat)
         goals = Table("goal", "want", "figure", "met")
         for g in r["goals"]:

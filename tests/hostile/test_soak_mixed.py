@@ -1,7 +1,8 @@
 """`bench soak --mixed` (issue 30's proof): honest, stalling, forgetful and hostile tenants on one real
 server, bounded (16 s). No wrong byte is served, every commit without a CRC32C is refused, and the
-lease flood, reservation flood and namespace churn stay within the server's per-owner caps while
-the honest tenants keep being served."""
+lease flood, reservation flood, namespace churn and connection flood (each a manifest tenant with
+quotas) stay within their tenant's quotas while the honest tenants keep being served. The goals'
+judge on made-up figures: tests/dataplane/test_bench_soak_mixed.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 
 import pytest
 
-from belugactl.cli.app import run
 from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import MetadataError
 from belugactl.workflows.bench.soak_mixed import MixedConfig, run_mixed
@@ -35,25 +35,22 @@ def test_mixed_soak_serves_no_wrong_byte_refuses_forgetful_commits_and_bounds_at
     # The attacks took place: each attacker was answered, and met the caps.
     att, high = r["attackers"], r["server"]["high_attacked"]
     assert att["lease-flood"]["keys_found"] > att["lease-flood"]["requests"]  # many repeats answered a message
-    assert att["reserve-flood"]["codes"].get("POOL_FULL", 0) > 0
-    assert att["namespace-churn"]["codes"].get("NS_LIMIT", 0) > 0
+    assert att["reserve-flood"]["codes"].get("QUOTA", 0) > 0  # its tenant's quota, before the per-client cap
+    assert att["namespace-churn"]["codes"].get("QUOTA", 0) > 0
+    assert att["connection-flood"]["refused"] > 0  # HELLO over its tenant's connections
     assert high["connections"] <= cfg.tcp_max_connections and att["connection-flood"]["opened"] > 0
+    assert r["server"]["tenant_high_attacked"]["connection-flood"]["connections"] <= cfg.tcp_max_connections // 4
     assert goals["honest tenants served while attacked"]["ok"], goals["honest tenants served while attacked"]
     assert set(r["latency"]) == {"lookup cxl", "lookup tcp", "save cxl", "save tcp"}
     assert r["p99_ratio_worst"] is not None  # reported; it fails a run only under --p99-ratio-max
     assert r["failed"] in ([], ["connection-flood attacker"]), r["goals"]
     if r["probe"]["connect_failed"]:
         pytest.xfail(
-            f"known: a connection flood that reconnects at once locked a newcomer out {r['probe']['connect_failed']} "
-            f"of {r['probe']['connect_failed'] + r['probe']['served']} times (listener_tcp evicts only connections "
-            "idle for a second; see test_a_reconnecting_connection_flood_does_not_lock_newcomers_out)"
+            f"known: the connection flood's silent sockets, replaced as soon as closed, locked a newcomer out "
+            f"{r['probe']['connect_failed']} of {r['probe']['connect_failed'] + r['probe']['served']} times "
+            "(listener_tcp evicts only connections idle for a second, and a socket that never said HELLO has "
+            "no tenant to count against; see test_a_reconnecting_connection_flood_does_not_lock_newcomers_out)"
         )
-
-
-def test_mixed_soak_refuses_bad_bounds() -> None:
-    assert run(["bench", "soak", "--mixed", "--seconds", "2"]) == 2
-    assert run(["bench", "soak", "--mixed", "--attackers", "lease-flood,bogus"]) == 2
-    assert run(["bench", "soak", "--mixed", "--p99-ratio-max", "0"]) == 2
 
 
 @pytest.mark.xfail(

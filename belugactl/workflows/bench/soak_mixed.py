@@ -12,7 +12,10 @@ One real `belugactl metadata-server` process (as `bench soak` starts it), and be
 - hostile tenants, over TCP, in the second phase only: a lease flood (GET_MANY naming one key over
   and over, never released), a reservation flood (RESERVE_MANY of the whole area, again and again,
   never committed), namespace churn (OPEN_NS of 4,096 names, again and again) and a connection
-  flood (twice the server's TCP connection cap, pinging).
+  flood (as many clients as the server's TCP connection cap, pinging, and as many sockets that
+  never send a byte, each replaced as soon as the server closes it).
+With tenants (the default; manifest `tenants:`, `tenants_rack`) each attacker is a tenant of its
+own with quotas, and is judged by its tenant's figures in /stats against them.
 
 After a warm-up (a fifth of the run: start-up, the area's first fill), the run has two phases of
 equal length on the same server: quiet (no hostile tenant) and attacked.
@@ -47,6 +50,39 @@ from belugactl.workflows.bench import soak
 
 ATTACKERS = ("lease-flood", "reserve-flood", "namespace-churn", "connection-flood")
 HOSTILE_NS = "hostile/{}"
+# With tenants (manifest `tenants:`): the honest tenant owns soak-0's instance, and each attacker is
+# a tenant of its own (named after it) owning the instance of a host of its own, with the same
+# quotas: a sixteenth of the area pending, 1,024 live leases, 32 namespaces, a quarter of the
+# connection cap. Honest TCP clients say they are "honest"; honest CXL clients use soak-0's rings
+# (0, 1) and spare rings (the implicit tenant), never an attacker instance's (2 rings an instance).
+RINGS_PER_INSTANCE = 2
+TENANT_HOST = """\
+  - name: soak-{n}
+    address: 127.0.0.{n_1}
+    roles: [worker]
+    platform: gpu
+    numa: {{cpu_nodes: 1, cxl_nodes: 1}}
+    gpus: {{count: 1, model: L40S}}
+"""
+TENANT = """\
+  - name: {name}
+    instances: [soak-{n}]
+    weight: 1
+    quotas: {{live_leases: 1024, reserved_bytes: {reserved_mib}MiB, namespaces: 32, connections: {conns}}}
+"""
+
+
+def tenants_rack(rack: str, cfg: MixedConfig) -> str:
+    """The soak rack with a host and a tenant for each attacker, and the honest tenant."""
+    hosts = "".join(TENANT_HOST.format(n=n, n_1=n + 1) for n in range(1, len(cfg.attackers) + 1))
+    tenants = "tenants:\n  - name: honest\n    instances: [soak-0]\n    weight: 3\n"
+    reserved_mib, conns = max(8, cfg.kv_mib // 16), max(2, cfg.tcp_max_connections // 4)
+    tenants += "".join(
+        TENANT.format(name=kind, n=n, reserved_mib=reserved_mib, conns=conns) for n, kind in enumerate(cfg.attackers, 1)
+    )
+    return rack.replace("serve:\n", hosts + tenants + "serve:\n", 1)
+
+
 P99_GOAL = 2.0
 WARMUP_SHARE = 0.2
 _SAMPLES_CAP = 20_000  # latency samples kept per (phase, kind) in a worker (reservoir beyond)
@@ -72,6 +108,7 @@ class MixedConfig:
     lease_ttl_s: float = 5.0
     reservation_ttl_s: float = 3.0
     tcp_max_connections: int = 64
+    tenants: bool = True  # the rack names tenants: "honest", and one per attacker (tenants_rack)
     p99_ratio_max: float | None = None
     seed: int = 1
 
@@ -172,7 +209,9 @@ def _honest(spec: dict[str, Any]) -> int:
         if client is None:
             try:
                 cxl = spec["address"].startswith("cxl")
-                client = connect(spec["address"], pool=pool if cxl else None, timeout_s=5.0)
+                client = connect(
+                    spec["address"], pool=pool if cxl else None, timeout_s=5.0, tenant="" if cxl else spec["tenant"]
+                )
             except MetadataError as exc:
                 _count_error(counts, exc)
                 time.sleep(0.05)
@@ -198,7 +237,9 @@ def _honest(spec: dict[str, Any]) -> int:
                 counts.ops += 1
             continue
         # A stalling writer's saves are not an honest tenant's latency; warm-up is not measured.
-        if timings and spec["stall"] == 0 and time.monotonic() >= spec["measure_from"]:
+        # Nor is the gap between the quiet phase's end and every attacker's start.
+        now = time.monotonic()
+        if timings and spec["stall"] == 0 and now >= spec["measure_from"] and (attacked or now < spec["quiet_end"]):
             kind = "lookup" if spec["role"] == "reader" else "save"
             lat.add("attacked" if attacked else "quiet", kind, timings[0], rng)
     _dump(out, {"counts": vars(counts)})
@@ -255,7 +296,9 @@ def _forgetful(spec: dict[str, Any]) -> int:
         try:
             if client is None:
                 cxl = spec["address"].startswith("cxl")
-                client = connect(spec["address"], pool=pool if cxl else None, timeout_s=5.0)
+                client = connect(
+                    spec["address"], pool=pool if cxl else None, timeout_s=5.0, tenant="" if cxl else spec["tenant"]
+                )
             key = soak.key_of(rng.randrange(spec["keys"]))
             n = soak.size_of(key)
             try:
@@ -326,7 +369,7 @@ def _attacker(spec: dict[str, Any]) -> int:
                 got["ready"] = True
                 continue
             if client is None:
-                client = connect(spec["address"], timeout_s=10.0)
+                client = connect(spec["address"], timeout_s=10.0, tenant=spec["tenant"])
                 state.clear()
             _ATTACKS[kind](client, spec, got, state)
             got["ready"] = True
@@ -433,32 +476,58 @@ def _namespace_churn(client: Any, spec: dict[str, Any], got: dict[str, Any], sta
 
 
 def _connection_flood_round(spec: dict[str, Any], got: dict[str, Any], state: dict[str, Any]) -> None:
-    """Hold up to twice the server's connection cap, each saying HELLO then pinging: every second,
-    ping the ones still open and open new ones in place of those the server closed."""
+    """Twice the server's connection cap, in two halves: clients that say HELLO (as the tenant) and
+    ping every half second, and plain sockets that never send a byte. Each round (0.1 s) replaces
+    the sockets the server closed at once, and the clients it closed or refused every half second."""
+    import select
+    import socket
+
     from belugactl.dataplane.client import connect
     from belugactl.dataplane.metadata_errors import MetadataError
 
     conns: list[Any] = state.setdefault("conns", [])
-    want = spec["connections"]
-    for c in list(conns):
+    raw: list[socket.socket] = state.setdefault("raw", [])
+    want = spec["connections"] // 2
+    now = time.monotonic()
+    if now >= state.get("next_ping", 0.0):
+        state["next_ping"] = now + 0.5
+        for c in list(conns):
+            try:
+                c.ping(b"p")
+                got["requests"] += 1
+            except MetadataError:
+                got["closed_by_server"] = got.get("closed_by_server", 0) + 1
+                conns.remove(c)
+                with contextlib.suppress(Exception):
+                    c.close()
+        while len(conns) < want:
+            try:
+                conns.append(connect(spec["address"], timeout_s=2.0, tenant=spec["tenant"]))
+                got["opened"] = got.get("opened", 0) + 1
+            except MetadataError:
+                got["refused"] = got.get("refused", 0) + 1
+                break  # at the cap or its tenant's quota: try again next time
+    if raw:
+        readable, _, _ = select.select(raw, [], [], 0)
+        for s in readable:
+            try:
+                closed = not s.recv(1)
+            except OSError:
+                closed = True
+            if closed:
+                got["silent_closed_by_server"] = got.get("silent_closed_by_server", 0) + 1
+                raw.remove(s)
+                s.close()
+    host, port = spec["address"].removeprefix("tcp://").rsplit(":", 1)
+    while len(raw) < want:
         try:
-            c.ping(b"p")
-            got["requests"] += 1
-        except MetadataError:
-            got["closed_by_server"] = got.get("closed_by_server", 0) + 1
-            conns.remove(c)
-            with contextlib.suppress(Exception):
-                c.close()
-    while len(conns) < want:
-        try:
-            conns.append(connect(spec["address"], timeout_s=2.0))
-            got["opened"] = got.get("opened", 0) + 1
-        except MetadataError:
-            got["refused"] = got.get("refused", 0) + 1
-            break  # at the cap: try again next round
+            raw.append(socket.create_connection((host, int(port)), timeout=1))
+        except OSError:
+            break
+        got["silent_opened"] = got.get("silent_opened", 0) + 1
     got["held"] = len(conns)
     got["held_max"] = max(got.get("held_max", 0), len(conns))
-    time.sleep(0.5)
+    time.sleep(0.1)
 
 
 _ATTACKS = {"lease-flood": _lease_flood, "reserve-flood": _reserve_flood, "namespace-churn": _namespace_churn}
@@ -498,9 +567,13 @@ class _Watch:
     """The server's figures that judge the attackers, highest seen per phase (polled /stats)."""
 
     FIGURES = ("leases", "bytes_reserved", "namespaces", "connections")
+    TENANT = {"leases": "live_leases", "bytes_reserved": "reserved_bytes", "namespaces": "namespaces",
+              "connections": "connections"}  # fmt: skip
 
     def __init__(self) -> None:
         self.high: dict[str, dict[str, int]] = {p: dict.fromkeys(self.FIGURES, 0) for p in ("quiet", "attacked")}
+        # The same figures per tenant (manifest tenants), highest while attacked
+        self.tenant: dict[str, dict[str, int]] = {}  # tenant -> its highest figures while attacked
         self.last: dict[str, Any] = {}
         self.polls = {"quiet": 0, "attacked": 0}
         self.missed = {"quiet": 0, "attacked": 0}
@@ -522,6 +595,11 @@ class _Watch:
         high = self.high[phase]
         for k, v in now.items():
             high[k] = max(high[k], v)
+        for name, fig in (ix.get("tenants") or {}).items():
+            mine = self.tenant.setdefault(name, dict.fromkeys(self.FIGURES, 0))
+            if phase == "attacked":
+                for k, field_name in self.TENANT.items():
+                    mine[k] = max(mine[k], int(fig.get(field_name, 0) or 0))
 
 
 def _probe(tcp: str, n: int) -> tuple[str, str] | None:
@@ -551,7 +629,10 @@ def run_mixed(cfg: MixedConfig, *, workdir: Path | None = None) -> dict[str, Any
         manifest = workdir / "soak.yaml"
         pool_path = workdir / "soak.pool"
         pool_mib = 2 * (cfg.kv_mib + 16)
-        manifest.write_text(soak.SOAK_RACK.format(pool_mib=pool_mib, kv_mib=cfg.kv_mib, rings=honest + 2))
+        rack = soak.SOAK_RACK.format(pool_mib=pool_mib, kv_mib=cfg.kv_mib, rings=honest + 2)
+        if cfg.tenants:
+            rack = tenants_rack(rack, cfg)
+        manifest.write_text(rack)
         soak._cli(["pool", "create-file", "-f", str(manifest), str(pool_path)])
         port = soak._free_port()
         extra = ("--tcp-max-connections", str(cfg.tcp_max_connections))
@@ -571,6 +652,7 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
     # a fifth of the run, then the quiet and the attacked phase, each as long as the other.
     warmup_s = cfg.seconds * WARMUP_SHARE
     measure_from = t0 + warmup_s
+    quiet_end = measure_from + (cfg.seconds - warmup_s) / 2
     flag = workdir / "attack.flag"
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     files: dict[str, list[Path]] = {}
@@ -589,13 +671,19 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
         procs[name] = (proc, out)
         files.setdefault(name, []).append(out)
 
+    def ring(slot: int) -> int:
+        """The slot's ring: past the attackers' instances' rings when the rack names tenants."""
+        skip = RINGS_PER_INSTANCE * len(cfg.attackers) if cfg.tenants else 0
+        return slot if slot < RINGS_PER_INSTANCE else slot + skip
+
     def spawn_slot(slot: int) -> None:
         role = roles[slot]
         spawn(f"{role}.{slot}", {
-            "role": role, "address": f"cxl://{pool_path}#{slot}" if slot % 2 == 0 else tcp,
+            "role": role, "address": f"cxl://{pool_path}#{ring(slot)}" if slot % 2 == 0 else tcp,
+            "tenant": "honest" if cfg.tenants else "",
             "seconds": cfg.seconds + 120, "keys": cfg.keys, "lease_ttl": cfg.lease_ttl_s,
             "reservation_ttl": cfg.reservation_ttl_s, "stall": 0.5 if role == "staller" else 0.0,
-            "attack_flag": str(flag), "measure_from": measure_from,
+            "attack_flag": str(flag), "measure_from": measure_from, "quiet_end": quiet_end,
         })  # fmt: skip
 
     for slot in range(len(roles)):
@@ -608,7 +696,6 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
     next_restart = t0 + cfg.restart_every_s if cfg.restart_every_s > 0 else float("inf")
     next_kill = t0 + cfg.kill_every_s if cfg.kill_every_s > 0 else float("inf")
     next_poll = next_probe = 0.0
-    quiet_end = measure_from + (cfg.seconds - warmup_s) / 2
     try:
         while True:
             time.sleep(0.1)
@@ -656,7 +743,10 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
                 proc.wait()
     result = _report(cfg, files, watch, t0)
     result.update(server_restarts=restarts, client_kills=kills, warmup_s=round(warmup_s, 2))
-    result["phase_s"] = round(quiet_end - measure_from, 2)
+    result["phase_s"] = phase_s = round(quiet_end - measure_from, 2)
+    for entry in result["latency"].values():  # honest throughput, each phase
+        for phase in ("quiet", "attacked"):
+            entry[f"per_s_{phase}"] = round(entry[f"ops_{phase}"] / phase_s, 1) if phase_s else None
     result["probe"] = {
         "served": probes_ok,
         "connect_failed": sum(stage == "connect" for stage, _ in probe_failures),
@@ -672,7 +762,8 @@ def _start_attack(cfg: MixedConfig, spawn: Any, tcp: str, procs: dict[str, Any],
     area = int(watch.last.get("index", {}).get("bytes_capacity", cfg.kv_mib << 20)) if watch.last else cfg.kv_mib << 20
     for kind in cfg.attackers:
         spawn(kind, {"role": "attacker", "kind": kind, "address": tcp, "connections": 2 * cfg.tcp_max_connections,
-                     "area_bytes": area, "reservation_ttl": cfg.reservation_ttl_s})  # fmt: skip
+                     "area_bytes": area, "reservation_ttl": cfg.reservation_ttl_s,
+                     "tenant": kind if cfg.tenants else ""})  # fmt: skip
     end = time.monotonic() + 30
     while time.monotonic() < end:
         ready = 0
@@ -697,6 +788,7 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
     totals = soak.WorkerCounts()
     by_role: dict[str, dict[str, int]] = {}
     samples: dict[str, dict[str, list[float]]] = {}
+    seen: dict[str, dict[str, int]] = {}  # row -> phase -> operations timed (beyond the samples kept)
     for name, paths in files.items():
         role = name.split(".")[0]
         if role not in ("writer", "reader", "staller"):
@@ -722,10 +814,17 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
                     ):
                         continue
                     samples.setdefault(f"{kind} {transport}", {}).setdefault(phase, []).extend(values)
+                    row = seen.setdefault(f"{kind} {transport}", {})
+                    row[phase] = row.get(phase, 0) + int(data.get("seen", {}).get(f"{phase}.{kind}", 0))
     latency = {}
     for row, by_phase in sorted(samples.items()):
         q, a = by_phase.get("quiet", []), by_phase.get("attacked", [])
-        entry: dict[str, Any] = {"samples_quiet": len(q), "samples_attacked": len(a)}
+        entry: dict[str, Any] = {
+            "samples_quiet": len(q),
+            "samples_attacked": len(a),
+            "ops_quiet": seen.get(row, {}).get("quiet", 0),
+            "ops_attacked": seen.get(row, {}).get("attacked", 0),
+        }
         for phase, values in (("quiet", q), ("attacked", a)):
             for name, qq in (("p50", 0.50), ("p99", 0.99)):
                 v = _percentile(values, qq)
@@ -760,6 +859,7 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
             "attackers": list(cfg.attackers),
         },
         "transports": "honest: even slots CXL-RPC rings, odd slots TCP; attackers: TCP",
+        "tenants_in_rack": cfg.tenants,
         "keys": cfg.keys,
         "kv_area_bytes": cfg.kv_mib << 20,
         "ops": totals.ops,
@@ -784,6 +884,8 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
         "server": {
             "high_quiet": watch.high["quiet"],
             "high_attacked": watch.high["attacked"],
+            "tenant_high_attacked": watch.tenant,
+            "tenants": watch.last.get("index", {}).get("tenants", {}),
             "stats_polls": watch.polls,
             "stats_polls_missed": watch.missed,
             "quotas": watch.last.get("index", {}).get("quotas", {}),
@@ -798,12 +900,6 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
 
 def _judge(cfg: MixedConfig, r: dict[str, Any]) -> None:
     """Each goal beside its figure, and `failed` (the goals missed) for the exit code."""
-    srv = r["server"]
-    high = srv["high_attacked"]
-    limits = (srv.get("quotas") or {}).get("limits") or {}
-    cap_conn = int((srv.get("tcp_limits") or {}).get("max_connections") or cfg.tcp_max_connections)
-    capacity = int(srv.get("bytes_capacity") or cfg.kv_mib << 20)
-    honest_writers = cfg.writers + cfg.stallers + cfg.forgetful
     goals: list[dict[str, Any]] = []
 
     def goal(name: str, want: str, figure: str, ok: bool | None) -> None:
@@ -819,59 +915,9 @@ def _judge(cfg: MixedConfig, r: dict[str, Any]) -> None:
         goal("forgetful commits", "all refused (NO_CHECKSUM)",
              f"{f['refused_no_checksum']:,} of {f['attempts']:,} refused, {f['accepted']} accepted",
              f["accepted"] == 0 and f["attempts"] > 0 and f["refused_no_checksum"] == f["attempts"])  # fmt: skip
-    att = r["attackers"]
     for kind in cfg.attackers:
-        a = att.get(kind) or {}
-        active = a.get("requests", 0) > 0
-        if kind == "lease-flood":
-            active = a.get("keys_found", 0) > 0  # it got its key's leases (its block was not evicted throughout)
-        elif kind == "connection-flood":
-            active = a.get("opened", 0) > 0
-        if kind == "lease-flood":
-            cap = int(limits.get("live_leases", 0))
-            bound = cap + _LEASE_SLACK
-            refused = (srv.get("quotas") or {}).get("refused", {}).get("leases", 0)
-            live = max(high["leases"], a.get("live_leases_max", 0))
-            per_message = a.get("leases_per_message_max", 0)
-            fig = (
-                f"{a.get('requests', 0):,} messages of {a.get('repeats_per_message', 0)} repeats, <= {per_message} "
-                f"lease a message; it held <= {a.get('live_leases_max', 0):,} live leases, the server <= "
-                f"{high['leases']:,} in all (cap {cap:,} an owner); {refused:,} refused by the quota"
-            )
-            ok = active and cap > 0 and live <= bound and per_message <= 1
-        elif kind == "reserve-flood":
-            cap = int(limits.get("reserved_bytes", 0))
-            bound = cap + honest_writers * (8 << 20)
-            held = max(high["bytes_reserved"], a.get("held_bytes_max", 0))
-            fig = (
-                f"{a.get('granted', 0):,} of {a.get('asked', 0):,} 2 MiB reservations granted "
-                f"({a.get('codes', {})}); it held <= {a.get('held_bytes_max', 0) >> 20:,} MiB, the server "
-                f"<= {high['bytes_reserved'] >> 20:,} MiB in all (cap {cap >> 20:,} MiB an owner, area "
-                f"{capacity >> 20:,} MiB)"
-            )
-            ok = active and 0 < cap < capacity and held <= bound
-        elif kind == "namespace-churn":
-            cap = int(limits.get("namespaces", 0))
-            fig = (
-                f"{a.get('requests', 0):,} opens ({a.get('codes', {})}); server held <= {high['namespaces']:,} "
-                f"namespaces (cap {cap:,} an owner); the probe opened one {r['probe']['served']} times, "
-                f"refused {r['probe']['namespace_failed']}"
-            )
-            ok = active and cap > 0 and high["namespaces"] <= cap + _NS_SLACK and r["probe"]["namespace_failed"] == 0
-        else:
-            fig = (
-                f"held <= {a.get('held_max', 0)} of {2 * cfg.tcp_max_connections} wanted, {a.get('opened', 0):,} "
-                f"opened, {a.get('closed_by_server', 0):,} closed by the server; server connections <= "
-                f"{high['connections']} (cap {cap_conn}); a newcomer (the probe) served {r['probe']['served']}, "
-                f"locked out {r['probe']['connect_failed']}"
-            )
-            ok = active and high["connections"] <= cap_conn and r["probe"]["connect_failed"] == 0
-        if not active:
-            fig += " (the attacker was never served: no attack took place)"
-        if not srv["stats_polls"]["attacked"]:
-            ok = False  # nothing to judge it by: a server whose /stats does not answer is stalled anyway
-            fig += " (the server's /stats never answered during the attack)"
-        goal(f"{kind} attacker", "refused/bounded", fig, ok)
+        figure, ok = _judge_attacker(cfg, r, kind)
+        goal(f"{kind} attacker", "refused/bounded", figure, ok)
     served = all(e["samples_attacked"] > 0 for e in r["latency"].values()) and len(r["latency"]) > 0
     counted = ", ".join(f"{k} {e['samples_attacked']:,}" for k, e in r["latency"].items()) or "no samples"
     goal("honest tenants served while attacked", "every transport and operation", counted, served)
@@ -883,6 +929,80 @@ def _judge(cfg: MixedConfig, r: dict[str, Any]) -> None:
          None if limit is None else worst is not None and worst <= limit)  # fmt: skip
     r["goals"] = goals
     r["failed"] = [g["goal"] for g in goals if g["ok"] is False]
+
+
+def _judge_attacker(cfg: MixedConfig, r: dict[str, Any], kind: str) -> tuple[str, bool]:
+    """What one attacker got, and whether that is bounded: against its own tenant's manifest
+    quotas and its own figures in /stats when the rack names tenants, else against the per-owner
+    caps and the server's totals (less what the honest side may hold)."""
+    srv = r["server"]
+    a = r["attackers"].get(kind) or {}
+    high = srv["high_attacked"]
+    cap_conn = int((srv.get("tcp_limits") or {}).get("max_connections") or cfg.tcp_max_connections)
+    capacity = int(srv.get("bytes_capacity") or cfg.kv_mib << 20)
+    if cfg.tenants:
+        tenant = (srv.get("tenants") or {}).get(kind) or {}
+        limits = {k: v or 0 for k, v in (tenant.get("limits") or {}).items()}
+        refused = tenant.get("refused") or {}
+        held = srv["tenant_high_attacked"].get(kind) or dict.fromkeys(_Watch.FIGURES, 0)
+        whose, slack_leases, slack_bytes, slack_ns = "its tenant's quota", 0, 0, 0
+    else:
+        limits = (srv.get("quotas") or {}).get("limits") or {}
+        refused = (srv.get("quotas") or {}).get("refused") or {}
+        held = high
+        whose, slack_leases, slack_ns = "an owner's cap", _LEASE_SLACK, _NS_SLACK
+        slack_bytes = (cfg.writers + cfg.stallers + cfg.forgetful) * (8 << 20)
+    who = "its tenant" if cfg.tenants else "the server in all"
+    probe = r["probe"]
+    if kind == "lease-flood":
+        cap = int(limits.get("live_leases", 0))
+        per_message = a.get("leases_per_message_max", 0)
+        mine = a.get("live_leases_max", 0)  # granted within the last TTL (a little over what is live)
+        figure = (
+            f"{a.get('requests', 0):,} GET_MANY of {a.get('repeats_per_message', 0)} repeats of one key, <= "
+            f"{per_message} lease a message; it counted <= {mine:,} live, {who} held <= {held['leases']:,} "
+            f"({whose}: {cap:,}); {refused.get('leases', 0):,} lookups refused by quota"
+        )
+        ok = cap > 0 and held["leases"] <= cap + slack_leases and mine <= cap + cap // 10 + 64 and per_message <= 1
+        active = a.get("keys_found", 0) > 0  # it was served its key's leases at all
+    elif kind == "reserve-flood":
+        cap = int(limits.get("reserved_bytes", 0))
+        mine = a.get("held_bytes_max", 0)
+        figure = (
+            f"{a.get('granted', 0):,} of {a.get('asked', 0):,} 2 MiB reservations granted ({a.get('codes', {})}); "
+            f"it held <= {mine >> 20:,} MiB, {who} <= {held['bytes_reserved'] >> 20:,} MiB ({whose}: "
+            f"{cap >> 20:,} MiB; area {capacity >> 20:,} MiB)"
+        )
+        ok = 0 < cap < capacity and max(mine - (4 << 20), held["bytes_reserved"]) <= cap + slack_bytes
+        active = a.get("requests", 0) > 0
+    elif kind == "namespace-churn":
+        cap = int(limits.get("namespaces", 0))
+        figure = (
+            f"{a.get('requests', 0):,} OPEN_NS of 4,096 names ({a.get('codes', {})}); {who} held <= "
+            f"{held['namespaces']:,} ({whose}: {cap:,}); a newcomer opened one {probe['served']} times, refused "
+            f"{probe['namespace_failed']}"
+        )
+        ok = cap > 0 and held["namespaces"] <= cap + slack_ns and probe["namespace_failed"] == 0
+        active = a.get("requests", 0) > 0
+    else:
+        cap = int(limits.get("connections", 0)) if cfg.tenants else cap_conn
+        figure = (
+            f"{cfg.tcp_max_connections} clients (HELLO, ping), held <= {a.get('held_max', 0)}: "
+            f"{a.get('opened', 0):,} opened, {a.get('refused', 0):,} refused, {a.get('closed_by_server', 0):,} "
+            f"closed; {cfg.tcp_max_connections} silent sockets: {a.get('silent_opened', 0):,} opened, "
+            f"{a.get('silent_closed_by_server', 0):,} closed by the server; {who} held <= "
+            f"{held['connections']} ({whose}: {cap}; server {high['connections']} of {cap_conn}); a newcomer "
+            f"(the probe) served {probe['served']}, locked out {probe['connect_failed']}"
+        )
+        ok = cap > 0 and held["connections"] <= cap and high["connections"] <= cap_conn and not probe["connect_failed"]
+        active = a.get("opened", 0) > 0
+    if not active:
+        ok = False
+        figure += " (the attacker was never served: no attack took place)"
+    if not srv["stats_polls"]["attacked"]:
+        ok = False  # nothing to judge it by: a server whose /stats does not answer is stalled anyway
+        figure += " (the server's /stats never answered during the attack)"
+    return figure, ok
 
 
 if __name__ == "__main__":
