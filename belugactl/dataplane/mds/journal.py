@@ -74,7 +74,10 @@ _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
 _BLOCK = struct.Struct("<QQ")
 _CHECKSUM = struct.Struct("<HI")  # kind, CRC32C
+_HEAD = struct.Struct("<QH")  # a COMMIT's nbytes, block count
 CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
+SCAN_FLUSH = 4 << 20  # replay on a non-coherent pool invalidates this much ahead at a time
+REWRITE_CHUNK = 4 << 20  # a compaction writes its records this much at a time
 STOP_AT = 128  # the stop record's offset in the area's header
 STOP_MAGIC = b"BLGJSTOP"
 _STOP = struct.Struct("<8sQQH")  # magic, wall-clock ns, epoch, reason length
@@ -211,28 +214,58 @@ class Journal:
         return self.offset + HEADER + half * self.half_size
 
     # --- reading ------------------------------------------------------------------------------
-    def read(self) -> Iterator[Record]:
-        """Records of the active half, in order; nothing if the area holds no journal."""
+    def scan(self) -> Iterator[memoryview]:
+        """The record bodies of the active half, in order, as views of the pool (no copy; each valid
+        until the next): one pass over the mapping, each crc checked, replay stopping at the first
+        record that does not check out. On a non-coherent pool the half is invalidated a stretch at a
+        time ahead of the reads (`SCAN_FLUSH` bytes). Nothing if the area holds no journal."""
         pool = self.pool
         if pool.read(self.offset, 8) != MAGIC:
             return
         state = native.load64(pool.buf, self.offset + 8)
         self.generation, self.half = state >> 1, state & 1
         base = self._half_base(self.half)
+        end = self.half_size
+        flush = pool.needs_flush
+        flushed = 0
+        seed = zlib.crc32(_U64.pack(self.generation))
+        crc32 = zlib.crc32
+        unpack_rec = _REC.unpack_from
+        rec = _REC.size
+        view = pool.buf[base : base + end]
         pos = 0
-        while pos + _REC.size <= self.half_size:
-            length, crc = _REC.unpack(pool.read(base + pos, _REC.size))
-            if length == 0 or pos + _REC.size + length > self.half_size:
-                break
-            body = pool.read(base + pos + _REC.size, length)
-            if _crc(self.generation, body) != crc:
-                break
+        try:
+            while pos + rec <= end:
+                if flush and flushed < pos + rec:
+                    flushed = self._invalidate(base, flushed, pos + rec, end)
+                length, crc = unpack_rec(view, pos)
+                stop = pos + rec + length
+                if length == 0 or stop > end:
+                    break
+                if flush and flushed < stop:
+                    flushed = self._invalidate(base, flushed, stop, end)
+                body = view[pos + rec : stop]
+                if crc32(body, seed) != crc:
+                    break
+                yield body
+                pos = stop
+        finally:
+            self.pos = pos
+            view.release()
+
+    def _invalidate(self, base: int, flushed: int, need: int, end: int) -> int:
+        top = min(end, max(need, flushed + SCAN_FLUSH))
+        native.flush(self.pool.buf, base + flushed, top - flushed, True)
+        return top
+
+    def read(self) -> Iterator[Record]:
+        """Records of the active half, in order; nothing if the area holds no journal."""
+        for body in self.scan():
             try:
-                yield decode(body)
+                rec = decode(bytes(body))
             except ValueError:
-                break
-            pos += _REC.size + length
-        self.pos = pos
+                return
+            yield rec
 
     # --- writing ------------------------------------------------------------------------------
     def append(
@@ -258,24 +291,113 @@ class Journal:
         self.records_written += 1
 
     def rewrite(self, live: Iterable[Entry], names: dict[int, str]) -> None:
-        """Write every live entry into the other half under a new generation, then switch to it."""
+        """Write every live entry into the other half under a new generation, then switch to it.
+
+        The records are packed into one buffer and written a few MiB at a time (a write per
+        record cost more than the record at millions of entries); the state word flips only
+        after the last one, so a crash meanwhile leaves the old half active."""
         half = 1 - self.half
         self.generation += 1
         self.pos = 0
-        self._write(half, encode_order(*self.order))
+        base = self._half_base(half)
+        seed = zlib.crc32(_U64.pack(self.generation))
+        crc32 = zlib.crc32
+        pack_rec = _REC.pack
+        limit = self.half_size
+        out = bytearray()
+        written = 0
+        heads: dict[int, bytes] = {}  # namespace id -> kind, name (the record's start, same for all its keys)
+        count = 0
+        body = encode_order(*self.order)
+        out += pack_rec(len(body), crc32(body, seed))
+        out += body
         for e in live:
-            body = encode_commit(names[e.key[0]], e.key[1], e.alloc.nbytes, e.alloc.blocks, e.checksum)
-            if self.pos + _REC.size + len(body) > self.half_size:
+            ns, key = e.key
+            head = heads.get(ns)
+            if head is None:
+                raw = names[ns].encode()
+                head = heads[ns] = bytes([COMMIT]) + _U16.pack(len(raw)) + raw
+            a = e.alloc
+            blocks = a.blocks
+            body = head + _U16.pack(len(key)) + key + _HEAD.pack(a.nbytes, len(blocks))
+            body += b"".join([_BLOCK.pack(sz, off) for sz, off in blocks])
+            if e.checksum is not None:
+                body += _CHECKSUM.pack(CHECKSUM_CRC32C, e.checksum)
+            if written + len(out) + _REC.size + len(body) > limit:
+                self.pos = written + len(out)
                 raise JournalFull("the live index does not fit one half of the journal area")
-            self._write(half, body)
+            out += pack_rec(len(body), crc32(body, seed))
+            out += body
+            count += 1
+            if len(out) >= REWRITE_CHUNK:
+                self.pool.write(base + written, out)
+                written += len(out)
+                out = bytearray()
         # A zero length after the last record, so a reader stops here even before the crc check.
-        if self.pos + _REC.size <= self.half_size:
-            self.pool.write(self._half_base(half) + self.pos, bytes(_REC.size))
+        if written + len(out) + _REC.size <= limit:
+            out += bytes(_REC.size)
+            end = written + len(out) - _REC.size
+        else:
+            end = written + len(out)
+        self.pool.write(base + written, out)
+        self.pos = end
+        self.records_written += count + 1
         if self.pool.read(self.offset, 8) != MAGIC:
             self.pool.write(self.offset, MAGIC)
         native.store64(self.pool.buf, self.offset + 8, self.generation << 1 | half, self.pool.needs_flush)
         self.half = half
         self.compactions += 1
+
+
+Live = dict[tuple[str, bytes], tuple[int, list[tuple[int, int]], int | None]]
+
+
+def replay(journal: Journal) -> tuple[Live, tuple[int, int]]:
+    """The live set a journal's active half describes: (namespace, key) -> (nbytes, blocks, checksum),
+    and the ORDER it was written in. One pass over the record views, parsed in place: no Record
+    objects, one str per namespace name (not per record), a one-extent block (the common case)
+    without a loop. A record that does not parse ends the replay, as in `read`."""
+    live: Live = {}
+    names: dict[bytes, str] = {}
+    order = NO_INTERLEAVE  # a half without an ORDER record was written before interleave order existed
+    head = _HEAD.unpack_from
+    block = _BLOCK.unpack_from
+    checksum = _CHECKSUM.unpack_from
+    for body in journal.scan():
+        try:
+            kind = body[0]
+            if kind in (COMMIT, REMOVE):
+                n = body[1] | body[2] << 8
+                raw = bytes(body[3 : 3 + n])
+                ns = names.get(raw)
+                if ns is None:
+                    ns = names[raw] = raw.decode()
+                pos = 3 + n
+                k = body[pos] | body[pos + 1] << 8
+                key = bytes(body[pos + 2 : pos + 2 + k])
+                pos += 2 + k
+                if len(key) != k:
+                    raise ValueError("truncated record")
+                if kind == REMOVE:
+                    live.pop((ns, key), None)
+                    continue
+                nbytes, count = head(body, pos)
+                pos += 10
+                blocks = [block(body, pos)] if count == 1 else [block(body, pos + i * 16) for i in range(count)]
+                pos += count * 16
+                crc = None
+                if len(body) >= pos + 6:
+                    ck_kind, crc = checksum(body, pos)
+                    if ck_kind != CHECKSUM_CRC32C:
+                        raise ValueError(f"unknown checksum kind {ck_kind}")
+                live[(ns, key)] = (nbytes, blocks, crc)
+            else:
+                rec = decode(bytes(body))  # ORDER, or a kind this version does not know: ValueError
+                assert rec.blocks is not None
+                order = rec.blocks[0]
+        except (IndexError, struct.error, UnicodeDecodeError, ValueError):
+            break
+    return live, order
 
 
 # --- the server's use of the journal (restart policy "journal") -----------------------------------
@@ -309,22 +431,12 @@ class JournalKeeper:
         journal = self.journal
         assert journal is not None
         self.previous_stop = read_stop(self.pool.read, self.offset)
-        live: dict[tuple[str, bytes], tuple[int, list[tuple[int, int]]]] = {}
-        checksums: dict[tuple[str, bytes], int | None] = {}
-        order = NO_INTERLEAVE  # a half without an ORDER record was written before interleave order existed
-        for rec in journal.read():
-            if rec.kind == ORDER:
-                assert rec.blocks is not None
-                order = rec.blocks[0]
-            elif rec.kind == COMMIT:
-                live[(rec.ns, rec.key)] = (rec.nbytes, [(int(s), int(o)) for s, o in rec.blocks or []])
-                checksums[(rec.ns, rec.key)] = rec.checksum
-            else:
-                live.pop((rec.ns, rec.key), None)
-        unchecked = [k for k in live if checksums.get(k) is None]
-        for k in unchecked:
-            del live[k]  # no reader could verify it: never served, its space stays free
-        self.unchecked_dropped = len(unchecked)
+        records, order = replay(journal)
+        live = {k: (nbytes, blocks) for k, (nbytes, blocks, crc) in records.items() if crc is not None}
+        checksums = {k: records[k][2] for k in live}
+        unchecked = len(records) - len(live)  # no reader could verify them: never served, their space stays free
+        del records
+        self.unchecked_dropped = unchecked
         if live and not same_order(order, journal.order):
             # Restoring would rebuild each block's extents in another order than its writer used.
             self.note = (
@@ -343,7 +455,7 @@ class JournalKeeper:
         )
         self.restored_entries = len(live)
         if unchecked and not self.note:
-            self.note = f"{len(unchecked)} journaled blocks without a checksum were not restored"
+            self.note = f"{unchecked} journaled blocks without a checksum were not restored"
         prev = self.previous_stop
         if prev is not None and not self.note:
             self.note = (
