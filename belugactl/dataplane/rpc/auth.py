@@ -396,6 +396,22 @@ class AdminVerifier:
         return None
 
 
+def tenant_key_file_text(secret_file: str, tenant: str) -> str:
+    """A key file's text for `tenant`, derived from the rack secret at `secret_file` (checked as ever)."""
+    try:
+        rack = read_key_file(secret_file, what="rack secret")
+    except FileNotFoundError:
+        raise EnvironmentProblem(
+            f"no rack secret {secret_file} on this host to derive tenant {tenant}'s key from",
+            why="an instance dialling the metadata server beyond loopback proves its tenant's key",
+            fix="copy the rack secret from the metadata server's host (mode 0600), or start serve there first",
+        ) from None
+    if rack.tenant is not None:
+        raise UsageError(f"{secret_file} is tenant {rack.tenant}'s key, not the rack secret",
+                         fix="point serve.metadata.secret_file at the rack secret")  # fmt: skip
+    return key_file_text(tenant_key(rack.key, tenant), tenant)
+
+
 def write_key_file(path: str, credential: Credential, tenant: str | None = None) -> None:
     """A key file for a client: the rack secret, or (given `tenant`) only that tenant's key."""
     key = tenant_key(credential.key, tenant) if tenant else credential.key

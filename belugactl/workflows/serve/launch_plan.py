@@ -44,6 +44,9 @@ class ProcessSpec:
     stop_grace_s: float | None = None  # wait this long after stop_signal before SIGKILL (default: the supervisor's)
     # vLLM only: (process, address) of each metadata client it runs: scheduler, worker0, ...
     metadata_clients: tuple[tuple[str, str], ...] = ()
+    # (key file, rack secret file, tenant): the supervisor writes the tenant's key (mode 0600, derived
+    # from the rack secret) before every start; the plan never holds a key (rpc/auth.py).
+    tenant_key: tuple[str, str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -374,9 +377,16 @@ def build_serve_plan(
             argv += ["--tensor-parallel-size", str(gpi)]
         argv += list(serve.vllm.extra_args)
         env = {"PYTHONHASHSEED": serve.vllm.hash_seed, **serve.vllm.env}
+        tenant_key = None
         if clients and not rings and not is_loopback(meta.rpc_bind):
-            # The listener binds beyond loopback: every client proves the rack secret (rpc/auth.py).
-            env[ENV_KEY_FILE] = secret_path(manifest)
+            # The listener binds beyond loopback: every client proves a key (rpc/auth.py): its tenant's
+            # only, when it has one, else the rack secret.
+            tenant = extra.get("tenant") or ""
+            if tenant:
+                tenant_key = (str(run / "keys" / f"{tenant}.key"), secret_path(manifest), tenant)
+                env[ENV_KEY_FILE] = tenant_key[0]
+            else:
+                env[ENV_KEY_FILE] = secret_path(manifest)
         node: int | None = None
         if host.platform == "gpu" and gpus:
             # GPU indexes are PCI order (as discovery lists them) only with this; CUDA's default is
@@ -408,6 +418,7 @@ def build_serve_plan(
                 numa_node=node,
                 stats_prefix=stats_prefix,
                 metadata_clients=tuple(clients.items()),
+                tenant_key=tenant_key,
             )
         )
     return plan

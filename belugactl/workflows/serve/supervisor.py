@@ -192,6 +192,12 @@ class Supervisor:
         for path, text in m.spec.files:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             write_private(Path(path), text.encode())
+        if m.spec.tenant_key is not None:  # its tenant's key only, derived from the rack secret (rpc/auth.py)
+            from belugactl.dataplane.rpc.auth import tenant_key_file_text
+
+            key_file, secret_file, tenant = m.spec.tenant_key
+            Path(key_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(Path(key_file), tenant_key_file_text(secret_file, tenant).encode())
         env = {**os.environ, **m.spec.env}
         try:
             m.proc = subprocess.Popen(  # noqa: S603 - argv list built by the plan, never a shell
