@@ -34,7 +34,9 @@ def serve_mds(workdir: Path, mode: str) -> None:
     from belugactl.pool.file_pool import create_file_pool
     from belugactl.pool.mapping import PoolMapping
 
-    pool = PoolMapping.open(create_file_pool(workdir / f"pool-{mode}.bin", load_manifest(workdir / "rack.yaml")))
+    path = workdir / f"pool-{mode}.bin"
+    path.unlink(missing_ok=True)  # the previous round's
+    pool = PoolMapping.open(create_file_pool(path, load_manifest(workdir / "rack.yaml")))
     extra = {"auth": "required", "secret_file": str(workdir / "rack.secret")} if mode == "required" else {}
     srv = MetadataServer(pool, ServerConfig(rpc_port=0, admin_port=None, fence_grace_s=0, **extra))
     srv.start()
