@@ -302,7 +302,15 @@ class KVIndexClient:
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         if code != Code.OK:
-            raise self._unavailable(f"HELLO answered {Code(code).name if code in Code._value2member_map_ else code}")
+            name = Code(code).name if code in Code._value2member_map_ else str(code)
+            if code in (Code.QUOTA, Code.NOT_OWNER):  # the server answered: it refuses this client's tenant
+                raise MetadataUnavailable(
+                    f"metadata server at {self.address} refused HELLO: {name}",
+                    why="QUOTA: this tenant holds its connections quota; NOT_OWNER: the tenant named is not this "
+                    "client's (a ring's is its instance's, an authenticated connection's the one it proved)",
+                    fix="check the manifest's tenants (belugactl pool show -f rack.yaml) and this client's tenant",
+                )
+            raise self._unavailable(f"HELLO answered {name}")
         epoch, _pid, max_payload, window_ms, lease_ms = p.decode_hello_reply(payload)
         if self._pool is not None:
             # A server that is not this pool's (a process that bound the port while the real one

@@ -141,6 +141,9 @@ class _Collector:
 
         yield from journal_metrics(snap)
         yield from loop_metrics(snap)
+        from belugactl.dataplane.mds.tenant_metrics import tenant_metrics
+
+        yield from tenant_metrics(snap)
 
 
 def _is_loopback(address: str) -> bool:
