@@ -64,8 +64,10 @@ PAUSE_TARGET_MS = 5.0
 MAX_SERVER_RSS = 14 << 30  # stop filling before the server nears 16 GB (the machine has 23 GiB, shared)
 MIN_AVAILABLE = 2 << 30  # ... or the machine has less than this left
 STATS_NEAR_WATERMARK = 0.85  # above this share of the KV area, read the eviction count after every save
-# What the server's /stats would hold if it measured its own loop (issue 31 asks for both): absent today.
+# What the server's /stats says of its own loop (mds/loop_stats.py): its longest turn since start (and
+# what it was), and its last look at the rings that found nothing. An older server has none.
 SERVER_LONGEST_TURN_US = ("loop", "longest_turn_us")
+SERVER_LONGEST_TURN_WHAT = ("loop", "longest_turn_what")
 SERVER_RING_PASS_US = ("loop", "ring_pass_us")
 
 
@@ -467,6 +469,7 @@ def _one_size(
     turn = _dig(snap, SERVER_LONGEST_TURN_US)
     pause["server_longest_s"] = None if turn is None else turn / 1e6
     pause["server_reported_before_fill_us"] = turn0
+    pause["server_longest_what"] = _dig(snap, SERVER_LONGEST_TURN_WHAT)
     doc["pause"] = pause
     rss, anon = server.memory()
     doc["rss_bytes"], doc["anon_rss_bytes"] = rss, anon
