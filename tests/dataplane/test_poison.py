@@ -304,6 +304,13 @@ def test_post_poison_queues_ranges_and_refuses_bad_bodies(pool_path: Path) -> No
         metrics = conn.getresponse().read().decode()
         conn.close()
         assert "beluga_mds_quarantined_bytes 2.097152e+06" in metrics
+        assert srv.readiness() == (True, "ready")
+        assert _post(port, b'{"ranges": [{"offset": 4096, "length": 64}]}')[0] == 200  # the header
+        assert _post(port, b'{"ranges": []}', {"Content-Length": ""})[0] == 411
+        srv.housekeeping()
+        ready, reason = srv.readiness()
+        assert ready and "poisoned range(s) in the server's own areas" in reason  # said loudly, still serving
+        assert srv.snapshot["poison"]["outside_kv"] == [{"offset": 4096, "length": 64, "area": "header"}]
     finally:
         srv.close()
         pool.close()
