@@ -327,3 +327,18 @@ def test_post_poison_off_loopback_is_refused_without_a_rack_secret() -> None:
     assert status == 403 and "loopback" in body["error"]
     status, _ = post_poison(server, Httpd(), "::ffff:10.0.0.7", {"Content-Length": "2"}, None)
     assert status == 403
+
+
+def test_a_flood_of_ranges_is_merged_at_the_cap_never_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    from belugactl.dataplane.mds import poison
+
+    monkeypatch.setattr(poison, "MAX_RANGES", 4)
+    idx, watch, _ns, _ = _index(chunks=8)
+    lines = [BASE + i * CHUNK + 128 for i in range(8)]
+    watch.submit([(off, LINE) for off in lines], "flood")
+    watch.step()
+    assert len(watch.known) <= 4
+    assert all(watch.kv.overlaps(off, off + LINE) for off in lines)  # every line still covered
+    assert len(idx.alloc.quarantined) == 8
+    assert watch.submit([(0, 64)] * (4 * MAX_RANGES_PER_POST), "flood") == 4 * MAX_RANGES_PER_POST
+    assert watch.submit([(0, 64)], "one more") == 0  # the inbox is full: refused (503), not queued
