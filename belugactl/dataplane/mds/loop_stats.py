@@ -14,9 +14,9 @@ The native fast path's own answers (lookups while it spins) are not turns: the l
 
 `longest_turn_us` is the longest since start; `longest_turn_recent_us` the longest over the last
 `WINDOW_S` seconds (two half windows: the current one and the one before). `ring_pass_us` is the
-last measured look with nothing to answer (a `serve(0)` call that served nothing, timed at each
-housekeeping: one pass over the rings plus the call's own cost, about a microsecond), and
-`ring_pass_mean_us` their mean.
+last look of the loop with nothing to answer (a `serve(0)`, which the idle loop makes before each
+idle wait, that served nothing: one pass over the rings plus the call's own cost, about a
+microsecond), and `ring_pass_mean_us` their mean. A busy loop (spinning) measures none.
 """
 
 from __future__ import annotations

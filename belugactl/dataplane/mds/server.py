@@ -325,7 +325,8 @@ class MetadataServer:
         look_end = clock()
         while not self._stop.is_set():
             # The loop's own work since its last look at the rings, less its deliberate waits.
-            loop.turn(clock() - look_end - self._waited)
+            look_start = clock()
+            loop.turn(look_start - look_end - self._waited)
             self._waited = 0.0
             idle = time.monotonic() - last_request > cfg.idle_after_s
             # With selector clients connected (or a clear to finish), spin in shorter stretches so
@@ -334,6 +335,8 @@ class MetadataServer:
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             look_end = clock()
+            if not served and not spin and ring is not None:
+                loop.ring_pass(look_end - look_start)  # one look at every ring that found nothing
             if not served:
                 now = time.monotonic()
                 wait = quiet_wait_s(cfg, now - last_request, ring is not None)
@@ -438,10 +441,6 @@ class MetadataServer:
         now = time.monotonic()
         for listener in self.listeners:
             listener.housekeeping(now)
-        if self.ring is not None:  # what one look at the rings costs, when it finds nothing
-            t0 = time.perf_counter()
-            if not self.ring.serve(0):
-                self.loop.ring_pass(time.perf_counter() - t0)
         self.publish_snapshot()
 
     # --- what the admin thread reads ------------------------------------------------------------
