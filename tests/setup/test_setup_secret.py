@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,7 @@ def host(tmp_path: Path) -> Host:
 
 
 def target(server: str = "lab-1"):
-    t = lab_target("lab-1")
-    # SetupTarget.secret: set by target_from_manifest once target.py carries it (secret.secret_target)
-    object.__setattr__(t, "secret", secret.SecretTarget(PATH, str(os.geteuid()), server, "lab"))
-    return t
+    return replace(lab_target("lab-1"), secret=secret.SecretTarget(PATH, str(os.geteuid()), server, "lab"))
 
 
 def plan(host: Host, t, force_: bool = False):
@@ -107,10 +105,20 @@ def test_only_the_metadata_host_gets_one(host: Host) -> None:
     assert "metadata server's host only" in secret.plan(t, facts).notes[0]
 
 
-def test_the_manifest_names_the_path_and_the_owner() -> None:
-    from belugactl.model.manifest import load_manifest_text
-    from tests.support.fake_machine import LAB
+def test_the_manifest_wants_a_secret_only_with_an_endpoint_beyond_loopback() -> None:
+    assert lab_target("lab-1").secret is None  # the lab binds everything to loopback
+    opened = lab_target("lab-1", edit={"admin_bind: 127.0.0.1": "admin_bind: 0.0.0.0"})
+    assert opened.secret == secret.SecretTarget("/etc/belugactl/lab.secret", "root", "lab-1", "lab")
+    moved = lab_target("lab-2", edit={"    admin_bind: 127.0.0.1\n": "    rpc_bind: 10.0.0.1\n    "
+                                      "secret_file: /srv/rack.key\n"})  # fmt: skip
+    assert moved.secret is not None and moved.secret.path == "/srv/rack.key" and moved.secret.server_host == "lab-1"
 
-    m = load_manifest_text(LAB.read_text(), file="lab.yaml")
-    want = secret.secret_target(m)
-    assert want.path == f"/etc/belugactl/{m.name}.secret" and want.owner == m.pool.permissions.owner
+
+def test_setup_plans_the_secret_on_the_metadata_host(lab1) -> None:
+    from belugactl.workflows.setup.applier import run_setup
+
+    opened = lab_target("lab-1", edit={"admin_bind: 127.0.0.1": "admin_bind: 0.0.0.0"})
+    plan = run_setup(lab1.host, opened, dry_run=True).initial
+    step = next(s for s in plan.steps if s.topic == "secret")
+    assert step.id == "secret.create" and "/etc/belugactl/lab.secret" in step.actions[0].display()
+    assert not lab1.host.path("/etc/belugactl/lab.secret").exists()  # a dry run writes nothing

@@ -58,6 +58,31 @@ def header_spec_for(manifest: Any, layout: Any, host_name: str) -> HeaderSpec:
 
 
 @dataclass(frozen=True)
+class SecretTarget:
+    """The rack secret setup's `secret` topic keeps (docs/dataplane.md, Authentication)."""
+
+    path: str
+    owner: str  # who runs the metadata server: the pool's owner
+    server_host: str | None  # the metadata server's host: the only one that gets a secret
+    rack: str
+
+
+def secret_target(manifest: Any) -> SecretTarget | None:
+    """Where the rack secret lives, when the manifest opens an endpoint beyond loopback (else None:
+    nothing needs one, and setup makes none)."""
+    from belugactl.dataplane.rpc.auth import is_loopback, secret_path
+
+    serve = manifest.serve
+    if serve is None or (is_loopback(serve.metadata.rpc_bind) and is_loopback(serve.metadata.admin_bind)):
+        return None
+    server = serve.metadata.host
+    if server is None:
+        meta = manifest.metadata_host()
+        server = meta.name if meta is not None else None
+    return SecretTarget(secret_path(manifest), manifest.pool.permissions.owner, server, manifest.name)
+
+
+@dataclass(frozen=True)
 class SetupTarget:
     host: str
     pool: PoolTarget
@@ -70,6 +95,7 @@ class SetupTarget:
     header: HeaderSpec | None = None  # None: leave the header alone
     # A memory-type split: the KV area's pieces in pool offsets (PoolLayout.uncachable_spans); None: no split
     uncachable_spans: tuple[tuple[int, int], ...] | None = None
+    secret: SecretTarget | None = None  # None: no rack secret wanted (every endpoint on loopback)
 
 
 def default_host_name(manifest: Any) -> str:
@@ -130,5 +156,6 @@ def target_from_manifest(manifest: Any, host_name: str | None = None, *, layout:
         ddio=manifest.caching.ddio,
         uncachable=manifest.caching.pool_memory_type == "uncachable",
         header=header,
+        secret=secret_target(manifest),
         uncachable_spans=layout.uncachable_spans if layout is not None else None,
     )

@@ -7,8 +7,8 @@ wrong, and never replaces an existing one without --force: a new secret cuts eve
 holds the old one (a file that is no key file, or a link, is replaced only with --force).
 Teardown leaves it: a rack's clients may still hold it.
 
-`SetupTarget.secret` (a `SecretTarget`, from `secret_target(manifest, host)`) says where it lives;
-a target without one plans nothing here.
+`SetupTarget.secret` (`target.py:secret_target`) says where it lives, when the manifest opens an
+endpoint beyond loopback; a target without one (every endpoint on loopback) plans nothing here.
 """
 
 from __future__ import annotations
@@ -16,37 +16,19 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from belugactl.dataplane.rpc.auth import KEY_BYTES, key_file_text, parse_key_file, secret_path
+from belugactl.dataplane.rpc.auth import KEY_BYTES, key_file_text, parse_key_file
 from belugactl.errors import BelugaError, UsageError
 from belugactl.host.host import Host
 from belugactl.host.write_secret import secure_secret, write_secret
 from belugactl.host.write_udev import lookup_uid
 from belugactl.model.setup_plan import Step
 from belugactl.workflows.setup.facts import SetupFacts
-from belugactl.workflows.setup.target import SetupTarget
+from belugactl.workflows.setup.target import SecretTarget, SetupTarget, secret_target
 from belugactl.workflows.setup.topic import ApplyContext, Planned, SetupTopic
 
 ID = "secret"
-
-
-@dataclass(frozen=True)
-class SecretTarget:
-    path: str
-    owner: str  # who runs the metadata server: the pool's owner
-    server_host: str | None  # the metadata server's host: the only one that gets a secret
-    rack: str
-
-
-def secret_target(manifest: Any) -> SecretTarget:
-    """What the manifest says of the rack secret (for `target_from_manifest`)."""
-    serve = manifest.serve
-    server = serve.metadata.host if serve is not None and serve.metadata.host else None
-    if server is None:
-        meta = manifest.metadata_host()
-        server = meta.name if meta is not None else None
-    return SecretTarget(secret_path(manifest), manifest.pool.permissions.owner, server, manifest.name)
 
 
 @dataclass(frozen=True)
@@ -198,3 +180,6 @@ TOPIC = SetupTopic(
     executors={CreateSecret: _create, SecureSecret: _secure},
     record=_record,
 )
+
+
+__all__ = ["TOPIC", "SecretTarget", "secret_target"]
