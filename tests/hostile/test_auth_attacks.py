@@ -308,3 +308,16 @@ def test_admin_writes_need_a_signature_and_gets_stay_open(authed, secret) -> Non
     assert status != 401  # past the check: the endpoint itself answers (501 where it does not exist yet)
     assert _post(base + "/poison", body, {"Authorization": signed})[0] == 401  # replayed
     assert until(lambda: server.admin.writes_refused >= 3, 5)
+
+
+def test_a_tenant_key_binds_the_connection_to_its_tenant(authed, secret, tmp_path, monkeypatch) -> None:
+    server, pool = authed
+    bound: list[tuple[int, str]] = []
+    monkeypatch.setattr(server.service, "bind_tenant", lambda owner, tenant: bound.append((owner, tenant)) or True)
+    auth.write_key_file(str(tmp_path / "alice.key"), auth.read_key_file(str(secret)), "alice")
+    use_key(monkeypatch, tmp_path / "alice.key")
+    connect(f"tcp://127.0.0.1:{server.tcp_port}", timeout_s=5).close()
+    assert [t for _o, t in bound] == ["alice"]
+    use_key(monkeypatch, secret)  # the rack secret proves no tenant: nothing to bind
+    connect(f"tcp://127.0.0.1:{server.tcp_port}", timeout_s=5).close()
+    assert [t for _o, t in bound] == ["alice"]
