@@ -342,3 +342,27 @@ def test_a_flood_of_ranges_is_merged_at_the_cap_never_forgotten(monkeypatch: pyt
     assert len(idx.alloc.quarantined) == 8
     assert watch.submit([(0, 64)] * (4 * MAX_RANGES_PER_POST), "flood") == 4 * MAX_RANGES_PER_POST
     assert watch.submit([(0, 64)], "one more") == 0  # the inbox is full: refused (503), not queued
+
+
+def test_queued_ranges_are_applied_a_bounded_number_a_step() -> None:
+    from belugactl.dataplane.mds.poison import APPLY_STEP
+
+    idx, watch, _ns, _ = _index(chunks=8)
+    lines = [BASE + i * 4 * LINE for i in range(3 * APPLY_STEP)]  # distinct lines in the first chunk
+    watch.submit([(off, LINE) for off in lines], "many")
+    watch.step()
+    assert len(watch.known) == APPLY_STEP and watch.busy
+    while watch.busy:
+        watch.step()
+    assert len(watch.known) == 3 * APPLY_STEP
+
+
+def test_the_periodic_check_queues_only_what_it_had_not_queued() -> None:
+    _idx, watch, _ns, _ = _index()
+    watch.record_check([(BASE, LINE)], None)
+    watch.record_check([(BASE, LINE)], None)
+    watch.record_check(None, "cxl list failed")
+    watch.record_check([(BASE, LINE), (BASE + CHUNK, LINE)], None)
+    s = watch.stats()
+    assert (s["checks"], s["checks_unread"], s["ranges_received"], s["pushes"]) == (4, 1, 2, 0)
+    assert s["last_check"]["read"]  # type: ignore[index]

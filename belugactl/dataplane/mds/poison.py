@@ -52,6 +52,7 @@ from typing import Any
 from belugactl.pool.geometry import HEADER_REGION
 
 SCAN_STEP = 1024  # entries or reservations checked per call of step (one loop turn)
+APPLY_STEP = 256  # queued ranges merged and quarantined per call of step
 MAX_RANGES = 65536  # distinct poisoned ranges the server keeps (more: merged into the last)
 MAX_BODY = 256 << 10  # POST /poison body
 MAX_RANGES_PER_POST = 4096
@@ -174,6 +175,9 @@ class PoisonWatch:
         self._inbox: deque[tuple[str, list[tuple[int, int]]]] = deque()
         self._inbox_lock = threading.Lock()
         self._queued = 0  # ranges in the inbox (bounded: a flood is refused, not queued)
+        self._todo: deque[tuple[str, int, int]] = deque()  # taken from the inbox, applied APPLY_STEP a turn
+        self._rescan = False  # a quarantined chunk was in use: scan once the queued ranges are applied
+        self._check_sent: set[tuple[int, int]] = set()  # what the periodic check queued already
         self.known = RangeSet()  # every poisoned range heard of, in the pool
         self.kv = RangeSet()  # the part of them in the shared KV area (what blocks are checked against)
         self.outside: list[dict[str, object]] = []  # pieces outside the KV area, with their area
@@ -198,7 +202,7 @@ class PoisonWatch:
         """Queue ranges for the loop; how many were queued (0 when the inbox is full). `push`: from
         POST /poison (counted as a push), else from the periodic check."""
         with self._inbox_lock:
-            if self._queued + len(ranges) > 4 * MAX_RANGES_PER_POST:
+            if self._queued + len(self._todo) + len(ranges) > 4 * MAX_RANGES_PER_POST:
                 return 0
             self._inbox.append((source, list(ranges)))
             self._queued += len(ranges)
@@ -212,7 +216,10 @@ class PoisonWatch:
         if ranges is None:
             self.counters["checks_unread"] += 1
         else:
-            self.submit(ranges, "the device's poison list", push=False)
+            # The device lists the same lines every time: queue only what this check has not yet.
+            new = [r for r in ranges if r not in self._check_sent]
+            if new and self.submit(new, "the device's poison list", push=False):
+                self._check_sent.update(new)
         self.last_check = {"time": time.time(), "read": ranges is not None, "ranges": len(ranges or ()),
                            "problem": problem}  # fmt: skip
 
@@ -220,11 +227,11 @@ class PoisonWatch:
     @property
     def busy(self) -> bool:
         """Work is waiting for the loop: queued ranges, a scan or a watched reservation."""
-        return bool(self._inbox) or self._cursor < len(self._candidates) or bool(self._watch)
+        return bool(self._inbox or self._todo) or self._cursor < len(self._candidates) or bool(self._watch)
 
     def step(self, budget: int = SCAN_STEP) -> int:
         """Apply queued ranges, then check at most `budget` entries; how many were checked."""
-        if self._inbox:
+        if self._inbox or self._todo:
             self._apply_inbox()
         checked = 0
         if self._cursor < len(self._candidates):
@@ -233,19 +240,22 @@ class PoisonWatch:
             self._check_watch()
         return checked
 
-    def _apply_inbox(self) -> None:
-        with self._inbox_lock:
-            batches = list(self._inbox)
-            self._inbox.clear()
-            self._queued = 0
-        rescan = False
-        for source, ranges in batches:
-            for off, length in ranges:
-                if len(self.known) >= MAX_RANGES:
-                    off, length = self._widen_last(off, length)
-                for start, end in self.known.add(off, off + length):
-                    rescan |= self._place(start, end, source)
-        if rescan:
+    def _apply_inbox(self, limit: int = APPLY_STEP) -> None:
+        if self._inbox:
+            with self._inbox_lock:
+                for source, ranges in self._inbox:
+                    self._todo.extend((source, off, n) for off, n in ranges)
+                self._inbox.clear()
+                self._queued = 0
+        todo = self._todo
+        for _ in range(min(limit, len(todo))):
+            source, off, length = todo.popleft()
+            if len(self.known) >= MAX_RANGES:
+                off, length = self._widen_last(off, length)
+            for start, end in self.known.add(off, off + length):
+                self._rescan |= self._place(start, end, source)
+        if self._rescan and not todo:
+            self._rescan = False
             # One copy of what may lie on the chunks that were in use; checked SCAN_STEP a turn.
             self._candidates = list(self.index.entries.values())
             self._candidates += list(self.index.pending.values())
