@@ -28,11 +28,13 @@ typedef struct {
     size_t used;
     size_t tombs;
     /* Lease room (fi_set_room): how many more leases each ring and each tenant may get. room[r] for
-     * ring r, room[ring_slot[r]] for its tenant; a grant takes one of each, and a ring without room
-     * leaves the request to Python (which answers a miss). No room set: no cap (old servers, tests). */
+     * ring r, room[ring_slot[r]] for its tenant; a grant takes one of each. A ring without room gets
+     * a miss, answered here (a lookup: count 0, no lease; a GET_MANY: the keys past the room as
+     * absent), counted in room[ring_slot[r] + tenants] (the tenant's refusals); a GET is left to
+     * Python. No room set: no cap (old servers, tests). */
     Py_buffer room_buf;
     int64_t *room;
-    Py_ssize_t room_len;
+    Py_ssize_t room_len, tenants;
     int64_t *ring_slot;
     Py_ssize_t nrings;
 } FastIndex;
@@ -159,8 +161,9 @@ PyObject *py_fi_len(PyObject *self, PyObject *cap) {
 }
 
 /* fi_set_room(fi, room, ring_slot): the lease room the fast path takes from (see FastIndex). room:
- * a writable int64 array (kept exported, so it cannot be resized under us), ring_slot: int64 per
- * ring, the cell of its tenant (>= the ring count, < len(room)). */
+ * a writable int64 array (kept exported, so it cannot be resized under us): a cell per ring, one per
+ * tenant, then one per tenant for its refusals (len = rings + 2 x tenants); ring_slot: int64 per
+ * ring, the cell of its tenant (>= the ring count, < rings + tenants). */
 PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
     PyObject *cap, *room; Py_buffer sl;
     if (!PyArg_ParseTuple(args, "OOy*", &cap, &room, &sl)) return NULL;
@@ -171,8 +174,9 @@ PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(room, &rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     Py_ssize_t n = sl.len / 8, len = rb.len / 8;
     const int64_t *slots = (const int64_t *)sl.buf;
-    int bad = sl.len % 8 || rb.len % 8 || rb.itemsize != 8 || ((uintptr_t)rb.buf & 7);
-    for (Py_ssize_t i = 0; i < n && !bad; i++) bad = slots[i] < n || slots[i] >= len;
+    int bad = sl.len % 8 || rb.len % 8 || rb.itemsize != 8 || ((uintptr_t)rb.buf & 7) || len < n || (len - n) % 2;
+    Py_ssize_t tenants = bad ? 0 : (len - n) / 2;
+    for (Py_ssize_t i = 0; i < n && !bad; i++) bad = slots[i] < n || slots[i] >= n + tenants;
     int64_t *copy = bad ? NULL : malloc((size_t)(n ? n : 1) * 8);
     if (bad || !copy) {
         PyBuffer_Release(&rb);
@@ -183,7 +187,7 @@ PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
     if (n) memcpy(copy, slots, (size_t)n * 8);
     if (fi->room) PyBuffer_Release(&fi->room_buf);
     free(fi->ring_slot);
-    fi->room_buf = rb; fi->room = (int64_t *)rb.buf; fi->room_len = len;
+    fi->room_buf = rb; fi->room = (int64_t *)rb.buf; fi->room_len = len; fi->tenants = tenants;
     fi->ring_slot = copy; fi->nrings = n;
     r = Py_None; Py_INCREF(r);
 done:
@@ -191,13 +195,14 @@ done:
     return r;
 }
 
-/* Take `n` leases' room for `ring` (ring and tenant); 0 when there is not enough (nothing taken). */
-static int room_take(FastIndex *fi, uint64_t ring, int64_t n) {
+/* Take one lease's room for `ring` (ring and tenant); 0 when there is none (nothing taken, the
+ * refusal counted). */
+static int room_take(FastIndex *fi, uint64_t ring) {
     if (!fi->room) return 1;
     if ((Py_ssize_t)ring >= fi->nrings) return 0;
     int64_t *own = &fi->room[ring], *ten = &fi->room[fi->ring_slot[ring]];
-    if (*own < n || *ten < n) return 0;
-    *own -= n; *ten -= n;
+    if (*own < 1 || *ten < 1) { fi->room[fi->ring_slot[ring] + fi->tenants]++; return 0; }
+    *own -= 1; *ten -= 1;
     return 1;
 }
 
@@ -292,7 +297,7 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     memcpy(key, pl + 6, klen);
     fi_slot *e = fi_find(c->fi, ns, key, klen, fi_hash(ns, key, klen));
     if (!e || !e->get_reply || e->get_len > c->maxp || e->get_len > 4096) return -1;
-    if (log_reserve(c->log, 3) < 0 || !room_take(c->fi, c->ring, 1)) return -1;
+    if (log_reserve(c->log, 3) < 0 || !room_take(c->fi, c->ring)) return -1;
     uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
     log_push(c->log, (int64_t)lseq); log_push(c->log, 1 | (int64_t)(c->ring << LOG_RING_SHIFT)); log_push(c->log, e->id);
     uint8_t tmp[4096];
@@ -344,16 +349,15 @@ static int fast_get_many(struct fast_ctx *c, char *slot, const struct slot_hdr *
     }
     if (n == 0) return -1;
     if (got && log_reserve(c->log, 3 * (size_t)got) < 0) return -1; /* out of memory: Python's */
-    /* A lease per hit, each counted against the ring's and its tenant's room: a request that would
-     * pass either is Python's, which grants up to the quota and answers the rest as misses (a GET_MANY
-     * naming one key 256 times cannot take more leases here than the quota allows). */
-    if (got && !room_take(c->fi, c->ring, (int64_t)got)) return -1;
     uint8_t reply[FAST_REPLY_MAX];
     uint16_t answered = (uint16_t)n, pad = 0;
     memcpy(reply, &answered, 2); memcpy(reply + 2, &pad, 2);
     size_t pos = 4;
     for (uint32_t q = 0; q < n; q++) {
         fi_slot *e = found[q];
+        /* A lease per hit, each taken from the ring's and its tenant's room: past it the key is
+         * answered absent (a GET_MANY naming one key 256 times holds no more than the quota). */
+        if (e && !room_take(c->fi, c->ring)) { e = NULL; got--; }
         if (!e) { memset(reply + pos, 0, MANY_ITEM); pos += MANY_ITEM; continue; }
         uint64_t lseq = (*c->lease_next)++, lease = lease_encode(c->lkeys, lseq, c->ring);
         log_push(c->log, (int64_t)lseq); log_push(c->log, 1 | (int64_t)(c->ring << LOG_RING_SHIFT));
@@ -389,7 +393,7 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
     }
     uint64_t lease = 0;
     if (n && log_reserve(c->log, 2 + (size_t)n) < 0) return -1; /* out of memory: Python's */
-    if (n && !room_take(c->fi, c->ring, 1)) return -1; /* over the quota: Python answers a miss */
+    if (n && !room_take(c->fi, c->ring)) n = 0; /* over the quota: a miss, as Python answers it */
     if (n) {
         uint64_t lseq = (*c->lease_next)++;
         lease = lease_encode(c->lkeys, lseq, c->ring);

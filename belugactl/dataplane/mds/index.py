@@ -909,6 +909,15 @@ class KVIndex:
         self._ns_sub(p.key[0])
         self._free(p.alloc)
 
+    def _tenant_stats(self) -> dict[str, object]:
+        out = self.tenants.stats()
+        room = self.room
+        if room is not None:  # what the native fast path refused (it answered misses) counts too
+            for t in self.tenants.all:
+                if n := room.refused(t):
+                    out[t.name or "_implicit"]["refused"]["leases"] += n  # type: ignore[index]
+        return out
+
     def stats(self) -> dict[str, object]:
         a = self.alloc.stats()
         reserved = self.reserved_footprint  # a running sum: STATS never walks the reservations
@@ -925,7 +934,7 @@ class KVIndex:
             "removals_kept": len(self.removals),
             "clearing": len(self._doomed),
             "quotas": self.quotas.stats(),
-            "tenants": self.tenants.stats(),
+            "tenants": self._tenant_stats(),
             "allocator": a,
             **{k: v for k, v in vars(self.counters).items()},
         }

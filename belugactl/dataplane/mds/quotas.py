@@ -230,15 +230,17 @@ class Tenants:
 
 class LeaseRoom:
     """How many more leases each ring and each tenant may get, as one int64 array the native fast
-    path reads and decrements as it grants (cells 0..rings-1: the rings; then one per tenant) and
-    `ring_slot` (int64 per ring: its tenant's cell). The Python index writes a cell whenever the
-    count behind it changes, so the array is exact whenever the fast path runs."""
+    path reads and decrements as it grants (cells 0..rings-1: the rings; then one per tenant; then
+    one per tenant counting the lookups C answered as misses for lack of room) and `ring_slot`
+    (int64 per ring: its tenant's cell). The Python index writes a cell whenever the count behind it
+    changes, so the array is exact whenever the fast path runs."""
 
     def __init__(self, rings: int, tenants: Tenants, ring_tenant: dict[int, Tenant], ring_limit: int) -> None:
         from array import array
 
         self.rings = rings
-        self.room = array("q", [ring_limit] * rings + [t.max_leases for t in tenants.all])
+        self.room = array("q", [ring_limit] * rings + [t.max_leases for t in tenants.all] + [0] * len(tenants.all))
+        self.tenants = len(tenants.all)
         for t in tenants.all:
             t.slot = rings + t.id
         self.ring_slot = array("q", [ring_tenant.get(r, tenants.default).slot for r in range(rings)])
@@ -249,3 +251,7 @@ class LeaseRoom:
 
     def tenant(self, t: Tenant) -> None:
         self.room[t.slot] = t.max_leases - t.live_leases
+
+    def refused(self, t: Tenant) -> int:
+        """Leases the native fast path refused `t`'s rings (answered as misses)."""
+        return self.room[t.slot + self.tenants]
