@@ -157,8 +157,8 @@ def _mixed(
         console = stdout_console()
         t = r["tenants"]
         console.print(
-            f"[bold]bench soak --mixed[/]: {r['seconds']} s ({r['warmup_s']} s warm-up, {r['phase_s']} s quiet, "
-            f"{r['phase_s']} s attacked); {t['writers']} writers, "
+            f"[bold]bench soak --mixed[/]: {r['seconds']} s ({r['warmup_s']} s warm-up, then {r['phase_s']} s "
+            f"each quiet, attacked, quiet again); {t['writers']} writers, "
             f"{t['readers']} readers, {t['stallers']} stalling, {t['forgetful']} forgetful, hostile: "
             f"{', '.join(t['attackers']) or 'none'} ({'a tenant each' if r['tenants_in_rack'] else 'no tenants'}); "
             f"{r['ops']:,} honest ops, {r['committed']:,} committed, "
@@ -166,19 +166,16 @@ def _mixed(
             f"{r['client_kills']}"
         )
         lat = Table(
-            "honest", "per s quiet", "p50 quiet ms", "p99 quiet ms", "per s attacked", "p50 attacked ms",
-            "p99 attacked ms", "p99 ratio",
+            "honest", "per s before / after", "p50 quiet ms", "p99 quiet ms (before / after)", "per s attacked",
+            "p50 attacked ms", "p99 attacked ms", "p99 attacked / quiet",
         )  # fmt: skip
         for row, e in r["latency"].items():
-            cells = (
-                "per_s_quiet",
-                "p50_quiet_ms",
-                "p99_quiet_ms",
-                "per_s_attacked",
-                "p50_attacked_ms",
-                "p99_attacked_ms",
-            )
-            lat.add_row(row, *(str(e[k]) for k in cells), "" if e["p99_ratio"] is None else f"{e['p99_ratio']:g}x")
+            lat.add_row(
+                row, f"{e['per_s_quiet']} / {e['per_s_after']}", str(e["p50_quiet_ms"]),
+                f"{e['p99_quiet_ms']} ({e['p99_before_ms']} / {e['p99_after_ms']})", str(e["per_s_attacked"]),
+                str(e["p50_attacked_ms"]), str(e["p99_attacked_ms"]),
+                "" if e["p99_ratio"] is None else f"{e['p99_ratio']:g}x",
+            )  # fmt: skip
         console.print(lat)
         goals = Table("goal", "want", "figure", "met")
         for g in r["goals"]:

@@ -17,16 +17,19 @@ One real `belugactl metadata-server` process (as `bench soak` starts it), and be
 With tenants (the default; manifest `tenants:`, `tenants_rack`) each attacker is a tenant of its
 own with quotas, and is judged by its tenant's figures in /stats against them.
 
-After a warm-up (a fifth of the run: start-up, the area's first fill), the run has two phases of
-equal length on the same server: quiet (no hostile tenant) and attacked.
-The honest tenants' p50/p99 per transport and operation are reported for both, with the p99 ratio
+After a warm-up (a fifth of the run: start-up, the area's first fill), the run has three phases of
+equal length on the same server: quiet, attacked (the hostile tenants run), quiet again (they are
+stopped). The honest tenants' throughput and p50/p99 per transport and operation are reported for
+each, and the p99 ratio of the attacked phase to both quiet ones together (the machine's own load
+drifts during a run: a quiet phase on each side of the attack keeps that drift out of the ratio)
 (goal: within 2x; it fails the run only under `--p99-ratio-max`, since a loaded machine moves it).
 Each attacker's outcome is judged from the server's own /stats (polled on the admin port while it
-runs) against the server's per-owner caps: bounded (the server held no more for it than the cap,
-and others were served) or unbounded. A fresh client connects, pings and opens a new namespace once
-a second during the attack (the probe): the connection flood and the namespace churn must not lock
-it out. Goals that fail: wrong bytes served (above 0), a forgetful commit accepted, an attacker
-unbounded or idle, the honest tenants not served while attacked.
+runs) against its tenant's quotas (`--no-tenants`: the per-client caps): bounded (the server held
+no more for it than that, and others were served) or unbounded. A fresh client connects, pings
+and opens a new namespace once a second during the attack (the probe): the connection flood and
+the namespace churn must not lock it out. Goals that fail: wrong bytes served (above 0), a
+forgetful commit accepted, an attacker unbounded or never served, a newcomer locked out, the honest
+tenants not served while attacked.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def tenants_rack(rack: str, cfg: MixedConfig) -> str:
 
 
 P99_GOAL = 2.0
+PHASES = ("quiet", "attacked", "after")  # measured; "after" is quiet again, the attackers stopped
 WARMUP_SHARE = 0.2
 _SAMPLES_CAP = 20_000  # latency samples kept per (phase, kind) in a worker (reservoir beyond)
 # What the honest side may hold beside an attacker: a lease per reader, reservations in flight,
@@ -94,7 +98,7 @@ _NS_SLACK = 64
 
 @dataclass
 class MixedConfig:
-    seconds: float = 60.0  # warm-up (a fifth), then the quiet and the attacked phase (two fifths each)
+    seconds: float = 60.0  # warm-up (a fifth), then quiet, attacked and quiet again (equal thirds of the rest)
     writers: int = 2
     readers: int = 2
     stallers: int = 1
@@ -149,6 +153,7 @@ class Latencies:
 
     quiet: dict[str, list[float]] = field(default_factory=lambda: {"lookup": [], "save": []})
     attacked: dict[str, list[float]] = field(default_factory=lambda: {"lookup": [], "save": []})
+    after: dict[str, list[float]] = field(default_factory=lambda: {"lookup": [], "save": []})
     seen: dict[str, int] = field(default_factory=dict)
 
     def add(self, phase: str, kind: str, value: float, rng: random.Random) -> None:
@@ -188,19 +193,21 @@ def _honest(spec: dict[str, Any]) -> int:
     out = Path(spec["out"])
     lat_out = out.with_suffix(".lat")
     flag = Path(spec["attack_flag"])
+    done = flag.with_suffix(".done")
     pool = PoolMapping.open(spec["pool"])
     client = None
     deadline = time.monotonic() + spec["seconds"]
-    attacked = False
+    phase = "quiet"  # then "attacked" once the flag is there, then "after" (quiet again)
     last_dump = last_lat = 0.0
 
     def dump_latencies() -> None:
-        _dump(lat_out, {"quiet": lat.quiet, "attacked": lat.attacked, "seen": lat.seen})
+        _dump(lat_out, {"quiet": lat.quiet, "attacked": lat.attacked, "after": lat.after, "seen": lat.seen})
 
     while not stopper.stop and time.monotonic() < deadline:
         now = time.monotonic()
         if now - last_dump > 0.2:
-            attacked = attacked or flag.exists()
+            if phase != "after":
+                phase = "after" if done.exists() else "attacked" if phase == "attacked" or flag.exists() else "quiet"
             _dump(out, {"counts": vars(counts)})
             last_dump = now
         if now - last_lat > 2.0:
@@ -239,9 +246,14 @@ def _honest(spec: dict[str, Any]) -> int:
         # A stalling writer's saves are not an honest tenant's latency; warm-up is not measured.
         # Nor is the gap between the quiet phase's end and every attacker's start.
         now = time.monotonic()
-        if timings and spec["stall"] == 0 and now >= spec["measure_from"] and (attacked or now < spec["quiet_end"]):
+        if (
+            timings
+            and spec["stall"] == 0
+            and now >= spec["measure_from"]
+            and (phase != "quiet" or now < spec["quiet_end"])
+        ):
             kind = "lookup" if spec["role"] == "reader" else "save"
-            lat.add("attacked" if attacked else "quiet", kind, timings[0], rng)
+            lat.add(phase, kind, timings[0], rng)
     _dump(out, {"counts": vars(counts)})
     dump_latencies()
     return 0
@@ -571,12 +583,12 @@ class _Watch:
               "connections": "connections"}  # fmt: skip
 
     def __init__(self) -> None:
-        self.high: dict[str, dict[str, int]] = {p: dict.fromkeys(self.FIGURES, 0) for p in ("quiet", "attacked")}
+        self.high: dict[str, dict[str, int]] = {p: dict.fromkeys(self.FIGURES, 0) for p in PHASES}
         # The same figures per tenant (manifest tenants), highest while attacked
         self.tenant: dict[str, dict[str, int]] = {}  # tenant -> its highest figures while attacked
         self.last: dict[str, Any] = {}
-        self.polls = {"quiet": 0, "attacked": 0}
-        self.missed = {"quiet": 0, "attacked": 0}
+        self.polls = dict.fromkeys(PHASES, 0)
+        self.missed = dict.fromkeys(PHASES, 0)
 
     def poll(self, record: dict[str, Any], phase: str) -> None:
         st = _admin_stats(record)
@@ -649,10 +661,11 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
     rng = random.Random(cfg.seed)
     t0 = time.monotonic()
     # Start-up and the first fill of the area (first touches of the pool's pages) are not measured:
-    # a fifth of the run, then the quiet and the attacked phase, each as long as the other.
+    # a fifth of the run, then quiet, attacked and quiet again, each as long as the others.
     warmup_s = cfg.seconds * WARMUP_SHARE
     measure_from = t0 + warmup_s
-    quiet_end = measure_from + (cfg.seconds - warmup_s) / 2
+    phase_s = (cfg.seconds - warmup_s) / 3
+    quiet_end = measure_from + phase_s
     flag = workdir / "attack.flag"
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     files: dict[str, list[Path]] = {}
@@ -692,7 +705,7 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
     restarts = kills = 0
     probes_ok = 0
     probe_failures: list[tuple[str, str]] = []
-    attack_started = attack_end = None
+    attack_started = attack_end = after_end = None
     next_restart = t0 + cfg.restart_every_s if cfg.restart_every_s > 0 else float("inf")
     next_kill = t0 + cfg.kill_every_s if cfg.kill_every_s > 0 else float("inf")
     next_poll = next_probe = 0.0
@@ -700,21 +713,26 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
         while True:
             time.sleep(0.1)
             now = time.monotonic()
-            phase = "attacked" if attack_started is not None else "quiet"
+            phase = "after" if after_end is not None else "attacked" if attack_started is not None else "quiet"
             if now >= next_poll:
                 watch.poll(server.record, phase)
                 next_poll = now + 0.5
             if attack_started is None and now >= quiet_end:
                 attack_started = _start_attack(cfg, spawn, tcp, procs, watch)
                 flag.touch()
-                attack_end = time.monotonic() + (quiet_end - measure_from)  # as long as the quiet one measured
-            if attack_started is not None and now >= next_probe:
+                attack_end = time.monotonic() + phase_s  # as long as the quiet one measured
+            if attack_started is not None and after_end is None and now >= next_probe:
                 why = _probe(tcp, probes_ok + len(probe_failures))
                 probes_ok += why is None
                 if why is not None:
                     probe_failures.append(why)
                 next_probe = time.monotonic() + 1.0
-            if attack_end is not None and time.monotonic() >= attack_end:
+            if after_end is None and attack_end is not None and time.monotonic() >= attack_end:
+                watch.poll(server.record, "attacked")
+                _stop_attack(cfg, procs)
+                flag.with_suffix(".done").touch()
+                after_end = time.monotonic() + phase_s
+            if after_end is not None and time.monotonic() >= after_end:
                 break
             if now >= next_kill:
                 slot = rng.randrange(len(roles))
@@ -730,7 +748,6 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
                 server.start()
                 soak._wait_ready(tcp, 15.0)
                 next_restart = time.monotonic() + cfg.restart_every_s
-        watch.poll(server.record, "attacked")
     finally:
         for proc, _ in procs.values():
             if proc.poll() is None:
@@ -743,10 +760,10 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
                 proc.wait()
     result = _report(cfg, files, watch, t0)
     result.update(server_restarts=restarts, client_kills=kills, warmup_s=round(warmup_s, 2))
-    result["phase_s"] = phase_s = round(quiet_end - measure_from, 2)
+    result["phase_s"] = round(phase_s, 2)
     for entry in result["latency"].values():  # honest throughput, each phase
-        for phase in ("quiet", "attacked"):
-            entry[f"per_s_{phase}"] = round(entry[f"ops_{phase}"] / phase_s, 1) if phase_s else None
+        for phase in PHASES:
+            entry[f"per_s_{phase}"] = round(entry[f"ops_{phase}"] / phase_s, 1)
     result["probe"] = {
         "served": probes_ok,
         "connect_failed": sum(stage == "connect" for stage, _ in probe_failures),
@@ -755,6 +772,21 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
     }
     _judge(cfg, result)
     return result
+
+
+def _stop_attack(cfg: MixedConfig, procs: dict[str, Any]) -> None:
+    """SIGTERM every attacker (each writes its last figures) and wait for them."""
+    for kind in cfg.attackers:
+        proc, _ = procs[kind]
+        if proc.poll() is None:
+            proc.terminate()
+    for kind in cfg.attackers:
+        proc, _ = procs[kind]
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _start_attack(cfg: MixedConfig, spawn: Any, tcp: str, procs: dict[str, Any], watch: _Watch) -> float:
@@ -807,30 +839,29 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
                 totals.error_reasons[k] = totals.error_reasons.get(k, 0) + v
             totals.wrong_examples.extend(c["wrong_examples"][: 5 - len(totals.wrong_examples)])
         for data in _load([f.with_suffix(".lat") for f in paths]):
-            for phase in ("quiet", "attacked"):
+            for phase in PHASES:
                 for kind, values in (data.get(phase) or {}).items():
-                    if not data.get("seen", {}).get(f"quiet.{kind}") and not data.get("seen", {}).get(
-                        f"attacked.{kind}"
-                    ):
+                    if not any(data.get("seen", {}).get(f"{ph}.{kind}") for ph in PHASES):
                         continue
                     samples.setdefault(f"{kind} {transport}", {}).setdefault(phase, []).extend(values)
                     row = seen.setdefault(f"{kind} {transport}", {})
                     row[phase] = row.get(phase, 0) + int(data.get("seen", {}).get(f"{phase}.{kind}", 0))
     latency = {}
     for row, by_phase in sorted(samples.items()):
-        q, a = by_phase.get("quiet", []), by_phase.get("attacked", [])
-        entry: dict[str, Any] = {
-            "samples_quiet": len(q),
-            "samples_attacked": len(a),
-            "ops_quiet": seen.get(row, {}).get("quiet", 0),
-            "ops_attacked": seen.get(row, {}).get("attacked", 0),
-        }
-        for phase, values in (("quiet", q), ("attacked", a)):
+        # The quiet reference: before and after the attack together (the machine's own load drifts).
+        phases = {"before": by_phase.get("quiet", []), "attacked": by_phase.get("attacked", []),
+                  "after": by_phase.get("after", [])}  # fmt: skip
+        phases["quiet"] = phases["before"] + phases["after"]
+        entry: dict[str, Any] = {f"samples_{ph}": len(v) for ph, v in phases.items()}
+        for ph in PHASES:
+            entry[f"ops_{ph}"] = seen.get(row, {}).get(ph, 0)
+        for ph, values in phases.items():
             for name, qq in (("p50", 0.50), ("p99", 0.99)):
                 v = _percentile(values, qq)
-                entry[f"{name}_{phase}_ms"] = None if v is None else round(v * 1e3, 3)
+                entry[f"{name}_{ph}_ms"] = None if v is None else round(v * 1e3, 3)
         pq, pa = entry["p99_quiet_ms"], entry["p99_attacked_ms"]
-        entry["p99_ratio"] = round(pa / pq, 2) if pq and pa is not None and len(q) >= 20 and len(a) >= 20 else None
+        enough = len(phases["quiet"]) >= 20 and len(phases["attacked"]) >= 20
+        entry["p99_ratio"] = round(pa / pq, 2) if pq and pa is not None and enough else None
         latency[row] = entry
     forgetful = {"attempts": 0, "refused_no_checksum": 0, "accepted": 0, "other": {}, "errors": {}}
     for name, paths in files.items():
