@@ -90,11 +90,37 @@ def metadata_server(
     ),
     low_watermark: float = typer.Option(0.80, "--low-watermark", metavar="FRACTION", help="...down to this fraction."),
     zero_on_free: bool = typer.Option(False, "--zero-on-free", help="Zero freed blocks (multi-tenant pools)."),
-    restart_policy: str = typer.Option(
-        "start-empty",
+    restart_policy: str | None = typer.Option(
+        None,
         "--restart-policy",
         metavar="start-empty|journal",
-        help="start-empty (default) or journal: rebuild the index from the pool's journal area at start.",
+        help="start-empty (default) or journal: rebuild the index from the pool's journal area at start "
+        "(the default and the only choice with --standby).",
+    ),
+    standby: bool = typer.Option(
+        False,
+        "--standby",
+        help="Take part in the leader election through etcd: wait as a standby (pool not mapped, nothing "
+        "answered, /readyz 503) and take over when the leader's lease lapses (epoch bump, index rebuilt "
+        "from the journal, same rings). Every server of the pool runs with it.",
+    ),
+    etcd: str | None = typer.Option(
+        None,
+        "--etcd",
+        metavar="URL[,URL]",
+        help="etcd client URLs for --standby (default: serve.metadata.etcd.endpoints).",
+    ),
+    member: str | None = typer.Option(
+        None,
+        "--member",
+        metavar="NAME",
+        help="This server's name in the election (default: --host, else this machine's hostname).",
+    ),
+    leader_ttl: int | None = typer.Option(
+        None,
+        "--leader-ttl",
+        metavar="SECONDS",
+        help="The leader's etcd lease TTL, whole seconds, 2..60 (default: serve.metadata.etcd.leader_ttl_s, 5).",
     ),
     spin_after_ms: int | None = typer.Option(
         None,
@@ -137,8 +163,18 @@ def metadata_server(
         if not math.isfinite(seconds) or seconds <= 0:
             # a zero or negative TTL expires every lease and reservation the moment it is granted
             raise UsageError(f"{flag} {seconds:g}: a TTL is a positive number of seconds", fix=f"e.g. {flag} 10")
+    if restart_policy is None:
+        restart_policy = "journal" if standby else "start-empty"
     if restart_policy not in ("start-empty", "journal"):
         raise UsageError(f"unknown restart policy {restart_policy!r}", fix="use start-empty or journal")
+    if standby and restart_policy != "journal":
+        raise UsageError(
+            "--standby takes over with the index the journal keeps: --restart-policy start-empty would empty it",
+            fix="drop --restart-policy (journal is the default with --standby)",
+        )
+    elector = _elector(manifest, ms, host, etcd, member, leader_ttl) if standby else None
+    if not standby and (etcd or member or leader_ttl is not None):
+        raise UsageError("--etcd, --member and --leader-ttl are for --standby", fix="add --standby, or drop them")
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
     for name, port in (("--admin-port", admin_port), ("--rpc-port", rpc_port)):
         if port is not None and not 0 <= port <= 65535:
@@ -171,6 +207,9 @@ def metadata_server(
             **_interleave(manifest),
         ),
     )
+    if elector is not None:
+        _run_elected(elector, lambda: open_server(rack.pool_path(), manifest, config), config, json_out)
+        return
     server = open_server(rack.pool_path(), manifest, config)
     try:
         server.start()
@@ -223,6 +262,92 @@ def metadata_server(
         exit_interrupted(
             f"stopped cleanly: sockets closed, pool {server.pool.path} left as it is (epoch {server.epoch}), {kept}",
         )
+    print("metadata server: stopped", file=sys.stderr)
+
+
+def _elector(
+    manifest: object, ms: object | None, host: str | None, etcd: str | None, member: str | None, ttl: int | None
+) -> object:
+    """The election (dataplane/mds/leadership.py) from the flags, else serve.metadata.etcd."""
+    import socket
+
+    from belugactl.dataplane.mds.leadership import Elector, Etcd3gwKV, leader_key, parse_endpoints
+    from belugactl.errors import UsageError
+
+    conf = getattr(ms, "etcd", None)
+    if etcd is None and conf is None:
+        raise UsageError(
+            "--standby needs etcd: no --etcd and no serve.metadata.etcd in the manifest",
+            fix="pass --etcd http://HOST:2379[,URL...] or set serve.metadata.etcd.endpoints",
+        )
+    try:
+        endpoints = parse_endpoints(etcd if etcd is not None else conf.endpoints)  # type: ignore[union-attr]
+    except ValueError as exc:
+        raise UsageError(f"--etcd: {exc}", fix="pass --etcd http://HOST:2379[,http://HOST2:2379]") from None
+    seconds = ttl if ttl is not None else (conf.leader_ttl_s if conf is not None else 5)  # type: ignore[union-attr]
+    if not 2 <= seconds <= 60:
+        raise UsageError(f"--leader-ttl {seconds} is outside 2..60 seconds", fix="pass e.g. --leader-ttl 5")
+    name = member or host or socket.gethostname()
+    if not 0 < len(name) <= 128 or not name.isprintable():
+        raise UsageError(f"--member {name!r}: 1 to 128 printable characters", fix="pass e.g. --member mds-a")
+    kv = Etcd3gwKV(endpoints, timeout_s=min(1.0, seconds / 4))
+    return Elector(kv, name, leader_key(manifest.name), ttl_s=float(seconds))  # type: ignore[attr-defined]
+
+
+def _run_elected(elector: object, make_server: object, config: object, json_out: bool) -> None:
+    """Standby, leader, standby again...: one start record per change of role (JSON lines with --json)."""
+    import json
+    import signal
+
+    from belugactl.dataplane.mds.standby import ElectedRun
+
+    def event(name: str, info: dict) -> None:
+        record: dict = {"event": name, "member": elector.member}  # type: ignore[attr-defined]
+        server = info.pop("server", None)
+        if server is not None:
+            record.update(
+                {
+                    "pool": str(server.pool.path),
+                    "epoch": server.epoch,
+                    "rpc": f"tcp://{config.rpc_bind}:{server.tcp_port}" if server.tcp_port else None,  # type: ignore[attr-defined]
+                    "cxl": f"cxl://{server.pool.path}#<ring>",
+                    "admin": f"http://{config.admin_bind}:{server.admin_port}" if server.admin_port else None,  # type: ignore[attr-defined]
+                    "restart_policy": config.restart_policy,  # type: ignore[attr-defined]
+                    "restored_entries": server.restored_entries,
+                    "reserve_quarantine_s": round(server.fencing.quarantine_s, 3),
+                }
+            )
+        record.update(info)
+        if json_out:
+            print(json.dumps(record, default=str), flush=True)
+        else:
+            print(
+                f"metadata server ({record['member']}): {name} {json.dumps(info, default=str)}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    run = ElectedRun(
+        elector,  # type: ignore[arg-type]
+        make_server,  # type: ignore[arg-type]
+        event,
+        admin_bind=config.admin_bind,  # type: ignore[attr-defined]
+        admin_port=config.admin_port,  # type: ignore[attr-defined]
+    )
+    interrupted: list[int] = []
+
+    def _term(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
+        run.stop()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    run.run()
+    if interrupted:
+        from belugactl.cli.interrupt import exit_interrupted
+
+        exit_interrupted("stopped cleanly: the lease revoked (a standby takes over), the journal keeps the index")
     print("metadata server: stopped", file=sys.stderr)
 
 

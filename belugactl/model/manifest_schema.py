@@ -601,6 +601,26 @@ TCP_LIMIT_RANGES: dict[str, tuple[int, int]] = {
 }
 
 
+class MetadataEtcd(Strict):
+    """serve.metadata.etcd: the metadata servers elect their leader through etcd (issue 32;
+    dataplane/mds/leadership.py). `metadata-server --standby` reads these when its flags are absent."""
+
+    # The etcd cluster's client URLs (http://HOST:PORT; three members on three hosts in production).
+    endpoints: list[str] = Field(min_length=1, max_length=16)
+    # The hosts that run a metadata server: the first leads when the rack starts, the others stand by.
+    candidates: list[str] = Field(default_factory=list, max_length=16)
+    # The leader's etcd lease, whole seconds: a dead leader is replaced about this long after it died.
+    leader_ttl_s: Int = Field(default=5, ge=2, le=60)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not re.fullmatch(r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\])(:[0-9]{1,5})?", url):
+                raise ValueError(f"{url!r} is not an etcd client URL (http://HOST:PORT)")
+        return value
+
+
 class MetadataServe(Strict):
     host: str | None = None  # defaults to the host with the metadata role
     admin_bind: str = "127.0.0.1"
@@ -636,6 +656,8 @@ class MetadataServe(Strict):
     # dropped (dataplane/mds/poison.py). 0: never (POST /poison on the admin port still works).
     # A file pool has no poison list to read.
     poison_check_s: Int = Field(default=60, ge=0, le=86400)
+    # A leader elected through etcd and its standbys (None: one server, no standby).
+    etcd: MetadataEtcd | None = None
 
     @field_validator("spin_after_ms")
     @classmethod

@@ -144,6 +144,9 @@ class _Collector:
         from belugactl.dataplane.mds.tenant_metrics import tenant_metrics
 
         yield from tenant_metrics(snap)
+        from belugactl.dataplane.mds.standby import leadership_metrics
+
+        yield from leadership_metrics(snap.get("leadership"))  # elected through etcd: who leads, changes
 
 
 def _is_loopback(address: str) -> bool:

@@ -161,6 +161,11 @@ class MetadataServer:
             self._time_requests(self.ring)
         self._credential: Any = None
         self._credential_loaded = False
+        # Elected through etcd (mds/standby.py): a leadership.Elector whose deadline the loop checks
+        # before each turn's writes; past it (or the pool epoch bumped by another) the server steps
+        # down and writes nothing more, not even its fence line at close.
+        self.leadership: Any = None
+        self.stepped_down = ""
 
     # --- who must authenticate (rpc/auth.py) ------------------------------------------------------
     def auth_required(self, bind: str) -> bool:
@@ -208,6 +213,11 @@ class MetadataServer:
     # --- the pool lock: the one place the server opens the pool a second time -------------------
     def _lock_pool(self) -> None:
         """One metadata server per pool (per host): a second one would bump the epoch under the first."""
+        if self.leadership is not None:  # etcd decides who serves; a plain server is still kept out
+            from belugactl.dataplane.mds.standby import elected_server_lock
+
+            self._lock = elected_server_lock(self.pool.path)
+            return
         self._lock = self.pool.server_lock()
 
     def _unlock_pool(self) -> None:
@@ -306,6 +316,21 @@ class MetadataServer:
     def stop(self) -> None:
         self._stop.set()
 
+    def fenced_out(self, epoch: bool = False) -> bool:
+        """Elected, and no longer certainly the leader: stop before any write (mds/leadership.py).
+        `epoch`: also read the pool's epoch word (housekeeping; the loop's turns read the clock only)."""
+        lead = self.leadership
+        if lead is None or self.stepped_down:
+            return bool(self.stepped_down)
+        if not lead.holds():
+            self.stepped_down = lead.lost_reason or "the leader's deadline passed"
+        elif epoch and self.epoch and self.pool.epoch() != self.epoch:
+            self.stepped_down = f"the pool epoch moved on to {self.pool.epoch()} (another leader fenced this one)"
+        else:
+            return False
+        self._stop.set()
+        return True
+
     def serve_forever(self) -> None:
         # Every lookup makes a few small objects (a lease, its list); with the default thresholds
         # the cyclic GC would walk the whole index hundreds of times a second under load.
@@ -314,6 +339,11 @@ class MetadataServer:
         cfg = self.config
         ring = self.ring
         idle_wait = getattr(ring, "idle_wait", None)  # a listener that can wait for its requests without a core
+        lead = self.leadership
+        if lead is not None:
+            # The native idle wait looks at the rings once more after a pause (SIGSTOP) before it
+            # looks at the clock: an elected server waits in Python, checking its deadline first.
+            idle_wait = None
         selector_fd = self.selector.fileno() if hasattr(self.selector, "fileno") else -1
         others = [lst for lst in self.listeners if lst is not ring]
         served_since_poll = 0
@@ -324,6 +354,8 @@ class MetadataServer:
         clock = time.perf_counter
         look_end = clock()
         while not self._stop.is_set():
+            if lead is not None and self.fenced_out():
+                break
             # The loop's own work since its last look at the rings, less its deliberate waits.
             look_start = clock()
             loop.turn(look_start - look_end - self._waited)
@@ -409,6 +441,8 @@ class MetadataServer:
     def between_turns(self) -> None:
         """Work that waits for a turn, a bounded step of each: clients over their per-turn budget,
         then a step of a namespace clear (the rings were served before this, and are after)."""
+        if self.leadership is not None and self.fenced_out():
+            return
         for lst in self.listeners:
             if lst.backlog:
                 lst.serve_backlog()
@@ -422,6 +456,8 @@ class MetadataServer:
         return self.ring.poll_once(timeout_ns)
 
     def housekeeping(self) -> None:
+        if self.leadership is not None and self.fenced_out(epoch=True):
+            return  # the loop ends at its next turn; nothing of this housekeeping may write
         # What survived to this tick joins the frozen generation (O(1), a list splice): the cyclic
         # GC's full collections would otherwise walk every entry of the index (a pause of a second
         # per few million blocks, every few hundred thousand commits), and so would the collection
@@ -518,6 +554,7 @@ class MetadataServer:
             "listeners": {lst.scheme: lst.stats() for lst in self.listeners if lst not in (tcp, self.ring)},
             "poison": self.poison.stats(),
             "loop": self.loop.stats(),
+            "leadership": self.leadership.stats() if self.leadership is not None else None,
         }
 
     # --- shutdown -----------------------------------------------------------------------------
@@ -528,7 +565,7 @@ class MetadataServer:
         gc.freeze()
         if self.poison_checker is not None:
             self.poison_checker.stop()
-        if self._lock is not None and self.epoch:
+        if self._lock is not None and self.epoch and not self.stepped_down:
             self.fencing.clean_shutdown(len(self.index.pending))
         self._unlock_pool()
         for listener in self.listeners:
