@@ -177,6 +177,8 @@ PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py
 PYFN(py_wait_any); PYFN(py_idle_wait_any);                                                                               /* atomics */
 PYFN(py_rpc_send); PYFN(py_rpc_wait_reply); PYFN(py_rpc_take); PYFN(py_rpc_reply); PYFN(py_rpc_call);
 PYFN(py_rpc_burst); PYFN(py_rpc_call_many);                                                       /* ring */
+PYFN(py_bell_register); PYFN(py_bell_unregister); PYFN(py_bells_new); PYFN(py_bells_take); PYFN(py_bells_wait);
+PYFN(py_bells_stats); PYFN(py_bells_pend_all);                                                  /* ring: doorbells */
 PYFN(py_lease_encode); PYFN(py_lease_decode_many); PYFN(py_get_many_decode); PYFN(py_rpc_get_many);
 PYFN(py_rpc_get_many_start); PYFN(py_rpc_get_many_finish); PYFN(py_rpc_release_nowait);          /* messages */
 PYFN(py_crc32c); PYFN(py_copy_crc32c); PYFN(py_gather_blocks_crc32c);                             /* crc */
@@ -210,6 +212,6 @@ HIDDEN PyObject *py_count_lost(PyObject *self, PyObject *noargs);               
 #endif
 PYFN(py_bench_chase); PYFN(py_bench_read); PYFN(py_bench_write_nt);                            /* bench */
 PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fast_serve);         /* fast path */
+PYFN(py_fi_set_room); /* fast path: the lease room (tenants, quotas) */
 
 #endif
-PYFN(py_fi_set_room); /* fast path: the lease room (tenants, quotas) */

@@ -394,3 +394,270 @@ done:
     PyBuffer_Release(&v); PyBuffer_Release(&ov); PyBuffer_Release(&pl);
     return r;
 }
+
+/* ---- Doorbells (_native_ring.h; docs/pool-format.md, "Doorbells") ------------------------ */
+
+HIDDEN struct bell_entry bell_table[BELL_TABLE];
+HIDDEN int bell_used = 0;
+
+/* bell_register(buf, ring_off, ring_len, bell_off) -> handle | -1 (table full: the ring rings nothing)
+ * From now on a request published in [ring_off, ring_off + ring_len) of this mapping bumps the byte
+ * at bell_off. The caller unregisters before the mapping goes (bell_unregister). Called with the GIL
+ * held (it serialises registrations); publishers read the table without it. */
+PyObject *py_bell_register(PyObject *self, PyObject *args) {
+    Py_buffer v; Py_ssize_t ring_off, ring_len, bell_off; char *ring, *bell;
+    if (!PyArg_ParseTuple(args, "w*nnn", &v, &ring_off, &ring_len, &bell_off)) return NULL;
+    PyObject *r = NULL;
+    if (ring_len <= 0 || get_range(&v, ring_off, ring_len, &ring) < 0 || get_range(&v, bell_off, 1, &bell) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "empty ring range");
+        goto done;
+    }
+    uintptr_t lo = (uintptr_t)ring, hi = lo + (uintptr_t)ring_len;
+    int n = bell_used, slot = -1;
+    for (int i = 0; i < n; i++) {
+        struct bell_entry *e = &bell_table[i];
+        if (e->refs > 0 && e->lo == lo && e->hi == hi && e->bell == (uint8_t *)bell) { /* the same ring again */
+            e->refs++;
+            r = PyLong_FromLong(i);
+            goto done;
+        }
+    }
+    for (int i = 0; i < n && slot < 0; i++)
+        if (bell_table[i].refs == 0) slot = i;
+    if (slot < 0 && n < BELL_TABLE) slot = n;
+    if (slot >= 0) {
+        struct bell_entry *e = &bell_table[slot];
+        /* A publisher racing with a reuse may bump this entry's new byte once: a doorbell without
+         * a request, one look. */
+        __atomic_store_n(&e->bell, (uint8_t *)NULL, __ATOMIC_RELEASE);
+        __atomic_store_n(&e->lo, lo, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->hi, hi, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->bell, (uint8_t *)bell, __ATOMIC_RELEASE);
+        e->refs = 1;
+        if (slot == n) __atomic_store_n(&bell_used, n + 1, __ATOMIC_RELEASE);
+    }
+    r = PyLong_FromLong(slot);
+done:
+    PyBuffer_Release(&v);
+    return r;
+}
+
+/* bell_unregister(handle): once every registration of that ring is gone, its requests ring nothing. */
+PyObject *py_bell_unregister(PyObject *self, PyObject *args) {
+    int h;
+    if (!PyArg_ParseTuple(args, "i", &h)) return NULL;
+    if (h >= 0 && h < bell_used && bell_table[h].refs > 0 && --bell_table[h].refs == 0)
+        __atomic_store_n(&bell_table[h].bell, (uint8_t *)NULL, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static void bells_free(PyObject *cap) {
+    struct bells *b = PyCapsule_GetPointer(cap, "belugactl.bells");
+    if (b == NULL) return;
+    free(b->seen); free(b->mark); free(b->pend); free(b);
+}
+
+HIDDEN struct bells *bells_get(PyObject *cap) {
+    return PyCapsule_GetPointer(cap, "belugactl.bells");
+}
+
+static inline void bells_push(struct bells *b, Py_ssize_t r) {
+    if (!b->mark[r]) { b->mark[r] = 1; b->pend[b->npend++] = r; }
+}
+
+/* bells_new(ring_count, bell_off, sweep_ns) -> state: a server's doorbell state; every ring starts
+ * pending (one look each), and the sweep adds one ring every sweep_ns. */
+PyObject *py_bells_new(PyObject *self, PyObject *args) {
+    Py_ssize_t R; long long off; unsigned long long sweep_ns;
+    if (!PyArg_ParseTuple(args, "nLK", &R, &off, &sweep_ns)) return NULL;
+    if (R <= 0 || off < 0 || (off & (LINE - 1)) || sweep_ns == 0) {
+        PyErr_SetString(PyExc_ValueError, "bells_new: ring count, doorbell offset (line-aligned) or sweep_ns");
+        return NULL;
+    }
+    struct bells *b = calloc(1, sizeof *b);
+    if (b == NULL) return PyErr_NoMemory();
+    b->R = R; b->nbytes = (R + LINE - 1) / LINE * LINE; b->area_off = off; b->sweep_ns = sweep_ns;
+    b->seen = calloc((size_t)b->nbytes, 1); b->mark = calloc((size_t)R, 1); b->pend = calloc((size_t)R, sizeof(int64_t));
+    if (!b->seen || !b->mark || !b->pend) { free(b->seen); free(b->mark); free(b->pend); free(b); return PyErr_NoMemory(); }
+    for (Py_ssize_t r = 0; r < R; r++) bells_push(b, r);
+    b->sweep_t = now_ns();
+    PyObject *cap = PyCapsule_New(b, "belugactl.bells", bells_free);
+    if (cap == NULL) { free(b->seen); free(b->mark); free(b->pend); free(b); }
+    return cap;
+}
+
+HIDDEN int bells_check(struct bells *b, Py_buffer *v, Py_ssize_t noffs) {
+    if (noffs != 2 * b->R) { PyErr_SetString(PyExc_ValueError, "doorbells: offsets are not 2 per ring"); return -1; }
+    if (b->area_off > v->len - b->nbytes || (((uintptr_t)v->buf + (uintptr_t)b->area_off) & 7)) {
+        PyErr_SetString(PyExc_ValueError, "doorbells: the doorbell area is outside the mapping or unaligned");
+        return -1;
+    }
+    return 0;
+}
+
+static inline int slot_ready(char *slot, int flush) {
+    if (flush) { flush_range(slot, 8, 1); full_fence(); }
+    return __atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE) == ST_REQ;
+}
+
+HIDDEN Py_ssize_t bells_next(struct bells *b, char *base, const int64_t *offs, int flush) {
+    Py_ssize_t R = b->R;
+    const char *area = base + b->area_off;
+    b->polls++;
+    /* 1. The doorbell lines: one invalidate pass and one fence for all of them, then the loads. */
+    if (flush) { flush_range(area, (size_t)b->nbytes, 1); full_fence(); }
+    for (Py_ssize_t line = 0; line < b->nbytes; line += LINE) {
+        uint64_t w[LINE / 8];
+        for (int k = 0; k < LINE / 8; k++) w[k] = __atomic_load_n((const uint64_t *)(area + line) + k, __ATOMIC_RELAXED);
+        if (memcmp(w, b->seen + line, LINE) == 0) continue;
+        const uint8_t *nb = (const uint8_t *)w;
+        Py_ssize_t end = line + LINE < R ? line + LINE : R;
+        for (Py_ssize_t i = line; i < end; i++)
+            if (nb[i - line] != b->seen[i]) { b->rung++; bells_push(b, i); }
+        memcpy(b->seen + line, w, LINE); /* bytes past the last ring too: garbage there costs nothing twice */
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the slots are read after the doorbells */
+    /* 2. The sweep: whatever the doorbells say, every ring once per R * sweep_ns. */
+    uint64_t t = now_ns();
+    if (t - b->sweep_t >= b->sweep_ns) {
+        uint64_t due = (t - b->sweep_t) / b->sweep_ns;
+        if (due >= (uint64_t)R) { due = (uint64_t)R; b->sweep_t = t; }
+        else b->sweep_t += due * b->sweep_ns;
+        for (uint64_t k = 0; k < due; k++) {
+            bells_push(b, b->sweep_pos);
+            if (++b->sweep_pos >= R) b->sweep_pos = 0;
+        }
+        b->swept += due;
+    }
+    /* 3. The pending rings, from where the last found one left off. */
+    Py_ssize_t budget = 2 * b->npend;
+    Py_ssize_t q = b->npend ? b->rot % b->npend : 0;
+    while (b->npend > 0 && budget-- > 0) {
+        if (q >= b->npend) q = 0;
+        Py_ssize_t r = b->pend[q];
+        b->looks++;
+        if (slot_ready(base + offs[r], flush)) { b->rot = q + 1; b->found++; return r; }
+        if (offs[R + r] != offs[r] && slot_ready(base + offs[R + r], flush)) { b->rot = q + 1; b->found++; return R + r; }
+        b->mark[r] = 0;
+        b->pend[q] = b->pend[--b->npend]; /* q now holds the last one, looked at next */
+    }
+    return -1;
+}
+
+/* The slot at offs[i] as rpc_take returns it: (i, seq, magic, epoch, op, length, payload | None). */
+static PyObject *taken_tuple(char *base, const int64_t *offs, Py_ssize_t i, Py_ssize_t maxp, int flush) {
+    char *slot = base + offs[i];
+    if (flush) { flush_range(slot, HDR + maxp, 1); full_fence(); }
+    struct slot_hdr h;
+    memcpy(&h, slot, sizeof h); /* one snapshot: the client could scribble while we read */
+    if (h.length <= (uint64_t)maxp)
+        return Py_BuildValue("(nKIIIIy#)", i, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op, h.length,
+                             slot + HDR, (Py_ssize_t)h.length);
+    return Py_BuildValue("(nKIIIIO)", i, (unsigned long long)h.seq, h.magic, h.epoch, (unsigned)h.op, h.length, Py_None);
+}
+
+static int bells_args(PyObject *cap, Py_buffer *v, Py_buffer *ov, Py_ssize_t maxp, struct bells **out) {
+    struct bells *b = bells_get(cap);
+    if (b == NULL) return -1;
+    if (ov->len % 8 != 0 || maxp < 0 || bells_check(b, v, ov->len / 8) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad offsets or max_payload");
+        return -1;
+    }
+    const int64_t *offs = (const int64_t *)ov->buf;
+    for (Py_ssize_t i = 0; i < ov->len / 8; i++) {
+        if (offs[i] < 0 || offs[i] > v->len - HDR - maxp || (((uintptr_t)v->buf + offs[i]) & 7)) {
+            PyErr_Format(PyExc_ValueError, "slot offset %lld is outside the buffer or unaligned", (long long)offs[i]);
+            return -1;
+        }
+    }
+    *out = b;
+    return 0;
+}
+
+/* bells_take(buf, offs, state, max_payload, timeout_ns, flush) -> as rpc_take | None
+ * rpc_take led by the doorbells: offs is the listener's 2R array (each ring's cursor slot, then
+ * its slot 0); looks (bells_next) until a slot is ready or timeout_ns passed (one look at 0). */
+PyObject *py_bells_take(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; PyObject *cap; Py_ssize_t maxp; unsigned long long timeout_ns; int flush = 0;
+    if (!PyArg_ParseTuple(args, "w*y*OnK|p", &v, &ov, &cap, &maxp, &timeout_ns, &flush)) return NULL;
+    PyObject *r = NULL;
+    struct bells *b;
+    if (bells_args(cap, &v, &ov, maxp, &b) < 0) goto done;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    Py_ssize_t found = bells_next(b, (char *)v.buf, offs, flush);
+    if (found < 0 && timeout_ns > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t t0 = now_ns();
+        unsigned spins = 0;
+        while ((found = bells_next(b, (char *)v.buf, offs, flush)) < 0) {
+            uint64_t t = now_ns();
+            if (t - t0 >= timeout_ns) break;
+            if (t - t0 > SPIN_BEFORE_YIELD_NS && (++spins & 15) == 0) sched_yield();
+            cpu_relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (found < 0) { r = Py_None; Py_INCREF(r); }
+    else r = taken_tuple((char *)v.buf, offs, found, maxp, flush);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* bells_wait(buf, offs, state, timeout_ns, sleep_ns, flush=False, fd=-1) -> index, -1 (timeout) or -2 (fd)
+ * idle_wait_any led by the doorbells: a look every sleep_ns, without the GIL and without a core. */
+PyObject *py_bells_wait(PyObject *self, PyObject *args) {
+    Py_buffer v, ov; PyObject *cap; unsigned long long timeout_ns, sleep_ns; int flush = 0, fd = -1;
+    if (!PyArg_ParseTuple(args, "w*y*OKK|pi", &v, &ov, &cap, &timeout_ns, &sleep_ns, &flush, &fd)) return NULL;
+    PyObject *r = NULL;
+    struct bells *b;
+    if (sleep_ns == 0 || sleep_ns > 1000000000ull || fd < -1) {
+        PyErr_SetString(PyExc_ValueError, "bells_wait: sleep_ns must be 1 ns to 1 s, fd a file descriptor or -1");
+        goto done;
+    }
+    if (bells_args(cap, &v, &ov, 0, &b) < 0) goto done;
+    const int64_t *offs = (const int64_t *)ov.buf;
+    Py_ssize_t found;
+    int bad_fd = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int slack = idle_slack_begin();
+    struct pollfd pfd = {fd, POLLIN, 0};
+    uint64_t deadline = now_ns() + timeout_ns;
+    for (;;) {
+        found = bells_next(b, (char *)v.buf, offs, flush);
+        if (found >= 0 || now_ns() >= deadline) break;
+        int got = idle_step(&pfd, sleep_ns);
+        if (got < 0) break;
+        if (got > 0) { bad_fd = got == 2; found = -2; break; }
+    }
+    idle_slack_end(slack);
+    Py_END_ALLOW_THREADS
+    if (bad_fd) PyErr_Format(PyExc_ValueError, "fd %d is not open", fd);
+    else r = PyLong_FromSsize_t(found);
+done:
+    PyBuffer_Release(&v); PyBuffer_Release(&ov);
+    return r;
+}
+
+/* bells_stats(state) -> {polls, rung, swept, looks, found, pending} */
+PyObject *py_bells_stats(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    struct bells *b = bells_get(cap);
+    if (b == NULL) return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n}", "polls", (unsigned long long)b->polls, "rung",
+                         (unsigned long long)b->rung, "swept", (unsigned long long)b->swept, "looks",
+                         (unsigned long long)b->looks, "found", (unsigned long long)b->found, "pending", b->npend);
+}
+
+/* bells_pend_all(state, ring=-1): every ring (or that one) looked at once more (after a restart,
+ * or a resync that moved a ring's cursor). */
+PyObject *py_bells_pend_all(PyObject *self, PyObject *args) {
+    PyObject *cap; Py_ssize_t ring = -1;
+    if (!PyArg_ParseTuple(args, "O|n", &cap, &ring)) return NULL;
+    struct bells *b = bells_get(cap);
+    if (b == NULL) return NULL;
+    if (ring >= b->R) { PyErr_SetString(PyExc_ValueError, "bells_pend_all: no such ring"); return NULL; }
+    for (Py_ssize_t r = ring < 0 ? 0 : ring; r < (ring < 0 ? b->R : ring + 1); r++) bells_push(b, r);
+    Py_RETURN_NONE;
+}

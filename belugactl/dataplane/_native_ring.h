@@ -19,6 +19,61 @@ _Static_assert(offsetof(struct slot_hdr, op) == HDR_OFF_OP, "op offset");
 _Static_assert(offsetof(struct slot_hdr, code) == HDR_OFF_CODE, "code offset");
 _Static_assert(offsetof(struct slot_hdr, length) == HDR_OFF_LENGTH, "length offset");
 
+/* ---- Doorbells (docs/pool-format.md, "Doorbells") -----------------------------------------
+ * One byte per ring in the header region's doorbell area, 64 rings to a cache line. A client
+ * bumps its ring's byte (an atomic add within its host; written back under flush) after it
+ * published a request; the server keeps a private copy of the area and looks only at the rings
+ * whose byte moved since (bells_next below), plus a slow sweep of every ring. The server never
+ * writes the area, so a non-coherent pool cannot lose a bump to the server's write-back.
+ *
+ * The client side needs no argument: this process's rings are registered (bell_register, by the
+ * CXL transport when it opens its ring) with the address range of their slots, and publish()
+ * finds the doorbell of a request's slot there, so every path that publishes a request (this
+ * file's calls, _native_messages.c's, the load's release) rings it. An unregistered slot (a
+ * client without the registry: an old one, a test writing the slot by hand) rings nothing and is
+ * answered by the sweep. */
+struct bell_entry { uintptr_t lo, hi; uint8_t *bell; int refs; /* refs: under the GIL only */ };
+#define BELL_TABLE 4096
+extern HIDDEN struct bell_entry bell_table[BELL_TABLE];
+extern HIDDEN int bell_used;
+
+static inline void ring_bell(const char *slot, int flush) {
+    int n = __atomic_load_n(&bell_used, __ATOMIC_ACQUIRE);
+    uintptr_t a = (uintptr_t)slot;
+    for (int i = n - 1; i >= 0; i--) { /* the newest registration of a range wins */
+        struct bell_entry *e = &bell_table[i];
+        if (a < __atomic_load_n(&e->lo, __ATOMIC_RELAXED) || a >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED)) continue;
+        uint8_t *b = __atomic_load_n(&e->bell, __ATOMIC_ACQUIRE);
+        if (b == NULL) continue; /* unregistered */
+        __atomic_fetch_add(b, (uint8_t)1, __ATOMIC_SEQ_CST); /* after the status store (a locked add orders it) */
+        if (flush) { flush_range((const char *)b, 1, 0); full_fence(); }
+        return;
+    }
+}
+
+/* The server's view of the doorbells: the copy of the area it last read, the rings it still has to
+ * look at (pend, a ring once: mark), where its turn-about starts (rot), and the sweep that puts
+ * every ring in pend once per R * sweep_ns, whatever the doorbells say. */
+struct bells {
+    int64_t area_off;
+    Py_ssize_t R, nbytes;
+    uint8_t *seen, *mark;
+    int64_t *pend;
+    Py_ssize_t npend, rot, sweep_pos;
+    uint64_t sweep_ns, sweep_t;
+    uint64_t polls, rung, swept, looks, found;
+};
+HIDDEN struct bells *bells_get(PyObject *cap);
+/* Checks the doorbell area and the 2R slot offsets (each ring's cursor slot, then its slot 0, as
+ * fast_serve takes them) against the mapping; 0, or -1 with ValueError set. */
+HIDDEN int bells_check(struct bells *b, Py_buffer *v, Py_ssize_t noffs);
+/* One look for a ready request: the doorbell lines read (invalidated first under flush), the rings
+ * whose byte moved and the sweep's due rings put in pend, then pend looked at from where the last
+ * found one left off (fairness): the index into offs of a slot holding REQ_READY (r: ring r's cursor
+ * slot, R + r: its slot 0), or -1. A ring leaves pend when neither slot is ready. Cost: the
+ * doorbell lines, plus one look per ring pending, rung or swept: never a pass over every ring. */
+HIDDEN Py_ssize_t bells_next(struct bells *b, char *base, const int64_t *offs, int flush);
+
 static inline void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op, uint16_t code, const char *payload,
                     size_t n, uint64_t status, int flush) {
     struct slot_hdr *h = (struct slot_hdr *)slot;
@@ -28,6 +83,7 @@ static inline void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op
     else __atomic_thread_fence(__ATOMIC_RELEASE);
     __atomic_store_n(&h->status, status, __ATOMIC_RELEASE);
     if (flush) { flush_range(slot, 8, 0); full_fence(); }
+    if (status == ST_REQ) ring_bell(slot, flush);
 }
 
 /* A pipelined burst (_native_ring.c): run_burst's outcome, and the checks and Python value

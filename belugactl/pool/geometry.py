@@ -23,6 +23,12 @@ CACHE_LINE = 64  # RPC slots hold REQ_READY / RESP_READY words: a slot must not 
 # devdax align, itself 2 MiB or 1 GiB). An area inside it would be written over the magic, the claim
 # or the epoch word (a client's HELLO in a ring at offset 0 overwrote the magic).
 HEADER_REGION = 2 << 20
+# The doorbells (docs/pool-format.md, "Doorbells"): one byte per ring from this offset, 64 rings to a
+# cache line, in the header region's second MiB, which the header record (at most 1408 bytes) never
+# reaches and which every layout already reserves and never wrote: old pools need no new space, and
+# their area reads as "no ring rang yet".
+DOORBELL_OFFSET = 1 << 20
+DOORBELL_MAX_RINGS = HEADER_REGION - DOORBELL_OFFSET
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,23 @@ class PoolGeometry:
             shared_kv_offset=layout.shared_kv.offset,
             shared_kv_size=layout.shared_kv.size,
         )
+
+    @property
+    def doorbell_size(self) -> int:
+        """The doorbell area's bytes: a byte per ring, rounded up to whole cache lines."""
+        return -(-self.ring_count // CACHE_LINE) * CACHE_LINE
+
+    @property
+    def has_doorbells(self) -> bool:
+        """Whether the rings have doorbells: at most DOORBELL_MAX_RINGS rings, in a pool that holds
+        the header region (a smaller one, only in tests, is served by the sweep alone)."""
+        return 0 < self.ring_count <= DOORBELL_MAX_RINGS and self.pool_size >= DOORBELL_OFFSET + self.doorbell_size
+
+    def doorbell_offset(self, ring: int) -> int:
+        """The pool offset of ring `ring`'s doorbell byte."""
+        if not 0 <= ring < self.ring_count or not self.has_doorbells:
+            raise IndexError(f"ring {ring} has no doorbell (rings 0..{self.ring_count - 1})")
+        return DOORBELL_OFFSET + ring
 
     @property
     def rpc_size(self) -> int:

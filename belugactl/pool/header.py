@@ -35,6 +35,9 @@ Byte layout (all integers little-endian; docs/pool-format.md has the same table)
     328  8  shared KV size (u64)
     336 48  reserved, zero
     384 64*N host table: name (48 bytes, UTF-8, NUL padded), partition offset (u64), partition size (u64)
+
+Outside the record, still in the header region: the rings' doorbells, a byte per ring from
+DOORBELL_OFFSET (1 MiB; pool/geometry.py), bumped by clients, read by the server, never in the crc.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ HOST_ENTRY_SIZE = 64
 NAME_FIELD = HOST_NAME_MAX + 1  # 48
 MAX_HEADER_SIZE = FIXED_SIZE + HOST_ENTRY_SIZE * MAX_HOSTS
 HEADER_REGION = geometry_mod.HEADER_REGION  # the region the layout reserves; the record itself is far smaller
+DOORBELL_OFFSET = geometry_mod.DOORBELL_OFFSET  # the rings' doorbells, in the region's second MiB
 # Byte ranges that change after the header is written, so the crc leaves them out.
 _LIVE_RANGES = ((CLAIM_OFFSET, CLAIM_OFFSET + 64), (EPOCH_OFFSET, EPOCH_OFFSET + 64))
 

@@ -190,3 +190,36 @@ def test_journal_appends_are_published_and_replayed_after_an_invalidate(
         _assert_mode(counter.recording(pool.buf), mode, [], [(g.journal_offset, 16), (base, j.pos)])
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_doorbell_is_published_after_its_request_and_read_after_an_invalidate(
+    counter: Counter, pool_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from belugactl.dataplane.mds import listener_cxl
+    from belugactl.pool.geometry import DOORBELL_OFFSET
+
+    monkeypatch.setattr(listener_cxl, "SWEEP_S", 1000.0)  # the doorbell, not the sweep, finds the request
+    pool = PoolMapping.open(pool_path)
+    pool.needs_flush = mode == "flush"
+    # The listener in its doorbell mode: the fast path reads the doorbells only once it takes them.
+    server = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, fast_path=False))
+    server.start()
+    try:
+        assert server.ring._bells is not None
+        g = pool.geometry
+        t = CxlTransport(pool, 1)
+        bell = g.doorbell_offset(1)
+        server.poll_once(0)  # the server's first look (every ring once) before the recording
+        counter.reset()
+        t.submit(Op.PING, server.epoch, b"ding")
+        assert pool.buf[bell] == 1
+        _assert_mode(counter.recording(pool.buf), mode, [(bell, 1)], [])
+        counter.reset()
+        assert server.poll_once(0)  # found by its doorbell at the first look
+        _assert_mode(counter.recording(pool.buf), mode, [], [(DOORBELL_OFFSET, g.doorbell_size)])
+        assert t.collect(NS)[2] == b"ding"
+        t.close()
+    finally:
+        server.close()
+        pool.close()

@@ -5,6 +5,15 @@ word per ring (the slot at its cursor) plus slot 0 of every ring (where a reconn
 starts). With the native helper built it lets C answer LOOKUP_PREFIX/GET/PING bursts straight
 from the rings (`fast_serve`, GIL released) and takes everything else through Python. The owner
 of a request (for token and lease ownership) is its ring index.
+
+Doorbells (docs/pool-format.md): where the pool has them and the native helper reads them, the
+listener does not read those 2R words on every look: it reads the doorbell lines (a byte per ring,
+64 to a line, bumped by a client after each request it publishes) and looks only at the rings
+whose byte moved, plus a sweep of SWEEP_S per whole set of rings for a request that came without
+a doorbell (an old client, a lost bump). The native fast path reads them too once `fast_serve`
+takes the doorbell state (`FAST_SERVE_BELLS` in the native module); until then the fast path keeps
+its pass over every ring, and `doorbells_with_python` chooses from which ring count the doorbells
+with Python's answers beat that pass.
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ if TYPE_CHECKING:
 
 # How often the slot-by-slot safety net (resync) runs at most, in seconds.
 RESYNC_S = 1.0
+# The doorbells' sweep: every ring looked at once per SWEEP_S whatever its doorbell says, a slice at
+# a time (a ring every SWEEP_S / rings), so no look grows with the ring count.
+SWEEP_S = 0.1
 
 
 @register_listener
@@ -43,8 +55,19 @@ class RingListener(Listener):
         # The native wait watches 2R words: each ring's cursor slot, then each ring's slot 0.
         self._offs = array("q", [g.slot_offset(r, 0) for r in range(R)] * 2)
         self._start = 0
+        # The doorbells' state (bells_new in _native_ring.c), None where the pool or the helper has none.
+        self._bells: Any = None
+        if getattr(native._native, "bells_new", None) is not None and g.has_doorbells:
+            self._bells = native._native.bells_new(R, g.doorbell_offset(0), max(1, int(SWEEP_S * 1e9 / R)))
+        self._fast_bells = self._bells is not None and bool(getattr(native._native, "FAST_SERVE_BELLS", 0))
+        fast = server.config.fast_path and native.fast_serve is not None
+        if fast and self._bells is not None and not self._fast_bells:
+            if g.ring_count >= self.doorbells_with_python:
+                fast = False  # the doorbells, and Python's answers
+            else:
+                self._bells = None  # the fast path's pass over every ring is cheaper at this count
         self._fast = None
-        if server.config.fast_path and native.fast_serve is not None:
+        if fast:
             self._fast = native.fi_new()
             server.index.attach_mirror(
                 self._fast,
@@ -58,6 +81,10 @@ class RingListener(Listener):
         self.rings_resynced = 0
         self.bad_slots = 0
         self.stale_fenced = 0
+
+    # Without a doorbell-reading fast path: from this many rings up, the doorbells and Python's
+    # answers instead of the fast path's pass over every ring (docs/measurements.md, 2026-12-05).
+    doorbells_with_python = 1 << 62
 
     @classmethod
     def from_config(cls, server: MetadataServer) -> list[Listener]:
@@ -79,6 +106,8 @@ class RingListener(Listener):
                 slots.reply(self.buf, off, seq, epoch32, op, int(Code.STALE_EPOCH), b"", self.flush)
                 self.stale_fenced += 1
             self._set_cursor(r, 0)
+        if self._bells is not None:
+            native._native.bells_pend_all(self._bells)
 
     def _set_cursor(self, ring: int, slot: int) -> None:
         self._cursor[ring] = slot
@@ -91,6 +120,8 @@ class RingListener(Listener):
             served, stop = self.fast_burst(self._start, spin_ns)
             # stop >= 0: a ready slot the fast path leaves to Python
             t = slots.take(self.buf, self._offs, stop, self.max_payload, 0, self.flush) if stop >= 0 else None
+        elif self._bells is not None:
+            t = native._native.bells_take(self.buf, self._offs, self._bells, self.max_payload, spin_ns, self.flush)
         else:
             t = slots.take(self.buf, self._offs, self._start, self.max_payload, spin_ns, self.flush)
         if t is not None:
@@ -113,6 +144,9 @@ class RingListener(Listener):
         if self._fast is not None and self.server.service.ready:
             served, stop = self.fast_burst(self._start, timeout_ns, sleep_ns, fd)
             return stop, served
+        if self._bells is not None:
+            got = native._native.bells_wait(self.buf, self._offs, self._bells, timeout_ns, sleep_ns, self.flush, fd)
+            return int(got), 0
         return int(native.idle_wait_any(self.buf, self._offs, REQ_READY, timeout_ns, sleep_ns, self.flush, fd)), 0
 
     def rotate(self) -> None:
@@ -129,10 +163,12 @@ class RingListener(Listener):
         hist = service.latency_by_op[Op.LOOKUP_PREFIX]
         assert hist is not None
         first_lease = index.next_lease
+        extra = (self._bells,) if self._fast_bells else ()
         out = native.fast_serve(
             self._fast, self.buf, self._offs, self._cursor, self.geometry.slots_per_ring,
             self.geometry.slot_size, service.epoch32, index.ns_id_bound, self.flush, spin_ns,
             start, index.next_lease, 256, hist.bounds_ns, hist.counts, service.leases.key_bytes, sleep_ns, fd,
+            *extra,
         )  # fmt: skip
         served, stop, lease_next, log, lookups, hits, sum_ns, per_entry, gets, manys, many_keys, many_hits = out
         if served:
@@ -155,7 +191,10 @@ class RingListener(Listener):
 
     def poll_once(self, timeout_ns: int = 0) -> bool:
         """Serve at most one ring request (tests drive the server with this, without a loop)."""
-        t = slots.take(self.buf, self._offs, 0, self.max_payload, timeout_ns, self.flush)
+        if self._bells is not None:
+            t = native._native.bells_take(self.buf, self._offs, self._bells, self.max_payload, timeout_ns, self.flush)
+        else:
+            t = slots.take(self.buf, self._offs, 0, self.max_payload, timeout_ns, self.flush)
         if t is None:
             return False
         self.serve_taken(t)
@@ -246,6 +285,8 @@ class RingListener(Listener):
                         waiting.append((HEADER.unpack_from(buf, off)[1], slot))
                 if waiting:
                     self._set_cursor(r, min(waiting)[1])
+                    if self._bells is not None:
+                        native._native.bells_pend_all(self._bells, r)
                     moved += 1
             if start >= len(every):
                 break
@@ -264,4 +305,6 @@ class RingListener(Listener):
             "bad_slots": self.bad_slots,
             "rings_resynced": self.rings_resynced,
             "stale_fenced_at_start": self.stale_fenced,
+            "doorbells": native._native.bells_stats(self._bells) if self._bells is not None else None,
+            "doorbells_in_fast_path": self._fast_bells,
         }

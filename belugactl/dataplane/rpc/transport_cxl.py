@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import weakref
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ _rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native 
 _rpc_release_nowait = getattr(native._native, "rpc_release_nowait", None) if native._native is not None else None
 _rpc_get_many_start = getattr(native._native, "rpc_get_many_start", None) if native._native is not None else None
 _rpc_get_many_finish = getattr(native._native, "rpc_get_many_finish", None) if native._native is not None else None
+_bell_register = getattr(native._native, "bell_register", None) if native._native is not None else None
+_bell_unregister = getattr(native._native, "bell_unregister", None) if native._native is not None else None
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20
@@ -104,6 +107,15 @@ class CxlTransport(ClientTransport):
         from belugactl.pool.header import EPOCH_OFFSET
 
         self._epoch_off = EPOCH_OFFSET
+        # The ring's doorbell: every request the native helper publishes in this ring's slots bumps
+        # it (publish() in _native_ring.h finds it by the slot's address), so the server looks at
+        # this ring only when it has something. Without it (no native helper, no doorbell area) the
+        # server's sweep still answers, slowly.
+        self._bell: weakref.finalize | None = None
+        if _bell_register is not None and g.has_doorbells:
+            h = _bell_register(self.buf, g.ring_offset(ring), g.slots_per_ring * g.slot_size, g.doorbell_offset(ring))
+            if h >= 0:
+                self._bell = weakref.finalize(self, _bell_unregister, h)
         self.reset()
 
     def reset(self) -> None:
@@ -371,6 +383,8 @@ class CxlTransport(ClientTransport):
 
     def close(self) -> None:
         self._inflight.clear()
+        if self._bell is not None:
+            self._bell()  # before the mapping can go: publish() must never bump a byte of a closed one
         if self.owned_pool is not None:
             self.owned_pool.close()
             self.owned_pool = None
