@@ -2,7 +2,8 @@
 
 Kill the leader (SIGKILL): the standby serves the committed blocks. Pause it (SIGSTOP): the standby
 takes over, and the old leader, resumed, writes no byte of the pool. Lose etcd: the leader stops
-serving by its deadline; etcd back: one leader again."""
+serving by its deadline; etcd back: one leader again; that leader stopped cleanly: the standby
+takes over."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.client import connect
+from belugactl.dataplane.mds.leadership import Etcd3gwKV, leader_key
 from belugactl.pool.file_pool import create_file_pool
 from belugactl.pool.mapping import PoolMapping
 from tests.support.blocks import zeros_crc
@@ -233,3 +235,10 @@ def test_etcd_lost_the_leader_stops_by_its_deadline_and_back_one_leader() -> Non
         assert other.events.empty()
         assert winner.get("/readyz")[0] == 200 and other.get("/readyz")[0] == 503
         assert served(pool, ring=2, keys=keys) == len(keys)
+        # A clean stop revokes the lease: the standby takes over without waiting out the TTL.
+        winner.signal(signal.SIGTERM)
+        assert winner.proc.wait(timeout=30) == 0
+        key = Etcd3gwKV([etcd.url]).get(leader_key("cpu-demo"))  # gone at once, or the standby's already
+        assert key is None or json.loads(key.value)["member"] == other.name
+        other.expect("started")
+        assert served(pool, ring=3, keys=keys) == len(keys)
