@@ -400,9 +400,11 @@ class KVIndex:
         quota.live_leases += 1
         mine.live_leases += 1
         room = self.room
-        if room is not None:
-            room.owner(quota)
-            room.tenant(mine)
+        if room is not None:  # what the native fast path may still grant (LeaseRoom.owner/.tenant, inlined)
+            cells = room.room
+            if owner < room.rings:
+                cells[owner] = quota.limits.live_leases - quota.live_leases
+            cells[mine.slot] = mine.max_leases - mine.live_leases
         lru = tenant.lru
         leased = 0
         for e in found:
@@ -425,9 +427,11 @@ class KVIndex:
             quota.live_leases -= 1
             tenant.live_leases -= 1
             room = self.room
-            if room is not None:
-                room.owner(quota)
-                room.tenant(tenant)
+            if room is not None:  # LeaseRoom.owner/.tenant, inlined (a release of a long prompt ends many)
+                cells = room.room
+                if 0 <= quota.owner < room.rings:
+                    cells[quota.owner] = quota.limits.live_leases - quota.live_leases
+                cells[tenant.slot] = tenant.max_leases - tenant.live_leases
 
     def _burst_leases_ended(self, ring: int, n: int) -> None:
         """`n` leases the native fast path granted to `ring` ended (released or expired)."""
