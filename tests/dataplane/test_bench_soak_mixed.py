@@ -57,6 +57,9 @@ def test_the_judge_fails_each_goal_it_should() -> None:
     r["forgetful"]["accepted"], r["forgetful"]["refused_no_checksum"] = 1, 2
     assert _judged(r) == ["forgetful commits"]
     assert _judged(_made_up(lease_flood={"leases_per_message_max": 102})) == ["lease-flood attacker"]
+    # What the attacker itself counted as held at once (granted within a TTL of the request) over its quota.
+    assert _judged(_made_up(lease_flood={"live_leases_max": 1025})) == ["lease-flood attacker"]
+    assert _judged(_made_up(reserve_flood={"held_bytes_max": 34 << 20})) == ["reserve-flood attacker"]
     r = _made_up()
     r["server"]["tenant_high_attacked"]["reserve-flood"]["bytes_reserved"] = 33 << 20
     assert _judged(r) == ["reserve-flood attacker"]
