@@ -250,3 +250,33 @@ def test_fast_path_leases_count_against_the_ring_and_its_tenant(pool_path: Path)
     finally:
         server.close()
         pool.close()
+
+
+def test_a_journal_restart_gives_each_block_back_to_its_tenant(pool_path: Path) -> None:
+    specs, rings = [TenantSpec("a"), TenantSpec("b")], {A: "a", B: "b"}
+
+    def start() -> tuple[PoolMapping, MetadataServer]:
+        pool = PoolMapping.open(pool_path)
+        server = MetadataServer(
+            pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, restart_policy="journal")
+        )
+        server.index.set_tenants(specs, rings)
+        server.start()
+        return pool, server
+
+    pool, first = start()
+    ns_a = as_(first.index, A).open_namespace("m")
+    put(first.index, A, ns_a, 1, 4096)
+    first.close()
+    pool.close()
+    pool, second = start()
+    try:
+        idx = second.index
+        assert second.restored_entries == 1
+        assert as_(idx, B).get(as_(idx, B).open_namespace("m"), key(1)) is None  # b's "m" is another
+        ns = as_(idx, A).open_namespace("m")
+        assert idx.get(ns, key(1)) is not None
+        assert idx.tenants.by_name["a"].stored_bytes == 4096 and idx.tenants.by_name["b"].stored_bytes == 0
+    finally:
+        second.close()
+        pool.close()
