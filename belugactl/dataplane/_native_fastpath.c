@@ -37,6 +37,11 @@ typedef struct {
     Py_ssize_t room_len, tenants;
     int64_t *ring_slot;
     Py_ssize_t nrings;
+    /* With tenants: ns_slot[ns] is the tenant cell of namespace ns (-1: none). A request naming a
+     * namespace that is not its ring's tenant's is left to Python (UNKNOWN_NS). NULL: no check. */
+    Py_buffer ns_buf;
+    int64_t *ns_slot;
+    Py_ssize_t ns_len;
 } FastIndex;
 
 static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
@@ -79,6 +84,7 @@ static void fi_free(PyObject *cap) {
         for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
         free(fi->slots);
         if (fi->room) PyBuffer_Release(&fi->room_buf);
+        if (fi->ns_slot) PyBuffer_Release(&fi->ns_buf);
         free(fi->ring_slot);
         free(fi);
     }
@@ -160,18 +166,31 @@ PyObject *py_fi_len(PyObject *self, PyObject *cap) {
     return PyLong_FromSize_t(fi->used);
 }
 
-/* fi_set_room(fi, room, ring_slot): the lease room the fast path takes from (see FastIndex). room:
+/* fi_set_room(fi, room, ring_slot, ns_slot=None): the lease room the fast path takes from, and with
+ * tenants each namespace's tenant cell (see FastIndex; ns_slot: a writable int64 array, kept exported
+ * like room; the index sets it again when it needs a larger one). room:
  * a writable int64 array (kept exported, so it cannot be resized under us): a cell per ring, one per
  * tenant, then one per tenant for its refusals (len = rings + 2 x tenants); ring_slot: int64 per
  * ring, the cell of its tenant (>= the ring count, < rings + tenants). */
 PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
-    PyObject *cap, *room; Py_buffer sl;
-    if (!PyArg_ParseTuple(args, "OOy*", &cap, &room, &sl)) return NULL;
+    PyObject *cap, *room, *nsobj = Py_None; Py_buffer sl;
+    if (!PyArg_ParseTuple(args, "OOy*|O", &cap, &room, &sl, &nsobj)) return NULL;
     FastIndex *fi = fi_get(cap);
     PyObject *r = NULL;
-    Py_buffer rb;
+    Py_buffer rb, nb = {0};
     if (!fi) goto done;
-    if (PyObject_GetBuffer(room, &rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (nsobj != Py_None) {
+        if (PyObject_GetBuffer(nsobj, &nb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (nb.len % 8 || nb.itemsize != 8 || ((uintptr_t)nb.buf & 7)) {
+            PyBuffer_Release(&nb);
+            PyErr_SetString(PyExc_ValueError, "fi_set_room: ns_slot must be int64 cells");
+            goto done;
+        }
+    }
+    if (PyObject_GetBuffer(room, &rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        if (nb.buf) PyBuffer_Release(&nb);
+        goto done;
+    }
     Py_ssize_t n = sl.len / 8, len = rb.len / 8;
     const int64_t *slots = (const int64_t *)sl.buf;
     int bad = sl.len % 8 || rb.len % 8 || rb.itemsize != 8 || ((uintptr_t)rb.buf & 7) || len < n || (len - n) % 2;
@@ -180,6 +199,7 @@ PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
     int64_t *copy = bad ? NULL : malloc((size_t)(n ? n : 1) * 8);
     if (bad || !copy) {
         PyBuffer_Release(&rb);
+        if (nb.buf) PyBuffer_Release(&nb);
         if (bad) PyErr_SetString(PyExc_ValueError, "fi_set_room: room must be int64 cells, ring_slot cells past the rings");
         else PyErr_NoMemory();
         goto done;
@@ -189,10 +209,20 @@ PyObject *py_fi_set_room(PyObject *self, PyObject *args) {
     free(fi->ring_slot);
     fi->room_buf = rb; fi->room = (int64_t *)rb.buf; fi->room_len = len; fi->tenants = tenants;
     fi->ring_slot = copy; fi->nrings = n;
+    if (fi->ns_slot) PyBuffer_Release(&fi->ns_buf);
+    fi->ns_slot = NULL; fi->ns_len = 0;
+    if (nb.buf) { fi->ns_buf = nb; fi->ns_slot = (int64_t *)nb.buf; fi->ns_len = nb.len / 8; }
     r = Py_None; Py_INCREF(r);
 done:
     PyBuffer_Release(&sl);
     return r;
+}
+
+/* Whether `ring` may use namespace `ns` here: with tenants, only its own tenant's (else Python
+ * answers, UNKNOWN_NS). */
+static int ns_mine(const FastIndex *fi, uint64_t ring, uint32_t ns) {
+    if (!fi->ns_slot) return 1;
+    return (Py_ssize_t)ns < fi->ns_len && (Py_ssize_t)ring < fi->nrings && fi->ns_slot[ns] == fi->ring_slot[ring];
 }
 
 /* Take one lease's room for `ring` (ring and tenant); 0 when there is none (nothing taken, the
@@ -293,6 +323,7 @@ static int fast_get(struct fast_ctx *c, char *slot, const struct slot_hdr *h) {
     uint32_t ns; uint16_t klen;
     memcpy(&ns, pl, 4); memcpy(&klen, pl + 4, 2);
     if (ns == 0 || ns > c->ns_count || klen == 0 || klen > FI_KEY || 6 + (size_t)klen > h->length) return -1;
+    if (!ns_mine(c->fi, c->ring, ns)) return -1;
     uint8_t key[FI_KEY];
     memcpy(key, pl + 6, klen);
     fi_slot *e = fi_find(c->fi, ns, key, klen, fi_hash(ns, key, klen));
@@ -317,6 +348,7 @@ static int read_key_list(const struct fast_ctx *c, const char *slot, const struc
     memcpy(ns, pl, 4); memcpy(count, pl + 4, 2); memcpy(klen, pl + 6, 2);
     if (*ns == 0 || *ns > c->ns_count || *count == 0 || *count > 256 || *klen == 0 || *klen > FI_KEY ||
         8 + (size_t)*count * *klen > h->length || (size_t)*count * *klen > 4096) return -1;
+    if (!ns_mine(c->fi, c->ring, *ns)) return -1; /* another tenant's namespace: Python says UNKNOWN_NS */
     memcpy(keys, pl + 8, (size_t)*count * *klen);
     return 0;
 }

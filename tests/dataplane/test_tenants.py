@@ -280,3 +280,41 @@ def test_a_journal_restart_gives_each_block_back_to_its_tenant(pool_path: Path) 
     finally:
         second.close()
         pool.close()
+
+
+@pytest.mark.native
+def test_the_fast_path_answers_a_ring_only_in_its_own_tenants_namespaces(pool_path: Path) -> None:
+    """A ring of tenant b naming tenant a's namespace id is not answered from the native mirror: the
+    request goes to Python, which answers UNKNOWN_NS (lookup, GET, GET_MANY alike)."""
+    if native.fast_serve is None:
+        pytest.skip("no native fast path")
+    from belugactl.dataplane.rpc.transport import CxlTransport
+
+    pool = PoolMapping.open(pool_path)
+    server = MetadataServer(pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0))
+    server.index.set_tenants([TenantSpec("a"), TenantSpec("b")], {1: "a", 2: "b"})
+    server.start()
+    try:
+        idx = server.index
+        ns_a = as_(idx, 1).open_namespace("m")
+        for owner in (3, 4, 5):  # past the first ns_slot array (1,024): the grown one is handed to C
+            for i in range(370):
+                as_(idx, owner).open_namespace(f"n{owner}-{i}")
+        put(idx, 1, ns_a, 1, 4096)
+        mine, theirs = CxlTransport(pool, 1), CxlTransport(pool, 2)
+        for op, payload in (
+            (Op.LOOKUP_PREFIX, p.encode_lookup(ns_a, [key(1)])),
+            (Op.GET, p.encode_key(ns_a, key(1))),
+            (Op.GET_MANY, p.encode_lookup(ns_a, [key(1)])),
+        ):
+            for t, expect in ((theirs, Code.UNKNOWN_NS), (mine, Code.OK)):
+                t.submit(op, server.epoch, payload)
+                served, stop = server.ring.fast_burst(0, 5_000_000_000)
+                if stop >= 0:
+                    assert server.poll_once(0)
+                code, _e, _rep = t.collect(5_000_000_000)
+                assert code == expect, op.name
+        assert idx.entries[(ns_a, key(1))].leases == 3  # a's own three, none for b
+    finally:
+        server.close()
+        pool.close()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -213,6 +214,9 @@ class KVIndex:
         self._ns_tenant: dict[int, Tenant] = {}  # namespace id -> its tenant
         self.room: LeaseRoom | None = None  # what the native fast path may still grant (set_rings)
         self._rings = 0
+        # With tenants: namespace id -> its tenant's room cell, for the native fast path's check that
+        # a ring names only its own tenant's namespaces (-1: none); grown by doubling, then re-attached.
+        self._ns_slot: array | None = None
         # Within one request (begin_request .. end_request): key -> the lease it got, so a
         # GET_MANY naming one key many times holds one lease for it, not one per repeat.
         self._memo: dict[Key, int] | None = None
@@ -247,8 +251,22 @@ class KVIndex:
         self._attach_room()
 
     def _attach_room(self) -> None:
+        if self.tenants.named and self._ns_slot is None:
+            self._ns_slot = array("q", [-1]) * 1024
         if self.mirror is not None and self.room is not None and _fi_set_room is not None:
-            _fi_set_room(self.mirror, self.room.room, self.room.ring_slot.tobytes())
+            _fi_set_room(self.mirror, self.room.room, self.room.ring_slot.tobytes(), self._ns_slot)
+
+    def _set_ns_slot(self, ns: int, slot: int) -> None:
+        cells = self._ns_slot
+        if cells is None:
+            return
+        if ns >= len(cells):
+            grown = array("q", [-1]) * (2 * max(ns, len(cells)))
+            grown[: len(cells)] = cells
+            self._ns_slot = grown
+            self._attach_room()  # the fast path lets go of the old array and takes this one
+            cells = grown
+        cells[ns] = slot
 
     def _tenant_of_name(self, key: str) -> Tenant:
         tname, sep, _ = key.partition(_TENANT_SEP)
@@ -310,6 +328,7 @@ class KVIndex:
         tenant = self._tenant_of_name(name)
         self._ns_tenant[ns] = tenant
         tenant.namespaces += 1
+        self._set_ns_slot(ns, tenant.slot)
         return ns
 
     def _drop_idle_namespaces(self) -> None:
@@ -323,6 +342,7 @@ class KVIndex:
             del self._ns_empty[ns], self._ns_live[ns], self.namespaces[self.ns_names.pop(ns)]
             self._ns_keys.pop(ns, None)
             self._ns_tenant.pop(ns).namespaces -= 1
+            self._set_ns_slot(ns, -1)
             creator = self._ns_owner.pop(ns, None)
             if creator is not None:
                 self.quotas.of(creator).namespaces -= 1
