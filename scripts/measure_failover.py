@@ -40,6 +40,14 @@ def start(name: str, pool: Path, url: str, ttl: int, log: Path) -> tuple[subproc
     return proc, err
 
 
+def record(proc: subprocess.Popen, tmp: str) -> dict:
+    """The server's next start record; exits (never hangs) when it printed none."""
+    line = proc.stdout.readline()
+    if not line:
+        sys.exit(f"a server exited without a record: see {tmp}/mds-*.err")
+    return json.loads(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=5)
@@ -47,57 +55,62 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1000)
     args = ap.parse_args()
     with running_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
-        pool_path = Path(tmp) / "pool"
-        create_file_pool(pool_path, CPU_DEMO)
-        procs = {}
-        for name in ("mds-a", "mds-b"):
-            procs[name] = start(name, pool_path, etcd.url, args.ttl, Path(tmp) / f"{name}.err")
-            assert json.loads(procs[name][0].stdout.readline())["event"] == "standby"
-        first = json.loads(procs["mds-a"][0].stdout.readline())
-        assert first["event"] == "started", first
-        leader = "mds-a"
-        pool = PoolMapping.open(pool_path)
-        client = connect(f"cxl://{pool_path}#1", pool=pool, timeout_s=5)
-        keys = [os.urandom(32) for _ in range(args.blocks)]
-        for k in keys:
-            r = client.reserve(NS, k, 4096)
-            pool.write(r.extents[0][0], k * 128)
-            client.commit(r.token, zeros_crc(r.nbytes))
-        prober = connect(f"cxl://{pool_path}#2", pool=pool, timeout_s=0.2)  # a client that waits 0.2 s a try
-        times, lost, wrong = [], 0, 0
-        for _ in range(args.kills):
-            other = "mds-b" if leader == "mds-a" else "mds-a"
-            killed = time.monotonic()
-            os.kill(procs[leader][0].pid, signal.SIGKILL)
-            procs[leader][0].wait()
-            while True:
-                try:
-                    prober.reconnect()
-                    if prober.lookup_prefix(NS, keys[:1]) == 1:
-                        break
-                except MetadataError:
-                    time.sleep(0.01)
-            times.append(time.monotonic() - killed)
-            rec = json.loads(procs[other][0].stdout.readline())
-            assert rec["event"] == "started", rec
-            client.reconnect()
-            n = client.lookup_prefix(NS, keys)
-            lost += len(keys) - n
-            for k in keys[:n]:
-                loc = client.get(NS, k)
-                if loc is None or pool.read(loc.extents[0][0], 32 * 128) != k * 128:
-                    wrong += 1
-            procs[leader][1].close()
-            procs[leader] = start(leader, pool_path, etcd.url, args.ttl, Path(tmp) / f"{leader}.err")
-            assert json.loads(procs[leader][0].stdout.readline())["event"] == "standby"
-            leader = other
-        client.close()
-        prober.close()
-        pool.close()
-        for proc, err in procs.values():
-            proc.terminate()
-            proc.wait(timeout=15)
-            err.close()
+        procs: dict = {}
+        try:
+            pool_path = Path(tmp) / "pool"
+            create_file_pool(pool_path, CPU_DEMO)
+            for name in ("mds-a", "mds-b"):
+                procs[name] = start(name, pool_path, etcd.url, args.ttl, Path(tmp) / f"{name}.err")
+                assert record(procs[name][0], tmp)["event"] == "standby"
+            first = record(procs["mds-a"][0], tmp)
+            assert first["event"] == "started", first
+            leader = "mds-a"
+            pool = PoolMapping.open(pool_path)
+            client = connect(f"cxl://{pool_path}#1", pool=pool, timeout_s=5)
+            keys = [os.urandom(32) for _ in range(args.blocks)]
+            for k in keys:
+                r = client.reserve(NS, k, 4096)
+                pool.write(r.extents[0][0], k * 128)
+                client.commit(r.token, zeros_crc(r.nbytes))
+            prober = connect(f"cxl://{pool_path}#2", pool=pool, timeout_s=0.2)  # a client that waits 0.2 s a try
+            times, lost, wrong = [], 0, 0
+            for _ in range(args.kills):
+                other = "mds-b" if leader == "mds-a" else "mds-a"
+                killed = time.monotonic()
+                os.kill(procs[leader][0].pid, signal.SIGKILL)
+                procs[leader][0].wait()
+                while True:
+                    if time.monotonic() - killed > 60:
+                        sys.exit(f"no server answered within 60 s of the kill: see {tmp}/mds-*.err")
+                    try:
+                        prober.reconnect()
+                        if prober.lookup_prefix(NS, keys[:1]) == 1:
+                            break
+                    except MetadataError:
+                        time.sleep(0.01)
+                times.append(time.monotonic() - killed)
+                rec = record(procs[other][0], tmp)
+                assert rec["event"] == "started", rec
+                client.reconnect()
+                n = client.lookup_prefix(NS, keys)
+                lost += len(keys) - n
+                for k in keys[:n]:
+                    loc = client.get(NS, k)
+                    if loc is None or pool.read(loc.extents[0][0], 32 * 128) != k * 128:
+                        wrong += 1
+                procs[leader][1].close()
+                procs[leader] = start(leader, pool_path, etcd.url, args.ttl, Path(tmp) / f"{leader}.err")
+                assert record(procs[leader][0], tmp)["event"] == "standby"
+                leader = other
+            client.close()
+            prober.close()
+            pool.close()
+        finally:
+            for proc, err in procs.values():  # never left running, whatever happened
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=15)
+                err.close()
     print(json.dumps({
         "kills": args.kills, "ttl_s": args.ttl, "blocks": args.blocks,
         "first_answer_s": {"p50": round(statistics.median(times), 3), "max": round(max(times), 3),
