@@ -53,11 +53,11 @@ from belugactl.workflows.bench import soak
 
 ATTACKERS = ("lease-flood", "reserve-flood", "namespace-churn", "connection-flood")
 HOSTILE_NS = "hostile/{}"
-# With tenants (manifest `tenants:`): the honest tenant owns soak-0's instance, and each attacker is
-# a tenant of its own (named after it) owning the instance of a host of its own, with the same
-# quotas: a sixteenth of the area pending, 1,024 live leases, 32 namespaces, a quarter of the
-# connection cap. Honest TCP clients say they are "honest"; honest CXL clients use soak-0's rings
-# (0, 1) and spare rings (the implicit tenant), never an attacker instance's (2 rings an instance).
+# With tenants (manifest `tenants:`): each attacker is a tenant of its own (named after it) owning
+# the instance of a host of its own, with the same quotas: a sixteenth of the area pending, 1,024
+# live leases, 32 namespaces, a quarter of the connection cap. The honest clients are the implicit
+# tenant (no quotas): TCP clients that name none, and spare rings, past every instance's rings (2
+# an instance); the manifest's `honest` tenant owns soak-0's instance, as every instance needs one.
 RINGS_PER_INSTANCE = 2
 TENANT_HOST = """\
   - name: soak-{n}
@@ -690,15 +690,15 @@ def _drive(cfg: MixedConfig, server: Any, pool_path: Path, tcp: str, workdir: Pa
         files.setdefault(name, []).append(out)
 
     def ring(slot: int) -> int:
-        """The slot's ring: past the attackers' instances' rings when the rack names tenants."""
-        skip = RINGS_PER_INSTANCE * len(cfg.attackers) if cfg.tenants else 0
-        return slot if slot < RINGS_PER_INSTANCE else slot + skip
+        """The slot's ring: with tenants a spare ring (the implicit tenant's, as every honest client's),
+        past every instance's rings."""
+        return RINGS_PER_INSTANCE * (1 + len(cfg.attackers)) + slot if cfg.tenants else slot
 
     def spawn_slot(slot: int) -> None:
         role = roles[slot]
         spawn(f"{role}.{slot}", {
             "role": role, "address": f"cxl://{pool_path}#{ring(slot)}" if slot % 2 == 0 else tcp,
-            "tenant": "honest" if cfg.tenants else "",
+            "tenant": "",  # the implicit tenant, as the spare rings: one namespace for every honest client
             "seconds": cfg.seconds + 120, "keys": cfg.keys, "lease_ttl": cfg.lease_ttl_s,
             "reservation_ttl": cfg.reservation_ttl_s, "stall": 0.5 if role == "staller" else 0.0,
             "attack_flag": str(flag), "measure_from": measure_from, "quiet_end": quiet_end,
