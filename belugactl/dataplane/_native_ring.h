@@ -37,7 +37,12 @@ struct bell_entry { uintptr_t lo, hi; uint8_t *bell; int refs; /* refs: under th
 extern HIDDEN struct bell_entry bell_table[BELL_TABLE];
 extern HIDDEN int bell_used;
 
-static inline void ring_bell(const char *slot, int flush) {
+/* Bumps the doorbell of the ring holding `slot`, if this process registered it; returns whether it did.
+ * Under flush the bell's line is written back but not fenced here: the caller's one fence after it
+ * waits for both write-backs (the status line's and this one), and the locked add orders them (an
+ * earlier clwb/clflushopt is ordered before a locked read-modify-write, Intel SDM), so the server can
+ * never see the bell before the request. */
+static inline int ring_bell(const char *slot, int flush) {
     int n = __atomic_load_n(&bell_used, __ATOMIC_ACQUIRE);
     uintptr_t a = (uintptr_t)slot;
     for (int i = n - 1; i >= 0; i--) { /* the newest registration of a range wins */
@@ -46,9 +51,10 @@ static inline void ring_bell(const char *slot, int flush) {
         uint8_t *b = __atomic_load_n(&e->bell, __ATOMIC_ACQUIRE);
         if (b == NULL) continue; /* unregistered */
         __atomic_fetch_add(b, (uint8_t)1, __ATOMIC_SEQ_CST); /* after the status store (a locked add orders it) */
-        if (flush) { flush_range((const char *)b, 1, 0); full_fence(); }
-        return;
+        if (flush) flush_range((const char *)b, 1, 0);
+        return 1;
     }
+    return 0;
 }
 
 /* The server's view of the doorbells: the copy of the area it last read, the rings it still has to
@@ -82,8 +88,9 @@ static inline void publish(char *slot, uint64_t seq, uint32_t epoch, uint16_t op
     if (flush) { flush_range(slot, HDR + n, 0); full_fence(); }
     else __atomic_thread_fence(__ATOMIC_RELEASE);
     __atomic_store_n(&h->status, status, __ATOMIC_RELEASE);
-    if (flush) { flush_range(slot, 8, 0); full_fence(); }
+    if (flush) flush_range(slot, 8, 0);
     if (status == ST_REQ) ring_bell(slot, flush);
+    if (flush) full_fence(); /* the status line's write-back, and the doorbell's */
 }
 
 /* A pipelined burst (_native_ring.c): run_burst's outcome, and the checks and Python value
