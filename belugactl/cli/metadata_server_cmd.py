@@ -204,6 +204,7 @@ def metadata_server(
             low_watermark=low_watermark,
             zero_on_free=zero_on_free,
             max_namespaces=ms.max_namespaces if ms is not None else 4096,
+            client_live_leases=ms.client_live_leases if ms is not None else 32768,
             **_interleave(manifest),
         ),
     )

@@ -636,6 +636,9 @@ class MetadataServe(Strict):
     # Namespaces (model/layout/rank) the index keeps open; at the cap idle empty ones are dropped,
     # then OPEN_NS answers NS_LIMIT (a client cannot grow the server's memory without bound).
     max_namespaces: Int = 4096
+    # Live read leases one client (a CXL ring or a TCP connection) may hold at once; past it its lookups
+    # answer misses (docs/dataplane.md "Quotas"). A reader releases each lease after its copy.
+    client_live_leases: Int = Field(32768, ge=1, le=1 << 31)
     # After a request the server busy-polls the CXL-RPC rings this long (a request then waits
     # microseconds), then looks every 0.1 ms for 50 ms, then every 0.25 ms. The poll takes a core:
     # right on a GPU server, where cores are spare; on a host whose few cores run the model (CPU

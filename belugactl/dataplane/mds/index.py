@@ -127,6 +127,8 @@ class IndexConfig:
     low_watermark: float = 0.80
     zero_on_free: bool = False
     max_namespaces: int = 4096
+    # Live read leases one client (a ring or a connection) may hold at once (quotas.DEFAULT_LIVE_LEASES)
+    client_live_leases: int = 32768
     # Software interleave (manifest pool.interleave.mode: software): the index sets it on its
     # allocator, so every server that builds an index from this config places extents the same way.
     interleave_ways: int = 1
@@ -202,7 +204,9 @@ class KVIndex:
         # What was removed, for clients that follow evictions (vLLM schedulers publishing BlockRemoved).
         self.removals = RemovalLog(self.config.removal_log_size)
         # Per-owner caps; `owner` is the ring or connection whose request is being served.
-        self.quotas = Quotas(QuotaLimits.defaults(allocator.capacity, self.config.max_namespaces))
+        self.quotas = Quotas(
+            QuotaLimits.defaults(allocator.capacity, self.config.max_namespaces, self.config.client_live_leases)
+        )
         self.owner = 0
         # live lease id -> (its owner's quota, its tenant) (Python-granted leases)
         self._lease_owner: dict[int, tuple[Quota, Tenant]] = {}

@@ -35,13 +35,13 @@ class QuotaLimits:
     namespaces: int
 
     @classmethod
-    def defaults(cls, capacity: int, max_namespaces: int) -> QuotaLimits:
+    def defaults(cls, capacity: int, max_namespaces: int, live_leases: int | None = None) -> QuotaLimits:
         # A quarter of the area pending per owner: several writers still fit at once, and a
         # reservation flood cannot evict every other tenant's blocks. An eighth of the namespace
         # table per owner: a churning client leaves room for the others. Small pools and tables
         # (tests, a laptop) keep a floor, so one client can still use all of them.
         return cls(
-            live_leases=DEFAULT_LIVE_LEASES,
+            live_leases=DEFAULT_LIVE_LEASES if live_leases is None else live_leases,
             reserved_bytes=max(capacity // 4, min(capacity, RESERVED_FLOOR)),
             namespaces=max(max_namespaces // 8, min(max_namespaces, NAMESPACES_FLOOR)),
         )

@@ -19,7 +19,10 @@ from belugactl.errors import EnvironmentProblem
 
 def bench_rack(*, spare_rings: int = 2, slots_per_ring: int = 128) -> str:
     """A small rack whose ring has room for 128 requests in flight; `spare_rings` more rings than its
-    two processes use (`bench mds --idle --idle-rings` lays out many, of 256 slots as a rack's)."""
+    two processes use (`bench mds --idle --idle-rings` lays out many, of 256 slots as a rack's).
+
+    Its clients may hold 2^30 live leases: the lookup benchmarks never release theirs (they measure
+    the grant), and at the default per-client cap (32,768) they would measure misses after a moment."""
     return f"""\
 version: 1
 name: bench-rpc
@@ -39,6 +42,7 @@ hosts:
     numa: {{cpu_nodes: 1, cxl_nodes: 1}}
     gpus: {{count: 1, model: L40S}}
 serve:
+  metadata: {{client_live_leases: 1073741824}}
   vllm:
     model: bench/model
     instances_per_host: 1
