@@ -229,6 +229,8 @@ def status(
                 f"  pool (epoch {pool['epoch']}): {pool['entries']} blocks, {format_size(pool['bytes_used'] or 0)} of "
                 f"{format_size(pool['bytes_capacity'] or 0)} used, {pool['evictions']} evictions"
             )
+            if pool.get("leader"):
+                print(f"  metadata leader: {pool['leader']} ({pool.get('leader_changes') or 0} leader changes seen)")
     # 1 only when something should be serving and is not: a supervisor that died without stopping.
     return 1 if doc["state"] == "supervisor gone" else 0
 

@@ -210,6 +210,7 @@ def pool_summary(stats: Any) -> dict[str, Any] | None:
     index = stats.get("index") if isinstance(stats.get("index"), dict) else stats
     capacity = index.get("bytes_capacity") or 0
     used = index.get("bytes_used") or 0
+    lead = stats.get("leadership") if isinstance(stats.get("leadership"), dict) else {}
     return {
         "epoch": stats.get("epoch"),
         "ready": stats.get("ready"),
@@ -220,6 +221,10 @@ def pool_summary(stats: Any) -> dict[str, Any] | None:
         "evictions": index.get("evictions"),
         "hits": index.get("hits"),
         "misses": index.get("misses"),
+        # An elected server (metadata-server --standby): who leads, since when (epoch s), leader changes seen
+        "leader": lead.get("leader"),
+        "leader_since": lead.get("leader_since"),
+        "leader_changes": lead.get("leader_changes"),
     }
 
 
