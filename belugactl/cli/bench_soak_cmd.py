@@ -167,7 +167,7 @@ def _mixed(
         )
         lat = Table(
             "honest", "per s before / after", "p50 quiet ms", "p99 quiet ms (before / after)", "per s attacked",
-            "p50 attacked ms", "p99 attacked ms", "p99 attacked / quiet",
+            "p50 attacked ms", "p99 attacked ms", "p99 ratio (worse of / quiet, / after)",
         )  # fmt: skip
         for row, e in r["latency"].items():
             lat.add_row(

@@ -20,8 +20,9 @@ own with quotas, and is judged by its tenant's figures in /stats against them.
 After a warm-up (a fifth of the run: start-up, the area's first fill), the run has three phases of
 equal length on the same server: quiet, attacked (the hostile tenants run), quiet again (they are
 stopped). The honest tenants' throughput and p50/p99 per transport and operation are reported for
-each, and the p99 ratio of the attacked phase to both quiet ones together (the machine's own load
-drifts during a run: a quiet phase on each side of the attack keeps that drift out of the ratio)
+each, and the p99 ratio: the larger of the attacked phase over both quiet ones together and over
+the one after alone (the machine's own load drifts during a run, and the first quiet phase still
+carries the area's first fill: a quiet phase on each side of the attack keeps both out of it)
 (goal: within 2x; it fails the run only under `--p99-ratio-max`, since a loaded machine moves it).
 Each attacker's outcome is judged from the server's own /stats (polled on the admin port while it
 runs) against its tenant's quotas (`--no-tenants`: the per-client caps): bounded (the server held
@@ -864,9 +865,16 @@ def _report(cfg: MixedConfig, files: dict[str, list[Path]], watch: _Watch, t0: f
             for name, qq in (("p50", 0.50), ("p99", 0.99)):
                 v = _percentile(values, qq)
                 entry[f"{name}_{ph}_ms"] = None if v is None else round(v * 1e3, 3)
-        pq, pa = entry["p99_quiet_ms"], entry["p99_attacked_ms"]
-        enough = len(phases["quiet"]) >= 20 and len(phases["attacked"]) >= 20
-        entry["p99_ratio"] = round(pa / pq, 2) if pq and pa is not None and enough else None
+        # The larger of attacked over both quiet phases and attacked over the one after: the first
+        # quiet phase still carries the area's first fill (its page writeback), which flatters the
+        # pooled ratio; the one after alone would flatter it when the machine's load rises instead.
+        pa, ratios = entry["p99_attacked_ms"], []
+        for ref in ("quiet", "after"):
+            pq = entry[f"p99_{ref}_ms"]
+            enough = len(phases[ref]) >= 20 and len(phases["attacked"]) >= 20
+            entry[f"p99_ratio_{ref}"] = round(pa / pq, 2) if pq and pa is not None and enough else None
+            ratios += [entry[f"p99_ratio_{ref}"]] if entry[f"p99_ratio_{ref}"] is not None else []
+        entry["p99_ratio"] = max(ratios) if ratios else None
         latency[row] = entry
     forgetful = {"attempts": 0, "refused_no_checksum": 0, "accepted": 0, "other": {}, "errors": {}}
     for name, paths in files.items():
