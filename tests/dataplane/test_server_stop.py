@@ -124,7 +124,13 @@ def test_a_journal_that_fills_fails_readyz_and_says_so_in_metrics(manifest_path:
                 break
             time.sleep(0.1)
         assert status == 503 and json.loads(body)["reason"].startswith("journal stopped:")
-        assert "beluga_mds_journal_stopped 1.0" in _get(f"{admin}/metrics")[1]
+        metrics = ""
+        for _ in range(100):  # /metrics reads the snapshot of the next housekeeping tick
+            metrics = _get(f"{admin}/metrics")[1]
+            if "beluga_mds_journal_stopped 1.0" in metrics:
+                break
+            time.sleep(0.1)
+        assert "beluga_mds_journal_stopped 1.0" in metrics
         assert _stop(proc)[0] == 0
         pool.close()
     finally:
