@@ -463,10 +463,11 @@ static int fast_lookup(struct fast_ctx *c, char *slot, const struct slot_hdr *h,
 PyObject *py_fast_serve(PyObject *self, PyObject *args) {
     PyObject *cap; Py_buffer v, ov, cv, bv, hv, kv;
     Py_ssize_t S, slot_size, start, max_n; unsigned int epoch32, ns_count; int flush;
-    unsigned long long timeout_ns, lease_next, sleep_ns = 0; int fd = -1;
-    if (!PyArg_ParseTuple(args, "Ow*w*w*nnIIpKnKny*w*y*|Ki", &cap, &v, &ov, &cv, &S, &slot_size, &epoch32, &ns_count,
-                          &flush, &timeout_ns, &start, &lease_next, &max_n, &bv, &hv, &kv, &sleep_ns, &fd))
+    unsigned long long timeout_ns, lease_next, sleep_ns = 0; int fd = -1; PyObject *bcap = Py_None;
+    if (!PyArg_ParseTuple(args, "Ow*w*w*nnIIpKnKny*w*y*|KiO", &cap, &v, &ov, &cv, &S, &slot_size, &epoch32, &ns_count,
+                          &flush, &timeout_ns, &start, &lease_next, &max_n, &bv, &hv, &kv, &sleep_ns, &fd, &bcap))
         return NULL;
+    struct bells *bells = NULL;
     uint32_t lkeys[4] = {0, 0, 0, 0};
     if (kv.len == 16) memcpy(lkeys, kv.buf, 16);
     PyObject *result = NULL;
@@ -496,6 +497,7 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "fast_serve: cursor outside the ring"); goto done;
         }
     }
+    if (bcap != Py_None && ((bells = bells_get(bcap)) == NULL || bells_check(bells, &v, 2 * R) < 0)) goto done;
     if (start < 0 || start >= R) start = 0;
     Py_ssize_t served = 0, stop = -1, lookups = 0, hits = 0, gets = 0, manys = 0, many_keys = 0, many_hits = 0;
     size_t maxp = (size_t)(slot_size - HDR);
@@ -509,7 +511,8 @@ PyObject *py_fast_serve(PyObject *self, PyObject *args) {
     unsigned spins = 0;
     for (;;) {
         Py_ssize_t found = -1;
-        for (Py_ssize_t j = 0; j < 2 * R; j++) {
+        if (bells) found = bells_next(bells, (char *)v.buf, offs, flush); /* the doorbells lead the look */
+        else for (Py_ssize_t j = 0; j < 2 * R; j++) {
             Py_ssize_t i = start + j; if (i >= 2 * R) i -= 2 * R;
             char *slot = (char *)v.buf + offs[i];
             if (flush) { flush_range(slot, 8, 1); full_fence(); }
