@@ -131,5 +131,8 @@ PyMODINIT_FUNC MODULE_INIT(void) {
     const char *avx2_env = getenv("BELUGACTL_NATIVE_AVX2");
     nt_avx2 = have_avx2 && !(avx2_env && strcmp(avx2_env, "0") == 0);
     crc_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* fast_serve takes the doorbell state as its last argument (mds/listener_cxl.py looks for this) */
+    if (m != NULL && PyModule_AddIntConstant(m, "FAST_SERVE_BELLS", 1) < 0) { Py_DECREF(m); return NULL; }
+    return m;
 }
