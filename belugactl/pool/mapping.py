@@ -401,6 +401,8 @@ class PoolMapping:
 
     def bump_epoch(self) -> int:
         """Atomically add one to the header's epoch word; return the new epoch."""
+        if self.needs_flush:  # another host's bump may be in memory, not in this CPU's copy of the line
+            native.flush(self.buf, EPOCH_OFFSET, 8, True)
         old = native.fetch_add64(self.buf, EPOCH_OFFSET, 1)
         native.flush(self.buf, EPOCH_OFFSET, 8)
         return old + 1

@@ -136,6 +136,8 @@ class CxlTransport(ClientTransport):
             raise TransportError("every slot of the ring is in flight")
         seq = self._seq
         off = self._offsets[seq % self.slots_per_ring]
+        if self.flush:  # the server's last write to this slot may be in memory, not in our cached line
+            native.flush(self.buf, off, 8, True)
         if native.load64(self.buf, off) == REQ_READY:
             # A slot still busy from a request we gave up on: the ring is out of step with the server.
             # (RESP_READY there is a late reply to an abandoned request: ours to overwrite.)
