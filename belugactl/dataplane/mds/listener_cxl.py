@@ -61,6 +61,8 @@ class RingListener(Listener):
             self._bells = native._native.bells_new(R, g.doorbell_offset(0), max(1, int(SWEEP_S * 1e9 / R)))
         self._fast_bells = self._bells is not None and bool(getattr(native._native, "FAST_SERVE_BELLS", 0))
         fast = server.config.fast_path and native.fast_serve is not None
+        if fast and self._fast_bells and g.ring_count < self.fast_bells_from_rings:
+            self._bells, self._fast_bells = None, False  # the fast path's pass over every ring costs less here
         if fast and self._bells is not None and not self._fast_bells:
             if g.ring_count >= self.doorbells_with_python:
                 fast = False  # the doorbells, and Python's answers
@@ -85,6 +87,11 @@ class RingListener(Listener):
     # Without a doorbell-reading fast path: from this many rings up, the doorbells and Python's
     # answers instead of the fast path's pass over every ring (docs/measurements.md, 2026-12-05).
     doorbells_with_python = 1 << 62
+    # With the doorbell-reading fast path: from this many rings up it reads the doorbells; below, its
+    # pass over every ring is cheaper than the doorbells' bookkeeping (a pass is 0.2 us at 16 rings:
+    # bench rpc at 16 rings gave 2.7-3.3 Mops with the doorbells against 4.2-4.5 without,
+    # docs/measurements.md 2026-12-05; at 1,152 rings a pass is 14-19 us, the doorbells 1.7 us).
+    fast_bells_from_rings = 128
 
     @classmethod
     def from_config(cls, server: MetadataServer) -> list[Listener]:
