@@ -53,12 +53,6 @@ def test_mixed_soak_serves_no_wrong_byte_refuses_forgetful_commits_and_bounds_at
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="listener_tcp, at the cap, evicts only connections that did no work for evict_idle_after_s (1 s): a "
-    "flood that reconnects at once keeps every place younger than that, and newcomers are closed at accept "
-    "(found by bench soak --mixed, 2026-12-05)",
-)
 def test_a_reconnecting_connection_flood_does_not_lock_newcomers_out(mds: Mds) -> None:
     stop = threading.Event()
     opened = [0]

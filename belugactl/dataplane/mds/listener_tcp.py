@@ -16,10 +16,15 @@ No client can hold the loop: one turn serves a connection at most `frames_per_tu
 `bytes_per_turn` bytes of requests. What is left waits in its buffer (the socket is not read
 meanwhile, so the buffer stays bounded) and is served on the next turn, after the CXL rings and
 every other ready connection had theirs (`serve_backlog`). At the connection cap, a new client
-takes the place of a connection that has done no work (anything but PING and HELLO) for
-`evict_idle_after_s`: one that never worked first, the newest of those first (a flood's latest
-arrivals go before a client that held its place). Idle and ping-only connections cannot lock
-others out; connections that work keep their places.
+first takes the place of the OLDEST connection that has not settled yet (no HELLO answered OK, no
+handshake finished, no work done), whatever its age, silent ones (nothing sent, nothing waiting
+to be read) before those whose first bytes are there: silent sockets that reconnect as soon as
+they are closed then cycle through the places among themselves, while a newcomer, which says
+HELLO at once, is passed over until it has settled. When every place is
+settled, a newcomer takes the place of a connection that has done no work (anything but PING and
+HELLO) for `evict_idle_after_s`: one that never worked first, the newest of those first (a
+flood's latest arrivals go before a client that held its place). Idle, ping-only and silent
+connections cannot lock others out; connections that work keep their places.
 
 Authentication (rpc/auth.py): when the listener binds beyond loopback (or its policy says so) a
 connection must finish the handshake before any other frame; until then its frames are capped at
@@ -78,7 +83,7 @@ _NOT_WORK = frozenset((int(Op.PING), int(Op.HELLO)))
 
 class _Conn:
     __slots__ = ("sock", "rx", "tx", "owner", "last_active", "last_work", "worked", "since", "events", "backlogged",
-                 "gate", "shake")  # fmt: skip
+                 "gate", "shake", "settled")  # fmt: skip
 
     def __init__(self, sock: socket.socket, owner: int, now: float) -> None:
         self.sock = sock
@@ -95,6 +100,7 @@ class _Conn:
         # _PROVING: the challenge is out, the proof must come next.
         self.gate = 0
         self.shake: auth.ServerHandshake | None = None
+        self.settled = False  # HELLO answered OK, handshake finished or work done (not displaced first)
 
 
 _OFFERED, _REQUIRED, _PROVING = 1, 2, 3
@@ -120,6 +126,9 @@ class TcpListener(Listener):
         self.accept_errors = 0
         self.accept_backoffs = 0
         self.evicted_idle = 0
+        # At the cap: connections that had not said HELLO, displaced oldest first (refused_over_cap counts
+        # them too: it counts every connection closed for the cap before it settled, at accept or later).
+        self.displaced_unsettled = 0
         self.turns_deferred = 0  # turns that ended with frames left for the next one
         self._backlog: dict[int, _Conn] = {}
         # Who must prove a key (decided at bind, from the address and the server's policy).
@@ -184,7 +193,7 @@ class TcpListener(Listener):
                 self._pause_accepting()
             return
         now = time.monotonic()
-        if len(self.conns) >= self.limits.max_connections and not self._evict_one_idle(now):
+        if len(self.conns) >= self.limits.max_connections and not self._make_room(now):
             self.refused_over_cap += 1
             sock.close()
             return
@@ -197,6 +206,18 @@ class TcpListener(Listener):
             conn.gate = _OFFERED
         self.conns[sock.fileno()] = conn
         self._watch(conn)
+
+    def _make_room(self, now: float) -> bool:
+        """At the cap: close the oldest connection that has not settled, else an idle one (the docstring)."""
+        unsettled = sorted((c for c in self.conns.values() if not c.settled), key=lambda c: c.since)
+        if not unsettled:
+            return self._evict_one_idle(now)
+        # A silent one first: a client whose first bytes wait (read or not yet) is saying HELLO.
+        victim = next((c for c in unsettled if not c.rx and not _bytes_waiting(c.sock)), unsettled[0])
+        self.displaced_unsettled += 1
+        self.refused_over_cap += 1
+        self._drop(victim)
+        return True
 
     def _evict_one_idle(self, now: float) -> bool:
         """At the cap: close a connection that did no work lately (see the module's docstring)."""
@@ -344,6 +365,9 @@ class TcpListener(Listener):
                 if op not in _NOT_WORK:
                     conn.last_work = time.monotonic()
                     conn.worked = True
+                    conn.settled = True
+                elif op == Op.HELLO and code == Code.OK:
+                    conn.settled = True
             frame = bytearray(4 + HEADER_SIZE + len(rep))
             _FRAME.pack_into(frame, 0, HEADER_SIZE + len(rep))
             HEADER.pack_into(frame, 4, 0, seq, MAGIC, service.epoch32, op & 0xFFFF, code, len(rep))
@@ -385,6 +409,7 @@ class TcpListener(Listener):
             tenant = conn.shake.tenant
             conn.gate = 0
             conn.shake = None
+            conn.settled = True
             self.auth_ok += 1
             bind_tenant = getattr(self.server.service, "bind_tenant", None)
             if tenant and bind_tenant is not None:
@@ -423,6 +448,7 @@ class TcpListener(Listener):
             "accept_errors": self.accept_errors,
             "accept_backoffs": self.accept_backoffs,
             "evicted_idle": self.evicted_idle,
+            "displaced_unsettled": self.displaced_unsettled,
             "turns_deferred": self.turns_deferred,
             "auth": {
                 "required": self.auth_required,
@@ -443,6 +469,14 @@ class TcpListener(Listener):
                 self.server.selector.unregister(self.sock)
             self.sock.close()
             self.sock = None
+
+
+def _bytes_waiting(sock: socket.socket) -> bool:
+    """Whether the peer sent bytes the listener has not read yet (a look, nothing taken)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))  # b"": closed, nothing to say
+    except OSError:  # nothing waiting (EAGAIN), or the peer is gone: either way it is saying nothing
+        return False
 
 
 def _auth_frame(phase: int, answer: int, seq: int, body: bytes) -> bytes:

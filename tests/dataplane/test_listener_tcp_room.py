@@ -1,0 +1,58 @@
+"""Who gives way at the TCP listener's cap (listener_tcp.TcpListener._make_room), on real socket pairs:
+the oldest connection that has not settled, a silent one before one whose HELLO waits to be read; a
+settled connection only when none is unsettled, and then only an idle one."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from belugactl.dataplane.mds.listener_tcp import TcpLimits, TcpListener, _Conn
+
+
+@pytest.fixture
+def room():  # noqa: ANN201
+    lst = TcpListener.__new__(TcpListener)
+    lst.server = SimpleNamespace(service=SimpleNamespace(forget_owner=lambda _o: None), selector=None)
+    lst.limits = TcpLimits(max_connections=8)
+    lst.conns, lst._backlog = {}, {}
+    lst.displaced_unsettled = lst.refused_over_cap = lst.evicted_idle = 0
+    peers: list[socket.socket] = []
+
+    def add(since: float, *, settled: bool = False, says: bytes = b"", worked: bool = False) -> _Conn:
+        ours, theirs = socket.socketpair()
+        peers.append(theirs)
+        if says:
+            theirs.sendall(says)
+        conn = _Conn(ours, len(lst.conns) + 1, since)
+        conn.settled, conn.worked = settled, worked
+        lst.conns[ours.fileno()] = conn
+        return conn
+
+    yield lst, add
+    for s in peers:
+        s.close()
+    for c in list(lst.conns.values()):
+        c.sock.close()
+
+
+def test_the_oldest_silent_unsettled_connection_gives_way_whatever_its_age(room) -> None:  # noqa: ANN001
+    lst, add = room
+    tenant = add(0.0, settled=True, worked=True)
+    hello_waiting = add(1.0, says=b"\x20\x00\x00\x00")  # the newcomer's HELLO, not read yet
+    silent_old, silent_new = add(2.0), add(3.0)
+    assert lst._make_room(3.01)
+    assert silent_old.sock.fileno() == -1 and lst.displaced_unsettled == 1 and lst.refused_over_cap == 1
+    assert lst._make_room(3.02)
+    assert silent_new.sock.fileno() == -1
+    assert lst._make_room(3.03)  # only a speaking one is left unsettled: it goes, not the tenant
+    assert hello_waiting.sock.fileno() == -1 and tenant.sock.fileno() != -1
+
+
+def test_settled_connections_give_way_only_when_idle(room) -> None:  # noqa: ANN001
+    lst, add = room
+    worker = add(0.0, settled=True, worked=True)
+    assert not lst._make_room(0.5)  # it worked less than evict_idle_after_s ago: nobody gives way
+    assert lst._make_room(5.0) and worker.sock.fileno() == -1 and lst.evicted_idle == 1
