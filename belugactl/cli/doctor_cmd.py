@@ -49,10 +49,21 @@ def register(app: typer.Typer) -> None:
             "--perf",
             help="Also measure the pool (a short read-only bench pool) against the manifest's pool.expect.",
         ),
+        push_poison: str | None = typer.Option(
+            None,
+            "--push-poison",
+            metavar="URL",
+            help="After the checks, POST the report to URL/poison (the metadata server's admin port): it "
+            "quarantines the poisoned lines now. Signed with the rack secret beyond loopback.",
+        ),
     ) -> None:
         """Run the named health checks (ok / warn / fail / skip, each with its fix). Reads only; changes nothing.
 
         --perf also runs a short read-only bench of the pool and compares it with pool.expect (warnings only).
+
+        --push-poison URL posts the report to the metadata server's URL/poison (its admin port, e.g.
+        http://127.0.0.1:9470) and prints the ranges it queued; an admin port beyond loopback needs the rack
+        secret (the manifest's serve.metadata.secret_file, else $BELUGA_KEY_FILE). Not reaching it: exit 3.
 
         Exit 0 when no check failed, 1 when one did, 2 for bad flags, a bad manifest or a --root that is
         not a host tree, 3 when the host has no CXL at all (nothing to check; --allow-no-cxl: 0)."""
@@ -82,6 +93,7 @@ def register(app: typer.Typer) -> None:
             opened: Any = open_root(root)
         else:
             opened = contextlib.nullcontext(Host.local())
+        push = PoisonPush.prepare(push_poison, rack) if push_poison else None  # a bad URL fails before the checks
         probe = perf_probe(rack, root) if perf else None
         with opened as host:
             if root is not None:
@@ -93,7 +105,112 @@ def register(app: typer.Typer) -> None:
             print_json(report.to_dict())
         else:
             render_report(report, verbose=verbose, allow_no_cxl=allow_no_cxl)
+        if push is not None:
+            push.send(report.to_dict(), to_stderr=as_json)  # after doctor's own output: a failure loses none of it
         raise typer.Exit(code=report.exit_code_for(allow_no_cxl=allow_no_cxl))
+
+
+PUSH_TIMEOUT_S = 10.0  # connect and answer, each: the admin port answers within a loop tick
+
+
+class PoisonPush:
+    """`--push-poison URL`: the report to URL/poison (dataplane/mds/admin.py), signed when needed."""
+
+    def __init__(self, url: str, key: bytes | None) -> None:
+        self.url = url
+        self.key = key
+
+    @classmethod
+    def prepare(cls, base: str, rack: Any) -> PoisonPush:
+        from urllib.parse import urlsplit
+
+        from belugactl.dataplane.rpc import auth
+        from belugactl.errors import EnvironmentProblem, UsageError
+
+        parts = urlsplit(base.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise UsageError(
+                f"--push-poison {base!r} is not an admin URL",
+                fix="give the metadata server's admin address, e.g. --push-poison http://127.0.0.1:9470",
+            )
+        url = base.strip().rstrip("/") + "/poison"
+        key = None
+        path = auth.secret_path(rack.manifest) if rack is not None else None
+        try:
+            if path is not None and Path(path).exists():
+                key = auth.read_key_file(path, what="rack secret").key
+            else:
+                cred = auth.client_credential()
+                key = cred.key if cred is not None and cred.tenant is None else None
+        except EnvironmentProblem:
+            if not auth.is_loopback(parts.hostname):
+                raise
+        if key is None and not auth.is_loopback(parts.hostname):
+            raise EnvironmentProblem(
+                f"--push-poison {base}: an admin port beyond loopback takes only writes signed with the rack "
+                "secret, and none was found",
+                fix="pass -f rack.yaml (its serve.metadata.secret_file) or set $BELUGA_KEY_FILE to the rack "
+                "secret (mode 0600); or run doctor on the metadata host with http://127.0.0.1:PORT",
+            )
+        return cls(url, key)
+
+    def body(self, report: dict[str, Any]) -> bytes:
+        """The report as JSON; when over the server's body cap, only the poison check (all it reads)."""
+        import json
+
+        from belugactl.dataplane.mds.poison import DOCTOR_CHECK, MAX_BODY
+
+        data = json.dumps(report, default=str).encode()
+        if len(data) > MAX_BODY:
+            checks = [c for c in report.get("checks", []) if isinstance(c, dict) and c.get("id") == DOCTOR_CHECK]
+            data = json.dumps({"checks": checks}, default=str).encode()
+        return data
+
+    def send(self, report: dict[str, Any], *, to_stderr: bool = False) -> dict[str, Any]:
+        import json
+        import sys
+        import urllib.error
+        import urllib.request
+
+        from belugactl.dataplane.rpc import auth
+        from belugactl.errors import EnvironmentProblem
+
+        body = self.body(report)
+        headers = {"Content-Type": "application/json"}
+        if self.key is not None:
+            from urllib.parse import urlsplit
+
+            headers[auth.ADMIN_HEADER] = auth.sign_admin_request(self.key, "POST", urlsplit(self.url).path, body)
+        req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)  # noqa: S310
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        try:
+            with opener.open(req, timeout=PUSH_TIMEOUT_S) as r:
+                status, raw = r.status, r.read(1 << 16)
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read(1 << 16)
+        except (OSError, ValueError) as exc:
+            raise EnvironmentProblem(
+                f"--push-poison: cannot reach {self.url}: {getattr(exc, 'reason', None) or exc}",
+                why="the checks above ran; their report was not handed to the metadata server",
+                fix="check the admin address (`belugactl status`) and that the server runs, then run again",
+            ) from None
+        try:
+            answer = json.loads(raw or b"{}")
+        except ValueError:
+            answer = {}
+        if not isinstance(answer, dict):
+            answer = {}
+        if status != 200:
+            why = answer.get("error") or raw[:200].decode("utf-8", "replace")
+            raise EnvironmentProblem(
+                f"--push-poison: {self.url} answered {status}: {why}",
+                why="the checks above ran; the metadata server did not take their report",
+                fix="401: sign with the rack secret (-f rack.yaml or $BELUGA_KEY_FILE); 403: push from the "
+                "metadata host (loopback) or give its admin port the rack secret",
+            )
+        line = f"pushed the poison report to {self.url}: the server queued {answer.get('queued', 0)} range(s)"
+        print(line, file=sys.stderr if to_stderr else sys.stdout)
+        return answer
 
 
 def perf_probe(rack: Any, root: Path | None) -> Any:

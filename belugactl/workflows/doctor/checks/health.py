@@ -219,10 +219,11 @@ def media_errors(ctx: DoctorContext) -> CheckResult:
     fix = (
         "a block on a poisoned line must not be served: the metadata server reads its device's poison lists every "
         "serve.metadata.poison_check_s (60 s), quarantines the lines in the shared KV area and drops the blocks on "
-        "them (/stats poison); to tell it now: `belugactl doctor --json | curl --data-binary @- "
-        "http://127.0.0.1:9470/poison` on the metadata host. Poison on the header, rings or journal it cannot "
-        "quarantine (it says so on /readyz): stop serving and lay the pool out again. Have the device's poison "
-        "cleared or the device replaced (vendor procedure; `cxl list -R -L` lists the records)"
+        "them (/stats poison); to tell it now: `belugactl doctor --push-poison http://127.0.0.1:9470` "
+        "on the metadata host (its admin port; beyond loopback, with the rack secret). Poison on the header, "
+        "rings or journal it cannot quarantine (it says so on /readyz): stop serving and lay the pool out "
+        "again. Have the device's poison cleared or the device replaced (vendor procedure; `cxl list -R -L` "
+        "lists the records)"
     )
     if poisoned:
         ranges = ", ".join(
