@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from belugactl.dataplane.mds.listener_tcp import TcpLimits, TcpListener, _Conn
+from belugactl.dataplane.mds.listener_tcp import _PROVING, TcpLimits, TcpListener, _Conn
 
 
 @pytest.fixture
@@ -42,13 +42,15 @@ def test_the_oldest_silent_unsettled_connection_gives_way_whatever_its_age(room)
     lst, add = room
     tenant = add(0.0, settled=True, worked=True)
     hello_waiting = add(1.0, says=b"\x20\x00\x00\x00")  # the newcomer's HELLO, not read yet
+    proving = add(1.5)
+    proving.gate = _PROVING  # its handshake's challenge is out: the proof comes next
     silent_old, silent_new = add(2.0), add(3.0)
     assert lst._make_room(3.01)
     assert silent_old.sock.fileno() == -1 and lst.displaced_unsettled == 1 and lst.refused_over_cap == 1
     assert lst._make_room(3.02)
     assert silent_new.sock.fileno() == -1
-    assert lst._make_room(3.03)  # only a speaking one is left unsettled: it goes, not the tenant
-    assert hello_waiting.sock.fileno() == -1 and tenant.sock.fileno() != -1
+    assert lst._make_room(3.03)  # only speaking ones are left unsettled: the oldest goes, not the tenant
+    assert hello_waiting.sock.fileno() == -1 and proving.sock.fileno() != -1 and tenant.sock.fileno() != -1
 
 
 def test_settled_connections_give_way_only_when_idle(room) -> None:  # noqa: ANN001

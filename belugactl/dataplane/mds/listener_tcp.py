@@ -212,8 +212,11 @@ class TcpListener(Listener):
         unsettled = sorted((c for c in self.conns.values() if not c.settled), key=lambda c: c.since)
         if not unsettled:
             return self._evict_one_idle(now)
-        # A silent one first: a client whose first bytes wait (read or not yet) is saying HELLO.
-        victim = next((c for c in unsettled if not c.rx and not _bytes_waiting(c.sock)), unsettled[0])
+        # A silent one first: a client whose first bytes wait (read or not yet), or that is halfway through
+        # the handshake, is saying HELLO.
+        victim = next(
+            (c for c in unsettled if not c.rx and c.gate != _PROVING and not _bytes_waiting(c.sock)), unsettled[0]
+        )
         self.displaced_unsettled += 1
         self.refused_over_cap += 1
         self._drop(victim)
