@@ -5,8 +5,6 @@ and the newcomers then share that one)."""
 
 from __future__ import annotations
 
-import select
-import socket
 import threading
 import time
 
@@ -16,6 +14,7 @@ from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import MetadataError
 from tests.hostile.conftest import NS
 from tests.support.mds_process import Mds
+from tests.support.silent_flood import reconnecting_flood
 
 pytestmark = [pytest.mark.hostile, pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -28,7 +27,7 @@ def test_working_tenants_keep_their_places_and_newcomers_get_the_last_one(mds: M
         assert c.get(NS, i.to_bytes(32, "big")) is None  # work: a lookup (a miss)
     stop = threading.Event()
     opened = [0]
-    flood = threading.Thread(target=_flood, args=(mds.port, 2 * CAP, stop, opened), daemon=True)
+    flood = threading.Thread(target=reconnecting_flood, args=(mds.port, 2 * CAP, stop, opened), daemon=True)
     flood.start()
     locked_out = 0
     try:
@@ -52,30 +51,3 @@ def test_working_tenants_keep_their_places_and_newcomers_get_the_last_one(mds: M
     for c in tenants:  # none was displaced: each still answers on its own connection
         assert c.ping(b"still here") == b"still here"
         c.close()
-
-
-def _flood(port: int, want: int, stop: threading.Event, opened: list[int]) -> None:
-    """Hold `want` silent TCP connections, opening a new one as soon as the server closes one."""
-    socks: list[socket.socket] = []
-    try:
-        while not stop.is_set():
-            if socks:
-                readable, _, _ = select.select(socks, [], [], 0)
-                for s in readable:
-                    try:
-                        closed = not s.recv(1)
-                    except OSError:
-                        closed = True
-                    if closed:
-                        socks.remove(s)
-                        s.close()
-            while len(socks) < want and not stop.is_set():
-                try:
-                    socks.append(socket.create_connection(("127.0.0.1", port), timeout=1))
-                except OSError:
-                    break
-                opened[0] += 1
-            time.sleep(0.02)
-    finally:
-        for s in socks:
-            s.close()

@@ -6,8 +6,6 @@ judge on made-up figures: tests/dataplane/test_bench_soak_mixed.py."""
 
 from __future__ import annotations
 
-import select
-import socket
 import threading
 import time
 
@@ -17,6 +15,7 @@ from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import MetadataError
 from belugactl.workflows.bench.soak_mixed import MixedConfig, run_mixed
 from tests.support.mds_process import Mds
+from tests.support.silent_flood import reconnecting_flood
 
 pytestmark = [pytest.mark.hostile, pytest.mark.process, pytest.mark.timeout(180)]
 
@@ -43,14 +42,14 @@ def test_mixed_soak_serves_no_wrong_byte_refuses_forgetful_commits_and_bounds_at
     assert goals["honest tenants served while attacked"]["ok"], goals["honest tenants served while attacked"]
     assert set(r["latency"]) == {"lookup cxl", "lookup tcp", "save cxl", "save tcp"}
     assert r["p99_ratio_worst"] is not None  # reported; it fails a run only under --p99-ratio-max
-    assert r["failed"] in ([], ["connection-flood attacker"]), r["goals"]
+    assert r["failed"] == [], r["goals"]
     assert r["probe"]["served"] > 0 and not r["probe"]["connect_failed"], r["probe"]  # no newcomer locked out
 
 
 def test_a_reconnecting_connection_flood_does_not_lock_newcomers_out(mds: Mds) -> None:
     stop = threading.Event()
     opened = [0]
-    flood = threading.Thread(target=_reconnecting_flood, args=(mds.port, 64, stop, opened), daemon=True)
+    flood = threading.Thread(target=reconnecting_flood, args=(mds.port, 64, stop, opened), daemon=True)
     flood.start()
     try:
         time.sleep(1.5)  # past evict_idle_after_s: the flood's first places are evictable, and taken again
@@ -67,30 +66,3 @@ def test_a_reconnecting_connection_flood_does_not_lock_newcomers_out(mds: Mds) -
         flood.join(10)
     assert opened[0] > 64  # the flood did reconnect
     assert locked_out == 0, f"a newcomer was locked out {locked_out} of 10 times"
-
-
-def _reconnecting_flood(port: int, want: int, stop: threading.Event, opened: list[int]) -> None:
-    """Hold `want` plain TCP connections (twice the cap), opening a new one as soon as one is closed."""
-    socks: list[socket.socket] = []
-    try:
-        while not stop.is_set():
-            if socks:
-                readable, _, _ = select.select(socks, [], [], 0)
-                for s in readable:
-                    try:
-                        closed = not s.recv(1)
-                    except OSError:
-                        closed = True
-                    if closed:
-                        socks.remove(s)
-                        s.close()
-            while len(socks) < want and not stop.is_set():
-                try:
-                    socks.append(socket.create_connection(("127.0.0.1", port), timeout=1))
-                except OSError:
-                    break
-                opened[0] += 1
-            time.sleep(0.05)
-    finally:
-        for s in socks:
-            s.close()
