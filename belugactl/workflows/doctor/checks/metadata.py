@@ -13,7 +13,7 @@ import datetime
 from belugactl.errors import BelugaError, EnvironmentProblem
 from belugactl.pool.device import device_path
 from belugactl.units import format_size
-from belugactl.workflows.doctor.checks.common import manifest_arg, skip_without_manifest
+from belugactl.workflows.doctor.checks.common import manifest_arg, skip_without_cxl, skip_without_manifest
 from belugactl.workflows.doctor.context import DoctorContext
 from belugactl.workflows.doctor.registry import REGISTRY
 from belugactl.workflows.doctor.result import CheckResult
@@ -41,7 +41,7 @@ def _coverage(ctx: DoctorContext) -> tuple[str, str | None]:
 
 @REGISTRY.check("metadata.journal", "the metadata journal covers the pool and has not stopped")
 def metadata_journal(ctx: DoctorContext) -> CheckResult:
-    if (skip := skip_without_manifest(ctx)) is not None:
+    if (skip := skip_without_cxl(ctx) or skip_without_manifest(ctx)) is not None:
         return skip
     if ctx.expect is None or ctx.expect.layout is None or ctx.expect.manifest is None:
         return CheckResult.skip("no layout to find the journal area in")
