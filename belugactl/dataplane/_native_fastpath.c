@@ -259,10 +259,6 @@ static int log_reserve(struct logbuf *l, size_t extra) {
     return 0;
 }
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
 
 /* A lease log record is (lease, n | ring << LOG_RING_SHIFT, n entry ids): the ring it was granted to
  * rides in the count word, so the Python index credits the right ring and tenant when it ends. */
@@ -272,33 +268,49 @@ static int cmp_i64(const void *a, const void *b) {
 /* From a lease log, the distinct entry ids with how many leases each got: (id, count) pairs, then
  * per ring the leases it got: (-1 - ring, count) pairs. The Python index then touches each entry
  * once per burst, and each ring's quota once. */
+struct counted { int64_t v, n; };
+
+static int cmp_counted(const void *a, const void *b) {
+    int64_t x = ((const struct counted *)a)->v, y = ((const struct counted *)b)->v;
+    return (x > y) - (x < y);
+}
+
+/* Pushes the distinct values of c[0..m) (each with a count) with their summed counts, ascending,
+ * a value written as sign * v + bias (the ring pairs' -1 - ring). c is first collapsed where
+ * neighbours are equal (a burst's leases mostly come from one ring, and a hot key repeats), so
+ * the sort is over what is left, and skipped when that is already ascending. */
+static int push_counted(struct counted *c, size_t m, int64_t sign, int64_t bias, struct logbuf *out) {
+    size_t r = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (r && c[r - 1].v == c[i].v) c[r - 1].n += c[i].n;
+        else c[r++] = c[i];
+    }
+    int sorted = 1;
+    for (size_t i = 1; i < r && sorted; i++) sorted = c[i - 1].v < c[i].v;
+    if (!sorted) qsort(c, r, sizeof *c, cmp_counted);
+    for (size_t i = 0; i < r;) {
+        size_t j = i + 1;
+        int64_t n = c[i].n;
+        while (j < r && c[j].v == c[i].v) n += c[j++].n;
+        if (log_push(out, sign * c[i].v + bias) || log_push(out, n)) return -1;
+        i = j;
+    }
+    return 0;
+}
+
 static int aggregate_log(const struct logbuf *log, struct logbuf *out) {
     size_t total = 0, records = 0;
     for (size_t i = 0; i + 1 < log->n; i += 2 + LOG_N(log->v[i + 1])) { total += LOG_N(log->v[i + 1]); records++; }
     if (total == 0) return 0;
-    int64_t *ids = malloc((total + records) * sizeof(int64_t));
+    struct counted *ids = malloc((total + records) * sizeof *ids);
     if (!ids) return -1;
-    int64_t *rings = ids + total;
+    struct counted *rings = ids + total;
     size_t k = 0, m = 0;
     for (size_t i = 0; i + 1 < log->n; i += 2 + LOG_N(log->v[i + 1])) {
-        for (size_t q = 0; q < LOG_N(log->v[i + 1]); q++) ids[k++] = log->v[i + 2 + q];
-        rings[m++] = log->v[i + 1] >> LOG_RING_SHIFT;
+        for (size_t q = 0; q < LOG_N(log->v[i + 1]); q++) ids[k++] = (struct counted){log->v[i + 2 + q], 1};
+        rings[m++] = (struct counted){log->v[i + 1] >> LOG_RING_SHIFT, 1};
     }
-    qsort(ids, total, sizeof(int64_t), cmp_i64);
-    qsort(rings, records, sizeof(int64_t), cmp_i64);
-    int bad = 0;
-    for (size_t i = 0; i < total && !bad;) {
-        size_t j = i;
-        while (j < total && ids[j] == ids[i]) j++;
-        bad = log_push(out, ids[i]) || log_push(out, (int64_t)(j - i));
-        i = j;
-    }
-    for (size_t i = 0; i < records && !bad;) {
-        size_t j = i;
-        while (j < records && rings[j] == rings[i]) j++;
-        bad = log_push(out, -1 - rings[i]) || log_push(out, (int64_t)(j - i));
-        i = j;
-    }
+    int bad = push_counted(ids, total, 1, 0, out) || push_counted(rings, records, -1, -1, out);
     free(ids);
     return bad ? -1 : 0;
 }
