@@ -65,6 +65,11 @@ pci.dsa-engines            skip      skip         skip     skip
 pool.header                skip      skip         skip     skip
 pool.interleave-zones      skip      skip         skip     skip
 discover.complete          ok        ok           ok       ok
+etcd.reachable             skip      skip         skip     skip
+etcd.quorum                skip      skip         skip     skip
+etcd.clock-skew            skip      skip         skip     skip
+etcd.lease-ttl             skip      skip         skip     skip
+etcd.leader                skip      skip         skip     skip
 metadata.journal           skip      skip         skip     skip
 perf.load-latency          skip      skip         skip     skip
 perf.read-bandwidth        skip      skip         skip     skip
@@ -156,6 +161,8 @@ LAB_SKIPS = {
     "perf.load-latency": "--perf",  # measured only when asked
     "perf.read-bandwidth": "--perf",
     "perf.write-bandwidth": "--perf",
+    # lab.yaml elects no leader (no serve.metadata.etcd): tests/doctor/test_etcd_checks.py runs them
+    **{f"etcd.{n}": "no serve.metadata.etcd" for n in ("reachable", "quorum", "clock-skew", "lease-ttl", "leader")},
 }
 
 

@@ -8,6 +8,7 @@ from belugactl.workflows.doctor.checks import (  # noqa: F401 - imported for the
     cxl,
     dax,
     discovery,
+    etcd,
     health,
     kernel_facts,
     memory,
