@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write the boot units: belugactl-setup.service re-applies hugepages, THP, DDIO, MTRR and device
-        permissions; belugactl-serve.service runs `belugactl serve` after it.
+        permissions; belugactl-serve.service runs `belugactl serve` after it; on a host that is a member of
+        serve.metadata.etcd's endpoints, belugactl-etcd.service runs that etcd member.
 
         Install:  belugactl export systemd -f /etc/belugactl/rack.yaml -o /etc/systemd/system/
                   systemctl daemon-reload && systemctl enable belugactl-setup.service belugactl-serve.service"""
@@ -46,14 +47,22 @@ def register(app: typer.Typer) -> None:
         from belugactl.errors import UsageError
         from belugactl.workflows.setup.systemd import SERVE_UNIT_NAME, UNIT_NAME, serve_unit_text, unit_text
 
-        name = rack_context(file, host=host).host_name
+        rack = rack_context(file, host=host)
+        name = rack.host_name
         argv = shlex.split(command) if command else [sys.executable, "-m", "belugactl"]
         manifest_path = str(file.resolve())
         setup_text = unit_text(manifest_path, name, argv)
         serve_text = serve_unit_text(manifest_path, name, argv)
+        from belugactl.workflows.setup.systemd import ETCD_UNIT_NAME, etcd_unit_text
+
+        etcd_text, etcd_note = etcd_unit_text(rack.manifest, name)
+        if etcd_text is None and "no serve.metadata.etcd" not in etcd_note:
+            print(f"export systemd: {etcd_note}", file=sys.stderr)
         # Every target is checked before the first byte is written.
         if output is None or output == STDOUT:
             sys.stdout.write(f"# ---- {UNIT_NAME}\n{setup_text}\n# ---- {SERVE_UNIT_NAME}\n{serve_text}")
+            if etcd_text is not None:
+                sys.stdout.write(f"\n# ---- {ETCD_UNIT_NAME}\n{etcd_text}")
             return
         if is_dir_path(output):
             setup_path = output_file(str(output_dir(output, option="-o") / UNIT_NAME), option="-o")
@@ -68,11 +77,15 @@ def register(app: typer.Typer) -> None:
         assert setup_path is not None
         serve_path = output_file(str(setup_path.parent / SERVE_UNIT_NAME), option="-o")
         assert serve_path is not None
+        etcd_path = output_file(str(setup_path.parent / ETCD_UNIT_NAME), option="-o") if etcd_text else None
         write_output(setup_path, setup_text)
         write_output(serve_path, serve_text)
+        if etcd_path is not None and etcd_text is not None:
+            write_output(etcd_path, etcd_text)
+            print(f"wrote {etcd_path} ({etcd_note}); start the members of all hosts together", file=sys.stderr)
         print(
             f"wrote {setup_path} and {serve_path}; enable with: systemctl daemon-reload && "
-            f"systemctl enable {setup_path.name} {serve_path.name}",
+            f"systemctl enable {setup_path.name} {serve_path.name}" + (f" {ETCD_UNIT_NAME}" if etcd_path else ""),
             file=sys.stderr,
         )
 

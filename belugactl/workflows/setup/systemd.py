@@ -115,3 +115,103 @@ def serve_unit_text(
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )
+
+
+# --- the etcd member (serve.metadata.etcd; issue 32 item 2) ------------------------------------------
+ETCD_UNIT_NAME = "belugactl-etcd.service"
+ETCD_BINARY = "/usr/bin/etcd"  # Debian's etcd-server (it also creates the `etcd` user the unit runs as)
+ETCD_STATE_DIR = "belugactl-etcd"  # under /var/lib; systemd creates it, owned by the unit's user
+
+
+def etcd_members(manifest: object) -> list[tuple[str, str, str]]:
+    """(member name, client URL, peer URL) for each of serve.metadata.etcd.endpoints.
+
+    A member is named after the manifest host whose name or address is the endpoint's host (else the
+    endpoint's host itself); its peer port is the client port + 1 (2379 -> 2380, etcd's defaults)."""
+    from urllib.parse import urlsplit
+
+    conf = manifest.serve.metadata.etcd  # type: ignore[attr-defined]
+    hosts = manifest.hosts  # type: ignore[attr-defined]
+    out = []
+    for url in conf.endpoints:
+        parts = urlsplit(url)
+        addr = parts.hostname or ""
+        port = parts.port or 2379
+        name = next((h.name for h in hosts if addr in (h.name, h.address)), addr)
+        netloc = f"[{addr}]" if ":" in addr else addr
+        out.append((name, f"{parts.scheme}://{netloc}:{port}", f"{parts.scheme}://{netloc}:{port + 1}"))
+    return out
+
+
+def etcd_unit_text(manifest: object, host: str, *, binary: str = ETCD_BINARY) -> tuple[str | None, str]:
+    """The etcd unit of `host` (None when the manifest makes it no member) and a note saying why or what.
+
+    Its listen URLs are the endpoint's address when that is an IP (etcd binds IPs only), else every
+    address (0.0.0.0); the client URL also listens on loopback, for `doctor` and tools on the host.
+    `--initial-cluster-state new` is read on the first start only (an empty data dir): replacing a
+    member later is `etcdctl member add` and a start with `existing` (docs/dataplane.md)."""
+    import ipaddress
+
+    conf = getattr(getattr(getattr(manifest, "serve", None), "metadata", None), "etcd", None)
+    if conf is None:
+        return None, "no serve.metadata.etcd in the manifest: no etcd unit"
+    members = etcd_members(manifest)
+    mine = [m for m in members if m[0] == host]
+    if not mine:
+        return None, f"{host} is no member of serve.metadata.etcd.endpoints ({', '.join(conf.endpoints)}): no etcd unit"
+    name, client, peer = mine[0]
+    if any(url.startswith("https://") for _, url, _ in members):
+        return None, "https etcd endpoints: give etcd its certificates in a unit of your own (no etcd unit written)"
+    rack = manifest.name  # type: ignore[attr-defined]
+    if rack.strip(".") == "":
+        return None, f"rack name {rack!r} cannot name a data directory: no etcd unit"
+
+    def listen(url: str, loopback: bool) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        try:
+            ip = ipaddress.ip_address(parts.hostname or "")
+        except ValueError:
+            return f"http://0.0.0.0:{parts.port}"
+        urls = [url]
+        if loopback and not ip.is_loopback:
+            urls.append(f"http://127.0.0.1:{parts.port}")
+        return ",".join(urls)
+
+    argv = [
+        binary, "--name", name, "--data-dir", f"/var/lib/{ETCD_STATE_DIR}/{rack}",
+        "--listen-client-urls", listen(client, True), "--advertise-client-urls", client,
+        "--listen-peer-urls", listen(peer, False), "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", ",".join(f"{n}={p}" for n, _, p in members),
+        "--initial-cluster-state", "new", "--initial-cluster-token", f"belugactl-{rack}",
+    ]  # fmt: skip
+    text = (
+        "# Written by `belugactl export systemd`. One member of the etcd cluster that elects this rack's\n"
+        "# metadata leader (serve.metadata.etcd). Plain HTTP, no authentication: keep its ports on the rack\n"
+        "# network. Debian's own etcd.service is stopped while this one runs (Conflicts=).\n"
+        "[Unit]\n"
+        f"Description=etcd member {unit_value(name)} of rack {unit_value(rack)} (elects the metadata leader)\n"
+        "After=network-online.target\n"
+        "Wants=network-online.target\n"
+        f"Before={SERVE_UNIT_NAME}\n"
+        "Conflicts=etcd.service\n"
+        "\n"
+        "[Service]\n"
+        "Type=notify\n"
+        "User=etcd\n"
+        f"StateDirectory={ETCD_STATE_DIR}\n"
+        "StateDirectoryMode=0700\n"
+        f"ExecStart={exec_line(argv)}\n"
+        "Restart=on-failure\n"
+        "RestartSec=5\n"
+        "LimitNOFILE=65536\n"
+        "NoNewPrivileges=yes\n"
+        "ProtectSystem=strict\n"
+        "ProtectHome=yes\n"
+        "PrivateTmp=yes\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+    return text, f"{host} is etcd member {name} ({client}) of {len(members)}"
