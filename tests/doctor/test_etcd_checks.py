@@ -276,3 +276,72 @@ def test_real_etcd_whose_election_outlasts_the_lease_fails_lease_ttl(tmp_path: P
 def test_every_check_is_registered_in_order() -> None:
     ids = builtin_registry().ids
     assert [i for i in ids if i.startswith("etcd.")] == IDS
+
+
+def _port_pairs(n: int) -> list[int]:
+    """n client ports whose next port (the peer's) is free too."""
+    import socket
+
+    out: list[int] = []
+    while len(out) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        if port not in out and port + 1 not in out and port - 1 not in out:
+            out.append(port)
+    return out
+
+
+@pytest.mark.process
+def test_real_three_member_cluster_from_the_units_arguments_loses_quorum(tmp_path: Path) -> None:
+    import subprocess
+
+    from belugactl.workflows.setup.systemd import etcd_argv, etcd_members
+
+    binary = require_etcd()
+    m = manifest([f"http://127.0.0.1:{p}" for p in _port_pairs(3)])
+    members = etcd_members(m)
+    assert len({name for name, *_ in members}) == 3  # three endpoints on one host: cpu-demo-PORT each
+    procs = []
+    try:
+        for name, *_ in members:
+            argv = etcd_argv(m, name, binary=binary)
+            argv[argv.index("--data-dir") + 1] = str(tmp_path / name)
+            log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - the process holds it
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=log))  # noqa: S603
+            log.close()
+        quorum = builtin_registry().get("etcd.quorum")
+        for _ in range(200):  # the first election: about a second at etcd's default timings
+            result = quorum.run(ctx_for(m))
+            if result.status is Status.OK:
+                break
+            threading.Event().wait(0.05)
+        assert result.status is Status.OK and "3 of 3 members healthy" in result.reason, result
+        procs[0].terminate()
+        procs[0].wait(timeout=10)
+        result = quorum.run(ctx_for(m))
+        assert result.status is Status.WARN and "2 of 3" in result.reason and "stops the rack" in result.reason
+        procs[1].terminate()
+        procs[1].wait(timeout=10)
+        results = run_all(ctx_for(m))
+        assert results["etcd.quorum"].status is Status.FAIL and "1 of 3 members healthy, 2 needed" in (
+            results["etcd.quorum"].reason
+        )
+        assert results["etcd.reachable"].status is Status.FAIL and "2 of 3" in results["etcd.reachable"].reason
+        # the lone member answers its status but grants no lease and serves no linearizable read
+        assert results["etcd.lease-ttl"].status is Status.FAIL and "grants or keeps no lease" in (
+            results["etcd.lease-ttl"].reason
+        )
+        assert results["etcd.leader"].status is Status.FAIL and "cannot read the leader key" in (
+            results["etcd.leader"].reason
+        )
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)

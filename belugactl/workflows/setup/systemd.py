@@ -123,52 +123,47 @@ ETCD_BINARY = "/usr/bin/etcd"  # Debian's etcd-server (it also creates the `etcd
 ETCD_STATE_DIR = "belugactl-etcd"  # under /var/lib; systemd creates it, owned by the unit's user
 
 
-def etcd_members(manifest: object) -> list[tuple[str, str, str]]:
-    """(member name, client URL, peer URL) for each of serve.metadata.etcd.endpoints.
+def etcd_members(manifest: object) -> list[tuple[str, str | None, str, str]]:
+    """(member name, manifest host or None, client URL, peer URL) for each of serve.metadata.etcd.endpoints.
 
     A member is named after the manifest host whose name or address is the endpoint's host (else the
-    endpoint's host itself); its peer port is the client port + 1 (2379 -> 2380, etcd's defaults)."""
+    endpoint's host itself), with `-PORT` added where two endpoints share a host; its peer port is the
+    client port + 1 (2379 -> 2380, etcd's defaults)."""
     from urllib.parse import urlsplit
 
     conf = manifest.serve.metadata.etcd  # type: ignore[attr-defined]
     hosts = manifest.hosts  # type: ignore[attr-defined]
-    out = []
+    rows = []
     for url in conf.endpoints:
         parts = urlsplit(url)
         addr = parts.hostname or ""
         port = parts.port or 2379
-        name = next((h.name for h in hosts if addr in (h.name, h.address)), addr)
+        host = next((h.name for h in hosts if addr in (h.name, h.address)), None)
         netloc = f"[{addr}]" if ":" in addr else addr
-        out.append((name, f"{parts.scheme}://{netloc}:{port}", f"{parts.scheme}://{netloc}:{port + 1}"))
-    return out
+        rows.append(
+            (host or addr, host, port, f"{parts.scheme}://{netloc}:{port}", f"{parts.scheme}://{netloc}:{port + 1}")
+        )
+    bases = [r[0] for r in rows]
+    return [
+        (base if bases.count(base) == 1 else f"{base}-{port}", host, client, peer)
+        for base, host, port, client, peer in rows
+    ]
 
 
-def etcd_unit_text(manifest: object, host: str, *, binary: str = ETCD_BINARY) -> tuple[str | None, str]:
-    """The etcd unit of `host` (None when the manifest makes it no member) and a note saying why or what.
-
-    Its listen URLs are the endpoint's address when that is an IP (etcd binds IPs only), else every
-    address (0.0.0.0); the client URL also listens on loopback, for `doctor` and tools on the host.
-    `--initial-cluster-state new` is read on the first start only (an empty data dir): replacing a
-    member later is `etcdctl member add` and a start with `existing` (docs/dataplane.md)."""
+def etcd_argv(manifest: object, member: str, *, binary: str = ETCD_BINARY) -> list[str]:
+    """The etcd command line of one member of etcd_members(): listen URLs are the endpoint's address
+    when that is an IP (etcd binds IPs only), else every address (0.0.0.0); the client URL also listens
+    on loopback, for `doctor` and tools on the host. `--initial-cluster-state new` is read on the first
+    start only (an empty data dir): replacing a member later is `etcdctl member add` and a start with
+    `existing` (docs/dataplane.md, "Operating etcd")."""
     import ipaddress
+    from urllib.parse import urlsplit
 
-    conf = getattr(getattr(getattr(manifest, "serve", None), "metadata", None), "etcd", None)
-    if conf is None:
-        return None, "no serve.metadata.etcd in the manifest: no etcd unit"
     members = etcd_members(manifest)
-    mine = [m for m in members if m[0] == host]
-    if not mine:
-        return None, f"{host} is no member of serve.metadata.etcd.endpoints ({', '.join(conf.endpoints)}): no etcd unit"
-    name, client, peer = mine[0]
-    if any(url.startswith("https://") for _, url, _ in members):
-        return None, "https etcd endpoints: give etcd its certificates in a unit of your own (no etcd unit written)"
+    name, _, client, peer = next(m for m in members if m[0] == member)
     rack = manifest.name  # type: ignore[attr-defined]
-    if rack.strip(".") == "":
-        return None, f"rack name {rack!r} cannot name a data directory: no etcd unit"
 
     def listen(url: str, loopback: bool) -> str:
-        from urllib.parse import urlsplit
-
         parts = urlsplit(url)
         try:
             ip = ipaddress.ip_address(parts.hostname or "")
@@ -179,13 +174,32 @@ def etcd_unit_text(manifest: object, host: str, *, binary: str = ETCD_BINARY) ->
             urls.append(f"http://127.0.0.1:{parts.port}")
         return ",".join(urls)
 
-    argv = [
+    return [
         binary, "--name", name, "--data-dir", f"/var/lib/{ETCD_STATE_DIR}/{rack}",
         "--listen-client-urls", listen(client, True), "--advertise-client-urls", client,
         "--listen-peer-urls", listen(peer, False), "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", ",".join(f"{n}={p}" for n, _, p in members),
+        "--initial-cluster", ",".join(f"{n}={p}" for n, _, _, p in members),
         "--initial-cluster-state", "new", "--initial-cluster-token", f"belugactl-{rack}",
     ]  # fmt: skip
+
+
+def etcd_unit_text(manifest: object, host: str, *, binary: str = ETCD_BINARY) -> tuple[str | None, str]:
+    """The etcd unit of `host` (None when the manifest makes it no member) and a note saying why or what."""
+    conf = getattr(getattr(getattr(manifest, "serve", None), "metadata", None), "etcd", None)
+    if conf is None:
+        return None, "no serve.metadata.etcd in the manifest: no etcd unit"
+    members = etcd_members(manifest)
+    mine = [m for m in members if m[1] == host]
+    if not mine:
+        return None, f"{host} is no member of serve.metadata.etcd.endpoints ({', '.join(conf.endpoints)}): no etcd unit"
+    if any(url.startswith("https://") for _, _, url, _ in members):
+        return None, "https etcd endpoints: give etcd its certificates in a unit of your own (no etcd unit written)"
+    rack = manifest.name  # type: ignore[attr-defined]
+    if rack.strip(".") == "":
+        return None, f"rack name {rack!r} cannot name a data directory: no etcd unit"
+    name, _, client, _ = mine[0]
+    argv = etcd_argv(manifest, name, binary=binary)
+    more = f"; {len(mine) - 1} more member(s) on this host get no unit (one etcd per host)" if len(mine) > 1 else ""
     text = (
         "# Written by `belugactl export systemd`. One member of the etcd cluster that elects this rack's\n"
         "# metadata leader (serve.metadata.etcd). Plain HTTP, no authentication: keep its ports on the rack\n"
@@ -214,4 +228,4 @@ def etcd_unit_text(manifest: object, host: str, *, binary: str = ETCD_BINARY) ->
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )
-    return text, f"{host} is etcd member {name} ({client}) of {len(members)}"
+    return text, f"{host} is etcd member {name} ({client}) of {len(members)}{more}"
