@@ -112,6 +112,10 @@ def test_members_the_manifest_does_not_list_are_asked_for_their_status(monkeypat
         return [E.EndpointProbe(u, status=E.parse_status(recorded("status-b.json"))) for u in urls]
 
     monkeypatch.setattr(E, "ask_all", ask_all)
+    hostile = recorded("members.json")
+    hostile["members"].append({"ID": "1", "name": "evil", "clientURLs": ["file:///etc/passwd"]})
+    hostile["members"].append({"ID": "2", "name": "path", "clientURLs": ["http://10.0.0.9:2379/x?y"]})
+    monkeypatch.setattr(E, "parse_members", lambda doc, real=E.parse_members: real(hostile))
     probe = E._probe(ctx)
     assert asked == [(["http://127.0.0.1:23791"], True), (["http://127.0.0.1:23793", "http://127.0.0.1:23792"], False)]
     assert set(probe.extra) == {"http://127.0.0.1:23792", "http://127.0.0.1:23793"}

@@ -215,14 +215,21 @@ def _probe(ctx: DoctorContext) -> Probe:
     if _LAST and _LAST[0][0] is ctx:
         return _LAST[0][1]
     probe = Probe(ask_all([u.rstrip("/") for u in etcd_conf(ctx).endpoints]))
-    # Members the manifest does not list are asked for their status too (a quorum counts them).
+    # Members the manifest does not list are asked for their status too (a quorum counts them); their
+    # URLs come from the network, so only an http(s)://HOST:PORT one is asked (never file:, never a path).
+    from belugactl.dataplane.mds.leadership import parse_endpoints
+
     asked = {e.url for e in probe.endpoints}
     more = []
     for e in probe.answering:
         for m in e.members or []:
-            if m.client_urls and not any(u.rstrip("/") in asked for u in m.client_urls):
-                more.append(m.client_urls[0].rstrip("/"))
-                asked.add(more[-1])
+            try:
+                urls = parse_endpoints(m.client_urls) if m.client_urls else []
+            except ValueError:
+                continue
+            if urls and not any(u in asked for u in urls):
+                more.append(urls[0])
+                asked.add(urls[0])
         break  # one member list is the cluster's
     if more:
         probe.extra = {e.url: e for e in ask_all(more[:16], full=False)}
