@@ -4,6 +4,7 @@ the verdicts on numbers, hostile endpoints, and the five checks against a real e
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import threading
 from pathlib import Path
@@ -256,7 +257,8 @@ class SlowElectionEtcd(Etcd):
     def start(self, timeout_s: float = 20.0) -> None:
         real = self.binary
         wrapper = self.data_dir.parent / "etcd-slow-election"
-        wrapper.write_text(f'#!/bin/sh\nexec {real} "$@" --heartbeat-interval 500 --election-timeout 5000\n')
+        flags = "--heartbeat-interval 500 --election-timeout 5000"  # the last of a repeated flag counts
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(real)} "$@" {flags}\n')
         wrapper.chmod(0o755)
         self.binary = str(wrapper)
         try:
