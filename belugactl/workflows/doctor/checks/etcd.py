@@ -420,13 +420,16 @@ def judge_lease(f: LeaseFacts) -> CheckResult:
             **details,
         )
     if f.granted_s > f.ttl_s:
+        # etcd's minimum lease TTL is ceil(1.5 x its election timeout): so that timeout is above (granted - 1) / 1.5.
+        election = (f.granted_s - 1) / 1.5
+        against = "longer than" if election >= window else "most of"
         return CheckResult.fail(
             f"etcd grants {f.granted_s:g} s for a {f.ttl_s:g} s lease (its minimum lease TTL, 1.5 times its election "
-            f"timeout): a dead leader is replaced after {f.granted_s:g} s, and an etcd election (at least "
-            f"{f.granted_s / 1.5:.1f} s) outlasts the leader's {window:g} s term, so each one stops the rack "
-            f"({numbers})",
-            f"lower etcd's --election-timeout to below {window * 1000 / 1.5:.0f} ms on every member, or {raise_ttl} to "
-            f"{math.ceil(f.granted_s):d}",
+            f"timeout, which is thus above {election:.1f} s): a dead leader is replaced after {f.granted_s:g} s, not "
+            f"{f.ttl_s:g}, and an etcd leader change stalls keep-alives for about that timeout, {against} the "
+            f"leader's {window:g} s window ({numbers})",
+            f"lower etcd's --election-timeout to at most {f.ttl_s * 1000 / 1.5:.0f} ms on every member, or {raise_ttl} "
+            f"to {math.ceil(f.granted_s):d}",
             **details,
         )
     spare = window - every - timeout - retry - f.rtt_s
