@@ -79,6 +79,7 @@ ALLOWED_TO_START_PROCESSES = ("process", "lab", "vllm")
 
 
 STARTED = pytest.StashKey[list[str]]()
+REFUSING = pytest.StashKey[pytest.MonkeyPatch]()
 MARK_IT = "mark it `process` (pytest.mark.process), or use a fixture that is (tests/support/tiers.py)"
 
 
@@ -136,7 +137,7 @@ class TierPlugin:
 
             return refused
 
-        mp = pytest.MonkeyPatch()
+        mp = item.stash[REFUSING] = pytest.MonkeyPatch()
         mp.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
         mp.setattr(multiprocessing.util, "spawnv_passfds", refuse("multiprocessing"))
         for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
@@ -146,6 +147,15 @@ class TierPlugin:
             return (yield)
         finally:
             mp.undo()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        # The session's last test also tears down the session's fixtures (a lab guest's `lab down`,
+        # a shared server): those belong to the tests that used them, not to this one.
+        mp = item.stash.get(REFUSING, None)
+        if nextitem is None and mp is not None:
+            mp.undo()
+        return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
