@@ -13,6 +13,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "belugactl.cli.bench_soak_cmd",  # soak
     "belugactl.cli.bench_overlap_cmd",  # overlap
     "belugactl.cli.bench_pool_cmd",  # pool
+    "belugactl.cli.bench_failover_cmd",  # failover
 )
 
 

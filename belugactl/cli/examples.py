@@ -29,6 +29,7 @@ EXAMPLES: dict[str, list[str]] = {
     "bench soak": ["belugactl bench soak --seconds 60 --writers 4 --readers 4 --json"],
     "bench kv": ["belugactl bench kv --blocks 64 --repeat 11"],
     "bench pool": ["belugactl bench pool --pool /dev/dax0.0 --read-only", "belugactl bench pool -f rack.yaml --json"],
+    "bench failover": ["belugactl bench failover --kills 20 --blocks 100k,1M --json"],
     "bench overlap": ["belugactl bench overlap --lengths 4000 --rounds 3"],
     "pd-proxy": ["belugactl pd-proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8101 --port 8090"],
     "bench serve": ["belugactl bench serve -f examples/cpu-demo.yaml --pool ~/beluga-cpu-demo.pool --create-pool"],
