@@ -16,7 +16,10 @@ def failover(
         20, "--kills", metavar="N", help="Leaders SIGKILLed per size (each one times a failover)."
     ),
     blocks: str = typer.Option(
-        "100k", "--blocks", metavar="N[,N...]", help="Committed 4 KiB blocks in the index, per size (e.g. 100k,1M)."
+        "100k",
+        "--blocks",
+        metavar="N",
+        help="Committed 4 KiB blocks in the index, one size or several: N[,N...] (k: 1000, M: 1000000; e.g. 100k,1M).",
     ),
     ttl: int = typer.Option(5, "--ttl", metavar="SECONDS", help="The leader's etcd lease TTL, whole seconds, 2..60."),
     etcd: str | None = typer.Option(
@@ -29,15 +32,26 @@ def failover(
         "answer and hit rate.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
+    faulty: bool = typer.Option(
+        False, "--faulty", hidden=True, help="Check the checker: lose a block and change a block's bytes (exit 1)."
+    ),
 ) -> None:
     """Failover by SIGKILL between two `metadata-server --standby` on one pool; exit 1 if a goal fails."""
+    import signal
     import sys
 
     from belugactl.cli.render import print_json
     from belugactl.workflows.bench.failover import FailoverConfig, parse_sizes, run_failover
 
-    cfg = FailoverConfig(kills=kills, sizes=parse_sizes(blocks), ttl_s=ttl, etcd_url=etcd, start_empty=start_empty)
-    r = run_failover(cfg, say=lambda m: print(m, file=sys.stderr, flush=True))
+    cfg = FailoverConfig(
+        kills=kills, sizes=parse_sizes(blocks), ttl_s=ttl, etcd_url=etcd, start_empty=start_empty, faulty=faulty
+    )
+    # SIGTERM unwinds like Ctrl-C: the servers and the etcd this run started are stopped, never left behind.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        r = run_failover(cfg, say=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if json_out:
         print_json(r)
     else:

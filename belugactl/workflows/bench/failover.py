@@ -56,6 +56,9 @@ class FailoverConfig:
     etcd_url: str | None = None
     start_empty: bool = True
     sample: int = SAMPLE
+    # Check the checker: after the first failover, one committed block is deleted and one sampled
+    # block's bytes are overwritten behind the benchmark's back; the run must count both and fail.
+    faulty: bool = False
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
@@ -93,8 +96,9 @@ def failover_manifest(blocks: int) -> str:
     from belugactl.model.journal_sizing import journal_bytes, namespace_bytes
 
     mib = 1 << 20
-    kv = max(64 * mib, -(-int(blocks * BLOCK * KV_HEADROOM) // mib) * mib)
-    journal = -(-journal_bytes(kv, BLOCK, namespace_bytes(RACK_NAME, 1)) // mib) * mib
+    align = 2 * mib  # the pool's align: every region a multiple of it
+    kv = max(64 * mib, -(-int(blocks * BLOCK * KV_HEADROOM) // align) * align)
+    journal = -(-journal_bytes(kv, BLOCK, namespace_bytes(RACK_NAME, 1)) // align) * align
     pool = kv + journal + 64 * mib  # header, rings, alignment
     return f"""\
 version: 1
@@ -378,8 +382,11 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
             before = count_hits(client, keys)
             row["hit_rate_before"] = before / blocks
             times: list[float] = []
-            first_hits = lost = wrong_reads = wrong_bytes = 0
+            first_hits = wrong_reads = wrong_bytes = 0
+            least_hits = before
             hit_after: list[float] = []
+            rebuilds: list[float] = []  # the new leader's own: from winning the election to serving
+            restored = None
             for k in range(cfg.kills):
                 other = names[1] if leader == names[0] else names[0]
                 killed = time.monotonic()
@@ -387,24 +394,30 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
                 took, hit = first_answer(prober, keys[sample[0]] if sample else keys[0], killed, wait)
                 times.append(took)
                 first_hits += hit
-                servers[other].expect("started", wait)
+                rec = servers[other].expect("started", wait)
+                if isinstance(rec.get("took_s"), (int, float)):
+                    rebuilds.append(float(rec["took_s"]))
+                restored = rec.get("restored_entries")
                 _reconnect(client, wait)
+                if cfg.faulty and k == 0:
+                    _inject_faults(client, pool, keys, sample)
                 hits = count_hits(client, keys)
                 hit_after.append(hits / blocks)
-                lost += max(0, before - hits)
+                least_hits = min(least_hits, hits)  # a block lost at one kill stays lost: count it once
                 r, b = check_sample(client, pool, keys, sample)
                 wrong_reads += r
                 wrong_bytes += b
-                say(f"{label}: kill {k + 1}/{cfg.kills}: first answer {took:.2f} s, {before - hits} lost, {r} wrong")
+                say(f"{label}: kill {k + 1}/{cfg.kills}: first answer {took:.2f} s, {before - hits} missing, {r} wrong")
                 servers[leader] = Server(
                     standby_argv(manifest, pool_path, etcd, leader, cfg.ttl_s), tmp / f"{leader}.log"
                 )
                 servers[leader].expect("standby", wait)
                 leader = other
             row.update(
-                first_answer_s=_summary(times), first_answer_hits=first_hits, committed_blocks_lost=lost,
+                first_answer_s=_summary(times), first_answer_hits=first_hits, committed_blocks_lost=before - least_hits,
                 wrong_reads=wrong_reads, wrong_bytes_served=wrong_bytes, sample_blocks=len(sample),
                 hit_rate_after=min(hit_after) if hit_after else None,
+                takeover_rebuild_s=_summary(rebuilds), restored_entries=restored,
             )  # fmt: skip
             if cfg.start_empty:
                 row["start_empty"] = _start_empty(servers, leader, manifest, pool_path, prober, client, keys, tmp, wait)
@@ -413,6 +426,17 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
         for s in servers.values():
             s.stop()
     return row
+
+
+def _inject_faults(client: Any, pool: Any, keys: Sequence[bytes], sample: Sequence[int]) -> None:
+    """--faulty: a committed block gone (the last key) and one sampled block's bytes changed."""
+    client.delete(NAMESPACE, keys[-1])
+    victim = keys[sample[len(sample) // 2]]
+    loc = client.get(NAMESPACE, victim)
+    if loc is not None:
+        pool.write(loc.extents[0][0], bytes(b ^ 0xFF for b in pool.read(loc.extents[0][0], 16)))
+        with suppress(Exception):
+            client.release([loc.lease_id])
 
 
 def _start_empty(
