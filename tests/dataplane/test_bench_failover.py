@@ -134,3 +134,16 @@ def test_a_small_run_finds_the_block_lost_and_the_bytes_changed_behind_its_back(
         "200: wrong bytes served (200 blocks read back a kill)": False,
         "200: hit rate after failover (worst kill)": False,
     }
+
+
+def test_bad_flags_exit_2_with_what_why_fix_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.cli.conftest import invoke
+
+    monkeypatch.setattr(fo, "run_size", lambda *a, **k: pytest.fail("nothing may start on bad flags"))
+    for flags, words in (
+        (["--blocks", "1G"], ["--blocks", "not a block count", "--blocks 100k,1M"]),
+        (["--ttl", "1"], ["--ttl 1", "2..60", "--ttl 5"]),
+        (["--kills", "0"], ["--kills 0", "at least 1"]),
+    ):
+        r = invoke("bench", "failover", *flags)
+        assert r.code == 2 and all(w in r.stderr for w in words), (flags, r.stderr)
