@@ -454,3 +454,25 @@ def _tenant_rules(m: Manifest) -> list[RuleProblem]:
     from belugactl.model.tenants import tenant_problems
 
     return [RuleProblem(path, msg, hint, at_key=path == ("tenants",)) for path, msg, hint in tenant_problems(m)]
+
+
+def etcd_candidate_problems(m: Manifest) -> list[RuleProblem]:
+    """serve.metadata.etcd.candidates that are not hosts of the manifest, or named twice (serve runs a
+    metadata server on each candidate host, `--member HOST`). Not yet in check_rules: a doctor test still
+    elects members that are not hosts; serve refuses these itself (workflows/serve/launch_plan.py)."""
+    conf = m.serve.metadata.etcd if m.serve is not None else None
+    if conf is None:
+        return []
+    names = m.host_names()
+    out: list[RuleProblem] = []
+    seen: set[str] = set()
+    for i, name in enumerate(conf.candidates):
+        path: Path_ = ("serve", "metadata", "etcd", "candidates", i)
+        if name not in names:
+            out.append(
+                RuleProblem(path, f"{name!r} is not one of the hosts: {', '.join(names)}", "list hosts[].name values")
+            )
+        elif name in seen:
+            out.append(RuleProblem(path, f"{name!r} is listed twice"))
+        seen.add(name)
+    return out

@@ -26,7 +26,7 @@ from belugactl.workflows.serve.run_dir import (
     prepare_run_dir,
     write_private,
 )
-from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, http_ok, pid_alive
+from belugactl.workflows.serve.supervisor import STATE_FILE, http_json, pid_alive, readiness
 
 if TYPE_CHECKING:
     from belugactl.workflows.rack_context import RackContext
@@ -176,8 +176,12 @@ def status(run_dir: str | Path | None = None) -> dict[str, Any]:
     procs = []
     for p in state.get("processes", []):
         alive = is_running(_recorded(p))
-        healthy = bool(alive and p.get("health_url") and http_ok(p["health_url"], timeout=1.0))
+        # An elected metadata server standing by while another leads is healthy: its role says which.
+        role = readiness(p["health_url"], standby_ok=bool(p.get("standby_ok")), timeout=1.0) if alive else None
+        healthy = bool(alive and p.get("health_url") and role)
         entry = {**p, "alive": alive, "healthy": healthy}
+        if p.get("standby_ok"):
+            entry["role"] = "leader" if role == "ready" else "standby" if role else None
         if p.get("stats_prefix"):
             entry["connector"] = read_connector_stats(p["stats_prefix"])
             # connected / hits / saves / load errors, None where nothing reports it
@@ -225,6 +229,8 @@ def pool_summary(stats: Any) -> dict[str, Any] | None:
         "leader": lead.get("leader"),
         "leader_since": lead.get("leader_since"),
         "leader_changes": lead.get("leader_changes"),
+        "member": lead.get("member"),  # this server's member name, and whether it leads
+        "leading": lead.get("leading"),
     }
 
 

@@ -35,6 +35,9 @@ class ProcessSpec:
     log_file: str
     port: int | None = None
     health_url: str | None = None  # 200 means ready
+    # A metadata server elected through etcd: a 503 from /readyz whose body says "standby: X leads" is a
+    # healthy standby, which serve waits for as it waits for ready (supervisor.readiness).
+    standby_ok: bool = False
     ready_timeout_s: float = 600.0
     gpus: tuple[int, ...] = ()
     numa_node: int | None = None
@@ -208,6 +211,55 @@ def metadata_host(manifest: Manifest) -> Host | None:
     return manifest.metadata_host()
 
 
+def metadata_candidates(manifest: Manifest) -> list[str]:
+    """The hosts that run a metadata server: serve.metadata.etcd.candidates (the first leads when the
+    rack starts), the metadata host alone when etcd names none; [] without etcd (one plain server)."""
+    assert manifest.serve is not None
+    conf = manifest.serve.metadata.etcd
+    if conf is None:
+        return []
+    if conf.candidates:
+        return list(conf.candidates)
+    mds = metadata_host(manifest)
+    return [mds.name] if mds is not None else []
+
+
+def first_leader(manifest: Manifest) -> str | None:
+    """The host whose metadata server leads when the rack starts (rack serve starts it first)."""
+    if manifest.serve is None:
+        return None
+    candidates = metadata_candidates(manifest)
+    if candidates:
+        return candidates[0]
+    mds = metadata_host(manifest)
+    return mds.name if mds is not None else None
+
+
+def refuse_unknown_candidates(manifest: Manifest, file: str) -> None:
+    """A candidate that is not a host of the manifest: refused with its file:line (nothing would run it,
+    and its member name would never match a host's server)."""
+    from belugactl.errors import Location, ManifestError, ManifestProblem
+    from belugactl.model.manifest_rules import etcd_candidate_problems
+
+    problems = etcd_candidate_problems(manifest)
+    if not problems:
+        return
+    doc = None
+    try:
+        from belugactl.model.manifest_yaml import load_positioned
+
+        doc = load_positioned(Path(file).read_text())
+    except Exception:  # noqa: BLE001 - the location is a courtesy; the refusal stands without it
+        doc = None
+    out = []
+    for rp in problems:
+        pos = doc.position_of(rp.path) if doc is not None else None
+        where = Location(file, pos.line, pos.column) if pos is not None else Location(file, None, None)
+        path = "serve.metadata.etcd.candidates" + "".join(f"[{e}]" for e in rp.path[4:])
+        out.append(ManifestProblem(where, path, rp.message, rp.hint))
+    raise ManifestError(out, file=file)
+
+
 def build_serve_plan(
     rack: RackContext,
     *,
@@ -234,13 +286,17 @@ def build_serve_plan(
     plan = ServePlan(manifest.name, host.name, manifest_path, str(run), pool_path)
     mds_host = metadata_host(manifest)
     meta = serve.metadata
+    refuse_unknown_candidates(manifest, str(rack.path))
+    candidates = metadata_candidates(manifest)
+    # With etcd every candidate runs an elected server (metadata-server --standby); without, the metadata host.
+    runs_server = host.name in candidates if meta.etcd is not None else bool(mds_host and mds_host.name == host.name)
     rpc_address = None
     transport = manifest.metadata_transport_on(host)
     if mds_host is not None:
         # The admin port binds where the manifest says (loopback by default); on the server's own host
         # that is where status reads /stats.
         admin_host = meta.admin_bind if meta.admin_bind not in ("0.0.0.0", "::") else "127.0.0.1"
-        if mds_host.name == host.name:
+        if runs_server:
             plan.metadata_admin_url = f"http://{admin_host}:{meta.admin_port}"
         # Dialled where the listener really answers (reachability.py): a specific bind is dialled at
         # that address on the metadata host too, never 127.0.0.1.
@@ -251,7 +307,11 @@ def build_serve_plan(
                 plan.blockers.append(blocker)
         if mds_host.name == host.name:
             plan.notes += _tcp_unreachable_elsewhere(manifest, meta, mds_host)
-    if mds_host is not None and mds_host.name == host.name:
+    if meta.etcd is not None and not runs_server:
+        plan.notes.append(
+            f"metadata-server: none on {host.name} (not in serve.metadata.etcd.candidates: {', '.join(candidates)})"
+        )
+    if runs_server:
         binds = (("RPC", meta.rpc_bind), ("admin", meta.admin_bind))
         beyond = [f"{what} {b}" for what, b in binds if not is_loopback(b)]
         if beyond:
@@ -276,6 +336,24 @@ def build_serve_plan(
             meta.rpc_bind,
             *(("--zero-on-free",) if manifest.zero_on_free() else ()),
         )
+        if meta.etcd is not None:
+            # Elected through etcd (docs/dataplane.md): every candidate, the first one too, stands by
+            # until it holds the leader key; restart policy journal is implied.
+            argv += (
+                "--standby",
+                "--etcd",
+                ",".join(meta.etcd.endpoints),
+                "--member",
+                host.name,
+                "--leader-ttl",
+                str(meta.etcd.leader_ttl_s),
+            )
+            role = "leads when the rack starts" if candidates[0] == host.name else f"stands by ({candidates[0]} leads)"
+            plan.notes.append(
+                f"metadata-server: elected through etcd ({', '.join(meta.etcd.endpoints)}), candidates "
+                f"{', '.join(candidates)}: {host.name} {role}; serve waits until it is ready or a standby that "
+                "names the leader"
+            )
         plan.processes.append(
             ProcessSpec(
                 name="metadata-server",
@@ -286,6 +364,7 @@ def build_serve_plan(
                 port=meta.admin_port,
                 health_url=f"{plan.metadata_admin_url}/readyz",
                 ready_timeout_s=60.0,
+                standby_ok=meta.etcd is not None,
             )
         )
     elif mds_host is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,29 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
             return 200 <= resp.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def readiness(url: str | None, *, standby_ok: bool = False, timeout: float = 1.0) -> str | None:
+    """`ready` (2xx), `standby: X leads` (a metadata server elected through etcd that stands by while X
+    leads: its /readyz is 503 with that reason, and serve takes it as healthy when `standby_ok`), else None.
+    A standby that knows no leader yet (campaigning, or etcd unreachable) is not yet healthy."""
+    if url is None:
+        return "ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own loopback URLs
+            return "ready" if 200 <= resp.status < 300 else None
+    except urllib.error.HTTPError as exc:
+        if not standby_ok or exc.code != 503:
+            return None
+        try:
+            body = json.loads(exc.read(4096))
+        except (OSError, ValueError):
+            return None
+        reason = body.get("reason") if isinstance(body, dict) else None
+        found = re.match(r"standby: (\S.*?) leads(?: \(.*\))?$", reason) if isinstance(reason, str) else None
+        return f"standby: {found.group(1)} leads" if found else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def http_json(url: str, timeout: float = 1.0) -> Any:
@@ -122,6 +146,7 @@ class Managed:
             "last_pid": self.proc.pid if self.proc else None,
             "port": self.spec.port,
             "health_url": self.spec.health_url,
+            "standby_ok": self.spec.standby_ok,
             "log_file": self.spec.log_file,
             "stats_prefix": self.spec.stats_prefix,
             "stop_signal": self.spec.stop_signal,
@@ -244,16 +269,23 @@ class Supervisor:
                         why=exit_why(f"{m.spec.name} exited with status {code}", m.spec.log_file),
                         fix=f"read {m.spec.log_file}",
                     )
-                if m.spec.health_url is None or http_ok(m.spec.health_url):
+                ready = readiness(m.spec.health_url, standby_ok=m.spec.standby_ok)
+                if ready is not None:
                     m.status = "ready"
                     m.ever_ready = True
                     waiting.remove(m)
-                    self.say(f"serve: {m.spec.name} ready" + (f" on port {m.spec.port}" if m.spec.port else ""))
+                    port = f" on port {m.spec.port}" if m.spec.port else ""
+                    what = "ready" if ready == "ready" else f"is a standby ({ready})"
+                    self.say(f"serve: {m.spec.name} {what}{port}")
                     self.write_state()
                 elif time.monotonic() > deadline[m.spec.name]:
                     raise StartFailed(
                         f"{m.spec.name} was not ready within {m.spec.ready_timeout_s:.0f} s ({m.spec.health_url})",
-                        why=exit_why(f"{m.spec.health_url} did not answer 200", m.spec.log_file),
+                        why=exit_why(
+                            f"{m.spec.health_url} did not answer 200"
+                            + (" nor name a leader as a standby" if m.spec.standby_ok else ""),
+                            m.spec.log_file,
+                        ),
                         fix=f"read {m.spec.log_file}",
                     )
             time.sleep(self.poll_s)
@@ -323,7 +355,7 @@ class Supervisor:
                 continue
             code = m.proc.poll()
             if code is None:
-                if m.status == "starting" and (m.spec.health_url is None or http_ok(m.spec.health_url)):
+                if m.status == "starting" and readiness(m.spec.health_url, standby_ok=m.spec.standby_ok):
                     m.status = "ready"
                     changed = True
                 continue
