@@ -201,6 +201,7 @@ def connect(
     timeout_s: float = 1.0,
     handover_group: int = 0,
     tenant: str = "",
+    failover_s: float | None = None,
 ) -> KVIndexClient:
     """Connect to the metadata server and learn its epoch.
 
@@ -219,28 +220,60 @@ def connect(
     tenant is its instance's, from the manifest; a TCP connection's is this one (or the one its
     authentication proved). A server answers NOT_OWNER to a name that is not the ring's or the
     connection's, and QUOTA when the tenant holds its connections.
+
+    Candidates (TCP): "tcp://a:9471,b:9471" names the rack's elected leader and its standbys (at
+    most 16; only the leader listens). On a connection error, a closed connection, or a HELLO that
+    fails (unanswered, NOT_READY, another pool's epoch), the client moves to the next candidate,
+    pausing 0.05 s doubling to 0.5 s between passes, and gives up `failover_s` after the failure
+    (default: `timeout_s` for a list, 0 for one address: one pass, as before). A lookup or get
+    (OPEN_NS, LOOKUP_PREFIX, GET, GET_MANY, STATS, PING, REMOVALS) whose connection broke is sent
+    again once the client joined a server of the same epoch; after a failover (a new epoch) it
+    raises StaleEpoch instead, the client already joined to the new leader (its next call is
+    answered). A RESERVE, COMMIT, ABORT, RELEASE or DELETE is never sent twice.
     """
     cls = transport_for(address)
-    try:
-        transport = cls.open(address, pool=pool, timeout_s=timeout_s)
-    except TransportError as exc:
-        raise MetadataUnavailable(
-            f"metadata server at {address} is unreachable",
-            why=str(exc),
-            fix="start it: belugactl metadata-server -f rack.yaml",
-        ) from None
+    listed = address.startswith("tcp://") and "," in address
+    failover = max(0.0, float(failover_s)) if failover_s is not None else (timeout_s if listed else 0.0)
+    deadline = time.monotonic() + failover
+    pause, tries = FAILOVER_FIRST_PAUSE_S, 0
+    while True:
+        tries += 1
+        try:
+            transport = cls.open(address, pool=pool, timeout_s=timeout_s)
+            break
+        except TransportError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = str(exc) if tries == 1 else f"{exc} (gave up after {tries} tries in {failover:g} s)"
+                raise MetadataUnavailable(
+                    f"metadata server at {address} is unreachable",
+                    why=why,
+                    fix="start it: belugactl metadata-server -f rack.yaml",
+                ) from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, FAILOVER_MAX_PAUSE_S)
     cid = transport.default_client_id() if client_id is None else client_id
     client = KVIndexClient(transport, address=address, client_id=cid, timeout_s=timeout_s)
     client.handover_group = handover_group
     client.tenant = tenant
+    client.failover_s = failover
     if transport.pool is None and pool is not None:
         client.use_pool(pool)
     try:
-        client.reconnect()
+        client.rejoin()
     except BaseException:
         client.close()
         raise
     return client
+
+
+# Requests that change nothing a retry could do twice: sent again after the connection broke, when
+# the client joined a server of the same epoch (connect's doc).
+_RESENDABLE = frozenset(
+    int(o) for o in (Op.OPEN_NS, Op.LOOKUP_PREFIX, Op.GET, Op.GET_MANY, Op.STATS, Op.PING, Op.REMOVALS)
+)
+FAILOVER_FIRST_PAUSE_S = 0.05
+FAILOVER_MAX_PAUSE_S = 0.5
 
 
 class KVIndexClient:
@@ -258,6 +291,8 @@ class KVIndexClient:
         self.handover_group = 0  # sent in HELLO: whose leases this client may release (connect's doc)
         self.tenant = ""  # sent in HELLO: the manifest tenant this client is of (connect's doc)
         self.timeout_s = timeout_s
+        self.failover_s = 0.0  # how long a request may look for a server among the candidates (connect's doc)
+        self.failovers = 0  # times this client joined a server after its connection failed
         self._timeout_ns = int(timeout_s * 1e9)
         self.epoch = 0
         self._epoch32 = 0
@@ -332,6 +367,48 @@ class KVIndexClient:
         self._batches = True
         return epoch
 
+    def rejoin(self) -> int:
+        """`reconnect()`, trying the transport's candidates in turn with a bounded backoff until
+        `failover_s` has passed (one try when it is 0); MetadataUnavailable names the last failure."""
+        deadline = time.monotonic() + self.failover_s
+        pause = FAILOVER_FIRST_PAUSE_S
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return self.reconnect()
+            except MetadataUnavailable as exc:
+                if "refused HELLO" in exc.what:  # the server answered: it refuses this tenant
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if tries > 1:
+                        exc.why = f"{exc.why} (gave up after {tries} tries in {self.failover_s:g} s)"
+                    raise
+                advance = getattr(self.transport, "advance", None)
+                if advance is not None:
+                    advance()  # the candidate that failed HELLO is not asked first again
+                else:
+                    self.transport.broken = True
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, FAILOVER_MAX_PAUSE_S)
+
+    def _resend_after(self, op: int, exc: TransportError) -> None:
+        """The connection broke under a request: return when it may be sent again (a resendable
+        op, rejoined at the same epoch); otherwise raise what the caller should see."""
+        if op not in _RESENDABLE or self.failover_s <= 0:
+            raise self._unavailable(str(exc)) from None
+        old = self.epoch
+        self.transport.broken = True
+        self.rejoin()  # MetadataUnavailable past failover_s
+        self.failovers += 1
+        if old and self.epoch != old:
+            raise StaleEpoch(
+                "the metadata server changed (a failover or restart: new pool epoch)",
+                why="leases and reservations from before are void",
+                fix="drop every lease id and reservation token; this client has joined the new server",
+            )
+
     def use_pool(self, pool: PoolMapping) -> None:
         """Hold this client's server to `pool` (the mapping its caller copies through): extents
         outside its shared KV area are refused, and the next HELLO must answer its epoch word."""
@@ -365,7 +442,7 @@ class KVIndexClient:
             raise StaleEpoch("the metadata server restarted", fix="drop leases and tokens, then call reconnect()")
         if self.transport.broken:
             old = self.epoch
-            self.reconnect()  # raises MetadataUnavailable, or adopts the server's epoch
+            self.rejoin()  # raises MetadataUnavailable, or adopts the server's epoch
             if old and self.epoch != old:
                 raise StaleEpoch(
                     "the metadata server restarted (new pool epoch)",
@@ -380,7 +457,13 @@ class KVIndexClient:
         try:
             code, _epoch, reply = self.transport.call(op, self._epoch32, payload, self._timeout_ns)
         except TransportError as exc:
-            raise self._unavailable(str(exc)) from None
+            self._resend_after(op, exc)
+            self.messages += 1
+            self.round_trips += 1
+            try:
+                code, _epoch, reply = self.transport.call(op, self._epoch32, payload, self._timeout_ns)
+            except TransportError as again:
+                raise self._unavailable(str(again)) from None
         if code == 0:
             return reply
         if code == FENCED:
@@ -400,7 +483,11 @@ class KVIndexClient:
         self._check_fence(op)
         window = max(1, t.max_inflight)
         try:
-            replies = t.call_many(op, self._epoch32, payloads, self._timeout_ns)
+            try:
+                replies = t.call_many(op, self._epoch32, payloads, self._timeout_ns)
+            except TransportError as exc:
+                self._resend_after(op, exc)
+                replies = t.call_many(op, self._epoch32, payloads, self._timeout_ns)
         except TransportError as exc:
             raise self._unavailable(str(exc)) from None
         finally:

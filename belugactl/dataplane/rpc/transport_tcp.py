@@ -1,5 +1,11 @@
 """The TCP client transport: the same messages, length-prefixed (`tcp://<host>:<port>`).
 
+Candidates (issue 32): `tcp://a:9471,b:9471` names the rack's metadata servers, the elected leader
+and its standbys (at most 16). Only the leader binds the RPC port (a standby answers nothing), so
+a connection goes to the first candidate that accepts it and completes the handshake, starting
+from the one that answered last; `advance()` makes the next connection start at the next one
+(the client's failover loop, dataplane/client.py, calls it when HELLO fails on a candidate).
+
 A client holding a key (`key_file=`, else `$BELUGA_KEY_FILE`: the rack secret or a tenant's key)
 runs the handshake of rpc/auth.py on every connection before its first frame, and refuses a server
 that cannot prove the same key (a fake server on the port) before any request is sent, so before
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
     from belugactl.pool.mapping import PoolMapping
 
 _FRAME = struct.Struct("<I")
+MAX_CANDIDATES = 16  # metadata servers one TCP address may name (a leader and its standbys)
 
 
 def parse_tcp_url(address: str) -> tuple[str, int]:
@@ -37,6 +44,36 @@ def parse_tcp_url(address: str) -> tuple[str, int]:
     if parts.scheme != "tcp" or not parts.hostname or port is None:
         raise UsageError(f"bad TCP address {address!r}", fix="write tcp://<host>:<port>, e.g. tcp://127.0.0.1:9471")
     return parts.hostname, port
+
+
+def parse_tcp_candidates(address: str) -> list[tuple[str, int]]:
+    """`tcp://a:9471,b:9471` (each item may repeat `tcp://`) -> [(host, port), ...]; UsageError says
+    what is wrong (no item, an empty item, a bad one, one named twice, more than MAX_CANDIDATES)."""
+    fix = "write tcp://<host>:<port>[,<host>:<port>...], e.g. tcp://10.0.0.1:9471,10.0.0.2:9471"
+    if not isinstance(address, str) or not address.startswith("tcp://"):
+        raise UsageError(f"bad TCP address {address!r}", fix=fix)
+    items = address[len("tcp://") :].split(",")
+    if len(items) > MAX_CANDIDATES:
+        raise UsageError(
+            f"TCP address {address[:80]!r}... names {len(items)} metadata servers, at most {MAX_CANDIDATES}", fix=fix
+        )
+    out: list[tuple[str, int]] = []
+    for item in items:
+        item = item.strip()
+        if not item or item == "tcp://":
+            raise UsageError(f"TCP address {address!r} has an empty entry", fix=fix)
+        url = item if item.startswith("tcp://") else "tcp://" + item
+        parts = urlsplit(url)
+        if parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+            raise UsageError(f"bad entry {item!r} in TCP address {address!r}: a host and port only", fix=fix)
+        try:
+            hp = parse_tcp_url(url)
+        except UsageError:
+            raise UsageError(f"bad entry {item!r} in TCP address {address!r}", fix=fix) from None
+        if hp in out:
+            raise UsageError(f"TCP address {address!r} names {item!r} twice", fix=fix)
+        out.append(hp)
+    return out
 
 
 @register_transport
@@ -53,8 +90,9 @@ class TcpTransport(ClientTransport):
 
     @classmethod
     def open(cls, address: str, *, pool: PoolMapping | None, timeout_s: float) -> TcpTransport:
-        host, port = parse_tcp_url(address)
-        return cls(host, port, timeout_s=timeout_s, credential=auth.client_credential())
+        candidates = parse_tcp_candidates(address)
+        host, port = candidates[0]
+        return cls(host, port, timeout_s=timeout_s, credential=auth.client_credential(), candidates=candidates)
 
     def default_client_id(self) -> int:
         return os.getpid()
@@ -72,8 +110,12 @@ class TcpTransport(ClientTransport):
         timeout_s: float = 1.0,
         credential: auth.Credential | None = None,
         key_file: str | None = None,
+        candidates: list[tuple[str, int]] | None = None,
     ) -> None:
         self.address = (host, port)
+        # The servers to try, in order (one: the address above); `_at`: the one that answered last.
+        self.candidates = list(candidates) if candidates else [self.address]
+        self._at = self.candidates.index(self.address) if self.address in self.candidates else 0
         self.credential = credential if credential is not None else (
             auth.client_credential(key_file) if key_file else None
         )  # fmt: skip
@@ -87,7 +129,33 @@ class TcpTransport(ClientTransport):
         self.sock: socket.socket | None = None
         self.reset()
 
+    def advance(self) -> None:
+        """The candidate connected now failed (HELLO refused or unanswered): the next connection
+        starts at the next candidate."""
+        self.broken = True
+        self._at = (self._at + 1) % len(self.candidates)
+
     def reset(self) -> None:
+        """Connect afresh: one pass over the candidates from the one that answered last; the first
+        that accepts and proves the key (when this client holds one) is kept."""
+        errors: list[str] = []
+        n = len(self.candidates)
+        for i in range(n):
+            k = (self._at + i) % n
+            self.address = self.candidates[k]
+            try:
+                self._connect_one()
+            except TransportError as exc:
+                errors.append(str(exc))
+                continue
+            self._at = k
+            return
+        self.broken = True
+        if n == 1:
+            raise TransportError(errors[0])
+        raise TransportError(f"none of the {n} metadata servers named answered: " + "; ".join(errors))
+
+    def _connect_one(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
