@@ -49,6 +49,8 @@ def render_run(run: Any, *, matrix: bool | None) -> None:
     lines += _unreachable(summary, width)
     if run.verb == "setup":
         lines += _matrix_or_hint("hosts x steps", setup_rows(run), run.hosts, matrix, width, SETUP_LEGEND)
+    if run.verb == "status":
+        lines += leader_lines(run, width)
     lines += _verdict(summary, width)
     _print(lines)
 
@@ -62,6 +64,46 @@ def _print(lines: list[str]) -> None:
     for line in lines:
         style = "red" if line.startswith("✗") else "yellow" if line.startswith("!") else ""
         console.print(Text(line, style=style), soft_wrap=True)
+
+
+def _utc(ts: Any) -> str:
+    import datetime as dt
+
+    if not isinstance(ts, int | float) or ts <= 0:
+        return "?"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def leader_lines(run: Any, width: int) -> list[str]:
+    """Who leads, since when, leader changes, per metadata server that answered `status` (an elected
+    one: metadata-server --standby); two servers that each say they lead, or name different leaders, are
+    said with ✗."""
+    from belugactl.workflows.rack.orchestrate import metadata_servers
+
+    rows = metadata_servers(run)
+    if not rows:
+        return []
+    lines = ["", "metadata servers:"]
+    for row in rows:
+        if row["role"] in ("serves", "not ready"):
+            text = f"{row['role']} (not elected), epoch {row['epoch']}"
+        elif row["role"] == "leader":
+            text = f"leads since {_utc(row['leader_since'])}, epoch {row['epoch']}"
+        elif row["leader"]:
+            text = f"standby; {row['leader']} leads since {_utc(row['leader_since'])}"
+        else:
+            text = "standby; no leader yet"
+        if row["role"] in ("leader", "standby"):
+            text += f", {row['leader_changes'] or 0} leader change(s) seen"
+        lines += _prefixed(f"  {row['host']}  ", text, width, indent=DETAIL)
+    leading = [r["host"] for r in rows if r["role"] == "leader"]
+    named = {r["leader"] for r in rows if r["role"] in ("leader", "standby") and r["leader"]}
+    if len(leading) > 1:
+        said = f"{len(leading)} servers say they lead: {', '.join(leading)} (an old term ends by its deadline)"
+        lines += _prefixed("✗ ", said, width, indent=2)
+    elif len(named) > 1:
+        lines += _prefixed("! ", f"the servers name different leaders: {', '.join(sorted(named))}", width, indent=2)
+    return lines
 
 
 # --- the summary ---------------------------------------------------------------------------------

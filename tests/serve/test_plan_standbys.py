@@ -75,6 +75,19 @@ def test_first_leader_is_the_first_candidate_else_the_metadata_host(tmp_path: Pa
     assert server is not None and "--standby" in server.argv
 
 
+def test_rack_serve_starts_the_first_candidate_alone_first_and_stops_it_last(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from belugactl.workflows.rack.orchestrate import _metadata_first
+
+    def order(candidates: list[str] | None) -> list[list[str]]:
+        m = load_rack_context(_manifest(tmp_path, candidates)).manifest
+        return _metadata_first(SimpleNamespace(manifest=m, hosts=["lab-1", "lab-2"], metadata_host="lab-1"))
+
+    assert order(["lab-2", "lab-1"]) == [["lab-2"], ["lab-1"]]
+    assert order(None) == order([]) == [["lab-1"], ["lab-2"]]
+
+
 def test_without_etcd_one_plain_server_on_the_metadata_host(tmp_path: Path) -> None:
     plan, server = _server(tmp_path, None, "lab-1")
     assert server is not None and "--standby" not in server.argv and "--member" not in server.argv

@@ -343,6 +343,7 @@ class RackRun:
             "failed": self.failed,
             "failed_hosts": self.failed_hosts,
             "not_run": self.not_run,
+            **({"metadata_servers": metadata_servers(self)} if self.verb == "status" else {}),
             "per_host": {
                 h: {
                     "returncode": self.results[h].returncode if h in self.results else None,
@@ -396,7 +397,12 @@ def rack_setup(target: RackTarget, *, dry_run: bool, force: bool) -> RackRun:
 
 
 def _metadata_first(target: RackTarget) -> list[list[str]]:
+    """The host whose metadata server leads first (serve.metadata.etcd.candidates[0], else the metadata
+    host), then the rest: elected standbys come up beside the workers and find a leader to name."""
     meta = target.metadata_host
+    conf = getattr(getattr(getattr(target.manifest, "serve", None), "metadata", None), "etcd", None)
+    if conf is not None and conf.candidates:
+        meta = conf.candidates[0]
     if meta in target.hosts:
         return [[meta], [h for h in target.hosts if h != meta]]
     return [target.hosts]
@@ -413,6 +419,34 @@ def rack_serve(target: RackTarget, *, dry_run: bool, extra: Sequence[str] = ()) 
         lambda h: target.cmd("serve", "-f", target.rmanifest, "--host", h, *flags),
         stop_on_failure=not dry_run,
     )
+
+
+def metadata_servers(run: RackRun) -> list[dict[str, Any]]:
+    """Per host whose `status` read a metadata server's /stats: its role (leader, standby, or a plain
+    server), who it says leads, since when (Unix time), the leader changes it saw, its epoch; in host order."""
+    rows = []
+    for host in run.hosts:
+        doc = run.documents.get(host)
+        pool = doc.get("pool") if isinstance(doc, dict) else None
+        if not isinstance(pool, dict):
+            continue
+        elected = pool.get("leader") is not None or pool.get("member") is not None
+        if not elected:
+            role = "serves" if pool.get("ready") else "not ready"
+        else:
+            role = "leader" if pool.get("leading") else "standby"
+        rows.append(
+            {
+                "host": host,
+                "role": role,
+                "member": pool.get("member"),
+                "leader": pool.get("leader") if elected else host,
+                "leader_since": pool.get("leader_since"),
+                "leader_changes": pool.get("leader_changes"),
+                "epoch": pool.get("epoch"),
+            }
+        )
+    return rows
 
 
 def rack_status(target: RackTarget) -> RackRun:
