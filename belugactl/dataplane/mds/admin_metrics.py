@@ -72,3 +72,24 @@ def loop_metrics(snap: dict[str, Any]):  # -> Iterator[Metric]
         g = GaugeMetricFamily(name, help_)
         g.add_metric([], value / 1e6)
         yield g
+
+
+def term_metrics(snap: dict[str, Any]):  # -> Iterator[Metric]
+    """This server's own terms as the elected leader (snapshot "leadership", mds/leadership.py): when the
+    term it holds began (Unix time; 0 while it does not lead) and how many terms it won since it started.
+    Beside mds/standby.py's `beluga_mds_leader*` (who leads, since when, changes seen); nothing for a
+    server not elected."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    lead = snap.get("leadership")
+    if not isinstance(lead, dict):
+        return
+    leading = bool(lead.get("leading")) and lead.get("leader") == lead.get("member")
+    g = GaugeMetricFamily(
+        "beluga_mds_leader_term_start_seconds", "When this server's current term as leader began (0: not leading)"
+    )
+    g.add_metric([], float(lead.get("leader_since") or 0) if leading else 0.0)
+    yield g
+    c = CounterMetricFamily("beluga_mds_leader_terms_won", "Elections this server won since it started")
+    c.add_metric([], lead.get("terms_won") or 0)
+    yield c
