@@ -257,7 +257,12 @@ def refuse_unknown_candidates(manifest: Manifest, file: str) -> None:
         where = Location(file, pos.line, pos.column) if pos is not None else Location(file, None, None)
         path = "serve.metadata.etcd.candidates" + "".join(f"[{e}]" for e in rp.path[4:])
         out.append(ManifestProblem(where, path, rp.message, rp.hint))
-    raise ManifestError(out, file=file)
+    raise ManifestError(
+        out,
+        file=file,
+        fix="list hosts[].name values in serve.metadata.etcd.candidates, each once (serve checks this; "
+        "`manifest check` does not yet)",
+    )
 
 
 def build_serve_plan(
