@@ -21,9 +21,10 @@ TOOLS = Tools(vllm="/opt/vllm/bin/vllm", belugactl=("/opt/bin/belugactl",), numa
 ANCHOR = "    host: lab-1\n"
 
 
-def _manifest(tmp_path: Path, candidates: list[str] | None) -> Path:
+def _manifest(tmp_path: Path, candidates: list[str] | None, more: str = "") -> Path:
     text = (REPO / "examples" / "lab.yaml").read_text()
     assert text.count(ANCHOR) == 1
+    text = text.replace(ANCHOR, ANCHOR + more)
     if candidates is not None:
         conf = json.dumps({"endpoints": ["http://10.0.0.9:2379"], "candidates": candidates, "leader_ttl_s": 4})
         text = text.replace(ANCHOR, f"{ANCHOR}    etcd: {conf}\n")
@@ -86,6 +87,17 @@ def test_rack_serve_starts_the_first_candidate_alone_first_and_stops_it_last(tmp
 
     assert order(["lab-2", "lab-1"]) == [["lab-2"], ["lab-1"]]
     assert order(None) == order([]) == [["lab-1"], ["lab-2"]]
+
+
+def test_tcp_clients_are_given_every_candidate(tmp_path: Path) -> None:
+    more = "    transport: tcp\n    rpc_bind: 0.0.0.0\n"
+    rack = load_rack_context(_manifest(tmp_path, ["lab-1", "lab-2"], more), host="lab-2", pool="/tmp/lab.pool")
+    plan = build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS)
+    (vllm,) = [p for p in plan.processes if p.kind == "vllm"]
+    assert dict(vllm.metadata_clients)["scheduler"] == "tcp://10.0.2.15:9471,127.0.0.1:9471"
+    rack = load_rack_context(_manifest(tmp_path, None, more), host="lab-2", pool="/tmp/lab.pool")
+    (vllm,) = [p for p in build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS).processes if p.kind == "vllm"]
+    assert dict(vllm.metadata_clients)["scheduler"] == "tcp://10.0.2.15:9471"  # one server: one address
 
 
 def test_without_etcd_one_plain_server_on_the_metadata_host(tmp_path: Path) -> None:

@@ -306,6 +306,12 @@ def build_serve_plan(
         # Dialled where the listener really answers (reachability.py): a specific bind is dialled at
         # that address on the metadata host too, never 127.0.0.1.
         rpc_address = rpc_dial(meta, mds_host, host).address
+        if transport == "tcp" and meta.etcd is not None:
+            # Elected servers: TCP clients get every candidate (tcp://a:P,b:P) and follow the leader
+            # (workflows/leader_candidates.py, dataplane/client.py).
+            from belugactl.workflows.leader_candidates import candidates_address
+
+            rpc_address = candidates_address(manifest, host) or rpc_address
         if transport == "tcp":  # over CXL-RPC no process here dials the TCP listener
             blocker = unreachable_instances(meta, mds_host, host, manifest.instances_on(host))
             if blocker is not None:
