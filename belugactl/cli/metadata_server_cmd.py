@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -94,8 +95,9 @@ def metadata_server(
         None,
         "--restart-policy",
         metavar="start-empty|journal",
-        help="start-empty (default) or journal: rebuild the index from the pool's journal area at start "
-        "(the default and the only choice with --standby).",
+        help="journal or start-empty: rebuild the index from the pool's journal area at start, or start "
+        "with an empty index. Default: journal on a device pool (/dev/daxX.Y) and with --standby (its only "
+        "choice), start-empty on a file pool.",
     ),
     standby: bool = typer.Option(
         False,
@@ -135,9 +137,10 @@ def metadata_server(
     """Serve the KV index over CXL-RPC (pool slot rings) and TCP, with /healthz /readyz /metrics /stats.
 
     Every start bumps the pool epoch, which fences clients, leases and reservations of the previous
-    incarnation. Restart policy start-empty (default): the index starts empty and clients repopulate
-    it. journal: commits and removals are journaled in the pool's metadata area and the index is
-    rebuilt from it at start (committed blocks only; nothing half-written is ever restored).
+    incarnation. Restart policy journal (the default on a device pool): commits and removals are
+    journaled in the pool's metadata area and the index is rebuilt from it at start (committed blocks
+    only; nothing half-written is ever restored). start-empty (the default on a file pool): the index
+    starts empty and clients repopulate it.
     Stop with SIGTERM (graceful, exit 0) or Ctrl-C (graceful, exit 130).
     """
     import json
@@ -164,7 +167,7 @@ def metadata_server(
             # a zero or negative TTL expires every lease and reservation the moment it is granted
             raise UsageError(f"{flag} {seconds:g}: a TTL is a positive number of seconds", fix=f"e.g. {flag} 10")
     if restart_policy is None:
-        restart_policy = "journal" if standby else "start-empty"
+        restart_policy = default_restart_policy(standby, rack.pool_path)
     if restart_policy not in ("start-empty", "journal"):
         raise UsageError(f"unknown restart policy {restart_policy!r}", fix="use start-empty or journal")
     if standby and restart_policy != "journal":
@@ -264,6 +267,23 @@ def metadata_server(
             f"stopped cleanly: sockets closed, pool {server.pool.path} left as it is (epoch {server.epoch}), {kept}",
         )
     print("metadata server: stopped", file=sys.stderr)
+
+
+def default_restart_policy(standby: bool, pool_path: Callable[[], str]) -> str:
+    """journal with --standby and on a device pool (its index is a rack's whole cache, hours of GPU
+    time); start-empty on a file pool (a test or a demo on one machine)."""
+    return "journal" if standby or _is_device(pool_path) else "start-empty"
+
+
+def _is_device(pool_path: Callable[[], str]) -> bool:
+    """Whether the pool is a character device (devdax). A pool that cannot be found or read yet is
+    not: opening it fails next, with that error, whatever the policy."""
+    import stat
+
+    try:
+        return stat.S_ISCHR(Path(pool_path()).stat().st_mode)
+    except Exception:  # noqa: BLE001 - the open below reports it properly
+        return False
 
 
 def _elector(

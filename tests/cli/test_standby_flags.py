@@ -23,3 +23,20 @@ def test_standby_flags_are_checked_before_anything_starts(cli, tmp_path: Path, a
     r = cli("metadata-server", "-f", str(CPU_DEMO), "--pool", str(tmp_path / "none"), *args)
     assert r.code == 2, (r.stdout, r.stderr)
     assert says in r.stdout + r.stderr
+
+
+def test_the_default_restart_policy_journals_a_device_pool_and_only_that(tmp_path: Path) -> None:
+    from belugactl.cli.metadata_server_cmd import default_restart_policy
+
+    pool_file = tmp_path / "pool.bin"
+    pool_file.write_bytes(b"\0" * 4096)
+
+    def unreadable() -> str:
+        raise OSError("no pool device found")
+
+    # /dev/null stands in for /dev/daxX.Y: both are character devices, which is what the choice reads.
+    assert default_restart_policy(False, lambda: "/dev/null") == "journal"
+    assert default_restart_policy(False, lambda: str(pool_file)) == "start-empty"
+    assert default_restart_policy(False, lambda: str(tmp_path / "missing")) == "start-empty"
+    assert default_restart_policy(False, unreadable) == "start-empty"  # opening it reports the error
+    assert default_restart_policy(True, lambda: str(pool_file)) == "journal"

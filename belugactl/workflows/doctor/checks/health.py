@@ -108,7 +108,8 @@ def memdev_health(ctx: DoctorContext) -> CheckResult:
         fix_parts.append(
             "dirty shutdowns count for the device's whole life: if the count grew since the last clean boot, "
             "what was written to the pool before the power loss may be torn: restart the metadata server with "
-            "--restart-policy start-empty (the default) and never replay its journal over that boot"
+            "--restart-policy start-empty (a device pool's default is journal) and never replay its journal "
+            "over that boot"
         )
     if unreported:
         fix_parts.append(HEALTH_FIX_READ)
