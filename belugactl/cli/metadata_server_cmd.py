@@ -276,13 +276,15 @@ def default_restart_policy(standby: bool, pool_path: Callable[[], str]) -> str:
 
 
 def _is_device(pool_path: Callable[[], str]) -> bool:
-    """Whether the pool is a character device (devdax). A pool that cannot be found or read yet is
-    not: opening it fails next, with that error, whatever the policy."""
+    """Whether the pool is a character device (devdax). Finding it may fail (no device, two of them):
+    that error is raised here, once (the path is kept for the open). A path that cannot be read is not
+    a device: the open reports it."""
     import stat
 
+    path = Path(pool_path())
     try:
-        return stat.S_ISCHR(Path(pool_path()).stat().st_mode)
-    except Exception:  # noqa: BLE001 - the open below reports it properly
+        return stat.S_ISCHR(path.stat().st_mode)
+    except OSError:
         return False
 
 

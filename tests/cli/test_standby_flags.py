@@ -31,12 +31,13 @@ def test_the_default_restart_policy_journals_a_device_pool_and_only_that(tmp_pat
     pool_file = tmp_path / "pool.bin"
     pool_file.write_bytes(b"\0" * 4096)
 
-    def unreadable() -> str:
-        raise OSError("no pool device found")
+    def undecidable() -> str:
+        raise LookupError("two pool devices")
 
     # /dev/null stands in for /dev/daxX.Y: both are character devices, which is what the choice reads.
     assert default_restart_policy(False, lambda: "/dev/null") == "journal"
     assert default_restart_policy(False, lambda: str(pool_file)) == "start-empty"
     assert default_restart_policy(False, lambda: str(tmp_path / "missing")) == "start-empty"
-    assert default_restart_policy(False, unreadable) == "start-empty"  # opening it reports the error
+    with pytest.raises(LookupError):  # the finder's own error, not a guess of the policy
+        default_restart_policy(False, undecidable)
     assert default_restart_policy(True, lambda: str(pool_file)) == "journal"

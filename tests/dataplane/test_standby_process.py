@@ -177,7 +177,11 @@ def test_sigkill_the_leader_and_the_standby_serves_every_committed_block() -> No
         status, stats = b.get("/stats")
         lead = stats["leadership"]
         assert lead["leading"] and lead["leader"] == "mds-b" and lead["leader_changes"] == 1
-        assert 'beluga_mds_leader{member="mds-b"} 1.0' in b.metrics()
+        metrics = b.metrics()
+        assert 'beluga_mds_leader{member="mds-b"} 1.0' in metrics
+        assert "beluga_mds_leader_terms_won_total 1.0" in metrics
+        term_start = next(ln for ln in metrics.splitlines() if ln.startswith("beluga_mds_leader_term_start_seconds "))
+        assert float(term_start.split()[1]) > 0  # leading: when its term began
         assert b.get("/readyz")[0] == 200
 
 

@@ -54,5 +54,6 @@ def test_serve_takes_a_real_standby_as_started_and_status_names_its_leader(tmp_p
                 text = r.read().decode()
             assert 'beluga_mds_leader{member="mds-b"} 0.0' in text
             assert 'beluga_mds_leader_since_seconds{leader="mds-a"}' in text
+            assert "beluga_mds_leader_term_start_seconds 0.0" in text  # a standby holds no term
         finally:
             sup.stop()

@@ -138,7 +138,7 @@ class _Collector:
         dropped = CounterMetricFamily("beluga_mds_poison_dropped_blocks", "Blocks dropped for lying on poisoned lines")
         dropped.add_metric([], poison.get("blocks_dropped", 0))
         yield dropped
-        from belugactl.dataplane.mds.admin_metrics import journal_metrics, loop_metrics
+        from belugactl.dataplane.mds.admin_metrics import journal_metrics, loop_metrics, term_metrics
 
         yield from journal_metrics(snap)
         yield from loop_metrics(snap)
@@ -148,6 +148,7 @@ class _Collector:
         from belugactl.dataplane.mds.standby import leadership_metrics
 
         yield from leadership_metrics(snap.get("leadership"))  # elected through etcd: who leads, changes
+        yield from term_metrics(snap)  # and this server's own terms
 
 
 def _is_loopback(address: str) -> bool:

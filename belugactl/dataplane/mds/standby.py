@@ -104,6 +104,9 @@ def _standby_admin(runner: ElectedRun, bind: str, port: int) -> Any:
     class Collector:
         def collect(self):  # -> Iterator[Metric]
             yield from leadership_metrics(runner.elector.stats())
+            from belugactl.dataplane.mds.admin_metrics import term_metrics
+
+            yield from term_metrics(runner.standby_stats())
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())  # type: ignore[arg-type]

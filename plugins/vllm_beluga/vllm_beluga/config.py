@@ -22,7 +22,7 @@ class ConnectorConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BelugaConfig:
-    metadata_address: str  # tcp://host:port or cxl://<pool path>#<ring>
+    metadata_address: str  # tcp://host:port[,host:port...] (candidates: the leader is found) or cxl://<pool>#<ring>
     pool_path: str | None = None  # the pool device or file this host maps
     namespace: str = "beluga"  # rack + model; the layout id and TP rank are appended
     model_id: str | None = None  # the model's fleet-wide name (paths differ between hosts)
