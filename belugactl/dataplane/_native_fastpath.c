@@ -1,4 +1,5 @@
 #include "_native_ring.h"
+#include <sys/mman.h>
 
 /* The metadata server's lookup fast path.
  * A C mirror of the index's visible keys ((namespace id, key) -> entry id), kept in step by the
@@ -25,8 +26,15 @@ typedef struct {
 typedef struct {
     fi_slot *slots;
     size_t cap; /* power of two */
-    size_t used;
-    size_t tombs;
+    size_t used; /* live keys, in both tables while growing */
+    size_t tombs; /* deleted slots of `slots` */
+    /* While growing: the table before, moved into `slots` FI_MOVE slots per put and per delete
+     * (fi_move), so no call rehashes the whole table (at millions of keys that stopped the server
+     * for seconds). A key is in exactly one of the two; lookups look in `slots`, then here. */
+    fi_slot *old;
+    size_t oldcap;
+    size_t moved; /* old slots [0, moved) are moved (or were empty): no key there, never read again */
+    size_t released; /* bytes at the start of `old` given back to the kernel */
     /* Lease room (fi_set_room): how many more leases each ring and each tenant may get. room[r] for
      * ring r, room[ring_slot[r]] for its tenant; a grant takes one of each. A ring without room gets
      * a miss, answered here (a lookup: count 0, no lease; a GET_MANY: the keys past the room as
@@ -51,30 +59,83 @@ static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
     return h | 1; /* never 0 */
 }
 
-static fi_slot *fi_find(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, uint64_t h) {
-    size_t mask = fi->cap - 1;
-    for (size_t i = h & mask, probes = 0; probes < fi->cap; i = (i + 1) & mask, probes++) {
-        fi_slot *s = &fi->slots[i];
+/* Slots below `from` hold no key (an old table's moved part, whose pages may be given back and
+ * read as zeros): a probe that reaches them goes on at `from`. */
+static fi_slot *fi_find_in(fi_slot *slots, size_t cap, size_t from, uint32_t ns, const uint8_t *k, size_t n,
+                           uint64_t h) {
+    size_t mask = cap - 1, i = h & mask;
+    for (size_t probes = 0; probes < cap; i = (i + 1) & mask, probes++) {
+        if (i < from) {
+            probes += from - i;
+            if (probes >= cap) break;
+            i = from;
+        }
+        fi_slot *s = &slots[i];
         if (s->state == 0) return NULL;
         if (s->state == 1 && s->hash == h && s->ns == ns && s->klen == n && memcmp(s->key, k, n) == 0) return s;
     }
     return NULL;
 }
 
-static int fi_grow(FastIndex *fi, size_t cap) {
-    fi_slot *old = fi->slots;
-    size_t oldcap = fi->cap;
-    fi_slot *fresh = calloc(cap, sizeof(fi_slot));
-    if (!fresh) return -1;
-    fi->slots = fresh; fi->cap = cap; fi->used = 0; fi->tombs = 0;
-    for (size_t i = 0; i < oldcap; i++) {
-        if (old[i].state != 1) continue;
-        size_t mask = cap - 1, j = old[i].hash & mask;
-        while (fresh[j].state) j = (j + 1) & mask;
-        fresh[j] = old[i];
-        fi->used++;
+static fi_slot *fi_find(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, uint64_t h) {
+    fi_slot *s = fi_find_in(fi->slots, fi->cap, 0, ns, k, n, h);
+    if (!s && fi->old) s = fi_find_in(fi->old, fi->oldcap, fi->moved, ns, k, n, h);
+    return s;
+}
+
+/* Each table is an anonymous mapping of its own (zero pages until touched), so the moved part of an
+ * old table is given back as the move goes (madvise) and its end unmaps almost nothing: unmapping
+ * 400 MB of touched pages at once took 50 ms. */
+static fi_slot *fi_table(size_t cap) {
+    void *p = mmap(NULL, cap * sizeof(fi_slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : (fi_slot *)p;
+}
+
+static void fi_table_free(fi_slot *t, size_t cap) {
+    if (t) munmap(t, cap * sizeof(fi_slot));
+}
+
+#define FI_RELEASE ((size_t)2 << 20) /* bytes of moved slots given back at a time */
+
+/* Old slots moved per put and per delete while growing. A growth leaves the new table at most a
+ * quarter full and the next one comes at half, so at least cap/4 puts lie between two growths: 16 a
+ * call moves a table of the same size (a rehash that only drops tombstones) in cap/16 calls. */
+#define FI_MOVE 16
+
+/* Move up to `budget` old slots into the new table; frees the old table once it is empty. */
+static void fi_move(FastIndex *fi, size_t budget) {
+    if (!fi->old) return;
+    size_t mask = fi->cap - 1;
+    for (; budget && fi->moved < fi->oldcap; budget--, fi->moved++) {
+        fi_slot *o = &fi->old[fi->moved];
+        if (o->state != 1) continue;
+        size_t j = o->hash & mask;
+        while (fi->slots[j].state == 1) j = (j + 1) & mask;
+        if (fi->slots[j].state == 2) fi->tombs--;
+        fi->slots[j] = *o; /* the key is in no other slot of the new table: one home per key */
+        o->state = 2; /* a tombstone keeps the old probe chains whole for the keys still there */
+        o->get_reply = NULL; o->get_len = 0;
     }
-    free(old);
+    if (fi->moved == fi->oldcap) {
+        fi_table_free(fi->old, fi->oldcap);
+        fi->old = NULL; fi->oldcap = 0; fi->moved = 0; fi->released = 0;
+        return;
+    }
+    size_t upto = fi->moved * sizeof(fi_slot) / FI_RELEASE * FI_RELEASE;
+    if (upto > fi->released) {
+        madvise((char *)fi->old + fi->released, upto - fi->released, MADV_DONTNEED);
+        fi->released = upto;
+    }
+}
+
+/* A new, empty table of `cap` slots; the current one becomes `old`, moved a few slots per call.
+ * A fresh mapping's pages are zero until touched, so this costs nothing in proportion to `cap`. */
+static int fi_grow(FastIndex *fi, size_t cap) {
+    if (fi->old) fi_move(fi, (size_t)-1); /* the previous growth unfinished (not expected): finish it */
+    fi_slot *fresh = fi_table(cap);
+    if (!fresh) return -1;
+    fi->old = fi->slots; fi->oldcap = fi->cap; fi->moved = 0; fi->released = 0;
+    fi->slots = fresh; fi->cap = cap; fi->tombs = 0;
     return 0;
 }
 
@@ -82,7 +143,9 @@ static void fi_free(PyObject *cap) {
     FastIndex *fi = PyCapsule_GetPointer(cap, "belugactl.fastindex");
     if (fi) {
         for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
-        free(fi->slots);
+        fi_table_free(fi->slots, fi->cap);
+        for (size_t i = fi->moved; i < fi->oldcap; i++) free(fi->old[i].get_reply);
+        fi_table_free(fi->old, fi->oldcap);
         if (fi->room) PyBuffer_Release(&fi->room_buf);
         if (fi->ns_slot) PyBuffer_Release(&fi->ns_buf);
         free(fi->ring_slot);
@@ -98,7 +161,7 @@ PyObject *py_fi_new(PyObject *self, PyObject *noargs) {
     FastIndex *fi = calloc(1, sizeof(FastIndex));
     if (!fi) return PyErr_NoMemory();
     fi->cap = 1024;
-    fi->slots = calloc(fi->cap, sizeof(fi_slot));
+    fi->slots = fi_table(fi->cap);
     if (!fi->slots) { free(fi); return PyErr_NoMemory(); }
     return PyCapsule_New(fi, "belugactl.fastindex", fi_free);
 }
@@ -119,13 +182,14 @@ PyObject *py_fi_put(PyObject *self, PyObject *args) {
         if (!blob) { PyErr_NoMemory(); goto done; }
         memcpy(blob, g.buf, (size_t)g.len);
     }
+    fi_move(fi, FI_MOVE);
     if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
         size_t want = fi->cap;
         while ((fi->used + 1) * 2 > want / 2) want *= 2; /* keep the load under a quarter after growth */
         if (fi_grow(fi, want) < 0) { PyErr_NoMemory(); goto done; }
     }
     uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
-    fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h);
+    fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h); /* in either table: a re-put stays where it is */
     if (!s) {
         size_t mask = fi->cap - 1, i = h & mask;
         while (fi->slots[i].state == 1) i = (i + 1) & mask;
@@ -152,8 +216,13 @@ PyObject *py_fi_del(PyObject *self, PyObject *args) {
     FastIndex *fi = fi_get(cap);
     PyObject *r = NULL;
     if (fi) {
+        fi_move(fi, FI_MOVE);
         fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
-        if (s) { s->state = 2; free(s->get_reply); s->get_reply = NULL; s->get_len = 0; fi->used--; fi->tombs++; }
+        if (s) {
+            int in_new = s >= fi->slots && s < fi->slots + fi->cap;
+            s->state = 2; free(s->get_reply); s->get_reply = NULL; s->get_len = 0; fi->used--;
+            if (in_new) fi->tombs++; /* an old table's tombstones go with it */
+        }
         r = PyBool_FromLong(s != NULL);
     }
     PyBuffer_Release(&k);
@@ -164,6 +233,28 @@ PyObject *py_fi_len(PyObject *self, PyObject *cap) {
     FastIndex *fi = fi_get(cap);
     if (!fi) return NULL;
     return PyLong_FromSize_t(fi->used);
+}
+
+/* fi_id(fi, ns, key) -> the entry id mirrored for the key, or -1 (tests check the table with it). */
+PyObject *py_fi_id(PyObject *self, PyObject *args) {
+    PyObject *cap; unsigned int ns; Py_buffer k;
+    if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    if (fi) {
+        fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
+        r = PyLong_FromLongLong(s ? s->id : -1);
+    }
+    PyBuffer_Release(&k);
+    return r;
+}
+
+/* fi_shape(fi) -> (slots, live keys, tombstones, slots of the table being moved, of them moved). */
+PyObject *py_fi_shape(PyObject *self, PyObject *cap) {
+    FastIndex *fi = fi_get(cap);
+    if (!fi) return NULL;
+    return Py_BuildValue("(nnnnn)", (Py_ssize_t)fi->cap, (Py_ssize_t)fi->used, (Py_ssize_t)fi->tombs,
+                         (Py_ssize_t)fi->oldcap, (Py_ssize_t)fi->moved);
 }
 
 /* fi_set_room(fi, room, ring_slot, ns_slot=None): the lease room the fast path takes from, and with

@@ -99,6 +99,8 @@ static PyMethodDef methods[] = {
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
     {"fi_len", py_fi_len, METH_O, "fi_len(fi) -> keys mirrored."},
+    {"fi_id", py_fi_id, METH_VARARGS, "fi_id(fi, ns, key) -> the mirrored entry id, or -1."},
+    {"fi_shape", py_fi_shape, METH_O, "fi_shape(fi) -> (slots, keys, tombstones, old slots, moved)."},
     {"fi_set_room", py_fi_set_room, METH_VARARGS, "fi_set_room(fi, room, ring_slot): the lease room the fast path takes from."},
     {"rpc_get_many_start", py_rpc_get_many_start, METH_VARARGS, "rpc_get_many_start(buf, offsets, seq0, epoch32, ns, keys, per_message, max_payload, window, flush) -> messages | (-2, sent) | None: a GET_MANY lookup sent, replies left in flight."},
     {"rpc_get_many_finish", py_rpc_get_many_finish, METH_VARARGS, "rpc_get_many_finish(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_start's burst."},

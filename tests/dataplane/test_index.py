@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from belugactl.dataplane.mds.allocator import CHUNK, Allocator
-from belugactl.dataplane.mds.index import IndexConfig, IndexError_, KVIndex
+from belugactl.dataplane.mds.index import EVICT_STEP, IndexConfig, IndexError_, KVIndex
 
 
 class Clock:
@@ -105,8 +105,11 @@ def test_eviction_takes_coldest_unleased_blocks_and_skips_leased_and_pending() -
     pending, _ = idx.reserve(ns, key(100), CHUNK)  # uncommitted: never evicted
     _, lease = idx.lookup_prefix(ns, [key(0)])  # key 0 is the coldest, but leased (and now hot)
     idx.get(ns, key(1))  # key 1 touched too (lease granted)
-    put(idx, ns, 8)  # 10 chunks used > 90 %: evict down to 50 %
-    assert idx.alloc.used <= 5 * CHUNK
+    put(idx, ns, 8)  # 10 chunks used > 90 %: a sweep down to 50 % starts, the commit evicts nothing
+    assert idx.sweeping and idx.background and idx.counters.evictions == 0
+    while idx.background:
+        idx.background_step()  # what the server does between its loop turns
+    assert idx.alloc.used <= 5 * CHUNK and not idx.sweeping
     present = {i for i in range(9) if (ns, key(i)) in idx.entries}
     assert {0, 1} <= present  # leased blocks survive
     assert 8 in present  # the newest survives: LRU evicts from the cold end
@@ -114,6 +117,43 @@ def test_eviction_takes_coldest_unleased_blocks_and_skips_leased_and_pending() -
     idx.commit(pending)  # the pending block was not touched by eviction
     assert idx.get(ns, key(100)) is not None
     assert lease
+
+
+def test_the_watermark_sweep_evicts_in_bounded_steps_down_to_the_low_watermark() -> None:
+    # Thousands of small blocks: the commit past the high watermark costs one commit; each step of the
+    # sweep evicts at most EVICT_STEP blocks, coldest first, until usage is under the low watermark.
+    idx, _, ns = make(chunks=8, high_watermark=0.9, low_watermark=0.5)
+    block = 1024
+    n = 0
+    while not idx.sweeping:
+        put(idx, ns, n, block)
+        n += 1
+    assert n > 5 * EVICT_STEP and idx.counters.evictions == 0
+    assert idx.alloc.used > 0.9 * idx.alloc.capacity
+    steps = []
+    while idx.background:
+        steps.append(idx.background_step())
+    assert max(steps) == EVICT_STEP and len(steps) >= 3
+    assert sum(steps) == idx.counters.evictions
+    assert idx.alloc.used <= 0.5 * idx.alloc.capacity
+    gone = [i for i in range(n) if (ns, key(i)) not in idx.entries]
+    assert gone == list(range(len(gone)))  # the coldest went, in LRU order
+
+
+def test_a_sweep_with_everything_leased_ends_and_a_later_commit_starts_another() -> None:
+    idx, clock, ns = make(chunks=4, high_watermark=0.7, low_watermark=0.5, lease_ttl_s=5)
+    for i in range(3):
+        put(idx, ns, i)
+    assert idx.sweeping
+    assert idx.lookup_prefix(ns, [key(0), key(1), key(2)])[0] == 3  # all leased
+    assert idx.background_step() == 0 and not idx.background  # nothing evictable: the sweep ends
+    clock.t += 6
+    idx.expire()
+    put(idx, ns, 3)  # still above the high watermark: a new sweep
+    assert idx.sweeping
+    while idx.background:
+        idx.background_step()
+    assert idx.alloc.used <= 2 * CHUNK and (ns, key(3)) in idx.entries
 
 
 def test_pool_full_when_everything_is_leased() -> None:

@@ -9,9 +9,12 @@ Lifecycle of a key:
     visible -> delete / clear-namespace / eviction -> invisible at once; extents freed when the
                last read lease on it ends (a reader holding a lease keeps reading valid bytes)
 Eviction walks the LRU from the cold end, skipping leased entries; reservations are never in
-the LRU, so an uncommitted block cannot be evicted. It runs when usage passes the high watermark
-(after a commit) and whenever a reservation cannot allocate (a size class can starve long before
-bytes run out). A reservation first asks the allocator what evicting would achieve and evicts
+the LRU, so an uncommitted block cannot be evicted. A commit that takes usage past the high
+watermark only starts a sweep: the server evicts down to the low watermark in steps of EVICT_STEP
+between its loop turns (`background_step`), answering requests in between, so no commit pays for
+the whole sweep (at millions of blocks that was a pause of seconds). A reservation that cannot
+allocate (the sweep fell behind, or a size class starves long before bytes run out) evicts at once
+what it needs itself. A reservation first asks the allocator what evicting would achieve and evicts
 only the coldest entries that make it fit; one that cannot fit even then evicts nothing.
 
 Namespaces are bounded (`max_namespaces`): at the cap, namespaces with no entry and no
@@ -61,6 +64,9 @@ CLEAR_STEP = 512
 # tenant (leases move entries to the hot end, so the cold end is rarely leased): no step grows
 # with the index.
 EVICT_SCAN = 1024
+# Blocks one step of the watermark sweep evicts: a step costs about as much as a clear step, and the
+# server takes one every few dozen requests, far more than the commits that fill the pool.
+EVICT_STEP = 256
 # A tenant's composite namespace key: "<tenant>\0<name>" (clients cannot send a NUL in a name).
 _TENANT_SEP = "\x00"
 _fi_set_room = getattr(native._native, "fi_set_room", None) if native._native is not None else None
@@ -228,6 +234,7 @@ class KVIndex:
         self._ns_keys: dict[int, dict[bytes, Entry]] = {}  # namespace id -> its committed entries
         self._doomed: dict[Key, Entry] = {}  # cleared (invisible) entries whose removal is pending
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
+        self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
 
     # --- the request being served -------------------------------------------------------------
     def begin_request(self, owner: int) -> None:
@@ -686,8 +693,8 @@ class KVIndex:
         if checksum is not None:
             self.counters.commits_checksummed += 1
         self.counters.saved_bytes += p.alloc.nbytes
-        if self.alloc.used > self.config.high_watermark * self.alloc.capacity:
-            self.evict()
+        if not self.sweeping and self.alloc.used > self.config.high_watermark * self.alloc.capacity:
+            self.sweeping = True  # the server's loop evicts, a step at a time (background_step)
 
     def abort(self, token: int, owner: int | None = None) -> None:
         p = self._take_pending(token, owner)
@@ -742,6 +749,27 @@ class KVIndex:
             self._finish_removal(e, WHY_CLEARED)
         return n
 
+    @property
+    def background(self) -> bool:
+        """Work waiting for the server's turns: a clear to finish or a watermark sweep."""
+        return bool(self._doomed) or self.sweeping
+
+    def background_step(self) -> int:
+        """One bounded step of that work (a clear step, then a sweep step); how many entries it removed."""
+        n = self.clear_step() if self._doomed else 0
+        if self.sweeping:
+            n += self.evict_step()
+        return n
+
+    def evict_step(self, budget: int = EVICT_STEP) -> int:
+        """One step of the watermark sweep: at most `budget` evictions. The sweep ends when usage is
+        under the low watermark or nothing more can be evicted (all leased); the next commit past the
+        high watermark starts another."""
+        n = self.evict(budget=budget)
+        if n < budget:
+            self.sweeping = False
+        return n
+
     def _remove(self, e: Entry, why: int) -> None:
         del self.entries[e.key]
         tenant = self._ns_tenant[e.key[0]]
@@ -774,15 +802,16 @@ class KVIndex:
         self.alloc.free(a)
 
     # --- housekeeping -------------------------------------------------------------------------
-    def evict(self, target_free: int = 0) -> int:
-        """Evict cold unleased entries until usage is under the low watermark and `target_free` fits."""
+    def evict(self, target_free: int = 0, budget: int | None = None) -> int:
+        """Evict cold unleased entries until usage is under the low watermark and `target_free` fits,
+        or `budget` entries are gone."""
         cap = self.alloc.capacity
         goal_used = min(self.config.low_watermark * cap, cap - target_free)
         evicted = 0
         if self.alloc.used <= goal_used:
             return 0
         spent: set[int] = set()  # tenants with nothing evictable within EVICT_SCAN
-        while self.alloc.used > goal_used:
+        while self.alloc.used > goal_used and (budget is None or evicted < budget):
             t = self._victim_tenant(spent)
             if t is None:
                 break
@@ -961,6 +990,7 @@ class KVIndex:
             "removals_head": self.removals.head,
             "removals_kept": len(self.removals),
             "clearing": len(self._doomed),
+            "sweeping": self.sweeping,
             "quotas": self.quotas.stats(),
             "tenants": self._tenant_stats(),
             "allocator": a,

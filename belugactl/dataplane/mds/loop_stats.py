@@ -5,11 +5,11 @@ what one look (a pass over the rings) costs. `/stats` carries them under `loop`,
 
 A **turn** here is a stretch of the loop during which no ring is looked at and no one is being
 answered from a ring in the meantime:
-- one request answered in Python (`serve_taken`: a RESERVE, a COMMIT and whatever it evicts, an
-  OPEN_NS, ...), from its take to its reply;
+- one request answered in Python (`serve_taken`: a RESERVE and whatever it evicts, a COMMIT,
+  an OPEN_NS, ...), from its take to its reply;
 - the loop's own work between two looks at the rings (TCP requests from the selector, a step of a
-  clear, the housekeeping, the snapshot), less the loop's deliberate waits (the idle poll's sleep,
-  the selector's timeout), which are not pauses: nothing was there to answer.
+  clear or of the watermark sweep, the housekeeping, the snapshot), less the loop's deliberate waits
+  (the idle poll's sleep, the selector's timeout), which are not pauses: nothing was there to answer.
 The native fast path's own answers (lookups while it spins) are not turns: the loop is answering.
 
 `longest_turn_us` is the longest since start; `longest_turn_recent_us` the longest over the last

@@ -361,9 +361,9 @@ class MetadataServer:
             loop.turn(look_start - look_end - self._waited)
             self._waited = 0.0
             idle = time.monotonic() - last_request > cfg.idle_after_s
-            # With selector clients connected (or a clear to finish), spin in shorter stretches so
+            # With selector clients connected (or a clear or a sweep to finish), spin in shorter stretches so
             # their requests wait less.
-            busy = any(lst.busy for lst in others) or bool(self.index.clearing) or self.poison.busy
+            busy = any(lst.busy for lst in others) or self.index.background or self.poison.busy
             spin = 0 if idle else (min(cfg.spin_ns, 20_000) if busy else cfg.spin_ns)
             served = ring.serve(spin) if ring is not None else 0
             look_end = clock()
@@ -417,7 +417,7 @@ class MetadataServer:
         up to 1 ms). Without, a wait under a millisecond is a zero-timeout look and a sleep, so the
         rings wait only `timeout` (a new connection waits that long to be accepted)."""
         self.between_turns()
-        if self.index.clearing or any(lst.backlog for lst in self.listeners):
+        if self.index.background or any(lst.backlog for lst in self.listeners):
             timeout = 0  # work is waiting: look at the sockets, do not sleep
         clock = time.perf_counter
         t0 = clock()
@@ -440,14 +440,15 @@ class MetadataServer:
 
     def between_turns(self) -> None:
         """Work that waits for a turn, a bounded step of each: clients over their per-turn budget,
-        then a step of a namespace clear (the rings were served before this, and are after)."""
+        then a step of a namespace clear or of the watermark sweep (the rings were served before
+        this, and are after)."""
         if self.leadership is not None and self.fenced_out():
             return
         for lst in self.listeners:
             if lst.backlog:
                 lst.serve_backlog()
-        if self.index.clearing:
-            self.index.clear_step()
+        if self.index.background:
+            self.index.background_step()  # a step of a namespace clear or of the watermark sweep
         if self.poison.busy:
             self.poison.step()  # poisoned ranges: quarantine, then a bounded slice of the scan
 
@@ -463,9 +464,9 @@ class MetadataServer:
         # per few million blocks, every few hundred thousand commits), and so would the collection
         # at the interpreter's exit. Cyclic garbage younger than the last young collection is kept.
         gc.freeze()
-        # A clear also makes progress here, whatever path the loop takes between turns.
+        # A clear or a sweep also makes progress here, whatever path the loop takes between turns.
         for _ in range(8):
-            if not self.index.clear_step():
+            if not self.index.background or not self.index.background_step():
                 break
         self.service.ready = self.is_ready()
         self.fencing.refresh()
