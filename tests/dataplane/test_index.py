@@ -156,6 +156,52 @@ def test_a_sweep_with_everything_leased_ends_and_a_later_commit_starts_another()
     assert idx.alloc.used <= 2 * CHUNK and (ns, key(3)) in idx.entries
 
 
+def test_a_large_block_in_a_pool_of_small_ones_evicts_one_chunk_not_the_cache() -> None:
+    # 64 chunks of 64 KiB blocks (32 a chunk), touched in a shuffled order so the LRU interleaves
+    # every chunk: emptying one chunk in LRU order took most of the cache (issue 31: 293 k blocks,
+    # a third of it, at 1.16 M). Now one chunk's blocks go, the chunk of the coldest block.
+    import random
+
+    idx, _, ns = make(chunks=64, high_watermark=1.0, low_watermark=0.99)
+    small = 64 << 10
+    n = 64 * CHUNK // small
+    for i in range(n):
+        put(idx, ns, i, small)
+    order = list(range(n))
+    random.Random(3).shuffle(order)
+    for i in order:
+        _e, lease = idx.get(ns, key(i))
+        idx.release([lease])
+    coldest = order[0]
+    token, _ = idx.reserve(ns, key(10_000), CHUNK)  # needs a whole free chunk
+    idx.commit(token)
+    gone = [i for i in range(n) if (ns, key(i)) not in idx.entries]
+    assert coldest in gone and len(gone) == CHUNK // small  # exactly one chunk's blocks
+    assert len({i * small // CHUNK for i in gone}) == 1  # all from that one chunk
+    assert idx.counters.evictions == len(gone)
+
+
+def test_chunk_eviction_passes_over_a_chunk_with_a_leased_block() -> None:
+    idx, _, ns = make(chunks=4, high_watermark=1.0, low_watermark=0.99)
+    small = 64 << 10
+    n = 4 * CHUNK // small
+    for i in range(n):
+        put(idx, ns, i, small)
+    per = CHUNK // small
+    # LRU: one block of each chunk first (coldest), the rest after; chunk 0 has a leased block.
+    for c in range(4):
+        for j in range(1, per):
+            _e, lease = idx.get(ns, key(c * per + j))
+            idx.release([lease])
+    _e, held = idx.get(ns, key(5))  # chunk 0: leased, stays leased
+    assert idx.lookup_prefix(ns, [key(per)])[0] == 1  # chunk 1's coldest leased too (now hot)
+    token, _ = idx.reserve(ns, key(10_000), CHUNK)
+    idx.commit(token)
+    gone = {i // per for i in range(n) if (ns, key(i)) not in idx.entries}
+    assert gone == {2}  # chunks 0 and 1 hold a leased block: the next cold chunk emptied
+    assert idx.counters.evictions == per and held
+
+
 def test_pool_full_when_everything_is_leased() -> None:
     idx, _, ns = make(chunks=2, high_watermark=1.0, low_watermark=0.5)
     put(idx, ns, 0)

@@ -318,3 +318,25 @@ def test_the_fast_path_answers_a_ring_only_in_its_own_tenants_namespaces(pool_pa
     finally:
         server.close()
         pool.close()
+
+
+def test_emptying_a_chunk_never_takes_the_blocks_of_a_tenant_at_its_share() -> None:
+    # a (weight 1, share 2 chunks) and b (weight 3, share 6) share chunks 0-3 block by block (the
+    # coldest); chunks 4-7 are a's alone. a's 2 MiB block needs a free chunk: the mixed chunks hold
+    # b's blocks (b is under its share), so one of a's own chunks is emptied, nothing of b's.
+    idx = make(TenantSpec("a", weight=1), TenantSpec("b", weight=3), high_watermark=1.0, low_watermark=1.0)
+    ns_a = as_(idx, A).open_namespace("x")
+    ns_b = as_(idx, B).open_namespace("x")
+    small = 64 << 10
+    per = CHUNK // small
+    for i in range(4 * per // 2):  # alternate: every mixed chunk holds both tenants' blocks
+        put(idx, A, ns_a, i, small)
+        put(idx, B, ns_b, i, small)
+    for i in range(4 * per // 2, 4 * per // 2 + 4 * per):
+        put(idx, A, ns_a, i, small)
+    assert idx.alloc.used == idx.alloc.capacity
+    b_before = {k for k in idx.entries if k[0] == ns_b}
+    put(idx, A, ns_a, 100_000, CHUNK)
+    assert {k for k in idx.entries if k[0] == ns_b} == b_before
+    assert idx.tenants.by_name["a"].evicted == per and idx.tenants.by_name["b"].evicted == 0
+    assert all((ns_a, key(i)) in idx.entries for i in range(4 * per // 2))  # a's blocks in mixed chunks stay

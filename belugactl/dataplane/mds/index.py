@@ -15,7 +15,9 @@ between its loop turns (`background_step`), answering requests in between, so no
 the whole sweep (at millions of blocks that was a pause of seconds). A reservation that cannot
 allocate (the sweep fell behind, or a size class starves long before bytes run out) evicts at once
 what it needs itself. A reservation first asks the allocator what evicting would achieve and evicts
-only the coldest entries that make it fit; one that cannot fit even then evicts nothing.
+only the coldest entries that make it fit, or, when that is fewer blocks, the blocks of whole chunks
+that hold cold ones (a large block among small ones needs a free chunk); one that cannot fit even
+then evicts nothing.
 
 Namespaces are bounded (`max_namespaces`): at the cap, namespaces with no entry and no
 reservation that have been idle for `namespace_idle_s` are dropped; if none can be, opening a new
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from belugactl.dataplane import native
-from belugactl.dataplane.mds.allocator import Allocation, Allocator
+from belugactl.dataplane.mds.allocator import CHUNK, Allocation, Allocator, FitPlanner
 from belugactl.dataplane.mds.ownership import new_token
 from belugactl.dataplane.mds.quotas import LeaseRoom, Quota, QuotaLimits, Quotas, Tenant, Tenants, TenantSpec
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
@@ -235,6 +237,9 @@ class KVIndex:
         self._doomed: dict[Key, Entry] = {}  # cleared (invisible) entries whose removal is pending
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
         self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
+        # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
+        # than a chunk): which entries share a chunk, for eviction that empties whole chunks.
+        self._at: dict[int, Entry] = {}
 
     # --- the request being served -------------------------------------------------------------
     def begin_request(self, owner: int) -> None:
@@ -484,6 +489,7 @@ class KVIndex:
             self._ns_add(k[0])
             e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
             self.entries[k] = e
+            self._place(e)
             tenant = self._ns_tenant[k[0]]
             tenant.lru[k] = e
             tenant.stored_bytes += alloc.nbytes
@@ -680,6 +686,7 @@ class KVIndex:
         if self.journal is not None:
             self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
+        self._place(e)
         tenant = p.tenant or self.tenants.default
         tenant.lru[p.key] = e
         tenant.stored_bytes += p.alloc.nbytes
@@ -795,7 +802,17 @@ class KVIndex:
             self.by_id.pop(e.id, None)
             self._free(e.alloc)
 
+    def _place(self, e: Entry) -> None:
+        at = self._at
+        for size, off in e.alloc.blocks:
+            if size < CHUNK:
+                at[off] = e
+
     def _free(self, a: Allocation) -> None:
+        at = self._at
+        for size, off in a.blocks:
+            if size < CHUNK:
+                at.pop(off, None)
         if self._zero is not None and self.config.zero_on_free:
             for off, n in a.extents:
                 self._zero(off, n)
@@ -877,39 +894,22 @@ class KVIndex:
 
         The allocator's planner says beforehand which entries that takes (a size class can be
         starved while bytes are free, and freed blocks help only once their chunk empties); when
-        no set of evictions would do, nothing is evicted.
+        no set of evictions would do, nothing is evicted. Two plans: emptying whole chunks, each
+        holding one of the coldest blocks (`_plan_chunks`), and the LRU's cold end in order; the LRU's
+        is taken when it needs no more victims than the chunks' (the usual case: a block of the same
+        size fits where one cold block was). A request that needs a free chunk in a pool of small
+        blocks empties one chunk: in LRU order that took a third of the cache (issue 31). With no
+        chunk that can be emptied (each holds a leased or reserved block) the LRU walk goes on to
+        the end.
         """
         plan = self.alloc.fit_planner(nbytes)
-        victims: list[Entry] = []
-        if not plan.fits() and not self.tenants.named:
-            for e in self.lru.values():
-                if e.leases:
-                    continue
-                victims.append(e)
-                if plan.add(e.alloc.blocks):
-                    break
-            else:
-                self.counters.evictions_refused += 1
-                return None
-        elif not plan.fits():
-            # Fair: each next victim is the coldest unleased block of the tenant furthest above
-            # its share (or of `me`), counting the victims already planned.
-            walkers = {t.id: iter(t.lru.values()) for t in self.tenants.all if t.lru}
-            planned: dict[int, int] = {}
-            spent: set[int] = set()
-            fits = False
-            while not fits:
-                t = self._victim_tenant(spent, planned, me)
-                if t is None:
-                    break
-                e = next((x for x in walkers[t.id] if not x.leases), None)
-                if e is None:
-                    spent.add(t.id)
-                    continue
-                victims.append(e)
-                planned[t.id] = planned.get(t.id, 0) + e.alloc.nbytes
-                fits = plan.add(e.alloc.blocks)
-            if not fits:
+        victims: list[Entry] | None = []
+        if not plan.fits():
+            by_chunk = self._plan_chunks(nbytes, me)
+            victims, cut = self._plan_lru(plan, me, len(by_chunk) if by_chunk is not None else None)
+            if victims is None and cut:
+                victims = by_chunk
+            if victims is None:
                 self.counters.evictions_refused += 1
                 return None
         for e in victims:
@@ -917,6 +917,108 @@ class KVIndex:
             self._remove(e, WHY_EVICTED)
         self.counters.evictions += len(victims)
         return self.alloc.alloc(nbytes)
+
+    def _plan_lru(self, plan: FitPlanner, me: Tenant | None, limit: int | None) -> tuple[list[Entry] | None, bool]:
+        """The coldest unleased entries (fairly, with tenants) whose removal makes `plan` fit:
+        (them, False); (None, True) when `limit` victims were not enough; (None, False) when no
+        number would do."""
+        victims: list[Entry] = []
+        if not self.tenants.named:
+            for e in self.lru.values():
+                if e.leases:
+                    continue
+                if limit is not None and len(victims) >= limit:
+                    return None, True
+                victims.append(e)
+                if plan.add(e.alloc.blocks):
+                    return victims, False
+            return None, False
+        # Fair: each next victim is the coldest unleased block of the tenant furthest above
+        # its share (or of `me`), counting the victims already planned.
+        walkers = {t.id: iter(t.lru.values()) for t in self.tenants.all if t.lru}
+        planned: dict[int, int] = {}
+        spent: set[int] = set()
+        while True:
+            t = self._victim_tenant(spent, planned, me)
+            if t is None:
+                return None, False
+            e = next((x for x in walkers[t.id] if not x.leases), None)
+            if e is None:
+                spent.add(t.id)
+                continue
+            if limit is not None and len(victims) >= limit:
+                return None, True
+            victims.append(e)
+            planned[t.id] = planned.get(t.id, 0) + e.alloc.nbytes
+            if plan.add(e.alloc.blocks):
+                return victims, False
+
+    def _plan_chunks(self, nbytes: int, me: Tenant | None) -> list[Entry] | None:
+        """Victims that empty whole chunks: for each cold unleased entry (EVICT_SCAN at most of each
+        LRU it may take from), itself when it holds whole chunks, else every entry in its small
+        block's chunk, provided all of them may be evicted (none leased, pending or of a tenant this
+        request may not evict: then the chunk is passed over). None when no such set makes room."""
+        plan = self.alloc.fit_planner(nbytes)
+        a = self.alloc
+        may = self._evictable_tenants(me)
+        seen: set[int] = set()
+        victims: list[Entry] = []
+        for t in may:
+            looked = 0
+            for e in t.lru.values():
+                if looked >= EVICT_SCAN:
+                    break
+                looked += 1
+                if e.leases:
+                    continue
+                small = [(size, off) for size, off in e.alloc.blocks if size < CHUNK]
+                if len(small) < len(e.alloc.blocks) or not small:
+                    group = [e]  # holds whole chunks: evicting it frees them
+                else:
+                    size, off = small[0]
+                    chunk = a._chunk_of(off)
+                    if chunk in seen:
+                        continue
+                    seen.add(chunk)
+                    group = self._chunk_victims(chunk, size, may)
+                    if group is None:
+                        continue
+                for v in group:
+                    victims.append(v)
+                    if plan.add(v.alloc.blocks):
+                        return victims
+        return None
+
+    def _evictable_tenants(self, me: Tenant | None) -> list[Tenant]:
+        """Whose blocks a reservation of `me` may evict: with tenants, those above their weighted
+        share (furthest first) and `me`; without, the one implicit tenant."""
+        if not self.tenants.named:
+            return [self.tenants.default]
+        holders = [t for t in self.tenants.all if t.lru]
+        wsum = sum(t.weight for t in holders) or 1
+        cap = self.alloc.capacity
+        over = sorted(((t.stored_bytes - cap * t.weight / wsum, t) for t in holders), key=lambda x: -x[0])
+        return [t for o, t in over if o > 0 or t is me]
+
+    def _chunk_victims(self, chunk: int, size: int, may: list[Tenant]) -> list[Entry] | None:
+        """Every entry with a block in `chunk` (carved into blocks of `size`), if evicting them all
+        empties it; None when a block there is leased, reserved, being removed or not evictable."""
+        a = self.alloc
+        if chunk in a.quarantined:
+            return None
+        free = set(a._partial[size][a.zone_of(chunk)].get(chunk, ()))
+        at, entries, allowed = self._at, self.entries, {t.id for t in may}
+        group: list[Entry] = []
+        for off in range(chunk, chunk + CHUNK // size * size, size):
+            if off in free:
+                continue
+            e = at.get(off)
+            if e is None or e.leases or entries.get(e.key) is not e:
+                return None
+            if self._ns_tenant[e.key[0]].id not in allowed:
+                return None
+            group.append(e)
+        return group
 
     def expire(self) -> None:
         """Reclaim timed-out reservations and leases; call a few times a second."""
