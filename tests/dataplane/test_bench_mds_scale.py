@@ -105,6 +105,16 @@ def _rows(doc: dict) -> dict[tuple[str, str], tuple[str, str, bool | None]]:
     return {(r[0], r[1]): (r[2], r[3], r[4]) for r in report_rows(doc)}
 
 
+@pytest.mark.parametrize("n", [2_000, 1_000_000, 4_000_000])
+def test_the_mixed_pools_manifest_is_valid_at_every_size(n: int) -> None:
+    # At 1 M its 2 MiB journal once failed the journal-coverage rule, and the whole run ended there.
+    from belugactl.model.layout import resolve_layout
+    from belugactl.model.manifest import load_manifest_text
+
+    layout = resolve_layout(load_manifest_text(mds_scale.mixed_manifest(n)))
+    assert layout.shared_kv.size * mds_scale.MIXED_OVERFILL >= n * mds_scale.SMALL_BLOCK * 0.99
+
+
 def test_the_table_puts_each_figure_beside_its_target_and_judges_it() -> None:
     doc = {
         "sizes": [
