@@ -66,9 +66,10 @@ CLEAR_STEP = 512
 # tenant (leases move entries to the hot end, so the cold end is rarely leased): no step grows
 # with the index.
 EVICT_SCAN = 1024
-# Blocks one step of the watermark sweep evicts: a step costs about as much as a clear step, and the
-# server takes one every few dozen requests, far more than the commits that fill the pool.
-EVICT_STEP = 256
+# Blocks one step of the watermark sweep evicts: about 10 us each (a journal record, the mirror, the
+# removals log), so a step stays near a millisecond; the server takes one every few dozen requests,
+# far more steps than the commits that fill the pool need.
+EVICT_STEP = 128
 # A tenant's composite namespace key: "<tenant>\0<name>" (clients cannot send a NUL in a name).
 _TENANT_SEP = "\x00"
 _fi_set_room = getattr(native._native, "fi_set_room", None) if native._native is not None else None

@@ -60,6 +60,9 @@ from belugactl.pool.lock import ServerLock
 from belugactl.pool.mapping import PoolMapping
 
 RESTART_POLICIES = ("start-empty", "journal")
+# Clear and sweep steps a housekeeping tick takes, at most this long (at least one step): progress when
+# the loop's turns take none, without a tick's own pause growing with the work left.
+HOUSEKEEPING_STEPS_S = 0.002
 
 
 def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
@@ -465,9 +468,9 @@ class MetadataServer:
         # at the interpreter's exit. Cyclic garbage younger than the last young collection is kept.
         gc.freeze()
         # A clear or a sweep also makes progress here, whatever path the loop takes between turns.
-        for _ in range(8):
-            if not self.index.background or not self.index.background_step():
-                break
+        until = time.perf_counter() + HOUSEKEEPING_STEPS_S
+        while self.index.background and self.index.background_step() and time.perf_counter() < until:
+            pass
         self.service.ready = self.is_ready()
         self.fencing.refresh()
         for _ in range(8):  # the poison scan also makes progress here, like a clear
