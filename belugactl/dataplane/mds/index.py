@@ -91,6 +91,7 @@ class Entry:
     dead: bool = False  # deleted/evicted while leased: free when leases reach zero
     id: int = 0  # names the entry in the native lookup mirror's lease log
     checksum: int | None = None  # CRC32C of the block as its writer committed it (None: not given)
+    slot: int = -1  # its place in KVIndex.slab while it is visible
 
 
 @dataclass(slots=True)
@@ -241,6 +242,10 @@ class KVIndex:
         # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
         # than a chunk): which entries share a chunk, for eviction that empties whole chunks.
         self._at: dict[int, Entry] = {}
+        # Every visible entry at a place that never moves (freed places are reused): a walk over it in
+        # steps sees each entry once, whatever changes between the steps (the journal's rewrite).
+        self.slab: list[Entry | None] = []
+        self._free_slots: list[int] = []
 
     # --- the request being served -------------------------------------------------------------
     def begin_request(self, owner: int) -> None:
@@ -491,6 +496,7 @@ class KVIndex:
             e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
             self.entries[k] = e
             self._place(e)
+            self._slab_add(e)
             tenant = self._ns_tenant[k[0]]
             tenant.lru[k] = e
             tenant.stored_bytes += alloc.nbytes
@@ -688,6 +694,7 @@ class KVIndex:
             self.journal.committed(e)  # on media before anyone hears "committed"
         self.entries[p.key] = e
         self._place(e)
+        self._slab_add(e)
         tenant = p.tenant or self.tenants.default
         tenant.lru[p.key] = e
         tenant.stored_bytes += p.alloc.nbytes
@@ -733,6 +740,7 @@ class KVIndex:
         for key, e in keys.items():
             k = (ns, key)
             del entries[k]
+            self._slab_del(e)
             lru.pop(k, None)
             stored += e.alloc.nbytes
             if mirror is not None:
@@ -759,14 +767,19 @@ class KVIndex:
 
     @property
     def background(self) -> bool:
-        """Work waiting for the server's turns: a clear to finish or a watermark sweep."""
-        return bool(self._doomed) or self.sweeping
+        """Work waiting for the server's turns: a clear to finish, a watermark sweep, the journal's rewrite."""
+        j = self.journal
+        return bool(self._doomed) or self.sweeping or (j is not None and j.compacting)
 
     def background_step(self) -> int:
-        """One bounded step of that work (a clear step, then a sweep step); how many entries it removed."""
+        """One bounded step of that work (a clear step, a sweep step, a rewrite step); how many
+        entries it handled."""
         n = self.clear_step() if self._doomed else 0
         if self.sweeping:
             n += self.evict_step()
+        j = self.journal
+        if j is not None and j.compacting:
+            n += j.compact_step()
         return n
 
     def evict_step(self, budget: int = EVICT_STEP) -> int:
@@ -780,6 +793,7 @@ class KVIndex:
 
     def _remove(self, e: Entry, why: int) -> None:
         del self.entries[e.key]
+        self._slab_del(e)
         tenant = self._ns_tenant[e.key[0]]
         if tenant.lru.pop(e.key, None) is not None:
             tenant.stored_bytes -= e.alloc.nbytes
@@ -802,6 +816,23 @@ class KVIndex:
         else:
             self.by_id.pop(e.id, None)
             self._free(e.alloc)
+
+    def id_mark(self) -> int:
+        """An entry id that every entry made from now on exceeds (and none made before reaches)."""
+        return next(self._entry_ids)
+
+    def _slab_add(self, e: Entry) -> None:
+        if self._free_slots:
+            e.slot = self._free_slots.pop()
+            self.slab[e.slot] = e
+        else:
+            e.slot = len(self.slab)
+            self.slab.append(e)
+
+    def _slab_del(self, e: Entry) -> None:
+        self.slab[e.slot] = None
+        self._free_slots.append(e.slot)
+        e.slot = -1
 
     def _place(self, e: Entry) -> None:
         at = self._at

@@ -27,9 +27,11 @@ ORDER says how the blocks of the COMMITs that follow are ordered: with software 
 lowest offset first. A half without ORDER (an older journal) is read as "no interleave". A server
 whose interleave differs from the journal's would lay a block's bytes out in another order than
 its writer did, so it starts empty instead of restoring.
-When the active half is full, the live index is written into the other half under the next
-generation and the state word flips to it; a start-up rebuild does the same, so a replayed
-journal is always compacted.
+Compaction writes the live index into the other half under the next generation, then flips the
+state word to it. The running server does it in steps (`JournalKeeper.compact_step`, COMPACT_STEP
+entries between loop turns, walking the index's slab) once half of the active half's room is used;
+records appended meanwhile go to both halves, so the old half stays whole until the flip and the new
+one misses nothing. A start-up rebuild compacts at once, so a replayed journal is always compacted.
 
 Journaling stops only when it must (the live index does not fit one half, a write failed). It
 then clears the magic (a stale journal could restore blocks whose space is handed out again
@@ -78,6 +80,9 @@ _HEAD = struct.Struct("<QH")  # a COMMIT's nbytes, block count
 CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
 SCAN_FLUSH = 4 << 20  # replay on a non-coherent pool invalidates this much ahead at a time
 REWRITE_CHUNK = 4 << 20  # a compaction writes its records this much at a time
+# The running server's compaction walks the live index this many entries a step, between its loop
+# turns (about 2 us an entry to pack), so no step grows with the index.
+COMPACT_STEP = 1024
 STOP_AT = 128  # the stop record's offset in the area's header
 STOP_MAGIC = b"BLGJSTOP"
 _STOP = struct.Struct("<8sQQH")  # magic, wall-clock ns, epoch, reason length
@@ -209,6 +214,10 @@ class Journal:
         self.records_written = 0
         self.compactions = 0
         self.order = NO_INTERLEAVE  # what rewrite() records; the keeper sets the allocator's
+        self._nhalf = -1  # the half a rewrite in steps is writing (-1: none under way)
+        self._ngen = 0
+        self._nseed = 0
+        self._npos = 0
 
     def _half_base(self, half: int) -> int:
         return self.offset + HEADER + half * self.half_size
@@ -274,7 +283,19 @@ class Journal:
         live: Callable[[], Iterable[Entry]] | None = None,
         names: dict[int, str] | None = None,
     ) -> None:
-        """Append one record; when the half is full, compact the live index (`live()`) into the other half first."""
+        """Append one record; when the half is full, compact the live index (`live()`) into the other half first.
+        While a rewrite is under way (`begin_rewrite`) the record goes to both halves: the active one
+        stays whole until the switch, and the new one follows every change since the rewrite began."""
+        if self.rewriting:
+            if self._npos + _REC.size + len(body) > self.half_size:
+                raise JournalFull("the live index fills the journal")
+            if self.pos + _REC.size + len(body) > self.half_size:
+                raise JournalFull("the journal half filled before its rewrite ended")
+            self._write(self.half, body)
+            rec = _REC.pack(len(body), zlib.crc32(body, self._nseed)) + body
+            self.pool.write(self._half_base(self._nhalf) + self._npos, rec)
+            self._npos += len(rec)
+            return
         if self.pos + _REC.size + len(body) > self.half_size:
             if live is None or names is None:
                 raise JournalFull("the journal half is full")
@@ -291,26 +312,42 @@ class Journal:
         self.records_written += 1
 
     def rewrite(self, live: Iterable[Entry], names: dict[int, str]) -> None:
-        """Write every live entry into the other half under a new generation, then switch to it.
+        """Write every live entry into the other half under a new generation, then switch to it (at
+        once: a start-up rebuild, or a half that filled with no rewrite under way)."""
+        self.begin_rewrite()
+        try:
+            self.rewrite_more(live, names)
+        except BaseException:
+            self._nhalf = -1
+            raise
+        self.finish_rewrite()
 
-        The records are packed into one buffer and written a few MiB at a time (a write per
-        record cost more than the record at millions of entries); the state word flips only
-        after the last one, so a crash meanwhile leaves the old half active."""
-        half = 1 - self.half
-        self.generation += 1
-        self.pos = 0
-        base = self._half_base(half)
-        seed = zlib.crc32(_U64.pack(self.generation))
+    # A rewrite in steps: begin_rewrite, rewrite_more with a slice of the live entries at a time (the
+    # records appended meanwhile go to both halves), finish_rewrite to switch. The state word flips
+    # only at the finish, so a crash before it leaves the old half, whole, active.
+    @property
+    def rewriting(self) -> bool:
+        return self._nhalf >= 0
+
+    def begin_rewrite(self) -> None:
+        self._nhalf = 1 - self.half
+        self._ngen = self.generation + 1
+        self._nseed = zlib.crc32(_U64.pack(self._ngen))
+        self._npos = 0
+        self._heads: dict[int, bytes] = {}  # namespace id -> kind, name (the record's start, same for all its keys)
+        body = encode_order(*self.order)
+        self._put_new(_REC.pack(len(body), zlib.crc32(body, self._nseed)) + body)
+
+    def rewrite_more(self, live: Iterable[Entry], names: dict[int, str]) -> None:
+        """COMMIT records of `live` into the new half, packed and written a few MiB at a time (a
+        write per record cost more than the record at millions of entries)."""
+        seed = self._nseed
         crc32 = zlib.crc32
         pack_rec = _REC.pack
+        heads = self._heads
         limit = self.half_size
         out = bytearray()
-        written = 0
-        heads: dict[int, bytes] = {}  # namespace id -> kind, name (the record's start, same for all its keys)
         count = 0
-        body = encode_order(*self.order)
-        out += pack_rec(len(body), crc32(body, seed))
-        out += body
         for e in live:
             ns, key = e.key
             head = heads.get(ns)
@@ -323,29 +360,36 @@ class Journal:
             body += b"".join([_BLOCK.pack(sz, off) for sz, off in blocks])
             if e.checksum is not None:
                 body += _CHECKSUM.pack(CHECKSUM_CRC32C, e.checksum)
-            if written + len(out) + _REC.size + len(body) > limit:
-                self.pos = written + len(out)
+            if self._npos + len(out) + _REC.size + len(body) > limit:
+                self._put_new(out)
                 raise JournalFull("the live index does not fit one half of the journal area")
             out += pack_rec(len(body), crc32(body, seed))
             out += body
             count += 1
             if len(out) >= REWRITE_CHUNK:
-                self.pool.write(base + written, out)
-                written += len(out)
+                self._put_new(out)
                 out = bytearray()
+        self._put_new(out)
+        self.records_written += count
+
+    def _put_new(self, data: bytes | bytearray) -> None:
+        if data:
+            self.pool.write(self._half_base(self._nhalf) + self._npos, data)
+            self._npos += len(data)
+
+    def finish_rewrite(self) -> None:
+        """Switch to the new half: everything it needs is written."""
+        half = self._nhalf
+        end = self._npos
         # A zero length after the last record, so a reader stops here even before the crc check.
-        if written + len(out) + _REC.size <= limit:
-            out += bytes(_REC.size)
-            end = written + len(out) - _REC.size
-        else:
-            end = written + len(out)
-        self.pool.write(base + written, out)
-        self.pos = end
-        self.records_written += count + 1
+        if end + _REC.size <= self.half_size:
+            self.pool.write(self._half_base(half) + end, bytes(_REC.size))
+        self.records_written += 1  # the ORDER record
         if self.pool.read(self.offset, 8) != MAGIC:
             self.pool.write(self.offset, MAGIC)
-        native.store64(self.pool.buf, self.offset + 8, self.generation << 1 | half, self.pool.needs_flush)
-        self.half = half
+        native.store64(self.pool.buf, self.offset + 8, self._ngen << 1 | half, self.pool.needs_flush)
+        self.half, self.generation, self.pos = half, self._ngen, end
+        self._nhalf = -1
         self.compactions += 1
 
 
@@ -423,6 +467,10 @@ class JournalKeeper:
         self.unchecked_dropped = 0  # journaled blocks without a CRC32C, not restored
         self.epoch = epoch
         self.stopped = ""  # why journaling stopped ("" while it runs): /readyz fails with it
+        # The compaction in steps: the slab's places [walked, walk_end) still to write, of entries
+        # older than walk_mark (younger ones reach the new half as they are appended).
+        self.walked = self.walk_end = self.walk_mark = 0
+        self.room = 0  # free bytes of the active half when it became active: a compaction starts at half of it
         self.previous_stop: StopRecord | None = None  # the previous incarnation's, read at start
         self.clock_ns = time.time_ns
 
@@ -469,6 +517,7 @@ class JournalKeeper:
             return
         if prev is not None:
             self.pool.write(self.offset + STOP_AT, bytes(_STOP.size))  # our own journal runs: the stop is past
+        self.room = journal.half_size - journal.pos
         self.index.journal = self
 
     def committed(self, e: Entry) -> None:
@@ -479,15 +528,53 @@ class JournalKeeper:
         self._append(encode_remove(self.index.ns_names[e.key[0]], e.key[1]))
 
     def _append(self, body: bytes) -> None:
-        if self.journal is None:
+        j = self.journal
+        if j is None:
             return
         index = self.index
         try:
-            self.journal.append(body, lambda: list(index.entries.values()), index.ns_names)
+            need = _REC.size + len(body)
+            if j.rewriting and j.pos + need > j.half_size:
+                # The old half filled before the walk ended (writers outran the steps): end it now.
+                while self.journal is not None and j.rewriting:
+                    self.compact_step(1 << 30)
+                if self.journal is None:
+                    return
+            elif not j.rewriting and j.half_size - j.pos - need < self.room // 2:
+                # Half the room is used: rewrite the live index into the other half in steps from now
+                # on, while the other half of the room takes what is appended meanwhile.
+                j.begin_rewrite()
+                self.walked, self.walk_end, self.walk_mark = 0, len(index.slab), index.id_mark()
+            j.append(body, lambda: list(index.entries.values()), index.ns_names)
         except JournalFull as exc:
             self.off(f"{exc}; journaling stopped, the next start will be empty")
         except (OSError, ValueError, BufferError) as exc:  # a write the pool refused
             self.off(f"journal write failed ({exc}); journaling stopped, the next start will be empty")
+
+    @property
+    def compacting(self) -> bool:
+        return self.journal is not None and self.journal.rewriting
+
+    def compact_step(self, budget: int | None = None) -> int:
+        """Write the next `budget` (COMPACT_STEP) places of the slab's live entries into the new half;
+        switch to it after the last. How many entries it wrote."""
+        j = self.journal
+        if j is None or not j.rewriting:
+            return 0
+        stop = min(self.walked + (budget or COMPACT_STEP), self.walk_end)
+        mark = self.walk_mark
+        batch = [e for e in self.index.slab[self.walked : stop] if e is not None and e.id < mark]
+        try:
+            j.rewrite_more(batch, self.index.ns_names)
+            self.walked = stop
+            if stop >= self.walk_end:
+                j.finish_rewrite()
+                self.room = j.half_size - j.pos
+        except JournalFull as exc:
+            self.off(f"{exc}; journaling stopped, the next start will be empty")
+        except (OSError, ValueError, BufferError) as exc:
+            self.off(f"journal write failed ({exc}); journaling stopped, the next start will be empty")
+        return len(batch)
 
     def off(self, why: str) -> None:
         """Stop journaling, for good in this incarnation: invalidate the journal and say why, on media

@@ -443,15 +443,15 @@ class MetadataServer:
 
     def between_turns(self) -> None:
         """Work that waits for a turn, a bounded step of each: clients over their per-turn budget,
-        then a step of a namespace clear or of the watermark sweep (the rings were served before
-        this, and are after)."""
+        then a step of a namespace clear, the watermark sweep or the journal's compaction (the rings
+        were served before this, and are after)."""
         if self.leadership is not None and self.fenced_out():
             return
         for lst in self.listeners:
             if lst.backlog:
                 lst.serve_backlog()
         if self.index.background:
-            self.index.background_step()  # a step of a namespace clear or of the watermark sweep
+            self.index.background_step()  # a step of a clear, the watermark sweep or the compaction
         if self.poison.busy:
             self.poison.step()  # poisoned ranges: quarantine, then a bounded slice of the scan
 
