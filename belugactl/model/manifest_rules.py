@@ -27,6 +27,7 @@ def check_rules(m: Manifest) -> list[RuleProblem]:
     problems += _layout_rules(m)
     problems += _serve_rules(m)
     problems += _tenant_rules(m)
+    problems += etcd_candidate_problems(m)
     if not problems:
         problems += _fit_rules(m)
     return problems
@@ -458,8 +459,8 @@ def _tenant_rules(m: Manifest) -> list[RuleProblem]:
 
 def etcd_candidate_problems(m: Manifest) -> list[RuleProblem]:
     """serve.metadata.etcd.candidates that are not hosts of the manifest, or named twice (serve runs a
-    metadata server on each candidate host, `--member HOST`). Not yet in check_rules: a doctor test still
-    elects members that are not hosts; serve refuses these itself (workflows/serve/launch_plan.py)."""
+    metadata server on each candidate host, `--member HOST`): `manifest check` refuses them, and so does
+    serve (workflows/serve/launch_plan.py) for a manifest it was handed already loaded."""
     conf = m.serve.metadata.etcd if m.serve is not None else None
     if conf is None:
         return []

@@ -109,13 +109,27 @@ def test_without_etcd_one_plain_server_on_the_metadata_host(tmp_path: Path) -> N
 
 def test_a_candidate_that_is_not_a_host_is_refused_with_its_line(tmp_path: Path) -> None:
     path = _manifest(tmp_path, ["lab-1", "lab-9"])
-    rack = load_rack_context(path, host="lab-1", pool="/tmp/lab.pool")
-    with pytest.raises(ManifestError) as err:
-        build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS)
+    with pytest.raises(ManifestError) as err:  # refused when the manifest loads (manifest check, serve)
+        load_rack_context(path, host="lab-1", pool="/tmp/lab.pool")
     (problem,) = err.value.problems
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "etcd:" in t)
     assert problem.location.line == line and problem.path == "serve.metadata.etcd.candidates[1]"
     assert "'lab-9' is not one of the hosts" in problem.message
+
+
+@pytest.mark.parametrize(
+    "candidates, says",
+    [(["lab-1", "lab-9"], "'lab-9' is not one of the hosts"), (["lab-2", "lab-2"], "'lab-2' is listed twice")],
+)
+def test_manifest_check_refuses_unknown_or_repeated_candidates(tmp_path: Path, capsys, candidates, says) -> None:
+    from belugactl.cli.app import run
+
+    path = _manifest(tmp_path, candidates)
+    assert run(["manifest", "check", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "etcd:" in t)
+    assert says in err and f"{path}:{line}:" in err and "Traceback" not in err
+    assert run(["manifest", "check", "-f", str(_manifest(tmp_path, ["lab-2", "lab-1"]))]) == 0
 
 
 class _Readyz(BaseHTTPRequestHandler):
