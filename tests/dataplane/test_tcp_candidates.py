@@ -12,7 +12,7 @@ import pytest
 from belugactl.dataplane.client import connect
 from belugactl.dataplane.metadata_errors import MetadataUnavailable
 from belugactl.dataplane.rpc.transport_tcp import MAX_CANDIDATES, TcpTransport, parse_tcp_candidates
-from belugactl.errors import ExitCode, InputError, UsageError
+from belugactl.errors import ExitCode, InputError, ManifestError, UsageError
 from belugactl.model.manifest import load_manifest_text
 from belugactl.workflows.leader_candidates import candidates_address
 from tests.support.etcd import _free_port
@@ -90,7 +90,12 @@ def test_the_manifest_candidates_become_one_address_per_client_host() -> None:
 
 
 def test_a_candidate_that_cannot_be_dialled_is_refused_at_the_manifest() -> None:
-    m = _lab(["lab-1", "lab-9"])
+    with pytest.raises(ManifestError) as refused:
+        _lab(["lab-1", "lab-9"])  # manifest check's rule, with the line
+    (problem,) = refused.value.problems
+    assert "'lab-9' is not one of the hosts" in problem.message and refused.value.exit_code == 2
+    m = _lab(["lab-1", "lab-2"])
+    m.serve.metadata.etcd.candidates[1] = "lab-9"  # a manifest changed after its check: refused here too
     with pytest.raises(InputError, match="'lab-9', which is not a host") as err:
         candidates_address(m, m.host("lab-1"))
     assert err.value.exit_code == 2
