@@ -31,6 +31,12 @@ def failover(
         help="Beside the failover, one restart without the journal (--restart-policy start-empty): its first "
         "answer and hit rate.",
     ),
+    cold_standby: bool = typer.Option(
+        False,
+        "--cold-standby",
+        help="Standbys keep no copy of the index (metadata-server --cold-standby): each takeover rebuilds it "
+        "from the journal. Default: warm standbys, each caught up with the journal before a kill.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON on stdout."),
     faulty: bool = typer.Option(
         False, "--faulty", hidden=True, help="Check the checker: lose a block and change a block's bytes (exit 1)."
@@ -44,8 +50,9 @@ def failover(
     from belugactl.workflows.bench.failover import FailoverConfig, parse_sizes, run_failover
 
     cfg = FailoverConfig(
-        kills=kills, sizes=parse_sizes(blocks), ttl_s=ttl, etcd_url=etcd, start_empty=start_empty, faulty=faulty
-    )
+        kills=kills, sizes=parse_sizes(blocks), ttl_s=ttl, etcd_url=etcd, start_empty=start_empty, faulty=faulty,
+        cold_standby=cold_standby,
+    )  # fmt: skip
     # SIGTERM unwinds like Ctrl-C: the servers and the etcd this run started are stopped, never left behind.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:

@@ -102,9 +102,17 @@ def metadata_server(
     standby: bool = typer.Option(
         False,
         "--standby",
-        help="Take part in the leader election through etcd: wait as a standby (pool not mapped, nothing "
-        "answered, /readyz 503) and take over when the leader's lease lapses (epoch bump, index rebuilt "
-        "from the journal, same rings). Every server of the pool runs with it.",
+        help="Take part in the leader election through etcd: wait as a standby (nothing answered or "
+        "written, /readyz 503, a copy of the index kept in step with the pool's journal) and take over "
+        "when the leader's lease lapses (the copy finished from the journal, epoch bump, same rings). "
+        "Every server of the pool runs with it.",
+    ),
+    cold_standby: bool = typer.Option(
+        False,
+        "--cold-standby",
+        help="With --standby: keep no copy of the index while standing by (no memory for it, the pool "
+        "not mapped); a takeover then rebuilds the whole index from the journal (slower: seconds per "
+        "100 k blocks).",
     ),
     etcd: str | None = typer.Option(
         None,
@@ -176,6 +184,8 @@ def metadata_server(
             fix="drop --restart-policy (journal is the default with --standby)",
         )
     elector = _elector(manifest, ms, host, etcd, member, leader_ttl) if standby else None
+    if cold_standby and not standby:
+        raise UsageError("--cold-standby is for --standby", fix="add --standby, or drop --cold-standby")
     if not standby and (etcd or member or leader_ttl is not None):
         raise UsageError("--etcd, --member and --leader-ttl are for --standby", fix="add --standby, or drop them")
     default_bind = ms.admin_bind if ms is not None else "127.0.0.1"
@@ -212,7 +222,9 @@ def metadata_server(
         ),
     )
     if elector is not None:
-        _run_elected(elector, lambda: open_server(rack.pool_path(), manifest, config), config, json_out)
+        _run_elected(
+            elector, lambda: open_server(rack.pool_path(), manifest, config), config, json_out, warm=not cold_standby
+        )
         return
     server = open_server(rack.pool_path(), manifest, config)
     try:
@@ -317,7 +329,7 @@ def _elector(
     return Elector(kv, name, leader_key(manifest.name), ttl_s=float(seconds))  # type: ignore[attr-defined]
 
 
-def _run_elected(elector: object, make_server: object, config: object, json_out: bool) -> None:
+def _run_elected(elector: object, make_server: object, config: object, json_out: bool, *, warm: bool = True) -> None:
     """Standby, leader, standby again...: one start record per change of role (JSON lines with --json)."""
     import json
     import signal
@@ -356,6 +368,7 @@ def _run_elected(elector: object, make_server: object, config: object, json_out:
         event,
         admin_bind=config.admin_bind,  # type: ignore[attr-defined]
         admin_port=config.admin_port,  # type: ignore[attr-defined]
+        warm=warm,
     )
     interrupted: list[int] = []
 

@@ -54,6 +54,7 @@ def _size_classes() -> list[int]:
 
 
 SIZE_CLASSES: tuple[int, ...] = tuple(_size_classes())
+_CLASSES = frozenset(SIZE_CLASSES)
 
 Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
@@ -74,25 +75,37 @@ class Allocation:
 
 class _Zone:
     """One interleave zone's chunks: a bump pointer over chunks never handed out, and a stack of
-    chunks given back (an 8 TiB area has 4 million chunks, too many to list up front)."""
+    chunks given back (an 8 TiB area has 4 million chunks, too many to list up front).
 
-    __slots__ = ("start", "end", "fresh", "free", "skip")
+    `stacked` says which chunks on the stack are free: a chunk a standby's `Allocator.take` claims
+    from the middle of the stack leaves only the set, and its place on the list is passed over."""
+
+    __slots__ = ("start", "end", "fresh", "free", "skip", "stacked")
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end, self.fresh = start, end, start
         self.free: list[int] = []
+        self.stacked: set[int] = set()
         # Quarantined chunks that are still among the free ones (on the stack or not yet reached
         # by the bump pointer): not counted, and passed over when their turn comes.
         self.skip: set[int] = set()
 
     @property
     def count(self) -> int:
-        return len(self.free) + (self.end - self.fresh) // CHUNK - len(self.skip)
+        return len(self.stacked) + (self.end - self.fresh) // CHUNK - len(self.skip)
+
+    def push(self, chunk: int) -> None:
+        self.free.append(chunk)
+        self.stacked.add(chunk)
 
     def pop(self) -> int | None:
         skip = self.skip
+        stacked = self.stacked
         while self.free:
             chunk = self.free.pop()
+            if chunk not in stacked:
+                continue  # claimed by `take` while on the stack
+            stacked.discard(chunk)
             if not skip or chunk not in skip:
                 return chunk
             skip.discard(chunk)
@@ -267,7 +280,7 @@ class Allocator:
                 self._retire(size, self._chunk_of(off))
                 continue
             if size == CHUNK:
-                self._zones[self.zone_of(off)].free.append(off)
+                self._zones[self.zone_of(off)].push(off)
                 continue
             chunk = self._chunk_of(off)
             partial = self._partial[size][self.zone_of(chunk)]
@@ -279,7 +292,7 @@ class Allocator:
                 # Its last block came back: the chunk is free for any size again.
                 del partial[chunk]
                 self._carved[size] -= 1
-                self._zones[self.zone_of(chunk)].free.append(chunk)
+                self._zones[self.zone_of(chunk)].push(chunk)
                 self.chunks_returned += 1
 
     # --- quarantine (poisoned lines) ----------------------------------------------------------
@@ -296,7 +309,6 @@ class Allocator:
         hi = min(offset + max(length, 0), self.zones_start + self.capacity)
         if lo >= hi:
             return new, in_use
-        stacked: dict[int, set[int]] = {}  # zone -> its free stack as a set, built once if needed
         for chunk in range(self._chunk_of(lo), hi, CHUNK):
             if chunk in self.quarantined:
                 continue
@@ -306,9 +318,7 @@ class Allocator:
                 zone.skip.add(chunk)  # free, never handed out: passed over when reached
                 self.quarantined[chunk] = 0
             else:
-                if z not in stacked:
-                    stacked[z] = set(zone.free)
-                if chunk in stacked[z]:
+                if chunk in zone.stacked:
                     zone.skip.add(chunk)  # free on the stack: passed over when popped
                     self.quarantined[chunk] = 0
                 else:
@@ -379,6 +389,7 @@ class Allocator:
             top = max(used, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
             zone.fresh = top
             zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
+            zone.stacked = set(zone.free)
         for chunk, size in chunk_class.items():
             if size == CHUNK:
                 continue
@@ -396,6 +407,71 @@ class Allocator:
                 self._zone_used[self.zone_of(off)] += size
             restored.append(a)
         return restored
+
+    # --- a standby following the leader's journal (mds/journal_follow.py) ---------------------------
+    def take(self, nbytes: int, blocks: list[Block]) -> Allocation:
+        """Hand out exactly `blocks` for `nbytes`, as the leader did: what a standby does with each
+        COMMIT it reads. ValueError (nothing changed) when a block is outside the area, misaligned, of
+        a size this version has no class for, or not free. O(blocks), plus O(chunk's blocks) to take
+        one out of a partly free chunk."""
+        blocks = [_upgrade(b, self.base) for b in blocks]
+        done: list[Block] = []
+        try:
+            for size, off in blocks:
+                self._take_one(size, off)
+                done.append((size, off))
+        except ValueError:
+            self._give_back(done)
+            raise
+        zone_used = self._zone_used
+        footprint = 0
+        for size, off in blocks:
+            footprint += size
+            zone_used[self.zone_of(off)] += size
+        self.used += footprint
+        self.requested += nbytes
+        return Allocation(_coalesce(list(blocks), nbytes, in_order=self.ways > 1), list(blocks), nbytes)
+
+    def _take_one(self, size: int, off: int) -> None:
+        chunk = self._chunk_of(off)
+        end = self.zones_start + self.capacity
+        if not self.zones_start <= off < end or (size != CHUNK and size not in _CLASSES):
+            raise ValueError(f"block ({size}, {off:#x}) is outside the area or of an unknown size")
+        if (off - chunk) % size or off - chunk + size > CHUNK:
+            raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
+        z = self.zone_of(chunk)
+        if size != CHUNK:
+            partial = self._partial[size][z]
+            free = partial.get(chunk)
+            if free is not None:
+                if off not in free:
+                    raise ValueError(f"block ({size}, {off:#x}) is in use")
+                free.remove(off)
+                if not free:
+                    del partial[chunk]
+                return
+        if not self._claim_chunk(chunk, z):
+            raise ValueError(f"block ({size}, {off:#x}): its chunk is in use")
+        if size != CHUNK:
+            self._carved[size] += 1
+            rest = [chunk + j * size for j in range(CHUNK // size - 1, -1, -1) if chunk + j * size != off]
+            if rest:
+                self._partial[size][z][chunk] = rest
+
+    def _claim_chunk(self, chunk: int, z: int) -> bool:
+        """Take `chunk` out of the free chunks; False when it is not free."""
+        zone = self._zones[z]
+        if chunk in zone.skip:
+            return False
+        if chunk >= zone.fresh:
+            for c in range(zone.fresh, chunk, CHUNK):  # passed over by the bump pointer: free
+                zone.push(c)
+            zone.fresh = chunk + CHUNK
+            return True
+        if chunk in zone.stacked:
+            zone.stacked.discard(chunk)
+            return True
+        return False
 
     # --- numbers ----------------------------------------------------------------------------------
     def zone_bytes(self) -> list[int]:

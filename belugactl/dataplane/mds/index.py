@@ -817,6 +817,10 @@ class KVIndex:
             self.by_id.pop(e.id, None)
             self._free(e.alloc)
 
+    def drop(self, e: Entry) -> None:
+        """Remove a committed entry as its deletion would (a standby following a REMOVE)."""
+        self._remove(e, WHY_DELETED)
+
     def id_mark(self) -> int:
         """An entry id that every entry made from now on exceeds (and none made before reaches)."""
         return next(self._entry_ids)

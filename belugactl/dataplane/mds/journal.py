@@ -62,6 +62,7 @@ from belugactl.dataplane import native
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.allocator import Allocator
     from belugactl.dataplane.mds.index import Entry, KVIndex
+    from belugactl.dataplane.mds.journal_follow import JournalFollower
     from belugactl.pool.mapping import PoolMapping
 
 MAGIC = b"BLGJRNL1"
@@ -77,6 +78,7 @@ _U64 = struct.Struct("<Q")
 _BLOCK = struct.Struct("<QQ")
 _CHECKSUM = struct.Struct("<HI")  # kind, CRC32C
 _HEAD = struct.Struct("<QH")  # a COMMIT's nbytes, block count
+_END = bytes(_REC.size)  # a zero length: no record here
 CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
 SCAN_FLUSH = 4 << 20  # replay on a non-coherent pool invalidates this much ahead at a time
 REWRITE_CHUNK = 4 << 20  # a compaction writes its records this much at a time
@@ -136,6 +138,13 @@ class Record:
     nbytes: int = 0
     blocks: list[tuple[int, int]] | None = None
     checksum: int | None = None
+
+
+def _ended(rec: bytes, at: int, half_size: int) -> bytes:
+    """`rec` followed by a zero length where the half has room: a reader stops after it even where
+    the bytes beyond are records of this generation left by a rewrite that never finished (an
+    interrupted compaction writes the next generation, and so does the next leader's)."""
+    return rec + _END if at + len(rec) + _REC.size <= half_size else rec
 
 
 def _crc(generation: int, body: bytes) -> int:
@@ -218,31 +227,51 @@ class Journal:
         self._ngen = 0
         self._nseed = 0
         self._npos = 0
+        self.scanned_to = 0  # where the last scan_half stopped
 
     def _half_base(self, half: int) -> int:
         return self.offset + HEADER + half * self.half_size
 
     # --- reading ------------------------------------------------------------------------------
+    def state(self) -> tuple[int, int] | None:
+        """(generation, active half) from the area's header; None when it holds no journal. Read
+        afresh from the pool (invalidated first on a non-coherent pool): a standby follows it."""
+        pool = self.pool
+        if pool.needs_flush:
+            native.flush(pool.buf, self.offset, 64, True)
+        if pool.read(self.offset, 8) != MAGIC:
+            return None
+        state = native.load64(pool.buf, self.offset + 8)
+        return state >> 1, state & 1
+
     def scan(self) -> Iterator[memoryview]:
         """The record bodies of the active half, in order, as views of the pool (no copy; each valid
-        until the next): one pass over the mapping, each crc checked, replay stopping at the first
-        record that does not check out. On a non-coherent pool the half is invalidated a stretch at a
-        time ahead of the reads (`SCAN_FLUSH` bytes). Nothing if the area holds no journal."""
-        pool = self.pool
-        if pool.read(self.offset, 8) != MAGIC:
+        until the next); nothing if the area holds no journal. Leaves `pos` at the end of the last."""
+        st = self.state()
+        if st is None:
             return
-        state = native.load64(pool.buf, self.offset + 8)
-        self.generation, self.half = state >> 1, state & 1
-        base = self._half_base(self.half)
+        self.generation, self.half = st
+        try:
+            yield from self.scan_half(self.generation, self.half, 0)
+        finally:
+            self.pos = self.scanned_to
+
+    def scan_half(self, generation: int, half: int, start: int) -> Iterator[memoryview]:
+        """The bodies of `half`'s records of `generation` from byte `start` on: one pass over the
+        mapping, each crc checked, stopping at the first record that does not check out (the end, a
+        torn write, or an older generation's leftovers); `scanned_to` is where it stopped. On a
+        non-coherent pool the half is invalidated a stretch at a time ahead of the reads (`SCAN_FLUSH`)."""
+        pool = self.pool
+        base = self._half_base(half)
         end = self.half_size
         flush = pool.needs_flush
-        flushed = 0
-        seed = zlib.crc32(_U64.pack(self.generation))
+        flushed = start
+        seed = zlib.crc32(_U64.pack(generation))
         crc32 = zlib.crc32
         unpack_rec = _REC.unpack_from
         rec = _REC.size
         view = pool.buf[base : base + end]
-        pos = 0
+        pos = start
         try:
             while pos + rec <= end:
                 if flush and flushed < pos + rec:
@@ -259,7 +288,7 @@ class Journal:
                 yield body
                 pos = stop
         finally:
-            self.pos = pos
+            self.scanned_to = pos
             view.release()
 
     def _invalidate(self, base: int, flushed: int, need: int, end: int) -> int:
@@ -293,7 +322,7 @@ class Journal:
                 raise JournalFull("the journal half filled before its rewrite ended")
             self._write(self.half, body)
             rec = _REC.pack(len(body), zlib.crc32(body, self._nseed)) + body
-            self.pool.write(self._half_base(self._nhalf) + self._npos, rec)
+            self.pool.write(self._half_base(self._nhalf) + self._npos, _ended(rec, self._npos, self.half_size))
             self._npos += len(rec)
             return
         if self.pos + _REC.size + len(body) > self.half_size:
@@ -307,7 +336,7 @@ class Journal:
     def _write(self, half: int, body: bytes) -> None:
         base = self._half_base(half)
         rec = _REC.pack(len(body), _crc(self.generation, body)) + body
-        self.pool.write(base + self.pos, rec)
+        self.pool.write(base + self.pos, _ended(rec, self.pos, self.half_size))
         self.pos += len(rec)
         self.records_written += 1
 
@@ -396,51 +425,66 @@ class Journal:
 Live = dict[tuple[str, bytes], tuple[int, list[tuple[int, int]], int | None]]
 
 
+Parsed = tuple[int, str, bytes, int, list[tuple[int, int]], int | None]
+
+
+def parse(body: memoryview | bytes, names: dict[bytes, str]) -> Parsed:
+    """One record body, parsed in place: (kind, namespace, key, nbytes, blocks, checksum); for ORDER
+    (ORDER, "", b"", 0, [(ways, granularity)], None). `names` caches one str per namespace name (not
+    one per record); a one-extent block (the common case) is read without a loop. ValueError (or
+    IndexError, struct.error, UnicodeDecodeError) for a body that does not parse."""
+    kind = body[0]
+    if kind not in (COMMIT, REMOVE):
+        rec = decode(bytes(body))  # ORDER, or a kind this version does not know: ValueError
+        assert rec.blocks is not None
+        return ORDER, "", b"", 0, rec.blocks, None
+    n = body[1] | body[2] << 8
+    raw = bytes(body[3 : 3 + n])
+    ns = names.get(raw)
+    if ns is None:
+        ns = names[raw] = raw.decode()
+    pos = 3 + n
+    k = body[pos] | body[pos + 1] << 8
+    key = bytes(body[pos + 2 : pos + 2 + k])
+    pos += 2 + k
+    if len(key) != k:
+        raise ValueError("truncated record")
+    if kind == REMOVE:
+        return REMOVE, ns, key, 0, [], None
+    nbytes, count = _HEAD.unpack_from(body, pos)
+    pos += 10
+    block = _BLOCK.unpack_from
+    blocks = [block(body, pos)] if count == 1 else [block(body, pos + i * 16) for i in range(count)]
+    pos += count * 16
+    crc = None
+    if len(body) >= pos + 6:
+        ck_kind, crc = _CHECKSUM.unpack_from(body, pos)
+        if ck_kind != CHECKSUM_CRC32C:
+            raise ValueError(f"unknown checksum kind {ck_kind}")
+    return COMMIT, ns, key, nbytes, blocks, crc
+
+
+BAD_RECORD = (IndexError, struct.error, UnicodeDecodeError, ValueError)
+
+
 def replay(journal: Journal) -> tuple[Live, tuple[int, int]]:
     """The live set a journal's active half describes: (namespace, key) -> (nbytes, blocks, checksum),
-    and the ORDER it was written in. One pass over the record views, parsed in place: no Record
-    objects, one str per namespace name (not per record), a one-extent block (the common case)
-    without a loop. A record that does not parse ends the replay, as in `read`."""
+    and the ORDER it was written in. One pass over the record views (`parse`). A record that does
+    not parse ends the replay, as in `read`."""
     live: Live = {}
     names: dict[bytes, str] = {}
     order = NO_INTERLEAVE  # a half without an ORDER record was written before interleave order existed
-    head = _HEAD.unpack_from
-    block = _BLOCK.unpack_from
-    checksum = _CHECKSUM.unpack_from
     for body in journal.scan():
         try:
-            kind = body[0]
-            if kind in (COMMIT, REMOVE):
-                n = body[1] | body[2] << 8
-                raw = bytes(body[3 : 3 + n])
-                ns = names.get(raw)
-                if ns is None:
-                    ns = names[raw] = raw.decode()
-                pos = 3 + n
-                k = body[pos] | body[pos + 1] << 8
-                key = bytes(body[pos + 2 : pos + 2 + k])
-                pos += 2 + k
-                if len(key) != k:
-                    raise ValueError("truncated record")
-                if kind == REMOVE:
-                    live.pop((ns, key), None)
-                    continue
-                nbytes, count = head(body, pos)
-                pos += 10
-                blocks = [block(body, pos)] if count == 1 else [block(body, pos + i * 16) for i in range(count)]
-                pos += count * 16
-                crc = None
-                if len(body) >= pos + 6:
-                    ck_kind, crc = checksum(body, pos)
-                    if ck_kind != CHECKSUM_CRC32C:
-                        raise ValueError(f"unknown checksum kind {ck_kind}")
-                live[(ns, key)] = (nbytes, blocks, crc)
-            else:
-                rec = decode(bytes(body))  # ORDER, or a kind this version does not know: ValueError
-                assert rec.blocks is not None
-                order = rec.blocks[0]
-        except (IndexError, struct.error, UnicodeDecodeError, ValueError):
+            kind, ns, key, nbytes, blocks, crc = parse(body, names)
+        except BAD_RECORD:
             break
+        if kind == COMMIT:
+            live[(ns, key)] = (nbytes, blocks, crc)
+        elif kind == REMOVE:
+            live.pop((ns, key), None)
+        else:
+            order = blocks[0]
     return live, order
 
 
@@ -472,6 +516,7 @@ class JournalKeeper:
         self.walked = self.walk_end = self.walk_mark = 0
         self.room = 0  # free bytes of the active half when it became active: a compaction starts at half of it
         self.previous_stop: StopRecord | None = None  # the previous incarnation's, read at start
+        self.warm = False  # took over a warm standby's index (take_over) instead of a rebuild
         self.clock_ns = time.time_ns
 
     def rebuild(self) -> None:
@@ -518,6 +563,19 @@ class JournalKeeper:
         if prev is not None:
             self.pool.write(self.offset + STOP_AT, bytes(_STOP.size))  # our own journal runs: the stop is past
         self.room = journal.half_size - journal.pos
+        self.index.journal = self
+
+    def take_over(self, follower: JournalFollower) -> None:
+        """Journal on from where a warm standby's follower stopped (mds/journal_follow.py): its index
+        is the journal's, so nothing is replayed or rewritten; appends go on at its position."""
+        j = self.journal
+        assert j is not None and follower.followed is not None
+        j.generation, j.half = follower.followed
+        j.pos = follower.pos
+        self.restored_entries = len(self.index.entries)
+        self.unchecked_dropped = follower.unchecked
+        self.warm = True
+        self.room = j.half_size - j.pos
         self.index.journal = self
 
     def committed(self, e: Entry) -> None:
@@ -593,6 +651,7 @@ class JournalKeeper:
         return {
             "active": self.journal is not None,
             "restored_entries": self.restored_entries,
+            "warm_takeover": self.warm,
             "unchecked_dropped": self.unchecked_dropped,
             "records_written": self.journal.records_written if self.journal else 0,
             "compactions": self.journal.compactions if self.journal else 0,

@@ -169,6 +169,9 @@ class MetadataServer:
         # down and writes nothing more, not even its fence line at close.
         self.leadership: Any = None
         self.stepped_down = ""
+        # A warm standby's journal_follow.JournalFollower whose copy of the index this server starts
+        # with (finished by the standby after winning): start() journals on instead of rebuilding.
+        self.follower: Any = None
 
     # --- who must authenticate (rpc/auth.py) ------------------------------------------------------
     def auth_required(self, bind: str) -> bool:
@@ -270,7 +273,10 @@ class MetadataServer:
             self.keeper = JournalKeeper(
                 self.pool, g.journal_offset, g.journal_size, self.index, self.allocator, epoch=self.epoch
             )
-            self.keeper.rebuild()
+            if self.follower is not None:  # a warm standby's index, in step with the journal
+                self.keeper.take_over(self.follower)
+            else:
+                self.keeper.rebuild()
         self.fencing.start(previous)
         self._ready_at = time.monotonic() + self.config.fence_grace_s
         self.service.ready = self.is_ready()

@@ -1,15 +1,20 @@
 """A metadata server elected through etcd: waits as a standby, serves while it leads, steps down.
 
 `run_elected` is the whole life of `belugactl metadata-server --standby`:
-1. Standby: the pool is not mapped, no epoch is bumped, no ring or TCP request is answered. The
-   admin port answers /healthz 200, /readyz 503 ("standby: <member> leads"), /stats and /metrics
-   (who leads, since when, leader changes). It polls the leader key (every TTL/10, at most 0.25 s).
+1. Standby: no epoch is bumped, no ring or TCP request is answered, nothing is written to the pool.
+   A warm standby (the default) maps the pool and keeps a copy of the leader's index in step with
+   the journal (mds/journal_follow.py, from a thread: `WarmCopy`); `--cold-standby` maps nothing.
+   The admin port answers /healthz 200, /readyz 503 ("standby: <member> leads"), /stats and
+   /metrics (who leads, since when, leader changes, how warm the copy is). It polls the leader key
+   (every TTL/10, at most 0.25 s).
 2. The key is gone (the leader's lease lapsed, or it resigned on a clean stop): campaign. The loser
    goes on waiting.
-3. The winner starts its keep-alive thread at once, then builds and starts the server with the
-   existing start-up order: map and verify the pool, bind, bump the pool epoch (every ring client,
-   lease and reservation of the old leader is void), rebuild the index from the pool's journal
-   (restart policy "journal"), fence the old leader's writers (mds/fencing.py), serve the same rings.
+3. The winner starts its keep-alive thread at once. A warm standby applies the journal's last
+   records to its copy (the old leader stopped writing before its lease lapsed) and starts that
+   server; a cold one (or a warm one whose copy was lost) builds a server and rebuilds the index
+   from the journal. Then the existing start-up order: bind, bump the pool epoch (every ring client,
+   lease and reservation of the old leader is void), journal on (restart policy "journal"), fence
+   the old leader's writers (mds/fencing.py), serve the same rings.
 4. The server loop checks the leader's deadline before each turn's writes (MetadataServer.fenced_out)
    and the pool epoch at each housekeeping. Past either it stops without another byte written to the
    pool (not even the fence line at close), closes its sockets, unmaps the pool and goes back to 1.
@@ -24,6 +29,7 @@ refuse each other.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -33,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from belugactl.dataplane.mds.journal_follow import JournalFollower
 from belugactl.dataplane.mds.leadership import Elector, EtcdUnavailable
 from belugactl.errors import EnvironmentProblem
 
@@ -94,6 +101,81 @@ def leadership_metrics(lead: dict[str, Any] | None):  # -> Iterator[Metric]
     yield d
 
 
+def warm_metrics(follow: dict[str, Any] | None):  # -> Iterator[Metric]
+    """`beluga_mds_standby_*`: how warm a standby's copy of the index is (nothing for a cold one)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    if not follow:
+        return
+    yield GaugeMetricFamily(
+        "beluga_mds_standby_warm", "1 while this standby's copy of the index follows the journal (a fast takeover)",
+        value=1 if follow.get("warm") else 0,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "beluga_mds_standby_entries", "Entries in this standby's copy of the index", value=follow.get("entries", 0)
+    )
+
+
+class WarmCopy:
+    """A warm standby's copy of the index: a server built (never started) and its JournalFollower,
+    made and kept in step from a thread while the process stands by; `take()` at the takeover."""
+
+    def __init__(
+        self, make_server: Callable[[], Any], poll_s: float, on_warm: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self.make_server = make_server
+        self.poll_s = poll_s
+        self.on_warm = on_warm
+        self.server: Any = None
+        self.follower: JournalFollower | None = None
+        self.error = ""
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        name = "metadata server: standby follows the journal"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.server = self.make_server()
+            self.follower = JournalFollower(self.server)
+            self.follower.run(self._stop, self.poll_s, self._warm)
+        except Exception as exc:  # noqa: BLE001 - the cold takeover meets it again, and says it
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _warm(self) -> None:
+        f = self.follower
+        assert f is not None
+        self.on_warm({"entries": len(f.index.entries), "took_s": round(time.monotonic() - self.started, 3)})
+
+    def stats(self) -> dict[str, Any]:
+        f = self.follower
+        out: dict[str, Any] = f.stats() if f is not None else {"warm": False, "entries": 0}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def take(self) -> Any:
+        """Stop following, apply what is left and hand over the server; None when its copy cannot be
+        used (lost, or never built): the caller builds a server and rebuilds cold."""
+        self._stop.set()
+        self._thread.join()
+        f, server = self.follower, self.server
+        if f is not None and f.finish():
+            server.follower = f
+            return server
+        self.discard()
+        return None
+
+    def discard(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.server is not None:
+            self.server.close()
+            self.server.pool.close()
+            self.server = None
+
+
 def _standby_admin(runner: ElectedRun, bind: str, port: int) -> Any:
     """/healthz, /readyz (503), /stats, /metrics while this process is a standby."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -104,6 +186,7 @@ def _standby_admin(runner: ElectedRun, bind: str, port: int) -> Any:
     class Collector:
         def collect(self):  # -> Iterator[Metric]
             yield from leadership_metrics(runner.elector.stats())
+            yield from warm_metrics(runner.standby_stats().get("follow"))
             from belugactl.dataplane.mds.admin_metrics import term_metrics
 
             yield from term_metrics(runner.standby_stats())
@@ -163,6 +246,7 @@ class ElectedRun:
         *,
         admin_bind: str = "127.0.0.1",
         admin_port: int | None = None,
+        warm: bool = True,
     ) -> None:
         self.elector = elector
         self.make_server = make_server
@@ -174,6 +258,8 @@ class ElectedRun:
         self.terms = 0
         self.started = time.time()
         self.last_error = ""
+        self.warm = warm  # keep a copy of the index in step with the journal while standing by
+        self.copy: WarmCopy | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -199,6 +285,7 @@ class ElectedRun:
             "epoch": 0,
             "leadership": lead,
             "uptime_s": round(time.time() - self.started, 3),
+            "follow": self.copy.stats() if self.copy is not None else None,
         }
 
     def run(self) -> None:
@@ -208,7 +295,12 @@ class ElectedRun:
                 if admin is None and self.admin_port is not None:
                     admin = _standby_admin(self, self.admin_bind, self.admin_port)
                     self.admin_port = admin.server_address[1]  # a port picked by the kernel stays this one's
+                    with contextlib.suppress(EtcdUnavailable):
+                        self.elector.observe()  # so /readyz names the leader from the "standby" record on
                     self.on_event("standby", {"admin": f"http://{self.admin_bind}:{self.admin_port}"})
+                if self.warm and self.copy is None:
+                    poll = min(0.25, self.elector.ttl_s / 10)
+                    self.copy = WarmCopy(self.make_server, poll, lambda info: self.on_event("warm", info))
                 if not self._campaign():
                     continue
                 if admin is not None:
@@ -220,6 +312,9 @@ class ElectedRun:
             if admin is not None:
                 admin.shutdown()
                 admin.server_close()
+            if self.copy is not None:
+                self.copy.discard()
+                self.copy = None
             self.elector.resign()
 
     def _campaign(self) -> bool:
@@ -241,8 +336,11 @@ class ElectedRun:
         e.start_keepalive()
         won_at = time.monotonic()
         server = None
+        copy, self.copy = self.copy, None
         try:
-            server = self.make_server()
+            server = copy.take() if copy is not None else None
+            if server is None:
+                server = self.make_server()
             server.leadership = e
             if self.admin_port is not None:
                 server.config.admin_port = self.admin_port
@@ -251,7 +349,8 @@ class ElectedRun:
                 return
             server.start()
             self.terms += 1
-            self.on_event("started", {"server": server, "took_s": round(time.monotonic() - won_at, 3)})
+            warm = getattr(server, "follower", None) is not None
+            self.on_event("started", {"server": server, "took_s": round(time.monotonic() - won_at, 3), "warm": warm})
             server.serve_forever()
         finally:
             self.server = None

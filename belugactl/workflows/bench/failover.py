@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import selectors
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -59,6 +60,10 @@ class FailoverConfig:
     # Check the checker: after the first failover, one committed block is deleted and one sampled
     # block's bytes are overwritten behind the benchmark's back; the run must count both and fail.
     faulty: bool = False
+    # The standbys keep no copy of the index (`metadata-server --cold-standby`): each takeover
+    # rebuilds from the journal. The default (warm) waits before each kill until the standby's copy
+    # has caught up with every committed block, as a standby does between failures.
+    cold_standby: bool = False
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
@@ -155,20 +160,25 @@ class Server:
         with log.open("a") as err:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)  # noqa: S603
         self.log = log
+        self.warm: dict[str, Any] | None = None
+        self.admin = ""  # its admin URL, from its records
+        # Lines read by a thread: a select() on the pipe would miss a second record already in the
+        # reader's buffer (a standby's "warm" and "started" can come together).
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="bench failover: a server's records", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with suppress(ValueError, OSError):  # the pipe closed under the reader
+            for line in self.proc.stdout:
+                self.lines.put(line)
+        self.lines.put(None)
 
     def record(self, timeout_s: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            end = time.monotonic() + timeout_s
-            while time.monotonic() < end:
-                if sel.select(timeout=0.2):
-                    line = self.proc.stdout.readline()
-                    if line:
-                        return json.loads(line)
-                    break
-                if self.proc.poll() is not None:
-                    break
+        with suppress(queue.Empty):
+            line = self.lines.get(timeout=timeout_s)
+            if line is not None:
+                return json.loads(line)
         self.kill()
         tail = self.log.read_text(errors="replace")[-2000:]
         raise EnvironmentProblem(
@@ -178,9 +188,18 @@ class Server:
         )
 
     def expect(self, event: str, timeout_s: float) -> dict[str, Any]:
+        """The next record, which must be `event`. A "warm" record (a standby's copy of the index
+        caught up with the journal) comes at its own time: kept aside unless it is the one asked for."""
+        if event == "warm" and self.warm is not None:
+            return self.warm
         rec = self.record(timeout_s)
+        while rec.get("event") == "warm" and event != "warm":
+            self.warm = rec
+            rec = self.record(timeout_s)
         if rec.get("event", "started") != event:
             raise EnvironmentProblem(f"a metadata server reported {rec.get('event')!r}, not {event!r}", why=str(rec))
+        if rec.get("admin"):
+            self.admin = rec["admin"]
         return rec
 
     def sigkill(self) -> None:
@@ -216,8 +235,33 @@ def server_argv(manifest: Path, pool: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def standby_argv(manifest: Path, pool: Path, etcd: str, member: str, ttl: int) -> list[str]:
-    return server_argv(manifest, pool, "--standby", "--etcd", etcd, "--member", member, "--leader-ttl", str(ttl))
+def standby_argv(manifest: Path, pool: Path, etcd: str, member: str, ttl: int, cold: bool = False) -> list[str]:
+    extra = ("--cold-standby",) if cold else ()
+    return server_argv(
+        manifest, pool, "--standby", "--etcd", etcd, "--member", member, "--leader-ttl", str(ttl), *extra
+    )
+
+
+def wait_caught_up(server: Server, entries: int, timeout_s: float) -> float:
+    """Until the standby's copy of the index holds `entries` and has caught up with the journal
+    (its /stats); the seconds it took. EnvironmentProblem when it does not within `timeout_s`."""
+    import urllib.request
+
+    t0 = time.monotonic()
+    end = t0 + timeout_s
+    follow: dict[str, Any] = {}
+    while time.monotonic() < end:
+        with suppress(OSError, ValueError):
+            with urllib.request.urlopen(server.admin + "/stats", timeout=2) as r:  # noqa: S310 - loopback
+                follow = json.loads(r.read()).get("follow") or {}
+            if follow.get("warm") and follow.get("entries") == entries:
+                return time.monotonic() - t0
+        time.sleep(0.1)
+    raise EnvironmentProblem(
+        f"the standby's copy of the index did not catch up within {timeout_s:g} s",
+        why=f"it holds {follow.get('entries')} of {entries} entries ({follow})",
+        fix="a loaded machine may need fewer --blocks; --cold-standby measures without the copy",
+    )
 
 
 # --- the client's side ------------------------------------------------------------------------------
@@ -370,7 +414,9 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
     row: dict[str, Any] = {"blocks": blocks, "label": label, "block_bytes": BLOCK, "kills": cfg.kills}
     try:
         for name in names:
-            servers[name] = Server(standby_argv(manifest, pool_path, etcd, name, cfg.ttl_s), tmp / f"{name}.log")
+            servers[name] = Server(
+                standby_argv(manifest, pool_path, etcd, name, cfg.ttl_s, cfg.cold_standby), tmp / f"{name}.log"
+            )
             servers[name].expect("standby", wait)
         servers[names[0]].expect("started", wait)
         leader = names[0]
@@ -387,8 +433,13 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
             hit_after: list[float] = []
             rebuilds: list[float] = []  # the new leader's own: from winning the election to serving
             restored = None
+            live_now = before  # committed blocks the leader holds now
+            catch_up: list[float] = []  # a standby's copy catching up before a kill (warm standbys)
+            warm_takeovers = 0
             for k in range(cfg.kills):
                 other = names[1] if leader == names[0] else names[0]
+                if not cfg.cold_standby:
+                    catch_up.append(wait_caught_up(servers[other], live_now, wait + blocks / 10_000))
                 killed = time.monotonic()
                 servers[leader].sigkill()
                 took, hit = first_answer(prober, keys[sample[0]] if sample else keys[0], killed, wait)
@@ -398,10 +449,12 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
                 if isinstance(rec.get("took_s"), (int, float)):
                     rebuilds.append(float(rec["took_s"]))
                 restored = rec.get("restored_entries")
+                warm_takeovers += bool(rec.get("warm"))
                 _reconnect(client, wait)
                 if cfg.faulty and k == 0:
                     _inject_faults(client, pool, keys, sample)
                 hits = count_hits(client, keys)
+                live_now = hits
                 hit_after.append(hits / blocks)
                 least_hits = min(least_hits, hits)  # a block lost at one kill stays lost: count it once
                 r, b = check_sample(client, pool, keys, sample)
@@ -409,7 +462,7 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
                 wrong_bytes += b
                 say(f"{label}: kill {k + 1}/{cfg.kills}: first answer {took:.2f} s, {before - hits} missing, {r} wrong")
                 servers[leader] = Server(
-                    standby_argv(manifest, pool_path, etcd, leader, cfg.ttl_s), tmp / f"{leader}.log"
+                    standby_argv(manifest, pool_path, etcd, leader, cfg.ttl_s, cfg.cold_standby), tmp / f"{leader}.log"
                 )
                 servers[leader].expect("standby", wait)
                 leader = other
@@ -418,6 +471,8 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
                 wrong_reads=wrong_reads, wrong_bytes_served=wrong_bytes, sample_blocks=len(sample),
                 hit_rate_after=min(hit_after) if hit_after else None,
                 takeover_rebuild_s=_summary(rebuilds), restored_entries=restored,
+                standby="cold" if cfg.cold_standby else "warm", warm_takeovers=warm_takeovers,
+                standby_catch_up_s=_summary(catch_up) if catch_up else None,
             )  # fmt: skip
             if cfg.start_empty:
                 row["start_empty"] = _start_empty(servers, leader, manifest, pool_path, prober, client, keys, tmp, wait)
