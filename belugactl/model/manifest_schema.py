@@ -611,6 +611,10 @@ class MetadataEtcd(Strict):
     candidates: list[str] = Field(default_factory=list, max_length=16)
     # The leader's etcd lease, whole seconds: a dead leader is replaced about this long after it died.
     leader_ttl_s: Int = Field(default=5, ge=2, le=60)
+    # serve runs this rack's etcd: a member on each host an endpoint names, its data under the run dir,
+    # started before the metadata server and stopped after it. false: an etcd cluster you run (its
+    # units from `export systemd`, or your own).
+    run: bool = False
 
     @field_validator("endpoints")
     @classmethod

@@ -398,9 +398,19 @@ def rack_setup(target: RackTarget, *, dry_run: bool, force: bool) -> RackRun:
 
 def _metadata_first(target: RackTarget) -> list[list[str]]:
     """The host whose metadata server leads first (serve.metadata.etcd.candidates[0], else the metadata
-    host), then the rest: elected standbys come up beside the workers and find a leader to name."""
+    host), then the rest: elected standbys come up beside the workers and find a leader to name. When
+    serve runs etcd (serve.metadata.etcd.run), every etcd member and candidate host first, together."""
     meta = target.metadata_host
     conf = getattr(getattr(getattr(target.manifest, "serve", None), "metadata", None), "etcd", None)
+    if conf is not None and getattr(conf, "run", False):
+        # serve runs etcd: its members (and the candidates that campaign in it) start together, as
+        # no member answers before a majority of them runs.
+        from belugactl.workflows.setup.systemd import etcd_members
+
+        first = {h for _n, h, _c, _p in etcd_members(target.manifest) if h} | set(conf.candidates)
+        phase = [h for h in target.hosts if h in first]
+        if phase:
+            return [phase, [h for h in target.hosts if h not in first]] if len(phase) < len(target.hosts) else [phase]
     if conf is not None and conf.candidates:
         meta = conf.candidates[0]
     if meta in target.hosts:

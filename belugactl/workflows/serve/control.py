@@ -272,7 +272,7 @@ def stop(run_dir: str | Path | None = None, *, timeout_s: float = 60.0) -> dict[
     # Whatever is still alive (a supervisor killed with SIGKILL leaves its children behind).
     state = read_trusted_state(run) or state
     _refuse_unproven(run, state)
-    for kind in ("router", "vllm", "metadata"):
+    for kind in ("router", "vllm", "metadata", "etcd"):
         for p in state.get("processes", []):
             if (
                 p.get("kind") == kind

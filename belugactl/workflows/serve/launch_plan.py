@@ -29,7 +29,7 @@ CONNECTOR_NAME = "BelugaConnector"
 @dataclass(frozen=True)
 class ProcessSpec:
     name: str  # "metadata-server", "vllm-0", ...
-    kind: str  # "metadata" | "vllm"
+    kind: str  # "etcd" | "metadata" | "vllm" | "router"
     argv: tuple[str, ...]
     env: dict[str, str]  # set on top of the supervisor's environment
     log_file: str
@@ -93,10 +93,16 @@ class Tools:
     vllm: str = "vllm"
     belugactl: tuple[str, ...] = ("belugactl",)
     numactl: str | None = None
+    etcd: str | None = None  # serve.metadata.etcd.run: this host's etcd member (serve/etcd_member.py)
 
     @classmethod
     def find(cls, vllm: str | None = None) -> Tools:
-        return cls(vllm=vllm or default_vllm(), belugactl=default_belugactl(), numactl=shutil.which("numactl"))
+        return cls(
+            vllm=vllm or default_vllm(),
+            belugactl=default_belugactl(),
+            numactl=shutil.which("numactl"),
+            etcd=shutil.which("etcd"),
+        )
 
 
 def default_belugactl() -> tuple[str, ...]:
@@ -318,6 +324,12 @@ def build_serve_plan(
                 plan.blockers.append(blocker)
         if mds_host.name == host.name:
             plan.notes += _tcp_unreachable_elsewhere(manifest, meta, mds_host)
+    if meta.etcd is not None:
+        from belugactl.workflows.serve.etcd_member import etcd_process
+
+        member = etcd_process(manifest, host.name, run, tools.etcd, plan)
+        if member is not None:
+            plan.processes.append(member)
     if meta.etcd is not None and not runs_server:
         plan.notes.append(
             f"metadata-server: none on {host.name} (not in serve.metadata.etcd.candidates: {', '.join(candidates)})"

@@ -298,8 +298,10 @@ class Supervisor:
         self.write_state()
         try:
             # The router last: it should not answer before there is an instance to route to.
-            groups = [[m for m in self.procs if m.spec.kind == k] for k in ("metadata", "vllm", "router")]
-            groups[1] += [m for m in self.procs if m.spec.kind not in ("metadata", "vllm", "router")]
+            # etcd before the metadata server, which campaigns in it.
+            order = ("etcd", "metadata", "vllm", "router")
+            groups = [[m for m in self.procs if m.spec.kind == k] for k in order]
+            groups[2] += [m for m in self.procs if m.spec.kind not in order]
             for group in groups:
                 for m in group:
                     self._spawn(m)
@@ -387,9 +389,10 @@ class Supervisor:
         return int(ExitCode.OK)
 
     def stop(self) -> None:
-        """The router first (it drains), workers next (they hold leases and reservations), then the server."""
+        """The router first (it drains), workers next (they hold leases and reservations), then the server,
+        then etcd (the server resigns its lease in it as it stops)."""
         self.state = "stopping"
-        for kind in ("router", "vllm", "metadata"):
+        for kind in ("router", "vllm", "metadata", "etcd"):
             for m in self.procs:
                 if m.spec.kind == kind and m.proc is not None:
                     grace = m.spec.stop_grace_s if m.spec.stop_grace_s is not None else self.stop_grace_s

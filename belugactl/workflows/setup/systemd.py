@@ -150,7 +150,7 @@ def etcd_members(manifest: object) -> list[tuple[str, str | None, str, str]]:
     ]
 
 
-def etcd_argv(manifest: object, member: str, *, binary: str = ETCD_BINARY) -> list[str]:
+def etcd_argv(manifest: object, member: str, *, binary: str = ETCD_BINARY, data_dir: str | None = None) -> list[str]:
     """The etcd command line of one member of etcd_members(): listen URLs are the endpoint's address
     when that is an IP (etcd binds IPs only), else every address (0.0.0.0); the client URL also listens
     on loopback, for `doctor` and tools on the host. `--initial-cluster-state new` is read on the first
@@ -175,7 +175,7 @@ def etcd_argv(manifest: object, member: str, *, binary: str = ETCD_BINARY) -> li
         return ",".join(urls)
 
     return [
-        binary, "--name", name, "--data-dir", f"/var/lib/{ETCD_STATE_DIR}/{rack}",
+        binary, "--name", name, "--data-dir", data_dir or f"/var/lib/{ETCD_STATE_DIR}/{rack}",
         "--listen-client-urls", listen(client, True), "--advertise-client-urls", client,
         "--listen-peer-urls", listen(peer, False), "--initial-advertise-peer-urls", peer,
         "--initial-cluster", ",".join(f"{n}={p}" for n, _, _, p in members),
