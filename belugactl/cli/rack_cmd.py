@@ -262,16 +262,34 @@ def register(app: typer.Typer) -> None:
                 annotation=bool,
                 default=typer.Option(False, "--dry-run", help="Print every host's command lines."),
             ),
+            inspect.Parameter(
+                "rolling",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=bool,
+                default=typer.Option(
+                    False,
+                    "--rolling",
+                    help="Restart a serving rack one host at a time (stop, serve, ready, next): the leading "
+                    "metadata server's host and then the front door's last; the pool and its index stay.",
+                ),
+            ),
         ]
     )
     def serve(**kwargs: Any) -> None:
         """Serve (detached) on the metadata server's host first, then on every other host.
 
+        With --rolling: restart (or upgrade) a serving rack one host at a time.
+
         Example: belugactl rack serve -f examples/lab.yaml --transport lab --dry-run
         """
-        from belugactl.workflows.rack.orchestrate import rack_serve
+        from belugactl.workflows.rack.orchestrate import rack_serve, rack_serve_rolling
 
-        execute("serve", kwargs, lambda target, rest: rack_serve(target, dry_run=rest["dry_run"]))
+        def go(target: Any, rest: dict[str, Any]) -> Any:
+            if rest["rolling"]:
+                return rack_serve_rolling(target, dry_run=rest["dry_run"])
+            return rack_serve(target, dry_run=rest["dry_run"])
+
+        execute("serve", kwargs, go)
 
     @rack.command("status", epilog=EXIT_HELP)
     @with_common([json_param])

@@ -431,6 +431,60 @@ def rack_serve(target: RackTarget, *, dry_run: bool, extra: Sequence[str] = ()) 
     )
 
 
+def rolling_order(target: RackTarget, status: RackRun) -> list[str]:
+    """The hosts one at a time for `rack serve --rolling`: those whose metadata server does not lead
+    (or that run none) first, then the leading one (it resigns as it stops, and a standby restarted
+    before it takes over, warm), then the front door's hosts (a router's restart is the one the
+    traffic sees: with two router hosts the clients' other address carries it)."""
+    from belugactl.workflows.serve.router import router_hosts
+
+    leading = {r["host"] for r in metadata_servers(status) if r["role"] in ("leader", "serves")}
+    doors = set(router_hosts(target.manifest))
+    last = [h for h in target.hosts if h in leading and h not in doors] + [h for h in target.hosts if h in doors]
+    return [h for h in target.hosts if h not in last] + last
+
+
+def rack_serve_rolling(target: RackTarget, *, dry_run: bool, extra: Sequence[str] = ()) -> RackRun:
+    """Restart (or upgrade: a new belugactl or vLLM installed first) one host at a time: stop, serve
+    again, and only when that host is ready the next one. The pool, its index and the journal stay;
+    a host that fails to come back stops the roll (the rest are not touched: `not_run`)."""
+    status = rack_status(target)
+    order = rolling_order(target, status)
+    flags = ["--json"] + (["--dry-run"] if dry_run else ["--detach"]) + list(extra)
+    if target.pool:
+        flags += ["--pool", target.pool]
+    results: dict[str, NodeResult] = {}
+    docs: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    not_run: list[str] = []
+    for i, host in enumerate(order):
+        if not dry_run:
+            stopped = target.run([host], lambda h: target.cmd("stop", "--json"), phase=f"rolling {host}: stop")
+            res = stopped[host]
+            if res.unreachable or res.returncode not in (0, None):
+                results[host], problems[host] = res, f"stop failed (exit {res.returncode})"
+                not_run.extend(order[i + 1 :])
+                break
+        served = target.run(
+            [host],
+            lambda h: target.cmd("serve", "-f", target.rmanifest, "--host", h, *flags),
+            phase=f"rolling {host}: serve",
+        )
+        res = results[host] = served[host]
+        doc, problem = parse_json(res)
+        if doc is not None:
+            docs[host] = doc
+        if problem or not res.ok:
+            problems[host] = problem or f"exit {res.returncode}"
+            if not dry_run:
+                not_run.extend(order[i + 1 :])
+                break
+    return RackRun(
+        "serve --rolling", target.hosts, [[h] for h in order], results, docs, problems, not_run,
+        target.unreachable(results),
+    )  # fmt: skip
+
+
 def metadata_servers(run: RackRun) -> list[dict[str, Any]]:
     """Per host whose `status` read a metadata server's /stats: its role (leader, standby, or a plain
     server), who it says leads, since when (Unix time), the leader changes it saw, its epoch; in host order."""

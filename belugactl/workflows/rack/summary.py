@@ -219,7 +219,7 @@ def outcome(verb: str, doc: Any) -> str:
         return str(doc.get("state") or ("running" if doc.get("running") else "not running"))
     if verb == "stop":
         return "nothing was running" if doc.get("nothing_running") else f"stopped {len(doc.get('stopped', []))}"
-    if verb == "serve":
+    if verb in ("serve", "serve --rolling"):
         return "planned" if "processes" in doc and "state" not in doc else str(doc.get("state", "started"))
     return "ok"
 
