@@ -82,6 +82,9 @@ def _render(r: dict) -> None:
         "start-empty: first answer s", "start-empty: hit rate",
     )  # fmt: skip
     for row in r["sizes"]:
+        if "error" in row:
+            t.add_row(f"{row['blocks']:,}", "not measured: see the goals below", *["-"] * 5)
+            continue
         fa, se = row["first_answer_s"], row.get("start_empty")
         t.add_row(
             f"{row['blocks']:,}", f"{fa['p50']:g} / {fa['max']:g}", f"{row['committed_blocks_lost']:,}",

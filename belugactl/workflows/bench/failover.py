@@ -534,6 +534,8 @@ def _summary(times: Sequence[float]) -> dict[str, Any]:
 def goals(row: dict[str, Any], ttl_s: int) -> list[dict[str, Any]]:
     """Issue 32's goals for one size, judged from its measured figures only."""
     label = row["label"]
+    if "error" in row:
+        return [{"goal": f"{label}: measured", "want": "the run completes", "figure": row["error"], "ok": False}]
     target = ttl_s + TARGET_MARGIN_S
     fa = row["first_answer_s"]
     out = []
@@ -564,6 +566,19 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def _size_or_error(
+    cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """One size's row; a size that could not be measured is a row with its error (the other sizes'
+    figures are kept, and the run fails)."""
+    try:
+        return run_size(cfg, blocks, etcd, tmp, say)
+    except EnvironmentProblem as exc:
+        why = f" ({exc.why.strip()[-300:]})" if getattr(exc, "why", None) else ""
+        say(f"{size_label(blocks)}: not measured: {exc}{why}")
+        return {"blocks": blocks, "label": size_label(blocks), "error": f"{exc}{why}"}
+
+
 def run_failover(cfg: FailoverConfig, say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     from belugactl.workflows.bench.etcd_local import local_etcd
 
@@ -574,7 +589,7 @@ def run_failover(cfg: FailoverConfig, say: Callable[[str], None] = lambda _m: No
     with ExitStack() as stack:
         etcd_url = cfg.etcd_url or stack.enter_context(local_etcd()).url
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="beluga-failover-")))
-        rows = [run_size(cfg, n, etcd_url, tmp, say) for n in cfg.sizes]
+        rows = [_size_or_error(cfg, n, etcd_url, tmp, say) for n in cfg.sizes]
     return judge({
         "kills": cfg.kills, "ttl_s": cfg.ttl_s, "target_s": cfg.ttl_s + TARGET_MARGIN_S,
         "etcd": cfg.etcd_url or "local (loopback, started for the run)", "sizes": rows,
