@@ -172,6 +172,8 @@ class Server:
         with suppress(ValueError, OSError):  # the pipe closed under the reader
             for line in self.proc.stdout:
                 self.lines.put(line)
+                with self.log.open("a") as log:  # beside its stderr, for whoever reads the log
+                    log.write(line)
         self.lines.put(None)
 
     def record(self, timeout_s: float) -> dict[str, Any]:
@@ -413,12 +415,13 @@ def run_size(cfg: FailoverConfig, blocks: int, etcd: str, tmp: Path, say: Callab
     servers: dict[str, Server] = {}
     row: dict[str, Any] = {"blocks": blocks, "label": label, "block_bytes": BLOCK, "kills": cfg.kills}
     try:
-        for name in names:
+        for name in names:  # the first leads before the second starts (a previous size's lease may still lapse)
             servers[name] = Server(
                 standby_argv(manifest, pool_path, etcd, name, cfg.ttl_s, cfg.cold_standby), tmp / f"{name}.log"
             )
             servers[name].expect("standby", wait)
-        servers[names[0]].expect("started", wait)
+            if name == names[0]:
+                servers[name].expect("started", wait)
         leader = names[0]
         keys = [key_of(i) for i in range(blocks)]
         sample = sample_indices(blocks, cfg.sample)
