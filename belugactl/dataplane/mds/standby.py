@@ -167,6 +167,12 @@ class WarmCopy:
         self.discard()
         return None
 
+    def abandon(self) -> None:
+        """The process is leaving: stop following, waiting at most a second for the step under way (a
+        first sync of millions of entries takes seconds); the exit frees the copy."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
     def discard(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -313,7 +319,7 @@ class ElectedRun:
                 admin.shutdown()
                 admin.server_close()
             if self.copy is not None:
-                self.copy.discard()
+                self.copy.abandon()  # not joined: SIGTERM ends a standby at once, whatever it follows
                 self.copy = None
             self.elector.resign()
 
