@@ -126,6 +126,8 @@ def test_a_small_run_finds_the_block_lost_and_the_bytes_changed_behind_its_back(
     assert (row["wrong_reads"], row["wrong_bytes_served"]) == (2, 2 * 16)  # the changed block, at each kill
     assert row["sample_blocks"] == 200 and row["restored_entries"] in (199, 200)
     assert len(row["takeover_rebuild_s"]["all"]) == 2
+    assert row["standby"] == "warm" and row["warm_takeovers"] == 2  # each standby's copy, not a rebuild
+    assert len(row["standby_catch_up_s"]["all"]) == 2
     assert row["start_empty"]["hit_rate_after"] == 0.0 and row["start_empty"]["committed_blocks_lost"] == 200
     goals = {g["goal"]: g["ok"] for g in r["goals"]}
     assert goals == {
@@ -147,3 +149,31 @@ def test_bad_flags_exit_2_with_what_why_fix_before_anything_starts(monkeypatch: 
     ):
         r = invoke("bench", "failover", *flags)
         assert r.code == 2 and all(w in r.stderr for w in words), (flags, r.stderr)
+
+
+def test_a_size_that_cannot_be_measured_is_reported_and_the_others_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import contextmanager
+
+    from belugactl.errors import EnvironmentProblem
+    from belugactl.workflows.bench import etcd_local
+
+    def run_size(cfg, blocks, etcd, tmp, say):  # noqa: ANN001, ANN202
+        if blocks == 2000:
+            raise EnvironmentProblem("a metadata server printed no record within 65 s", why="its log")
+        return _row(blocks=blocks, label=fo.size_label(blocks))
+
+    @contextmanager
+    def no_etcd():  # noqa: ANN202
+        yield type("E", (), {"url": "http://127.0.0.1:1"})()
+
+    monkeypatch.setattr(fo, "run_size", run_size)
+    monkeypatch.setattr(etcd_local, "local_etcd", no_etcd)
+    r = fo.run_failover(fo.FailoverConfig(sizes=(1000, 2000)))
+    first, second = r["sizes"]
+    assert first["blocks"] == 1000 and "error" not in first
+    assert second == {
+        "blocks": 2000,
+        "label": "2k",
+        "error": "a metadata server printed no record within 65 s (its log)",
+    }
+    assert r["failed"] and [g["goal"] for g in r["goals"] if not g["ok"]] == ["2k: measured"]
