@@ -6,6 +6,8 @@ then serves that copy and journals on, and a later restart restores exactly it."
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,29 @@ def standby(pool_path: Path) -> tuple[PoolMapping, MetadataServer, JournalFollow
         pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, restart_policy="journal")
     )
     return pool, server, JournalFollower(server)
+
+
+@contextmanager
+def leader_and_standby(
+    pool_path: Path,
+) -> Iterator[tuple[PoolMapping, MetadataServer, int, MetadataServer, JournalFollower]]:
+    """A started leader with one namespace, and a standby's copy that has taken its first step."""
+    pool, leader = start(pool_path)
+    ns = leader.index.open_namespace("m/tp0")
+    spool, copy, follower = standby(pool_path)
+    follower.step()
+    try:
+        yield pool, leader, ns, copy, follower
+    finally:
+        leader.close()
+        copy.close()
+        pool.close()
+        spool.close()
+
+
+def commit(server: MetadataServer, ns: int, key: bytes) -> None:
+    token, _ = server.index.reserve(ns, key, 4096)
+    server.index.commit(token, checksum=zeros_crc(4096))
 
 
 def blocks_of(server: MetadataServer) -> dict:
@@ -99,58 +124,34 @@ def test_the_standby_copy_equals_the_journal_through_compactions(pool_path: Path
 
 
 def test_a_record_being_written_is_read_whole_by_a_later_step(pool_path: Path) -> None:
-    pool, leader = start(pool_path)
-    ns = leader.index.open_namespace("m/tp0")
-    spool, copy, follower = standby(pool_path)
-    follower.step()
-    j = leader.keeper.journal
-    at = j.pos
-    token, _ = leader.index.reserve(ns, b"k" * 32, 4096)
-    leader.index.commit(token, checksum=zeros_crc(4096))
-    whole = bytes(pool.read(j._half_base(j.half) + at, j.pos - at))
-    pool.write(j._half_base(j.half) + at + len(whole) - 3, b"\xff\xff\xff")  # torn: its last bytes not yet there
-    assert follower.step() == 0 and not follower.lost and not copy.index.entries
-    pool.write(j._half_base(j.half) + at, whole)
-    assert follower.step() == 1 and len(copy.index.entries) == 1
-    leader.close()
-    copy.close()
-    pool.close()
-    spool.close()
+    with leader_and_standby(pool_path) as (pool, leader, ns, copy, follower):
+        j = leader.keeper.journal
+        at = j.pos
+        commit(leader, ns, b"k" * 32)
+        whole = bytes(pool.read(j._half_base(j.half) + at, j.pos - at))
+        pool.write(j._half_base(j.half) + at + len(whole) - 3, b"\xff\xff\xff")  # torn: its end not yet there
+        assert follower.step() == 0 and not follower.lost and not copy.index.entries
+        pool.write(j._half_base(j.half) + at, whole)
+        assert follower.step() == 1 and len(copy.index.entries) == 1
 
 
 def test_a_copy_that_disagrees_with_the_journal_is_lost_and_the_takeover_is_cold(pool_path: Path) -> None:
-    pool, leader = start(pool_path)
-    ns = leader.index.open_namespace("m/tp0")
-    spool, copy, follower = standby(pool_path)
-    follower.step()
-    # The standby's allocator already holds the space the leader will hand out next.
-    copy.allocator.alloc(4096)
-    token, _ = leader.index.reserve(ns, b"k" * 32, 4096)
-    leader.index.commit(token, checksum=zeros_crc(4096))
-    follower.step()
-    assert "disagree" in follower.lost
-    assert not follower.finish()
-    leader.close()
-    copy.close()
-    pool.close()
-    spool.close()
+    with leader_and_standby(pool_path) as (_pool, leader, ns, copy, follower):
+        copy.allocator.alloc(4096)  # the standby's allocator already holds the space the leader hands out next
+        commit(leader, ns, b"k" * 32)
+        follower.step()
+        assert "disagree" in follower.lost
+        assert not follower.finish()
 
 
 def test_a_stopped_journal_makes_the_copy_lost(pool_path: Path) -> None:
-    pool, leader = start(pool_path)
-    ns = leader.index.open_namespace("m/tp0")
-    token, _ = leader.index.reserve(ns, b"k" * 32, 4096)
-    leader.index.commit(token, checksum=zeros_crc(4096))
-    spool, copy, follower = standby(pool_path)
-    follower.step()
-    assert len(copy.index.entries) == 1
-    leader.keeper.off("the test stops it")
-    follower.step()
-    assert "stopped" in follower.lost and "the test stops it" in follower.lost
-    leader.close()
-    copy.close()
-    pool.close()
-    spool.close()
+    with leader_and_standby(pool_path) as (_pool, leader, ns, copy, follower):
+        commit(leader, ns, b"k" * 32)
+        follower.step()
+        assert len(copy.index.entries) == 1
+        leader.keeper.off("the test stops it")
+        follower.step()
+        assert "stopped" in follower.lost and "the test stops it" in follower.lost
 
 
 def test_the_standby_never_writes_the_pool(pool_path: Path) -> None:

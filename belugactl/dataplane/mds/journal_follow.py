@@ -137,12 +137,16 @@ class JournalFollower:
         if crc is None:
             self.unchecked += 1  # no reader could verify it: never served, its space stays free
             return True
+        return self._enter(ns, key, nbytes, blocks, crc)
+
+    def _enter(self, ns: str, key: bytes, nbytes: int, blocks: list[tuple[int, int]], crc: int) -> bool:
+        """The leader's exact blocks into the copy; False (and `lost`) when the allocator cannot give them."""
         try:
             alloc = self.alloc.take(nbytes, blocks)
         except ValueError as exc:
             self.lost = f"the journal and the standby's allocator disagree ({exc})"
             return False
-        index.restore([(ns, key, alloc)], [crc])
+        self.index.restore([(ns, key, alloc)], [crc])
         return True
 
     def _same(self, e: Any, nbytes: int, blocks: list[tuple[int, int]], crc: int | None) -> bool:
@@ -186,12 +190,8 @@ class JournalFollower:
             nsid = index.namespaces.get(ns)
             if nsid is not None and (nsid, key) in index.entries:
                 continue  # the same (a changed one was dropped above)
-            try:
-                alloc = self.alloc.take(nbytes, blocks)
-            except ValueError as exc:
-                self.lost = f"the journal and the standby's allocator disagree ({exc})"
+            if not self._enter(ns, key, nbytes, blocks, crc):
                 return n
-            index.restore([(ns, key, alloc)], [crc])
             n += 1
         self.applied += n
         return n or 1
