@@ -615,6 +615,9 @@ class MetadataEtcd(Strict):
     # started before the metadata server and stopped after it. false: an etcd cluster you run (its
     # units from `export systemd`, or your own).
     run: bool = False
+    # warm: each standby keeps a copy of the leader's index in step with the journal (a takeover without a
+    # rebuild; the memory of a second index); cold: none (the takeover rebuilds from the journal).
+    standby: Literal["warm", "cold"] = "warm"
 
     @field_validator("endpoints")
     @classmethod

@@ -139,3 +139,21 @@ def test_serve_runs_a_real_etcd_and_its_elected_server_leads_in_it(tmp_path: Pat
     log = (run / "logs" / "mds.log").read_text()
     assert "etcd unreachable" not in log, log[-2000:]  # etcd outlived it: its lease was revoked cleanly
     assert (run / "etcd" / "member").is_dir()
+
+
+def test_standby_cold_in_the_manifest_starts_cold_standbys(tmp_path: Path) -> None:
+    def server_argv(standby: str | None) -> tuple[str, ...]:
+        text = (REPO / "examples" / "lab.yaml").read_text()
+        conf: dict = {"endpoints": ["http://10.0.2.15:2379"], "candidates": ["lab-1", "lab-2"]}
+        if standby:
+            conf["standby"] = standby
+        path = tmp_path / "rack.yaml"
+        path.write_text(text.replace(ANCHOR, f"{ANCHOR}    etcd: {json.dumps(conf)}\n"))
+        rack = load_rack_context(path, host="lab-2", pool="/tmp/lab.pool")
+        (server,) = [
+            p for p in build_serve_plan(rack, run_dir="/run/beluga", tools=TOOLS).processes if p.kind == "metadata"
+        ]
+        return server.argv
+
+    assert "--cold-standby" in server_argv("cold")
+    assert "--cold-standby" not in server_argv("warm") and "--cold-standby" not in server_argv(None)

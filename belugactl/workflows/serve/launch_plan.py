@@ -370,6 +370,7 @@ def build_serve_plan(
                 host.name,
                 "--leader-ttl",
                 str(meta.etcd.leader_ttl_s),
+                *(("--cold-standby",) if meta.etcd.standby == "cold" else ()),
             )
             role = "leads when the rack starts" if candidates[0] == host.name else f"stands by ({candidates[0]} leads)"
             plan.notes.append(
