@@ -15,6 +15,7 @@ import pytest
 from belugactl.dataplane.mds import journal as jm
 from belugactl.dataplane.mds.allocator import CHUNK, Allocator
 from belugactl.dataplane.mds.journal_follow import JournalFollower
+from belugactl.dataplane.mds.index import IndexConfig
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
 from belugactl.pool.mapping import PoolMapping
 from tests.dataplane.test_journal import start
@@ -22,10 +23,11 @@ from tests.dataplane.test_journal_compaction import in_index, normal, on_media
 from tests.support.blocks import zeros_crc
 
 
-def standby(pool_path: Path) -> tuple[PoolMapping, MetadataServer, JournalFollower]:
+def standby(pool_path: Path, ways: int = 1) -> tuple[PoolMapping, MetadataServer, JournalFollower]:
     pool = PoolMapping.open(pool_path)
+    index = IndexConfig(interleave_ways=ways) if ways > 1 else IndexConfig()
     server = MetadataServer(
-        pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, restart_policy="journal")
+        pool, ServerConfig(rpc_port=None, admin_port=None, fence_grace_s=0, restart_policy="journal", index=index)
     )
     return pool, server, JournalFollower(server)
 
@@ -75,15 +77,17 @@ def churn(server: MetadataServer, rng: random.Random, ops: int, live: list, ns: 
             index.background_step()
 
 
-@pytest.mark.parametrize("step_budget", [7, 4096])
-def test_the_standby_copy_equals_the_journal_through_compactions(pool_path: Path, monkeypatch, step_budget) -> None:
+@pytest.mark.parametrize("step_budget, ways", [(7, 1), (4096, 1), (64, 2)])
+def test_the_standby_copy_equals_the_journal_through_compactions(
+    pool_path: Path, monkeypatch, step_budget: int, ways: int
+) -> None:
     monkeypatch.setattr(jm, "COMPACT_STEP", 16)
-    pool, leader = start(pool_path)
+    pool, leader = start(pool_path, ways=ways)
     ns = [leader.index.open_namespace(f"m/tp{i}") for i in range(3)]
     rng = random.Random(step_budget)
     live: list = []
     churn(leader, rng, 500, live, ns)  # a journal before the standby starts: its first sync
-    spool, copy, follower = standby(pool_path)
+    spool, copy, follower = standby(pool_path, ways)
     checked = 0
     for _round in range(150):
         churn(leader, rng, rng.randrange(1, 400), live, ns)
@@ -116,7 +120,7 @@ def test_the_standby_copy_equals_the_journal_through_compactions(pool_path: Path
     after = blocks_of(copy)
     copy.close()
     spool.close()
-    pool, again = start(pool_path)
+    pool, again = start(pool_path, ways=ways)
     assert not again.keeper.warm
     assert blocks_of(again)["entries"] == after["entries"]
     again.close()
@@ -172,9 +176,10 @@ def test_the_standby_never_writes_the_pool(pool_path: Path) -> None:
     spool.close()
 
 
-def test_take_hands_out_exactly_the_blocks_and_refuses_taken_ones() -> None:
-    a = Allocator(CHUNK, 64 * CHUNK)
-    mirror = Allocator(CHUNK, 64 * CHUNK)
+@pytest.mark.parametrize("ways", [1, 3])
+def test_take_hands_out_exactly_the_blocks_and_refuses_taken_ones(ways: int) -> None:
+    a = Allocator(CHUNK, 64 * CHUNK, ways=ways)
+    mirror = Allocator(CHUNK, 64 * CHUNK, ways=ways)
     rng = random.Random(5)
     held = []
     for _ in range(600):
