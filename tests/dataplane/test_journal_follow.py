@@ -14,8 +14,8 @@ import pytest
 
 from belugactl.dataplane.mds import journal as jm
 from belugactl.dataplane.mds.allocator import CHUNK, Allocator
-from belugactl.dataplane.mds.journal_follow import JournalFollower
 from belugactl.dataplane.mds.index import IndexConfig
+from belugactl.dataplane.mds.journal_follow import JournalFollower
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
 from belugactl.pool.mapping import PoolMapping
 from tests.dataplane.test_journal import start
