@@ -227,3 +227,42 @@ def test_an_append_ends_with_a_zero_length_so_leftovers_of_its_generation_are_no
     assert ("m/tp0", b"k" * 32) in live and ("m/tp0", b"s" * 32) not in live
     leader.close()
     pool.close()
+
+
+def test_a_lost_copy_is_dropped_and_a_fresh_one_follows_once_the_journal_is_back(pool_path: Path, monkeypatch) -> None:
+    import time
+
+    from belugactl.dataplane.mds import standby as sb
+
+    monkeypatch.setattr(sb, "RETRY_S", 0.05)
+    pool, leader = start(pool_path)
+    ns = leader.index.open_namespace("m/tp0")
+    commit(leader, ns, b"a" * 32)
+    warm: list[dict] = []
+    copy = sb.WarmCopy(lambda: standby(pool_path)[1], 0.01, warm.append)
+
+    def wait(cond, what: str) -> None:  # noqa: ANN001
+        end = time.monotonic() + 20
+        while not cond():
+            assert time.monotonic() < end, (what, copy.stats())
+            time.sleep(0.01)
+
+    try:
+        wait(lambda: copy.stats().get("entries") == 1 and copy.stats()["warm"], "the first copy")
+        leader.keeper.off("the test stops it")  # the journal stops: this copy can no longer be trusted
+        wait(lambda: copy.dropped >= 1, "the copy dropped")
+        assert "the test stops it" in copy.error
+        leader.close()
+        pool.close()
+        pool, leader = start(pool_path)  # a new leader: starts empty (the journal had stopped), journals again
+        commit(leader, leader.index.open_namespace("m/tp0"), b"b" * 32)
+        wait(lambda: copy.stats().get("entries") == 1 and copy.stats()["warm"], "a fresh copy")
+        assert len(warm) >= 2
+        server = copy.take()
+        assert server is not None and [k for _n, k in server.index.entries] == [b"b" * 32]
+        server.close()
+        server.pool.close()
+    finally:
+        copy.discard()
+        leader.close()
+        pool.close()

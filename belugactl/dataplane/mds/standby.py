@@ -116,6 +116,9 @@ def warm_metrics(follow: dict[str, Any] | None):  # -> Iterator[Metric]
     )
 
 
+RETRY_S = 5.0  # a lost copy is rebuilt after this long
+
+
 class WarmCopy:
     """A warm standby's copy of the index: a server built (never started) and its JournalFollower,
     made and kept in step from a thread while the process stands by; `take()` at the takeover."""
@@ -129,6 +132,7 @@ class WarmCopy:
         self.server: Any = None
         self.follower: JournalFollower | None = None
         self.error = ""
+        self.dropped = 0  # copies lost and rebuilt
         self.started = time.monotonic()
         self._stop = threading.Event()
         name = "metadata server: standby follows the journal"
@@ -136,12 +140,28 @@ class WarmCopy:
         self._thread.start()
 
     def _run(self) -> None:
-        try:
-            self.server = self.make_server()
-            self.follower = JournalFollower(self.server)
-            self.follower.run(self._stop, self.poll_s, self._warm)
-        except Exception as exc:  # noqa: BLE001 - the cold takeover meets it again, and says it
-            self.error = f"{type(exc).__name__}: {exc}"
+        """Build a copy and follow; a copy that is lost (the journal stopped, a disagreement) is
+        dropped and a fresh one built after RETRY_S, so the standby is warm again once it can be."""
+        while not self._stop.is_set():
+            try:
+                self.server = self.make_server()
+                self.follower = JournalFollower(self.server)
+                self.follower.run(self._stop, self.poll_s, self._warm)
+            except Exception as exc:  # noqa: BLE001 - the cold takeover meets it again, and says it
+                self.error = f"{type(exc).__name__}: {exc}"
+            if self._stop.is_set():
+                return
+            self.dropped += 1
+            if self.follower is not None and self.follower.lost:
+                self.error = f"copy dropped: {self.follower.lost}"
+            self._close()
+            self._stop.wait(RETRY_S)
+
+    def _close(self) -> None:
+        server, self.server, self.follower = self.server, None, None
+        if server is not None:
+            server.close()
+            server.pool.close()
 
     def _warm(self) -> None:
         f = self.follower
@@ -151,6 +171,7 @@ class WarmCopy:
     def stats(self) -> dict[str, Any]:
         f = self.follower
         out: dict[str, Any] = f.stats() if f is not None else {"warm": False, "entries": 0}
+        out["copies_dropped"] = self.dropped
         if self.error:
             out["error"] = self.error
         return out
@@ -176,10 +197,7 @@ class WarmCopy:
     def discard(self) -> None:
         self._stop.set()
         self._thread.join()
-        if self.server is not None:
-            self.server.close()
-            self.server.pool.close()
-            self.server = None
+        self._close()
 
 
 def _standby_admin(runner: ElectedRun, bind: str, port: int) -> Any:
