@@ -102,7 +102,7 @@ def test_serve_runs_a_real_etcd_and_its_elected_server_leads_in_it(tmp_path: Pat
     require_etcd()
     from belugactl.model.manifest import load_manifest
     from belugactl.pool.file_pool import create_file_pool
-    from belugactl.workflows.serve.etcd_member import etcd_process
+    from belugactl.workflows.serve.launch_plan import add_etcd_member
 
     client, admin_port = _free_port(), _free_port()
     text = CPU_DEMO.read_text()
@@ -119,8 +119,9 @@ def test_serve_runs_a_real_etcd_and_its_elected_server_leads_in_it(tmp_path: Pat
     create_file_pool(pool, path)
     run = tmp_path / "run"
     plan = ServePlan(manifest.name, host, str(path), str(run), str(pool))
-    etcd = etcd_process(manifest, host, run, require_etcd(), plan)
-    assert etcd is not None and etcd.argv[etcd.argv.index("--data-dir") + 1] == str(run / "etcd")
+    add_etcd_member(plan, manifest, host, run, require_etcd())
+    (etcd,) = plan.processes
+    assert etcd.argv[etcd.argv.index("--data-dir") + 1] == str(run / "etcd")
     argv = (sys.executable, "-m", "belugactl", "metadata-server", "-f", str(path), "--pool", str(pool),
             "--rpc-port", "0", "--admin-port", str(admin_port), "--standby", "--member", host)  # fmt: skip
     server = ProcessSpec(

@@ -105,6 +105,33 @@ class Tools:
         )
 
 
+def add_etcd_member(plan: ServePlan, manifest: Any, host: str, run: Path, etcd_binary: str | None) -> None:
+    """This host's etcd member (serve.metadata.etcd.run; serve/etcd_member.py) into the plan, or why not."""
+    from belugactl.workflows.serve.etcd_member import etcd_member
+
+    member = etcd_member(manifest, host, run, etcd_binary)
+    if member is None:
+        return
+    if member.blocker:
+        plan.blockers.append(member.blocker)
+        return
+    plan.notes.append(member.note)
+    if member.argv:
+        plan.processes.append(
+            ProcessSpec(
+                name="etcd",
+                kind="etcd",
+                argv=member.argv,
+                env={},
+                log_file=str(run / "logs" / "etcd.log"),
+                port=member.port,
+                # Up and answering; the quorum needs the other members (doctor's etcd.quorum checks it).
+                health_url=f"http://127.0.0.1:{member.port}/version",
+                ready_timeout_s=60.0,
+            )
+        )
+
+
 def default_belugactl() -> tuple[str, ...]:
     """This belugactl: the script next to the running interpreter, else `python -m belugactl`."""
     beside = Path(sys.executable).parent / "belugactl"
@@ -325,11 +352,7 @@ def build_serve_plan(
         if mds_host.name == host.name:
             plan.notes += _tcp_unreachable_elsewhere(manifest, meta, mds_host)
     if meta.etcd is not None:
-        from belugactl.workflows.serve.etcd_member import etcd_process
-
-        member = etcd_process(manifest, host.name, run, tools.etcd, plan)
-        if member is not None:
-            plan.processes.append(member)
+        add_etcd_member(plan, manifest, host.name, run, tools.etcd)
     if meta.etcd is not None and not runs_server:
         plan.notes.append(
             f"metadata-server: none on {host.name} (not in serve.metadata.etcd.candidates: {', '.join(candidates)})"
