@@ -552,7 +552,7 @@ def goals(row: dict[str, Any], ttl_s: int) -> list[dict[str, Any]]:
     wrong = row["wrong_reads"]
     out.append({
         "goal": f"{label}: wrong bytes served ({row['sample_blocks']:,} blocks read back a kill)", "want": "0",
-        "figure": f"{row['wrong_bytes_served']:,} bytes in {wrong:,} reads", "ok": wrong == 0,
+        "figure": f"{row['wrong_bytes_served']:,} bytes ({wrong:,} wrong reads)", "ok": wrong == 0,
     })  # fmt: skip
     before, after = row["hit_rate_before"], row["hit_rate_after"]
     out.append({
