@@ -58,3 +58,46 @@ def test_settled_connections_give_way_only_when_idle(room) -> None:  # noqa: ANN
     worker = add(0.0, settled=True, worked=True)
     assert not lst._make_room(0.5)  # it worked less than evict_idle_after_s ago: nobody gives way
     assert lst._make_room(5.0) and worker.sock.fileno() == -1 and lst.evicted_idle == 1
+
+
+def test_a_silent_arrival_takes_only_a_silent_ones_place(room) -> None:  # noqa: ANN001
+    lst, add = room
+    hello_waiting = add(1.0, says=b"\x20\x00\x00\x00")
+    assert not lst._make_room(1.5, speaks=False)  # a silent arrival is closed: the newcomer keeps its place
+    assert hello_waiting.sock.fileno() != -1 and lst.displaced_unsettled == 0
+    silent = add(2.0)
+    assert lst._make_room(2.5, speaks=False) and silent.sock.fileno() == -1 and hello_waiting.sock.fileno() != -1
+    assert lst._make_room(3.0, speaks=True) and hello_waiting.sock.fileno() == -1  # one that speaks may
+
+
+def test_the_listener_defers_accept_until_a_connection_speaks() -> None:
+    """On the real listening socket: a client that sends at once is handed over at once, a silent one
+    only after DEFER_ACCEPT_S (Linux's TCP_DEFER_ACCEPT; the order is what the cap's rule relies on)."""
+    import selectors
+
+    from belugactl.dataplane.mds.listener_tcp import DEFER_ACCEPT_S
+
+    lst = TcpListener.__new__(TcpListener)
+    sel = selectors.DefaultSelector()
+    lst.server = SimpleNamespace(selector=sel, auth_required=lambda _b: False, rack_credential=lambda _r: None)
+    lst.bind_address, lst.want_port = "127.0.0.1", 0
+    lst.bind()
+    assert lst.sock is not None
+    silent = socket.create_connection(("127.0.0.1", lst.port))
+    talker = socket.create_connection(("127.0.0.1", lst.port))
+    talker.sendall(b"HELLO")
+    try:
+        assert sel.select(0.5), "the talking client was not handed over"
+        first, _ = lst.sock.accept()
+        first.settimeout(1)
+        assert first.recv(5) == b"HELLO"  # not the silent one, which connected first
+        first.close()
+        assert not sel.select(DEFER_ACCEPT_S / 2)  # the silent one waits in the kernel
+        assert sel.select(DEFER_ACCEPT_S * 4), "a silent connection must come through after the deferral"
+        late, _ = lst.sock.accept()
+        late.close()
+    finally:
+        silent.close()
+        talker.close()
+        sel.close()
+        lst.sock.close()

@@ -11,6 +11,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,18 @@ class Mds:
 
     def stats(self) -> dict:
         return json.loads(self.admin("/stats"))
+
+    def stats_since(self, t: float, timeout_s: float = 10.0) -> dict:
+        """The first /stats snapshot the server took at or after `t` (time.time()): the loop refreshes it
+        once per housekeeping tick, so one read straight after a burst of requests can predate them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snap = self.stats()
+            if snap.get("time", 0) >= t:
+                return snap
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no /stats snapshot after {t} within {timeout_s} s (last: {snap.get('time')})")
+            time.sleep(0.05)
 
     def stderr(self) -> str:
         """What it wrote on stderr, once it has exited."""

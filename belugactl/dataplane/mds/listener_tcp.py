@@ -20,7 +20,11 @@ first takes the place of the OLDEST connection that has not settled yet (no HELL
 handshake finished, no work done), whatever its age, silent ones (nothing sent, nothing waiting
 to be read) before those whose first bytes are there: silent sockets that reconnect as soon as
 they are closed then cycle through the places among themselves, while a newcomer, which says
-HELLO at once, is passed over until it has settled. When every place is
+HELLO at once, is passed over until it has settled. A silent arrival takes only a silent one's
+place (it is closed when none is), and the listening socket defers accept() until a connection's
+first bytes are there (TCP_DEFER_ACCEPT, `DEFER_ACCEPT_S`; a silent one comes through after that
+long): a newcomer is never seen silent, so a flood of silent sockets cannot take its place between
+its connect and its HELLO. When every place is
 settled, a newcomer takes the place of a connection that has done no work (anything but PING and
 HELLO) for `evict_idle_after_s`: one that never worked first, the newest of those first (a
 flood's latest arrivals go before a client that held its place). Idle, ping-only and silent
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
 
 _FRAME = struct.Struct("<I")
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+DEFER_ACCEPT_S = 1  # TCP_DEFER_ACCEPT: how long a silent connection waits in the kernel before accept()
 
 
 @dataclass
@@ -156,6 +161,10 @@ class TcpListener(Listener):
         self.auth_required = self.server.auth_required(self.bind_address)
         self.credential = self.server.rack_credential(self.auth_required)
         self.sock = listen(self.bind_address, self.want_port, "RPC (TCP)")
+        # The kernel hands over a connection once its first bytes arrived (or after DEFER_ACCEPT_S of
+        # silence): a client that says HELLO at once is never seen silent, so a silent flood cannot take its place.
+        with contextlib.suppress(AttributeError, OSError):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT_S)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self.server.selector.register(self.sock, selectors.EVENT_READ, self._on_listen)
@@ -193,7 +202,7 @@ class TcpListener(Listener):
                 self._pause_accepting()
             return
         now = time.monotonic()
-        if len(self.conns) >= self.limits.max_connections and not self._make_room(now):
+        if len(self.conns) >= self.limits.max_connections and not self._make_room(now, _bytes_waiting(sock)):
             self.refused_over_cap += 1
             sock.close()
             return
@@ -207,16 +216,20 @@ class TcpListener(Listener):
         self.conns[sock.fileno()] = conn
         self._watch(conn)
 
-    def _make_room(self, now: float) -> bool:
-        """At the cap: close the oldest connection that has not settled, else an idle one (the docstring)."""
+    def _make_room(self, now: float, speaks: bool = True) -> bool:
+        """At the cap: close the oldest connection that has not settled, else an idle one (the docstring).
+        `speaks`: the arrival's first bytes are there; a silent arrival takes only a silent one's place."""
         unsettled = sorted((c for c in self.conns.values() if not c.settled), key=lambda c: c.since)
         if not unsettled:
             return self._evict_one_idle(now)
         # A silent one first: a client whose first bytes wait (read or not yet), or that is halfway through
         # the handshake, is saying HELLO.
         victim = next(
-            (c for c in unsettled if not c.rx and c.gate != _PROVING and not _bytes_waiting(c.sock)), unsettled[0]
+            (c for c in unsettled if not c.rx and c.gate != _PROVING and not _bytes_waiting(c.sock)),
+            unsettled[0] if speaks else None,
         )
+        if victim is None:
+            return False
         self.displaced_unsettled += 1
         self.refused_over_cap += 1
         self._drop(victim)
