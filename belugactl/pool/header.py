@@ -315,6 +315,35 @@ def diff(ours: PoolHeader, theirs: PoolHeader, *, include_runtime: bool = False)
     return out
 
 
+GEOMETRY_FIELDS = (
+    "format_version", "pool_size", "align", "rpc_offset", "rpc_ring_stride", "rpc_slots_per_ring",
+    "rpc_slot_size", "journal_offset", "journal_size", "shared_kv_offset", "shared_kv_size",
+)  # fmt: skip
+
+
+def describe_change(ours: PoolHeader, theirs: PoolHeader) -> list[str]:
+    """What an operator changed between the pool's header (`theirs`) and the manifest's (`ours`), in
+    their words: hosts added, removed or reordered, ring count, geometry, or only who owns which ring."""
+    mine, found = [h.name for h in ours.hosts], [h.name for h in theirs.hosts]
+    out: list[str] = []
+    if added := [n for n in mine if n not in found]:
+        out.append("host(s) added: " + ", ".join(added))
+    if removed := [n for n in found if n not in mine]:
+        out.append("host(s) removed: " + ", ".join(removed))
+    if not added and not removed and mine != found:
+        out.append("hosts listed in another order")
+    a, b = ours.to_dict(), theirs.to_dict()
+    if a["rpc_ring_count"] != b["rpc_ring_count"]:
+        out.append(f"CXL-RPC rings {b['rpc_ring_count']} -> {a['rpc_ring_count']} (vLLM processes added or removed)")
+    if geometry := [f for f in GEOMETRY_FIELDS if a[f] != b[f]]:
+        out.append("pool geometry: " + ", ".join(geometry))
+    if not out and a["pool_uuid"] != b["pool_uuid"]:
+        out.append("another pool uuid (another rack's pool, or the namespace uuid changed)")
+    if not out and a["layout_hash"] != b["layout_hash"]:
+        out.append("which vLLM process owns which ring (instance counts or tensor-parallel sizes)")
+    return out
+
+
 def pool_uuid(manifest: Manifest) -> str:
     """The namespace uuid the manifest pins; without one, a uuid derived from the rack name."""
     if manifest.pool.namespace is not None:

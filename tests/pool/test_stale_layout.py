@@ -68,3 +68,24 @@ def test_setup_names_the_ring_count_in_its_refusal() -> None:
     err = HeaderMismatch("/dev/dax0.0", [("layout_hash", "aa", "bb"), ("rpc_ring_count", 6, 4)])
     assert "it has 4 CXL-RPC rings where this manifest needs 6 (one per vLLM process)" in err.what
     assert "older belugactl" in err.what and "--force" in err.fix
+
+
+def test_a_refused_header_says_what_the_operator_changed_and_what_force_drops() -> None:
+    """Hosts added, removed or renamed and a ring count, named from the two headers (setup's refusal)."""
+    from dataclasses import replace
+
+    from belugactl.model.layout import resolve_layout
+    from belugactl.pool import header as hdr
+    from belugactl.workflows.setup.topics.header import HeaderMismatch
+
+    manifest = load_manifest(CPU_DEMO)
+    theirs = hdr.PoolHeader.from_layout(manifest, resolve_layout(manifest), created_by="a")
+    assert hdr.describe_change(theirs, theirs) == []
+    renamed = replace(theirs, hosts=(replace(theirs.hosts[0], name="gpu-new"), *theirs.hosts[1:]))
+    change = hdr.describe_change(renamed, theirs)
+    assert change == ["host(s) added: gpu-new", f"host(s) removed: {theirs.hosts[0].name}"], change
+    older = hdr.PoolHeader.from_layout(manifest, legacy_layout(manifest), created_by="a")
+    assert any(c.startswith("CXL-RPC rings ") for c in hdr.describe_change(theirs, older))
+    err = HeaderMismatch("/dev/dax0.0", hdr.diff(renamed, theirs), change)
+    assert "what changed: host(s) added: gpu-new; host(s) removed" in err.what
+    assert "every cached KV block is dropped" in err.why and err.to_dict()["change"] == change

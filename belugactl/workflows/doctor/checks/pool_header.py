@@ -82,8 +82,11 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
             ctx.expect.manifest, ctx.expect.layout, found.layout_hash, found.geometry.ring_count,
             same_pool=found.pool_uuid == ours.pool_uuid,
         )  # fmt: skip
+        change = header_mod.describe_change(ours, found)
+        details["change"] = change
+        changed = f"; what changed: {'; '.join(change)}" if change and not note else ""
         return CheckResult.fail(
-            f"the pool header disagrees with this manifest{': ' + note if note else ''} ({shown}{more}): "
+            f"the pool header disagrees with this manifest{': ' + note if note else ''}{changed} ({shown}{more}): "
             "serving would corrupt other hosts' data",
             ("" if note else "use the rack's manifest (the same file on every host); ")
             + "only if the pool holds nothing worth keeping, re-initialize it: "

@@ -32,8 +32,9 @@ ID = "header"
 class HeaderMismatch(BelugaError):
     """The pool's header disagrees with this host's manifest; nothing was changed."""
 
-    def __init__(self, device: str, rows: list[tuple[str, Any, Any]]) -> None:
+    def __init__(self, device: str, rows: list[tuple[str, Any, Any]], change: list[str] | None = None) -> None:
         self.rows = rows
+        self.change = change or []
         table = "\n".join(f"{name}: manifest {_show(ours)}, pool {_show(theirs)}" for name, ours, theirs in rows)
         rings = next(((a, b) for n, a, b in rows if n == "rpc_ring_count" and int(a) > int(b)), None)
         why_rings = (
@@ -42,17 +43,29 @@ class HeaderMismatch(BelugaError):
             if rings
             else ""
         )
+        changed = f"; what changed: {'; '.join(self.change)}" if self.change else ""
         super().__init__(
-            f"the pool header on {device} disagrees with this host's manifest ({len(rows)} field(s)){why_rings}",
-            why=table,
+            f"the pool header on {device} disagrees with this host's manifest ({len(rows)} field(s)){why_rings}"
+            f"{changed}",
+            why=f"{table}\n{DROPPED}",
             fix="use the manifest the pool was created with; or, to re-create the pool and DISCARD its contents "
             "on every host, rerun with --force",
         )
 
     def to_dict(self) -> dict[str, object]:
         data = super().to_dict()
+        data["change"] = list(self.change)
         data["diff"] = [{"field": n, "manifest": _show(a), "pool": _show(b)} for n, a, b in self.rows]
         return data
+
+
+# What a header rewrite costs, said wherever one is refused. The layout hash covers the host list, each
+# host's partition and each ring's owner; no membership table keeps the cache across a change of them yet.
+DROPPED = (
+    "the layout hash covers the host list, each host's partition and each ring's owner, and belugactl has no "
+    "membership table yet that keeps the cache across a change of them (docs/serving.md, \"Day two\"): with "
+    "--force the header is rewritten and every cached KV block is dropped (vLLM recomputes them)"
+)
 
 
 def _show(value: Any) -> str:
@@ -65,6 +78,7 @@ class HeaderVerdict:
     rows: tuple[tuple[str, Any, Any], ...] = ()
     reason: str | None = None
     claim: int = 0
+    change: tuple[str, ...] = ()  # "differs": what the operator changed, in their words
 
 
 def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
@@ -78,7 +92,9 @@ def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
     except InputError as exc:
         return HeaderVerdict("corrupt", reason=exc.what)
     rows = hdr.diff(spec.ours, theirs)
-    return HeaderVerdict("differs", rows=tuple(rows)) if rows else HeaderVerdict("match")
+    if not rows:
+        return HeaderVerdict("match")
+    return HeaderVerdict("differs", rows=tuple(rows), change=tuple(hdr.describe_change(spec.ours, theirs)))
 
 
 def _blank_or_occupied(found: bytes) -> HeaderVerdict:
@@ -202,7 +218,7 @@ def _rewrite(verdict: HeaderVerdict, device: str, after: str) -> Step:
             "(this DISCARDS the pool's contents)",
         )
         if verdict.state == "corrupt"
-        else HeaderMismatch(device, list(verdict.rows))
+        else HeaderMismatch(device, list(verdict.rows), list(verdict.change))
     )
     return Step(
         id="header.rewrite",
@@ -330,7 +346,7 @@ def _await_winner(window: PoolMapping, spec: HeaderSpec, device: str, wait_s: fl
         if verdict.state == "match":
             return HeaderOutcome(wrote=False, claim=claim)
         if verdict.state == "differs":
-            raise HeaderMismatch(device, list(verdict.rows))
+            raise HeaderMismatch(device, list(verdict.rows), list(verdict.change))
         if verdict.state == "corrupt":
             raise StepFailed(f"the pool header on {device} is unreadable: {verdict.reason}")
         if time.monotonic() >= deadline:
