@@ -56,6 +56,7 @@ from belugactl.dataplane.mds.allocator import CHUNK, Allocation, Allocator, FitP
 from belugactl.dataplane.mds.ownership import new_token
 from belugactl.dataplane.mds.quotas import LeaseRoom, Quota, QuotaLimits, Quotas, Tenant, Tenants, TenantSpec
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
+from belugactl.dataplane.mds.sharded import ShardedMap
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
 
@@ -92,6 +93,7 @@ class Entry:
     id: int = 0  # names the entry in the native lookup mirror's lease log
     checksum: int | None = None  # CRC32C of the block as its writer committed it (None: not given)
     slot: int = -1  # its place in KVIndex.slab while it is visible
+    gen: Any = None  # its tenant's LRU generation while it is in the LRU (mds/sharded.py)
 
 
 @dataclass(slots=True)
@@ -188,7 +190,7 @@ class KVIndex:
         self.ns_id_bound = 0  # highest namespace id ever issued (ids are not reused)
         self._ns_live: dict[int, int] = {}  # namespace id -> entries + reservations
         self._ns_empty: dict[int, float] = {}  # empty namespaces -> when last used, oldest first
-        self.entries: dict[Key, Entry] = {}
+        self.entries: ShardedMap = ShardedMap()  # Key -> Entry (mds/sharded.py: no doubling pause)
         self.pending: dict[int, Pending] = {}
         self.pending_keys: dict[Key, int] = {}
         # lease id -> the entries it holds; deadlines live in _lease_q (one TTL, so in order).
@@ -204,7 +206,7 @@ class KVIndex:
         self._burst_head = 0
         self.burst_leases = 0
         self._entry_ids = itertools.count(1)
-        self.by_id: dict[int, Entry] = {}
+        self.by_id: ShardedMap = ShardedMap()  # entry id -> Entry
         # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
         self.mirror: Any = None
         self.mirror_misses = 0  # keys too long to mirror (lookups of them take the Python path)
@@ -235,13 +237,13 @@ class KVIndex:
         # GET_MANY naming one key many times holds one lease for it, not one per repeat.
         self._memo: dict[Key, int] | None = None
         self._memo_reused: dict[int, int] = {}
-        self._ns_keys: dict[int, dict[bytes, Entry]] = {}  # namespace id -> its committed entries
+        self._ns_keys: dict[int, ShardedMap] = {}  # namespace id -> its committed entries (key -> Entry)
         self._doomed: dict[Key, Entry] = {}  # cleared (invisible) entries whose removal is pending
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
         self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
         # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
         # than a chunk): which entries share a chunk, for eviction that empties whole chunks.
-        self._at: dict[int, Entry] = {}
+        self._at: ShardedMap = ShardedMap()
         # Every visible entry at a place that never moves (freed places are reused): a walk over it in
         # steps sees each entry once, whatever changes between the steps (the journal's rewrite).
         self.slab: list[Entry | None] = []
@@ -346,7 +348,7 @@ class KVIndex:
         self.ns_names[ns] = name
         self._ns_live[ns] = 0
         self._ns_empty[ns] = self.clock()
-        self._ns_keys[ns] = {}
+        self._ns_keys[ns] = ShardedMap()
         tenant = self._tenant_of_name(name)
         self._ns_tenant[ns] = tenant
         tenant.namespaces += 1
@@ -452,7 +454,7 @@ class KVIndex:
         for e in found:
             e.leases += 1
             leased += e.alloc.nbytes
-            lru.move_to_end(e.key)
+            lru.touch(e)
         self.counters.leased_bytes += leased
         lease = self.next_lease
         self.next_lease = lease + 1
@@ -498,7 +500,7 @@ class KVIndex:
             self._place(e)
             self._slab_add(e)
             tenant = self._ns_tenant[k[0]]
-            tenant.lru[k] = e
+            tenant.lru.add(e)
             tenant.stored_bytes += alloc.nbytes
             self._ns_keys[k[0]][k[1]] = e
             self.by_id[e.id] = e
@@ -552,7 +554,7 @@ class KVIndex:
             e = by_id[x]
             e.leases += words[i + 1]
             leased += words[i + 1] * e.alloc.nbytes
-            ns_tenant[e.key[0]].lru.move_to_end(e.key)
+            ns_tenant[e.key[0]].lru.touch(e)
         self.counters.leased_bytes += leased
         self._bursts.append(
             _LeaseBurst(first, last, self.clock() + self.config.lease_ttl_s, log, per_entry, count, rings)
@@ -696,7 +698,7 @@ class KVIndex:
         self._place(e)
         self._slab_add(e)
         tenant = p.tenant or self.tenants.default
-        tenant.lru[p.key] = e
+        tenant.lru.add(e)
         tenant.stored_bytes += p.alloc.nbytes
         self._ns_keys[p.key[0]][p.key[1]] = e
         self.by_id[e.id] = e
@@ -732,7 +734,7 @@ class KVIndex:
         keys = self._ns_keys[ns]
         if not keys:
             return 0
-        self._ns_keys[ns] = {}
+        self._ns_keys[ns] = ShardedMap()
         tenant = self._ns_tenant[ns]
         entries, lru, doomed = self.entries, tenant.lru, self._doomed
         mirror = self.mirror
@@ -741,7 +743,7 @@ class KVIndex:
             k = (ns, key)
             del entries[k]
             self._slab_del(e)
-            lru.pop(k, None)
+            lru.discard(e)
             stored += e.alloc.nbytes
             if mirror is not None:
                 self._mirror_del(mirror, ns, key)
@@ -795,7 +797,7 @@ class KVIndex:
         del self.entries[e.key]
         self._slab_del(e)
         tenant = self._ns_tenant[e.key[0]]
-        if tenant.lru.pop(e.key, None) is not None:
+        if tenant.lru.discard(e):
             tenant.stored_bytes -= e.alloc.nbytes
             if why == WHY_EVICTED:
                 tenant.evicted += 1

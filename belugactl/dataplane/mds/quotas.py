@@ -24,8 +24,9 @@ namespaces (QUOTA). Its weight is its fair share of the shared KV area under pre
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from belugactl.dataplane.mds.sharded import GenerationLRU
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class Tenant:
         self.stored_bytes = 0
         self.connections = 0
         self.namespaces = 0
-        self.lru: OrderedDict = OrderedDict()  # its committed, live entries; cold end first
+        self.lru = GenerationLRU()  # its committed, live entries; cold end first
         self.refused = {"leases": 0, "reserved_bytes": 0, "stored_bytes": 0, "connections": 0, "namespaces": 0}
         self.evicted = 0
         self.evicted_bytes = 0

@@ -1,0 +1,134 @@
+"""The index's maps that grow without a pause (mds/sharded.py): a ShardedMap answers as a dict does and
+its shards never double all at once; a GenerationLRU keeps exactly an OrderedDict's order while its
+generations stay few and small. Model-based: the same random operations on both, compared."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import OrderedDict
+
+import pytest
+
+from belugactl.dataplane.mds import sharded
+from belugactl.dataplane.mds.sharded import SHARDS, SPLIT_AT, GenerationLRU, ShardedMap
+
+
+def test_a_sharded_map_answers_as_a_dict_does() -> None:
+    rng = random.Random(7)
+    m, d = ShardedMap(), {}
+    keys = [(rng.randrange(4), rng.randbytes(8)) for _ in range(300)] + list(range(0, 300 << 21, 1 << 21))
+    for _ in range(20_000):
+        k = rng.choice(keys)
+        op = rng.randrange(5)
+        if op == 0:
+            m[k] = d[k] = rng.random()
+        elif op == 1:
+            assert m.pop(k, None) == d.pop(k, None)
+        elif op == 2:
+            assert m.get(k) == d.get(k) and (k in m) == (k in d)
+        elif op == 3 and k in d:
+            del m[k], d[k]
+        else:
+            assert len(m) == len(d) and bool(m) == bool(d)
+    assert m == d and dict(m.items()) == d and sorted(m.values()) == sorted(d.values()) and set(m) == set(d)
+    with pytest.raises(KeyError):
+        m[("absent", b"")]
+    m.clear()
+    assert not m and len(m) == 0
+
+
+@pytest.mark.parametrize("keys", ["sequential ids", "2 MiB offsets", "block keys"])
+def test_keys_spread_over_every_shard_in_their_shares(keys: str) -> None:
+    n = 200_000
+    make = {
+        "sequential ids": lambda i: i + 1,
+        "2 MiB offsets": lambda i: i << 21,
+        "block keys": lambda i: (3, i.to_bytes(8, "little") * 4),
+    }[keys]
+    m = ShardedMap()
+    for i in range(n):
+        m[make(i)] = i
+        if i == SPLIT_AT - 1:
+            assert len(m._dicts) == 1  # one dict until SPLIT_AT keys
+    assert len(m._dicts) == SHARDS and len(m) == n
+    sizes = [len(d) for d in m._dicts]
+    assert max(sizes) <= 2.2 * n / SHARDS and min(sizes) >= 0.4 * n / SHARDS, (keys, min(sizes), max(sizes))
+    assert all(m[make(i)] == i for i in range(0, n, 997))
+
+
+def test_a_batch_of_inserts_copies_a_few_percent_of_the_map_at_most() -> None:
+    """Batches of 500 inserts (a COMMIT_MANY) of sequential entry ids, evenly spread keys: shards of
+    equal shares would all double in the same batch (copying the whole map, as one dict does); the
+    staggered shares spread the doublings out. What a batch's doublings copy, against the map's size."""
+    m = ShardedMap()
+    sizes = [sys.getsizeof(d) for d in m._dicts]
+    worst = 0.0
+    for start in range(0, 400_000, 500):
+        for i in range(start, start + 500):
+            m[i] = i
+        now = [sys.getsizeof(d) for d in m._dicts]
+        if len(now) == len(sizes) and start >= 50_000:
+            copied = sum(len(d) for d, a, b in zip(m._dicts, now, sizes, strict=True) if a != b)
+            worst = max(worst, copied / len(m))
+        sizes = now
+    assert worst <= 0.06, worst
+
+
+class _E:
+    __slots__ = ("key", "gen")
+
+    def __init__(self, key: int) -> None:
+        self.key, self.gen = key, None
+
+
+@pytest.fixture
+def small_generations(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sharded, "GENERATION", 16)
+    return 16
+
+
+def test_a_generation_lru_keeps_an_ordered_dicts_order(small_generations: int) -> None:
+    rng = random.Random(11)
+    lru, model = GenerationLRU(), OrderedDict()
+    live: dict[int, _E] = {}
+    for step in range(40_000):
+        op = rng.randrange(10)
+        k = rng.randrange(2_000)
+        if op < 4 and k not in live:
+            e = live[k] = _E(k)
+            lru.add(e)
+            model[k] = e
+        elif op < 7 and k in live:
+            lru.touch(live[k])
+            model.move_to_end(k)
+        elif op < 9 and k in live:
+            assert lru.discard(live.pop(k))
+            del model[k]
+        elif k not in live:
+            assert not lru.discard(_E(k))
+        if step % 997 == 0:
+            assert [e.key for e in lru.values()] == list(model) and list(lru) == list(model)
+        assert len(lru) == len(model)
+    assert [e.key for e in lru.values()] == list(model)
+    # Few generations for what they hold: neighbours that would fit half a generation were merged.
+    assert lru.generations <= 8 * len(model) / small_generations + 2, (lru.generations, len(model))
+
+
+def test_a_cold_straggler_per_generation_does_not_pile_up_generations(small_generations: int) -> None:
+    """The adversarial pattern: every generation left with one cold entry, the rest touched away."""
+    lru = GenerationLRU()
+    entries = [_E(k) for k in range(small_generations * 200)]
+    for e in entries:
+        lru.add(e)
+    for i, e in enumerate(entries):
+        if i % small_generations:
+            lru.touch(e)  # all but one of each generation move to the hot end
+    cold = [e.key for e in entries[:: small_generations]]
+    assert [e.key for e in lru.values()][: len(cold)] == cold  # still exactly in LRU order
+    for i, e in enumerate(entries):
+        if i % small_generations:
+            assert lru.discard(e)
+    assert [e.key for e in lru.values()] == cold and len(lru) == len(cold)
+    # 200 stragglers, one per generation they were added in: merged, not 200 generations of one.
+    assert lru.generations <= 8 * len(lru) / small_generations + 2, lru.generations
