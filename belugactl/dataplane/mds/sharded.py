@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 SHARDS = 128
@@ -61,14 +61,12 @@ class ShardedMap:
 
     __slots__ = ("_dicts", "_rot", "_small", "_rotation")
 
-    def __init__(self, items: Iterable[tuple[Any, Any]] = ()) -> None:
+    def __init__(self) -> None:
         one: dict = {}
         self._dicts: list[dict] = [one]
         self._rot: list[dict] = [one] * SHARDS
         self._small = True
         self._rotation = (next(_maps) * 37) % SHARDS
-        for k, v in items:
-            self[k] = v
 
     def _split(self) -> None:
         (one,) = self._dicts
@@ -78,9 +76,8 @@ class ShardedMap:
         for k, v in one.items():
             self[k] = v
 
-    def shard(self, k: Any) -> dict:
-        return self._rot[_TABLE[((hash(k) * _MIX) & _M64) >> _SHIFT]]
-
+    # Each operation picks its shard inline (the same expression every time): a helper call would
+    # cost as much again on the index's hottest paths.
     def __getitem__(self, k: Any) -> Any:
         return self._rot[_TABLE[((hash(k) * _MIX) & _M64) >> _SHIFT]][k]
 
@@ -111,9 +108,6 @@ class ShardedMap:
     def __iter__(self) -> Iterator[Any]:
         return itertools.chain.from_iterable(self._dicts)
 
-    def keys(self) -> Iterator[Any]:
-        return iter(self)
-
     def values(self) -> Iterator[Any]:
         return itertools.chain.from_iterable(d.values() for d in self._dicts)
 
@@ -129,8 +123,6 @@ class ShardedMap:
             return len(self) == len(other) and all(k in other and other[k] == v for k, v in self.items())
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"ShardedMap({len(self)} entries)"
 
@@ -141,6 +133,10 @@ class _Gen(dict):
     __slots__ = ("seq",)
 
 
+def _seq(g: _Gen) -> int:
+    return g.seq
+
+
 class GenerationLRU:
     """key -> entry, cold end first, for entries with a `gen` attribute (see the module's docstring).
 
@@ -148,13 +144,12 @@ class GenerationLRU:
     takes it out (False when it was not in). `values()` walks cold to hot; it must not be changed
     while walked (as with an OrderedDict)."""
 
-    __slots__ = ("_gens", "_seqs", "_cur", "_n", "_next_seq")
+    __slots__ = ("_gens", "_cur", "_n", "_next_seq")
 
     def __init__(self) -> None:
         self._n = 0
         self._next_seq = 0
-        self._gens: list[_Gen] = []  # oldest first
-        self._seqs: list[int] = []  # their seqs, for bisect
+        self._gens: list[_Gen] = []  # oldest first (ascending seq)
         self._cur = self._new_gen()
 
     def _new_gen(self) -> _Gen:
@@ -162,7 +157,6 @@ class GenerationLRU:
         g.seq = self._next_seq
         self._next_seq += 1
         self._gens.append(g)
-        self._seqs.append(g.seq)
         self._cur = g
         return g
 
@@ -209,9 +203,9 @@ class GenerationLRU:
         n = len(g)
         if n >= GENERATION // 4:
             return
-        i = bisect.bisect_left(self._seqs, g.seq)
+        i = bisect.bisect_left(self._gens, g.seq, key=_seq)
         if not n:
-            del self._gens[i], self._seqs[i]
+            del self._gens[i]
             return
         half = GENERATION // 2
         if i > 0 and len(self._gens[i - 1]) + n <= half:
@@ -227,7 +221,7 @@ class GenerationLRU:
         merged = _Gen(older)
         merged.update(newer)
         self._place(i + 1, merged, newer.seq)
-        del self._gens[i], self._seqs[i]
+        del self._gens[i]
 
     def _place(self, i: int, g: _Gen, seq: int) -> None:
         g.seq = seq

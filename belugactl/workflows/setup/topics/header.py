@@ -43,7 +43,8 @@ class HeaderMismatch(BelugaError):
             if rings
             else ""
         )
-        changed = f"; what changed: {'; '.join(self.change)}" if self.change else ""
+        # The ring count's own explanation above already says what changed; the list would repeat it.
+        changed = f"; what changed: {'; '.join(self.change)}" if self.change and not rings else ""
         super().__init__(
             f"the pool header on {device} disagrees with this host's manifest ({len(rows)} field(s)){why_rings}"
             f"{changed}",
