@@ -1,4 +1,5 @@
-"""`belugactl pool show|inspect|create-file`: the manifest's pool map, the pool as it is on media, a file pool."""
+"""`belugactl pool show|inspect|create-file|members`: the manifest's pool map, the pool as it is on media, a
+file pool, and a capacity pool's membership."""
 
 from __future__ import annotations
 
@@ -148,6 +149,35 @@ def register(app: typer.Typer) -> None:
         # The header differs from the manifest: the pool is not the one this manifest describes.
         if doc["manifest"] is not None and not doc["manifest"]["matches"]:
             raise typer.Exit(code=1)
+
+    @pool.command("members")
+    def members_cmd(
+        path: Path = typer.Argument(..., metavar="POOL", help="The pool file."),
+        file: Path = file_option(),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Show the change; write nothing."),
+        force: bool = typer.Option(False, "--force", help="Also move hosts whose partition slot changes."),
+        as_json: bool = json_option(),
+    ) -> None:
+        """Record FILE's hosts in a pool file laid out with layout.capacity, in place: every cached
+        block stays. (`belugactl setup` does this for a device pool.)"""
+        from belugactl.cli.load_rack import rack_context
+        from belugactl.workflows.pool_members import record_file_members
+
+        rack = rack_context(file, as_json=as_json)
+        outcome = record_file_members(path, rack, dry_run=dry_run, force=force)
+        if as_json:
+            from belugactl.cli.render import print_json
+
+            print_json(outcome.to_dict())
+            return
+        if outcome.change is None:
+            print(f"pool {path}: its membership is this manifest's already")
+            return
+        verb = "would record" if outcome.written is None else "recorded"
+        version = outcome.change.version + 1
+        print(f"pool {path}: {verb} membership version {version}, keeping every cached KV block:")
+        for line in outcome.change.lines():
+            print(f"  {line}")
 
     app.add_typer(pool, name="pool")
 

@@ -16,6 +16,12 @@ sized so that a few variable MTRRs (caching.kv_mtrrs) cover it exactly, as pool 
 
 Without a split nothing of this applies and the layout (and its hash) is what it always was.
 
+With layout.capacity (format 2) the pool is laid out for a fixed number of host slots and CXL-RPC
+rings per slot, whoever uses them: a host's partition is its slot's, its processes take the rings
+`slot * rings_per_host` onwards, and the layout hash covers only this geometry. Who sits in which
+slot (the membership) is the header's host table, rewritten in place by setup when hosts or
+processes change (pool/membership.py): no region moves, so no cached block is dropped.
+
 CXL-RPC rings: a ring has exactly one client, and every vLLM process holds a client of its own (a
 connector object each: the scheduler's, and one per tensor-parallel worker), so the layout allots
 one ring per process: for each instance on each worker host, `scheduler`, then `worker0` ..
@@ -39,6 +45,8 @@ from belugactl.units import align_down, align_up, format_size
 
 # Bumped whenever the meaning of any offset changes; part of the layout hash and the header.
 FORMAT_VERSION = 1
+# The capacity layout (layout.capacity): fixed slots and rings, membership outside the hash.
+CAPACITY_FORMAT_VERSION = 2
 # RPC rings start on page boundaries so one client's ring never shares a page with another's.
 RING_ALIGN = 4096
 
@@ -173,6 +181,9 @@ class PoolLayout:
     partitions: tuple[Partition, ...]
     clients: tuple[Client, ...]
     format_version: int = FORMAT_VERSION
+    # layout.capacity: (host slots, rings per slot), and every slot's extent, free ones too.
+    capacity: tuple[int, int] | None = None
+    slots: tuple[Extent, ...] = ()
     # With a split: {"kv": "uncachable", "control": "write-back"}; None: one type for the whole pool
     # (caching.pool_memory_type), which is not the layout's business.
     memory_types: tuple[tuple[str, str], ...] | None = None
@@ -183,9 +194,10 @@ class PoolLayout:
 
     @property
     def used(self) -> int:
+        parts = self.slots or self.partitions
         if self.split:  # the areas' bytes: the gap that aligns the KV area is unused
-            return self.metadata.end + self.shared_kv.size + sum(p.size for p in self.partitions)
-        return self.partitions[-1].end if self.partitions else self.shared_kv.end
+            return self.metadata.end + self.shared_kv.size + sum(p.size for p in parts)
+        return parts[-1].end if parts else self.shared_kv.end
 
     @property
     def split(self) -> bool:
@@ -235,10 +247,18 @@ class PoolLayout:
 
     @property
     def spare_rings(self) -> range:
+        if self.capacity is not None:
+            return range(self.capacity[0] * self.capacity[1], self.rpc.ring_count)
         return range(len(self.clients), self.rpc.ring_count)
+
+    def slot_of(self, host: str) -> int:
+        """The slot (capacity layout) or list position of a host's partition."""
+        return self.partition_for(host).index
 
     def canonical(self) -> dict[str, Any]:
         """Everything that two hosts must agree on, and nothing else (no names of display rows)."""
+        if self.capacity is not None:
+            return self._capacity_canonical()
         return {
             "format_version": self.format_version,
             "pool_size": self.pool_size,
@@ -262,6 +282,39 @@ class PoolLayout:
             # Only with a split, so a layout without one hashes as it always did.
             **({"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}),
         }
+
+    def _capacity_canonical(self) -> dict[str, Any]:
+        """The geometry only: who uses which slot and ring is the membership, not the layout."""
+        assert self.capacity is not None
+        return {
+            "format_version": self.format_version,
+            "pool_size": self.pool_size,
+            "align": self.align,
+            "header": [self.header.offset, self.header.size],
+            "metadata": [self.metadata.offset, self.metadata.size],
+            "rpc": [self.rpc.offset, self.rpc.ring_count, self.rpc.slots_per_ring, self.rpc.slot_size,
+                    self.rpc.ring_stride],
+            "journal": [self.journal.offset, self.journal.size],
+            "shared_kv": [self.shared_kv.offset, self.shared_kv.size],
+            "capacity": list(self.capacity),
+            "slots": [[e.offset, e.size] for e in self.slots],
+            **({"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}),
+        }
+
+    def partition_rows(self, detail: str = "") -> Iterator[Region]:
+        """A row per partition, and with a capacity a row per free slot too, in pool order."""
+        if self.capacity is None:
+            for p in self.partitions:
+                yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host,
+                             f"host {p.index}{detail}")
+            return
+        by_slot = {p.index: p for p in self.partitions}
+        for i, e in enumerate(self.slots):
+            p = by_slot.get(i)
+            if p is None:
+                yield Region(f"slot:{i}", "partition", e.offset, e.size, "-", f"slot {i}, free{detail}")
+            else:
+                yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"slot {i}{detail}")
 
     @cached_property
     def layout_hash(self) -> str:
@@ -287,15 +340,15 @@ class PoolLayout:
         )
         yield Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server", "index journal")
         yield Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts", "KV blocks")
-        for p in self.partitions:
-            yield Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}")
+        yield from self.partition_rows()
         if self.unused:
             yield Region("unused", "unused", self.used, self.unused, "-", "alignment tail")
 
     def _rings_detail(self) -> str:
+        room = (f" (room for {self.capacity[1]} a host slot)" if self.capacity is not None else "")
         return (
             f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B: "
-            f"{len(self.clients)} vLLM processes, {len(self.spare_rings)} spare"
+            f"{len(self.clients)} vLLM processes{room}, {len(self.spare_rings)} spare"
         )
 
     def _split_regions(self) -> Iterator[Region]:
@@ -312,8 +365,7 @@ class PoolLayout:
                    f"{self._rings_detail()}; {cpu}"),
             Region("journal", "journal", self.journal.offset, self.journal.size, "metadata server",
                    f"index journal; {cpu}"),
-            *(Region(f"partition:{p.host}", "partition", p.offset, p.size, p.host, f"host {p.index}; {control}")
-              for p in self.partitions),
+            *self.partition_rows(f"; {control}"),
             Region("shared-kv", "shared-kv", self.shared_kv.offset, self.shared_kv.size, "all hosts",
                    f"KV blocks; {kv}: {len(pieces)} MTRR piece(s) "
                    + ", ".join(f"{format_size(s)}@{o:#x}" for o, s in pieces)),
@@ -350,6 +402,9 @@ class PoolLayout:
             {"host": c.host, "instance": c.instance, "process": c.process, "ring": c.ring} for c in self.clients
         ]
         data["spare_rings"] = list(self.spare_rings)
+        if self.capacity is not None:
+            data["capacity"] = {"hosts": self.capacity[0], "rings_per_host": self.capacity[1]}
+            data["slots"] = [{"slot": i, "offset": e.offset, "size": e.size} for i, e in enumerate(self.slots)]
         data["unused"] = self.unused
         if self.memory_types is not None:
             data["kv_mtrr_pieces"] = [{"offset": o, "size": s} for o, s in self.kv_pieces]
@@ -380,8 +435,23 @@ def _clients(manifest: Manifest, *, per_process: bool) -> list[Client]:
     return clients
 
 
+def _capacity_clients(manifest: Manifest, rings_per_host: int) -> list[Client]:
+    """With a capacity: a host's processes take the rings of its slot, in the same order as above."""
+    clients: list[Client] = []
+    for host in manifest.hosts:
+        ring = manifest.slot_of(host) * rings_per_host
+        for instance in range(manifest.instances_on(host)):
+            for process in instance_processes(manifest, host):
+                clients.append(Client(host.name, instance, ring, process))
+                ring += 1
+    return clients
+
+
 def resolve_layout(manifest: Manifest) -> PoolLayout:
     """Derive the layout; raise LayoutDoesNotFit (an InputError) naming the field to change."""
+    cap = manifest.layout.capacity
+    if cap is not None:
+        return _resolve(manifest, _capacity_clients(manifest, cap.rings_per_host))
     return _resolve(manifest, _clients(manifest, per_process=True))
 
 
@@ -432,7 +502,8 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
     md = lay.metadata
 
     header = Extent(0, lay.header)
-    ring_count = len(clients) + md.spare_rings
+    cap = lay.capacity
+    ring_count = (cap.hosts * cap.rings_per_host if cap is not None else len(clients)) + md.spare_rings
     ring_stride = align_up(md.slots_per_ring * md.slot_size, RING_ALIGN)
     rpc = RpcArea(header.end, ring_count, md.slots_per_ring, md.slot_size, ring_stride)
     journal = Extent(align_up(rpc.offset + rpc.size, align), md.journal)
@@ -440,8 +511,10 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
 
     # Partition sizes: a host's own size, else the layout's size, else an equal split (below).
     fixed_sizes: list[int | None] = []
-    for host in manifest.hosts:
-        if host.partition_size is not None:
+    # With a capacity every slot is sized (manifest_rules keeps per-host sizes and "equal" out).
+    sized: list[Host | None] = list(manifest.hosts) if cap is None else [None] * cap.hosts
+    for host in sized:
+        if host is not None and host.partition_size is not None:
             fixed_sizes.append(host.partition_size)
         elif isinstance(lay.partition_size, int):
             fixed_sizes.append(lay.partition_size)
@@ -506,11 +579,7 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
     if manifest.caching.split:
         return _split_layout(manifest, clients, header, metadata, rpc, journal, sizes, shared_size)
     shared_kv = Extent(metadata.end, shared_size)
-    partitions: list[Partition] = []
-    offset = shared_kv.end
-    for index, (host, size) in enumerate(zip(manifest.hosts, sizes, strict=True)):
-        partitions.append(Partition(host.name, index, offset, size))
-        offset += size
+    partitions, slots, _ = _place_partitions(manifest, sizes, shared_kv.end)
     return PoolLayout(
         pool_size=pool_size,
         align=align,
@@ -519,9 +588,36 @@ def _resolve(manifest: Manifest, clients: list[Client]) -> PoolLayout:
         rpc=rpc,
         journal=journal,
         shared_kv=shared_kv,
-        partitions=tuple(partitions),
+        partitions=partitions,
         clients=tuple(clients),
+        **_capacity_fields(manifest, slots),
     )
+
+
+def _place_partitions(
+    manifest: Manifest, sizes: list[int], offset: int
+) -> tuple[tuple[Partition, ...], tuple[Extent, ...], int]:
+    """Lay the partitions (a capacity's slots) end to end from `offset`: the hosts' partitions, every
+    slot's extent (capacity only, else empty) and the end."""
+    cap = manifest.layout.capacity
+    extents: list[Extent] = []
+    for size in sizes:
+        extents.append(Extent(offset, size))
+        offset += size
+    if cap is None:
+        parts = [Partition(h.name, i, e.offset, e.size) for i, (h, e) in enumerate(zip(manifest.hosts, extents,
+                                                                                         strict=True))]
+        return tuple(parts), (), offset
+    parts = sorted((Partition(h.name, s, extents[s].offset, extents[s].size)
+                    for h in manifest.hosts if (s := manifest.slot_of(h)) < len(extents)), key=lambda p: p.index)
+    return tuple(parts), tuple(extents), offset
+
+
+def _capacity_fields(manifest: Manifest, slots: tuple[Extent, ...]) -> dict[str, Any]:
+    cap = manifest.layout.capacity
+    if cap is None:
+        return {}
+    return {"capacity": (cap.hosts, cap.rings_per_host), "slots": slots, "format_version": CAPACITY_FORMAT_VERSION}
 
 
 def split_geometry(shared_kv_offset: int, partition_offsets: list[int]) -> bool:
@@ -561,12 +657,8 @@ def _split_layout(
     pool_size = manifest.pool.size
     align = manifest.pool.align
     budget = manifest.caching.kv_mtrrs
-    partitions: list[Partition] = []
-    offset = metadata.end
-    for index, (host, size) in enumerate(zip(manifest.hosts, sizes, strict=True)):
-        partitions.append(Partition(host.name, index, offset, size))
-        offset += size
-    low = offset  # the KV area starts at or after the partitions
+    partitions, slots, low = _place_partitions(manifest, sizes, metadata.end)
+    # the KV area starts at or after the partitions
     explicit = isinstance(manifest.layout.shared_kv, int)
     best: tuple[int, int, int] | None = None  # (pieces, offset, size)
     granule = align
@@ -607,9 +699,10 @@ def _split_layout(
         rpc=rpc,
         journal=journal,
         shared_kv=Extent(kv_offset, kv_size),
-        partitions=tuple(partitions),
+        partitions=partitions,
         clients=tuple(clients),
         memory_types=(("kv", kinds["kv"]), ("control", kinds["control"])),
+        **_capacity_fields(manifest, slots),
     )
 
 

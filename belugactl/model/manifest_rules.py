@@ -25,6 +25,7 @@ def check_rules(m: Manifest) -> list[RuleProblem]:
     problems += _address_rules(m)
     problems += _pool_rules(m)
     problems += _layout_rules(m)
+    problems += _capacity_rules(m)
     problems += _serve_rules(m)
     problems += _tenant_rules(m)
     problems += etcd_candidate_problems(m)
@@ -243,6 +244,49 @@ def _layout_rules(m: Manifest) -> list[RuleProblem]:
                 "give shared_kv or partition_size (or every host's partition_size) a size",
             )
         )
+    return out
+
+
+def _capacity_rules(m: Manifest) -> list[RuleProblem]:
+    """layout.capacity: every host in a slot of its own, every host's processes within its rings."""
+    from belugactl.model.layout import instance_processes
+
+    cap = m.layout.capacity
+    out: list[RuleProblem] = []
+    if cap is None:
+        out += [
+            RuleProblem(("hosts", i, "slot"), "a slot needs layout.capacity", "add layout.capacity or remove slot")
+            for i, h in enumerate(m.hosts)
+            if h.slot is not None
+        ]
+        return out
+    if len(m.hosts) > cap.hosts:
+        out.append(RuleProblem(("layout", "capacity", "hosts"), f"{len(m.hosts)} hosts do not fit {cap.hosts} slots",
+                               "raise capacity.hosts (a new layout: setup --force) or remove hosts"))
+    if m.layout.partition_size == "equal":
+        out.append(RuleProblem(("layout", "partition_size"), "with layout.capacity partitions are one size per slot",
+                               "give partition_size a size (or leave it out: one pool.align unit per slot)"))
+    taken: dict[int, str] = {}
+    for i, host in enumerate(m.hosts):
+        if host.partition_size is not None:
+            out.append(RuleProblem(("hosts", i, "partition_size"), "with layout.capacity every slot has the layout's "
+                                   "partition_size", "remove it here; set layout.partition_size"))
+        slot = m.slot_of(host)
+        if slot >= cap.hosts:
+            out.append(RuleProblem(("hosts", i, "slot"), f"slot {slot} is outside capacity.hosts ({cap.hosts})",
+                                   f"use a slot from 0 to {cap.hosts - 1}"))
+        elif slot in taken:
+            out.append(RuleProblem(("hosts", i, "slot"), f"slot {slot} is already {taken[slot]}'s",
+                                   "give each host a slot of its own (a host without `slot` takes its place in the "
+                                   "list)"))
+        else:
+            taken[slot] = host.name
+        need = m.instances_on(host) * len(instance_processes(m, host))
+        if need > cap.rings_per_host:
+            out.append(RuleProblem(("hosts", i), f"{host.name} runs {need} vLLM processes (instances x (scheduler + "
+                                   f"workers)), more than capacity.rings_per_host ({cap.rings_per_host})",
+                                   "run fewer instances or workers here, or raise capacity.rings_per_host (a new "
+                                   "layout: setup --force)"))
     return out
 
 

@@ -397,6 +397,30 @@ class Metadata(Strict):
         return value
 
 
+class Capacity(Strict):
+    """What the pool is laid out for, whoever uses it now: host partition slots and CXL-RPC rings per
+    slot. With it, hosts, instance counts and tensor-parallel sizes change within these numbers
+    without moving a region (a membership change, docs/serving.md "Day two"); without it the layout
+    is sized to today's hosts and processes and any change of them is a new layout."""
+
+    hosts: Int
+    rings_per_host: Int
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: int) -> int:
+        if not 1 <= value <= MAX_HOSTS:
+            raise ValueError(f"capacity.hosts is between 1 and {MAX_HOSTS} (one CXL switch domain)")
+        return value
+
+    @field_validator("rings_per_host")
+    @classmethod
+    def _rings(cls, value: int) -> int:
+        if not 1 <= value <= 1024:
+            raise ValueError("capacity.rings_per_host is between 1 and 1024")
+        return value
+
+
 class Layout(Strict):
     header: Size = 2 * MiB
     metadata: Metadata = Metadata()
@@ -406,6 +430,7 @@ class Layout(Strict):
     # "Per-host partitions").
     shared_kv: SizeOrRest = "rest"
     partition_size: SizeOrEqual | None = None  # None: one pool.align unit per host
+    capacity: Capacity | None = None  # None: sized to today's hosts and processes
 
 
 # ---- hosts ----------------------------------------------------------------------------------
@@ -471,6 +496,7 @@ class Host(Strict):
     numa: Numa = Numa()
     gpus: Gpus = Gpus()
     partition_size: Size | None = None
+    slot: Int | None = None  # with layout.capacity: its partition slot (default: its place in the list)
     instances: Int | None = None  # overrides serve.vllm.instances_per_host
     block_size: Int | None = None  # overrides serve.vllm.block_size for this host's platform
     metadata_transport: Literal["cxl", "tcp"] | None = None  # overrides serve.metadata.transport for this host
@@ -977,6 +1003,10 @@ class Manifest(Strict):
     def metadata_host(self) -> Host | None:
         found = [h for h in self.hosts if "metadata" in h.roles]
         return found[0] if len(found) == 1 else None
+
+    def slot_of(self, host: Host) -> int:
+        """A host's partition slot with layout.capacity: `slot`, else its place in the host list."""
+        return host.slot if host.slot is not None else self.hosts.index(host)
 
     def instances_on(self, host: Host) -> int:
         """vLLM instances (CXL-RPC clients) a host runs: workers only."""

@@ -140,6 +140,20 @@ class WritePoolHeader:
         return f"{verb} the pool header at offset 0 of {self.device}"
 
 
+@dataclass(frozen=True)
+class WritePoolMembership:
+    """Rewrite the pool header's host table in place (a capacity layout's membership): no region
+    moves, the claim and epoch lines are not touched."""
+
+    kind: ClassVar[str] = "write-pool-membership"
+    device: str
+    version: int  # the membership version the plan saw; another is refused
+
+    def display(self) -> str:
+        return f"record the rack's membership (version {self.version} -> {self.version + 1}) in the pool header of " \
+            f"{self.device}"
+
+
 class Action(Protocol):
     """What every action is: a frozen dataclass with a JSON `kind` and its exact command for display.
 

@@ -33,8 +33,14 @@ Byte layout (all integers little-endian; docs/pool-format.md has the same table)
     256  8  EPOCH (u64)                 alone in its cache line (256..319), bumped by each metadata-server start
     320  8  shared KV offset (u64)
     328  8  shared KV size (u64)
-    336 48  reserved, zero
+    336  8  membership version (u64)    format 2 only (layout.capacity), else zero: bumped by each rewrite
+    344  8  membership epoch (u64)      format 2 only: the EPOCH when the membership was last written
+    352 32  reserved, zero
     384 64*N host table: name (48 bytes, UTF-8, NUL padded), partition offset (u64), partition size (u64)
+
+Format 2 (a layout with a capacity, model/layout.py) has the same record; its layout hash covers the
+geometry only, and its host table (who sits in which partition slot) is the rack's membership, which
+setup rewrites in place when hosts change (pool/membership.py). Format 1's hash covers the hosts too.
 
 Outside the record, still in the header region: the rings' doorbells, a byte per ring from
 DOORBELL_OFFSET (1 MiB; pool/geometry.py), bumped by clients, read by the server, never in the crc.
@@ -51,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from belugactl.errors import InputError, PoolMismatch
-from belugactl.model.layout import FORMAT_VERSION, PoolLayout
+from belugactl.model.layout import CAPACITY_FORMAT_VERSION, FORMAT_VERSION, PoolLayout
 from belugactl.model.manifest_schema import HOST_NAME_MAX, MAX_HOSTS, Manifest
 from belugactl.pool import geometry as geometry_mod
 from belugactl.pool.geometry import PoolGeometry
@@ -73,6 +79,9 @@ _LIVE_RANGES = ((CLAIM_OFFSET, CLAIM_OFFSET + 64), (EPOCH_OFFSET, EPOCH_OFFSET +
 
 _IDENTITY = struct.Struct("<8sIIII16s32sQQQ48sQQIIIIQQ")  # bytes 0..192
 _SHARED = struct.Struct("<QQ")  # bytes 320..336
+_MEMBERS = struct.Struct("<QQ")  # bytes 336..352: membership version and epoch (format 2)
+MEMBERS_OFFSET = 336
+READABLE_VERSIONS = (FORMAT_VERSION, CAPACITY_FORMAT_VERSION)
 _ENTRY = struct.Struct(f"<{NAME_FIELD}sQQ")
 _U64 = struct.Struct("<Q")
 assert _IDENTITY.size == CLAIM_OFFSET and _ENTRY.size == HOST_ENTRY_SIZE
@@ -97,6 +106,8 @@ class PoolHeader:
     hosts: tuple[HostEntry, ...]
     epoch: int = 0
     claim: int = 0
+    members_version: int = 0  # format 2: how many times the membership was written
+    members_epoch: int = 0  # format 2: the pool epoch at its last write
 
     # ---- building ------------------------------------------------------------------------
     @classmethod
@@ -165,6 +176,7 @@ class PoolHeader:
         _U64.pack_into(buf, CLAIM_OFFSET, self.claim)
         _U64.pack_into(buf, EPOCH_OFFSET, self.epoch)
         _SHARED.pack_into(buf, 320, g.shared_kv_offset, g.shared_kv_size)
+        _MEMBERS.pack_into(buf, MEMBERS_OFFSET, self.members_version, self.members_epoch)
         for i, host in enumerate(self.hosts):
             _ENTRY.pack_into(
                 buf, FIXED_SIZE + i * HOST_ENTRY_SIZE, _name_bytes(host.name, "host"), host.offset, host.size
@@ -214,8 +226,12 @@ class PoolHeader:
                     "the pool has no header (magic is zero): it was never initialized", fix="run belugactl setup"
                 )
             raise _bad(f"bad magic {magic!r}; expected {MAGIC!r}: this is not a belugactl pool, or it is corrupted")
-        if version != FORMAT_VERSION:
-            raise _bad(f"header format version {version}; this belugactl reads version {FORMAT_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise _bad(
+                f"header format version {version}; this belugactl reads versions "
+                + " and ".join(map(str, READABLE_VERSIONS)),
+                fix="use the belugactl release that set up this pool (or a newer one)",
+            )
         if not 1 <= host_count <= MAX_HOSTS:
             raise _bad(f"host count {host_count} is outside 1..{MAX_HOSTS}")
         if length != FIXED_SIZE + HOST_ENTRY_SIZE * host_count:
@@ -225,7 +241,10 @@ class PoolHeader:
         record = bytearray(data[:length])
         if _crc(record) != crc:
             raise _bad(f"crc mismatch (stored {crc:#010x}, computed {_crc(record):#010x}): the header is corrupted")
-        if reserved or any(record[336:FIXED_SIZE]):
+        members_version, members_epoch = _MEMBERS.unpack_from(record, MEMBERS_OFFSET)
+        if version == FORMAT_VERSION and (members_version or members_epoch):
+            raise _bad("reserved header bytes are not zero")
+        if reserved or any(record[MEMBERS_OFFSET + _MEMBERS.size : FIXED_SIZE]):
             raise _bad("reserved header bytes are not zero")
         shared_offset, shared_size = _SHARED.unpack_from(record, 320)
         hosts = []
@@ -264,6 +283,8 @@ class PoolHeader:
             hosts=tuple(hosts),
             epoch=_U64.unpack_from(record, EPOCH_OFFSET)[0],
             claim=_U64.unpack_from(record, CLAIM_OFFSET)[0],
+            members_version=members_version,
+            members_epoch=members_epoch,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,11 +310,13 @@ class PoolHeader:
             "hosts": [{"name": h.name, "offset": h.offset, "size": h.size} for h in self.hosts],
             "epoch": self.epoch,
             "claim": self.claim,
+            **({"members_version": self.members_version, "members_epoch": self.members_epoch}
+               if self.format_version != FORMAT_VERSION else {}),
         }
 
 
 # Fields that legitimately differ between a header on media and one built from a manifest.
-RUNTIME_FIELDS = ("created_time", "created_by", "epoch", "claim")
+RUNTIME_FIELDS = ("created_time", "created_by", "epoch", "claim", "members_version", "members_epoch")
 
 
 def diff(ours: PoolHeader, theirs: PoolHeader, *, include_runtime: bool = False) -> list[tuple[str, Any, Any]]:
@@ -303,7 +326,7 @@ def diff(ours: PoolHeader, theirs: PoolHeader, *, include_runtime: bool = False)
     for name, a in mine.items():
         if name == "hosts" or (name in RUNTIME_FIELDS and not include_runtime):
             continue
-        b = found[name]
+        b = found.get(name)
         if a != b:
             out.append((name, a, b))
     if len(ours.hosts) != len(theirs.hosts):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from belugactl.dataplane import native
 from belugactl.errors import EnvironmentProblem, InputError, PoolMismatch, PoolMissing, StepFailed
 from belugactl.pool import lock
-from belugactl.pool.header import EPOCH_OFFSET, MAX_HEADER_SIZE, PoolHeader, diff
+from belugactl.pool.header import EPOCH_OFFSET, PoolHeader, diff
 from belugactl.units import format_size
 
 if TYPE_CHECKING:
@@ -236,7 +236,10 @@ class PoolMapping:
                 size = 1 << 30
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
             try:
-                header = PoolHeader.unpack(mm[:MAX_HEADER_SIZE])
+                from belugactl.pool.membership import read_header
+
+                # read again if a membership rewrite is half-way (pool/membership.py)
+                header = read_header(lambda off, n: mm[off : off + n])
             except InputError as exc:
                 mm.close()
                 fix = exc.fix or "run belugactl setup"
@@ -504,6 +507,21 @@ def verify_against_manifest(
     expected = PoolHeader.from_layout(manifest, layout, created_by=header.created_by)
     problems = diff(expected, header)
     if problems:
+        from belugactl.pool import membership
+
+        if (change := membership.compare(expected, header, layout)) is not None:
+            how = (
+                f"`belugactl setup -f MANIFEST` on one host records it (or `belugactl pool members {path} -f MANIFEST`"
+                " for a pool file)"
+            )
+            raise PoolMismatch(
+                f"pool {path} has another membership than this manifest (version {change.version}): "
+                + "; ".join(change.lines()),
+                why="the pool is laid out for this manifest's capacity, but its header lists other hosts in its "
+                "slots; hosts that disagree on who owns which slot would share partitions and CXL-RPC rings",
+                fix=f"{how}: a membership change keeps every cached KV block; or use the manifest the rack "
+                "runs with",
+            )
         lines = [f"{field}: manifest {ours!r}, pool {theirs!r}" for field, ours, theirs in problems[:12]]
         from belugactl.model.layout import stale_layout_note
 

@@ -51,10 +51,11 @@ class HeaderSpec:
 
     ours: hdr.PoolHeader
     map_size: int = hdr.HEADER_REGION
+    layout: Any = None  # the PoolLayout behind `ours`: a capacity layout's slots name a membership change
 
 
 def header_spec_for(manifest: Any, layout: Any, host_name: str) -> HeaderSpec:
-    return HeaderSpec(ours=hdr.PoolHeader.from_layout(manifest, layout, created_by=host_name))
+    return HeaderSpec(ours=hdr.PoolHeader.from_layout(manifest, layout, created_by=host_name), layout=layout)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,17 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
         return CheckResult.ok(summary + " (no manifest to compare with)", **details)
     ours = header_mod.PoolHeader.from_layout(ctx.expect.manifest, ctx.expect.layout, created_by=ctx.expect.host_name)
     differences = header_mod.diff(ours, found)
+    from belugactl.pool import membership
+
+    if differences and (moved := membership.compare(ours, found, ctx.expect.layout)) is not None:
+        details["members_change"] = moved.to_dict()
+        return CheckResult.fail(
+            f"{summary}: the pool has another membership than this manifest (version {moved.version}): "
+            + "; ".join(moved.lines()),
+            f"record it: belugactl setup -f {manifest_arg(ctx)} on one host (a membership change keeps every "
+            "cached KV block; --dry-run shows it first), or use the manifest the rack runs with",
+            **details,
+        )
     if differences:
         shown = "; ".join(f"{field}: manifest {a!r}, pool {b!r}" for field, a, b in differences[:4])
         more = f"; and {len(differences) - 4} more" if len(differences) > 4 else ""
@@ -98,7 +109,8 @@ def pool_header(ctx: DoctorContext) -> CheckResult:
     if ctx.expect.host_name not in {h.name for h in found.hosts}:
         return CheckResult.fail(
             f"{summary}, but this host ({ctx.expect.host_name}) has no partition in it",
-            "check --host; a host added to the manifest later needs a new pool layout (setup --force on an idle pool)",
+            "check --host; a host added to the manifest later needs a new pool layout (setup --force on an idle pool) "
+            "unless the pool was laid out with layout.capacity (then setup records it, keeping the cache)",
             **details,
         )
     return CheckResult.ok(summary + ", matches the manifest", **details)

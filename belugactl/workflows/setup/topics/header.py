@@ -16,8 +16,9 @@ from typing import Any
 
 from belugactl.errors import BelugaError, InputError, StepFailed
 from belugactl.host.host import Host
-from belugactl.model.setup_plan import Skip, Step, WritePoolHeader
+from belugactl.model.setup_plan import Skip, Step, WritePoolHeader, WritePoolMembership
 from belugactl.pool import header as hdr
+from belugactl.pool import membership as members
 from belugactl.pool.device import device_path
 from belugactl.pool.mapping import PoolMapping
 from belugactl.workflows.setup.facts import SetupFacts
@@ -60,12 +61,13 @@ class HeaderMismatch(BelugaError):
         return data
 
 
-# What a header rewrite costs, said wherever one is refused. The layout hash covers the host list, each
-# host's partition and each ring's owner; no membership table keeps the cache across a change of them yet.
+# What a header rewrite costs, said wherever one is refused. Without layout.capacity the layout hash
+# covers the host list, each host's partition and each ring's owner; with it only the geometry.
 DROPPED = (
-    "the layout hash covers the host list, each host's partition and each ring's owner, and belugactl has no "
-    "membership table yet that keeps the cache across a change of them (docs/serving.md, \"Day two\"): with "
-    "--force the header is rewritten and every cached KV block is dropped (vLLM recomputes them)"
+    "without layout.capacity the layout hash covers the host list, each host's partition and each ring's owner, "
+    "so a change of them is a new layout; with --force the header is rewritten and every cached KV block is "
+    "dropped (vLLM recomputes them). A pool laid out with layout.capacity keeps its cache across such changes "
+    "(docs/serving.md, \"Day two\"); moving to one is itself a new layout"
 )
 
 
@@ -75,11 +77,12 @@ def _show(value: Any) -> str:
 
 @dataclass(frozen=True)
 class HeaderVerdict:
-    state: str  # "blank" | "occupied" | "claimed" | "match" | "differs" | "corrupt"
+    state: str  # "blank" | "occupied" | "claimed" | "match" | "members" | "differs" | "corrupt"
     rows: tuple[tuple[str, Any, Any], ...] = ()
     reason: str | None = None
     claim: int = 0
     change: tuple[str, ...] = ()  # "differs": what the operator changed, in their words
+    members: members.MembershipChange | None = None  # "members": the same geometry, other hosts in its slots
 
 
 def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
@@ -95,6 +98,8 @@ def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
     rows = hdr.diff(spec.ours, theirs)
     if not rows:
         return HeaderVerdict("match")
+    if spec.layout is not None and (change := members.compare(spec.ours, theirs, spec.layout)) is not None:
+        return HeaderVerdict("members", rows=tuple(rows), members=change, change=tuple(change.lines()))
     return HeaderVerdict("differs", rows=tuple(rows), change=tuple(hdr.describe_change(spec.ours, theirs)))
 
 
@@ -146,7 +151,39 @@ def _step_for(verdict: HeaderVerdict, spec: HeaderSpec, device: str) -> Step:
         return _initialize(verdict, device, after)
     if verdict.state == "occupied":
         return _initialize_over_data(verdict, device, after)
+    if verdict.state == "members":
+        return _record_members(verdict, device)
     return _rewrite(verdict, device, after)
+
+
+def _record_members(verdict: HeaderVerdict, device: str) -> Step:
+    """The same geometry with other hosts in its slots: rewrite the host table in place, keeping
+    every cached block. A host that changes slots leaves its partition behind: that needs --force."""
+    change = verdict.members
+    assert change is not None
+    lines = change.lines()
+    moved = ", ".join(f"{h} (slot {a} -> {b})" for h, a, b in change.moved)
+    return Step(
+        id="header.members",
+        topic=ID,
+        summary=f"record the rack's membership in the pool header on {device}: " + "; ".join(lines)
+        + "; keeps every cached KV block, the journal and the other hosts' partitions",
+        actions=(WritePoolMembership(device, change.version),),
+        destroys_data=change.moves_partitions,
+        before=f"membership version {change.version}",
+        after=f"membership version {change.version + 1}: " + "; ".join(lines),
+        note="no region moves (layout.capacity fixes the geometry); other hosts pick it up on their next setup "
+        "or serve",
+        refusal=ForceRequired(
+            f"{moved} would change partition slot, leaving its partition's contents in the old slot; nothing was "
+            "changed",
+            why="a host without `slot:` takes its place in the host list, so removing or reordering hosts above it "
+            "moves it",
+            fix="pin each such host to the slot the pool has for it (`slot: N` under the host in the manifest), or "
+            "rerun with --force to move it (its old partition's bytes are left in the old slot; the shared KV "
+            "cache is kept either way)",
+        ) if change.moves_partitions else None,
+    )
 
 
 def _take_own_claim(verdict: HeaderVerdict, spec: HeaderSpec, device: str, after: str) -> Step:
@@ -259,6 +296,25 @@ def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None,
 
 
 # --- applying --------------------------------------------------------------------------------
+def apply_members(ctx: ApplyContext, action: WritePoolMembership) -> str:
+    spec = ctx.target.header
+    if spec is None:
+        raise StepFailed("no header to write: the layout was not resolved")
+    with PoolMapping.window(ctx.host, action.device, spec.map_size, flush=_atomics() is not None) as window:
+        found = members.read_header(window.read)
+        if found.members_version != action.version:
+            raise StepFailed(
+                f"the pool's membership on {action.device} is version {found.members_version}, not the "
+                f"{action.version} this plan was made from",
+                why="another host recorded a membership meanwhile",
+                fix="make sure every host has the same manifest, then rerun `belugactl setup --dry-run`",
+            )
+        new = members.record(window, spec.ours, found)
+    ctx.state["header"] = {"device": action.device, "members_version": new.members_version}
+    return f"recorded the membership (version {new.members_version}, epoch {new.members_epoch}): {len(new.hosts)} " \
+        "host(s)"
+
+
 def apply_write(ctx: ApplyContext, action: WritePoolHeader) -> str:
     if ctx.target.header is None:
         raise StepFailed("no header to write: the layout was not resolved")
@@ -346,6 +402,13 @@ def _await_winner(window: PoolMapping, spec: HeaderSpec, device: str, wait_s: fl
         verdict = judge(spec, window.read(0, spec.map_size))
         if verdict.state == "match":
             return HeaderOutcome(wrote=False, claim=claim)
+        if verdict.state == "members":
+            raise StepFailed(
+                f"another host wrote the pool header on {device} with another membership: "
+                + "; ".join(verdict.change),
+                fix="make sure every host has the same manifest, then rerun `belugactl setup` (a membership change "
+                "keeps every cached block)",
+            )
         if verdict.state == "differs":
             raise HeaderMismatch(device, list(verdict.rows), list(verdict.change))
         if verdict.state == "corrupt":
@@ -367,6 +430,6 @@ TOPIC = SetupTopic(
     teardown=teardown,
     survives_reboot=True,
     observe=observe,
-    executors={WritePoolHeader: apply_write},
+    executors={WritePoolHeader: apply_write, WritePoolMembership: apply_members},
     changes=frozenset(),
 )

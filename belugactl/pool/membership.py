@@ -1,0 +1,155 @@
+"""The rack's membership in a pool laid out with a capacity (header format 2): who sits in which slot.
+
+A capacity layout (model/layout.py, `layout.capacity`) fixes the geometry every host must agree on
+forever: the regions, the ring capacity and the partition slots; its hash covers nothing else. Which
+host uses which slot is the header's host table, and a host's CXL-RPC rings follow from its slot
+(`slot * rings_per_host` onwards), so a change of hosts is a rewrite of that table in place and no
+region moves: every cached KV block, the journal and the other hosts' partitions stay. A change of
+instance counts or tensor-parallel sizes within `rings_per_host` changes no byte on media at all.
+
+The table carries a version (bumped by each rewrite) and the pool epoch at its last write. The
+rewrite never touches the claim and epoch lines (a metadata server may bump the epoch meanwhile);
+a reader that catches the record half-written sees a crc mismatch and reads again
+(`read_header`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from belugactl.errors import InputError, StepFailed
+from belugactl.model.layout import CAPACITY_FORMAT_VERSION, PoolLayout
+from belugactl.pool import header as hdr
+from belugactl.pool.header import PoolHeader
+
+# A reader that meets a record mid-rewrite (crc mismatch) tries again this often, this far apart.
+READ_TRIES = 5
+READ_PAUSE_S = 0.01
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """What recording this manifest's membership in the pool changes, slot by slot."""
+
+    version: int  # the pool's membership version now; the rewrite makes it version + 1
+    added: tuple[tuple[str, int], ...] = ()  # (host, slot): a free slot taken
+    removed: tuple[tuple[str, int], ...] = ()  # (host, slot): the slot becomes free
+    replaced: tuple[tuple[int, str, str], ...] = ()  # (slot, old host, new host)
+    moved: tuple[tuple[str, int, int], ...] = ()  # (host, old slot, new slot)
+
+    @property
+    def moves_partitions(self) -> bool:
+        """A host changes slots: its partition's contents stay behind in the old slot."""
+        return bool(self.moved)
+
+    def lines(self) -> list[str]:
+        out = [f"host {h} joins in slot {s}" for h, s in self.added]
+        out += [f"host {h} leaves slot {s} (the slot is free; its partition's bytes stay)" for h, s in self.removed]
+        out += [f"slot {s}: host {new} replaces {old} (takes over its partition)" for s, old, new in self.replaced]
+        out += [
+            f"host {h} moves from slot {a} to slot {b}: its partition's contents stay in slot {a}"
+            for h, a, b in self.moved
+        ]
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "added": [{"host": h, "slot": s} for h, s in self.added],
+            "removed": [{"host": h, "slot": s} for h, s in self.removed],
+            "replaced": [{"slot": s, "old": o, "new": n} for s, o, n in self.replaced],
+            "moved": [{"host": h, "from": a, "to": b} for h, a, b in self.moved],
+        }
+
+
+def same_geometry(ours: PoolHeader, theirs: PoolHeader) -> bool:
+    """Both capacity headers of one pool and one geometry: they can differ only in membership."""
+    return (
+        ours.format_version == theirs.format_version == CAPACITY_FORMAT_VERSION
+        and ours.pool_uuid == theirs.pool_uuid
+        and ours.layout_hash == theirs.layout_hash
+    )
+
+
+def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> MembershipChange | None:
+    """The membership change from the pool's header (`theirs`) to the manifest's (`ours`); None when
+    they are not the same capacity geometry (a layout change, not a membership change) or when they
+    already agree. Slots are told apart by their offsets, which the geometry fixes."""
+    if not same_geometry(ours, theirs) or ours.hosts == theirs.hosts:
+        return None
+    slot_at = {e.offset: i for i, e in enumerate(layout.slots)}
+    before = {h.name: slot_at.get(h.offset, -1) for h in theirs.hosts}
+    after = {h.name: slot_at.get(h.offset, -1) for h in ours.hosts}
+    held_before = {s: n for n, s in before.items()}
+    added: list[tuple[str, int]] = []
+    replaced: list[tuple[int, str, str]] = []
+    moved: list[tuple[str, int, int]] = []
+    for name, slot in after.items():
+        if name in before:
+            if before[name] != slot:
+                moved.append((name, before[name], slot))
+        elif slot in held_before and held_before[slot] not in after:
+            replaced.append((slot, held_before[slot], name))
+        else:
+            added.append((name, slot))
+    replaced_old = {old for _, old, _ in replaced}
+    removed = [(name, slot) for name, slot in before.items() if name not in after and name not in replaced_old]
+    return MembershipChange(
+        theirs.members_version, tuple(sorted(added, key=lambda x: x[1])), tuple(sorted(removed, key=lambda x: x[1])),
+        tuple(sorted(replaced)), tuple(sorted(moved, key=lambda x: x[1])),
+    )  # fmt: skip
+
+
+def read_header(read: Callable[[int, int], bytes]) -> PoolHeader:
+    """Unpack the header through `read(offset, n)`, reading again while a membership rewrite is
+    half-way (a crc mismatch lasts microseconds); any other fault is raised at once."""
+    for attempt in range(READ_TRIES):
+        try:
+            return PoolHeader.unpack(read(0, hdr.MAX_HEADER_SIZE))
+        except InputError as exc:
+            if "crc mismatch" not in exc.what or attempt == READ_TRIES - 1:
+                raise
+            time.sleep(READ_PAUSE_S)
+    raise AssertionError("unreachable")
+
+
+def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
+    """Rewrite the pool's host table to `ours`' in place, if the pool still holds `expect`'s
+    membership (what the plan showed); bump the version, stamp the epoch. Returns the new header.
+
+    `window` is a PoolMapping (or its window) over the header region."""
+    read = window.read  # type: ignore[attr-defined]
+    current = read_header(read)
+    if not same_geometry(ours, current):
+        raise StepFailed(
+            "the pool header changed while setup ran: it is no longer this manifest's geometry",
+            fix="rerun `belugactl setup --dry-run` to see the pool as it is now",
+        )
+    if current.hosts == ours.hosts:
+        return current  # another host recorded the same membership first
+    if current.members_version != expect.members_version or current.hosts != expect.hosts:
+        raise StepFailed(
+            f"the pool's membership changed while setup ran (version {expect.members_version} when planned, "
+            f"{current.members_version} now)",
+            why="another host recorded a membership of its own meanwhile",
+            fix="make sure every host has the same manifest, then rerun `belugactl setup --dry-run`",
+        )
+    epoch = window.load_u64(hdr.EPOCH_OFFSET)  # type: ignore[attr-defined]
+    new = replace(current, hosts=ours.hosts, members_version=current.members_version + 1, members_epoch=epoch)
+    data = new.pack()
+    # The host table and the membership words first, the identity part (length, count, crc) last;
+    # never the claim and epoch lines.
+    window.write(hdr.MEMBERS_OFFSET, data[hdr.MEMBERS_OFFSET :])  # type: ignore[attr-defined]
+    if current.length > new.length:
+        window.zero(new.length, current.length - new.length)  # type: ignore[attr-defined]
+    window.write(len(hdr.MAGIC), data[len(hdr.MAGIC) : hdr.CLAIM_OFFSET])  # type: ignore[attr-defined]
+    written = read_header(read)
+    if written.hosts != new.hosts or written.members_version != new.members_version:
+        raise StepFailed(
+            "the pool's membership did not read back as written",
+            why="another host wrote the header at the same time",
+            fix="stop setup on the other hosts, then rerun `belugactl setup` on one host",
+        )
+    return written
