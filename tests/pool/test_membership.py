@@ -242,3 +242,49 @@ def test_pool_members_cli(pool: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert '"members_version": 1' in done.stdout
     assert_kept(pool, rack_text("cpu-two"))
+
+
+@pytest.mark.process
+def test_blocks_saved_before_a_host_joins_are_served_to_it_afterwards(tmp_path: Path) -> None:
+    """A real metadata server, journal restart policy: blocks saved through cpu-demo's ring, the rack
+    grows by a host (membership recorded in place), the server restarts under the new manifest and the
+    new host's own ring (slot 1's first) reads every block back, byte for byte."""
+    from belugactl.dataplane import native
+    from belugactl.dataplane.client import connect
+    from tests.support.mds_process import start_mds
+
+    before = rack_file(tmp_path, rack_text(), "before.yaml")
+    after = rack_file(tmp_path, rack_text("cpu-two"), "after.yaml")
+    pool = create_file_pool(tmp_path / "cap.pool", load_manifest_text(rack_text()))
+    blocks = {os.urandom(32): os.urandom(96 * 1024) for _ in range(40)}
+    common = ("--fence-grace", "0", "--restart-policy", "journal")
+    with start_mds(before, pool, *common) as m:
+        mapping = PoolMapping.open(pool, load_manifest_text(rack_text()))
+        writer = connect(m.cxl(resolve_layout(load_manifest_text(rack_text())).ring_for("cpu-demo", 0)), pool=mapping,
+                         timeout_s=5)  # fmt: skip
+        for key, data in blocks.items():
+            r = writer.reserve("m/tp0", key, len(data))
+            done = 0
+            for off, n in r.extents:
+                mapping.write(off, data[done : done + n])
+                done += n
+            writer.commit(r.token, native.crc32c(data))
+        writer.close()
+        mapping.close()
+    with pytest.raises(PoolMismatch):  # not yet recorded: the new manifest's server refuses the pool
+        PoolMapping.open(pool, load_manifest_text(rack_text("cpu-two")), writable=False)
+    record_file_members(pool, load_rack_context(after, host="cpu-demo"), dry_run=False, force=False)
+    layout = resolve_layout(load_manifest_text(rack_text("cpu-two")))
+    ring = layout.ring_for("cpu-two", 0)
+    assert ring == 6
+    with start_mds(after, pool, *common) as m:
+        mapping = PoolMapping.open(pool, load_manifest_text(rack_text("cpu-two")))
+        reader = connect(m.cxl(ring), pool=mapping, timeout_s=5)
+        assert reader.lookup_prefix("m/tp0", list(blocks)) == len(blocks)
+        for key, data in blocks.items():
+            loc = reader.get("m/tp0", key)
+            assert loc is not None and loc.checksum == native.crc32c(data)
+            got = b"".join(mapping.read(off, n) for off, n in loc.extents)
+            assert got[: len(data)] == data
+        reader.close()
+        mapping.close()
