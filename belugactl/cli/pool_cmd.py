@@ -230,6 +230,8 @@ def render_inspection(console: Any, doc: dict[str, Any]) -> None:
         rack = against["rack"]
         verdict = f" (matches {rack})" if against["matches"] else f" (DIFFERS from {rack}: {n} field(s))"
     say(f"  layout      {doc['layout_hash']}{verdict}")
+    if "members_version" in h:  # a capacity layout: its host table is the membership
+        say(f"  membership  version {h['members_version']}, written at epoch {h['members_epoch']}")
     for d in (against or {}).get("differences", [])[:12]:
         say(f"                {d['field']}: manifest {d['manifest']!r}, pool {d['pool']!r}")
     claim = doc["claim"]

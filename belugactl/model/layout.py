@@ -345,7 +345,7 @@ class PoolLayout:
             yield Region("unused", "unused", self.used, self.unused, "-", "alignment tail")
 
     def _rings_detail(self) -> str:
-        room = (f" (room for {self.capacity[1]} a host slot)" if self.capacity is not None else "")
+        room = (f" ({self.capacity[1]} per host slot)" if self.capacity is not None else "")
         return (
             f"{self.rpc.ring_count}x{self.rpc.slots_per_ring} slots of {self.rpc.slot_size} B: "
             f"{len(self.clients)} vLLM processes{room}, {len(self.spare_rings)} spare"

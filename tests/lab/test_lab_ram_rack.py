@@ -5,7 +5,11 @@ Every guest runs `belugactl setup -f examples/lab-ram-rack.yaml` (auto-online po
 `belugactl doctor` (green, same pool uuid and layout hash everywhere). Then lab-1 writes into every
 host's partition and into the shared KV area, lab-2 and lab-3 read each back, and each write is found
 in the backing file the region's geometry names, and `rack doctor --transport lab` shows the 3 x 3
-cross-host probe matrix all ok. Phase times are printed (run with -s).
+cross-host probe matrix all ok. Then the rack moves to a capacity layout (`setup --force` once, the
+dry run first saying it is destructive), lab-1 writes into the shared KV area, and lab-3 joins with
+an edited manifest: its setup records the membership in place (a `header.members` step, no --force),
+the bytes are still there on every host, doctor is green on all three with the new manifest and
+names the stale one. Phase times are printed (run with -s).
 Without the Debian packages (no network) the test fails in CI (CI=true) and is skipped elsewhere.
 """
 
@@ -37,9 +41,9 @@ GRANULARITY, WAYS = 4096, 2
 CHUNK_BYTES = 16
 
 
-def _belugactl(ch: GuestChannel, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
+def _belugactl(ch: GuestChannel, *args: str, timeout: float = 300, manifest: Path = MANIFEST) -> tuple[int, dict, str]:
     # This checkout's code, whatever `belugactl` on the guest's PATH points at.
-    argv = [sys.executable, "-m", "belugactl", *args, "-f", str(MANIFEST), "--host", ch.name, "--json"]
+    argv = [sys.executable, "-m", "belugactl", *args, "-f", str(manifest), "--host", ch.name, "--json"]
     r = ch.run(argv, timeout=timeout, cwd=str(REPO), env={"PYTHONPATH": str(REPO)})
     out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
     try:
@@ -163,6 +167,10 @@ def test_three_hosts_setup_doctor_and_share_a_ram_region_behind_a_switch(tmp_pat
                 assert fh.read(CHUNK_BYTES) == data, f"{name} {off:#x} not at {files[position].name}@{file_off:#x}"
             print(f"{name}: dax {off:#x} -> {files[position].name}@{file_off:#x}, read on lab-2 and lab-3")
         phases["1 writer, 2 readers, backing checks"] = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        _membership_phase(chans, tmp_path)
+        phases["capacity layout, lab-3 joins"] = time.monotonic() - t0
     finally:
         t0 = time.monotonic()
         run_cli(env, "lab", "down", "--name", LAB, timeout=120)
@@ -170,3 +178,53 @@ def test_three_hosts_setup_doctor_and_share_a_ram_region_behind_a_switch(tmp_pat
         for pid in our_qemus(state):  # last resort, still only our own QEMU processes
             os.kill(pid, signal.SIGKILL)
         print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
+
+
+def _capacity_manifests(tmp_path: Path) -> tuple[Path, Path]:
+    """The example with layout.capacity (4 slots of 62 MiB, 4 rings each): lab-1 and lab-2, then all three."""
+    text = MANIFEST.read_text().replace(
+        "  partition_size: equal     # what remains, split equally between the three hosts\n",
+        "  partition_size: 62MiB\n  capacity: {hosts: 4, rings_per_host: 4}\n",
+    )
+    two = text[: text.index("  - name: lab-3")] + "\n" + text[text.index("tuning:") :]
+    paths = tmp_path / "two-hosts.yaml", tmp_path / "three-hosts.yaml"
+    paths[0].write_text(two)
+    paths[1].write_text(text)
+    return paths
+
+
+def _membership_phase(chans: list[GuestChannel], tmp_path: Path) -> None:
+    two, three = _capacity_manifests(tmp_path)
+    lab1, lab2, lab3 = chans
+    # Moving to a capacity layout is a new layout: the dry run says it destroys, --force does it once.
+    rc, refused, err = _belugactl(lab1, "setup", "--dry-run", manifest=two)
+    assert rc == 2 and "moving to one is itself a new layout" in json.dumps(refused), (rc, refused, err[-2000:])
+    rc, plan, err = _belugactl(lab1, "setup", "--dry-run", "--force", manifest=two)
+    steps = {s["id"]: s for s in plan["plan"]["steps"]}
+    assert "header.rewrite" in steps and steps["header.rewrite"]["destroys_data"], (rc, plan, err[-2000:])
+    rc, report, err = _belugactl(lab1, "setup", "--force", "--yes", manifest=two)
+    assert rc == 0 and "header.rewrite" in _step_ids(report), (report, err[-2000:])
+    rc, report, err = _belugactl(lab2, "setup", manifest=two)
+    assert rc == 0 and "header.rewrite" not in _step_ids(report), (report, err[-2000:])
+
+    layout = resolve_layout(load_manifest(str(three)))
+    off, data = layout.shared_kv.offset + 8 * GRANULARITY + 64, secrets.token_bytes(CHUNK_BYTES)
+    _poke(lab1, "write", "/dev/dax0.0", hex(off), data.hex())
+
+    # lab-3 joins: its dry run shows a membership step that keeps the cache, then setup records it.
+    rc, plan, err = _belugactl(lab3, "setup", "--dry-run", manifest=three)
+    steps = {s["id"]: s for s in plan["plan"]["steps"]}
+    assert "header.members" in steps and not steps["header.members"]["destroys_data"], (rc, plan, err[-2000:])
+    assert "host lab-3 joins in slot 2" in steps["header.members"]["summary"]
+    rc, report, err = _belugactl(lab3, "setup", manifest=three)
+    assert rc == 0 and "header.members" in _step_ids(report), (report, err[-2000:])
+    for ch in chans:
+        assert _poke(ch, "read", "/dev/dax0.0", hex(off), str(CHUNK_BYTES)) == data.hex(), ch.name
+    doctors = _on_all(chans, lambda c: _belugactl(c, "doctor", manifest=three))
+    for host, (rc, report, _err) in doctors.items():
+        failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
+        assert rc == 0 and not failed, f"{host}: doctor failed {failed} with the grown rack's manifest"
+    rc, report, _err = _belugactl(lab2, "doctor", manifest=two)  # the stale manifest is named as such
+    (header,) = [c for c in report["checks"] if c["id"] == "pool.header"]
+    assert header["status"] == "fail" and "another membership" in header["summary"], header
+    print(f"capacity layout {layout.layout_hash[:12]}: lab-3 joined in slot 2, shared KV bytes kept on all hosts")

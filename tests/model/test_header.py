@@ -181,3 +181,62 @@ def test_long_created_by_is_cut_to_fit():
     h = PoolHeader.from_layout(m, resolve_layout(m), created_by=name, created_time=0)
     assert name.startswith(h.created_by) and len(h.created_by.encode()) <= 47
     assert PoolHeader.unpack(h.pack()).created_by == h.created_by
+
+
+def _capacity_header(**kwargs) -> PoolHeader:
+    text = (EXAMPLES / "beluga-rack.yaml").read_text().replace(
+        "  shared_kv: rest", "  shared_kv: rest\n  capacity: {hosts: 16, rings_per_host: 24}", 1
+    )
+    m = load_manifest_text(text)
+    layout = resolve_layout(m)
+    assert layout.format_version == 2
+    return PoolHeader.from_layout(m, layout, created_by="beluga-00", created_time=1_700_000_000, **kwargs)
+
+
+def test_a_capacity_header_round_trips_with_its_membership_words():
+    h = _capacity_header(epoch=3)
+    h = PoolHeader(**{**h.__dict__, "members_version": 5, "members_epoch": 3})
+    data = h.pack()
+    assert PoolHeader.unpack(data) == h and struct.unpack_from("<QQ", data, hdr.MEMBERS_OFFSET) == (5, 3)
+    assert h.to_dict()["members_version"] == 5 and "members_version" not in _header().to_dict()
+    # the membership words are runtime: a manifest's header (version 0) does not differ from it
+    assert diff(_capacity_header(), h) == []
+
+
+@pytest.mark.parametrize(
+    ("offset", "fmt", "value", "words"),
+    [
+        (8, "<I", 3, "format version 3"),
+        (352, "<Q", 1, "reserved"),  # past the membership words: still reserved
+    ],
+)
+def test_bad_capacity_header_fields_are_input_errors(offset, fmt, value, words):
+    buf = bytearray(_capacity_header().pack())
+    struct.pack_into(fmt, buf, offset, value)
+    _recrc(buf)
+    with pytest.raises(InputError) as info:
+        PoolHeader.unpack(buf)
+    assert words in info.value.what
+
+
+def test_a_format_1_header_with_membership_words_is_refused():
+    buf = bytearray(_header().pack())
+    struct.pack_into("<Q", buf, hdr.MEMBERS_OFFSET, 1)
+    _recrc(buf)
+    with pytest.raises(InputError, match="reserved"):
+        PoolHeader.unpack(buf)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 1407), st.integers(1, 255))
+def test_corrupted_capacity_header_never_leaks_other_exceptions(index, xor):
+    buf = bytearray(_capacity_packed())
+    buf[index] ^= xor
+    _recrc(buf)
+    with contextlib.suppress(InputError):
+        PoolHeader.unpack(buf)
+
+
+@functools.cache
+def _capacity_packed() -> bytes:
+    return _capacity_header().pack()
