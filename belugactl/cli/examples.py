@@ -23,6 +23,10 @@ EXAMPLES: dict[str, list[str]] = {
         "belugactl pool inspect ~/beluga-cpu-demo.pool --json",
     ],
     "pool create-file": ["belugactl pool create-file -f examples/cpu-demo.yaml ~/beluga-cpu-demo.pool"],
+    "pool members": [
+        "belugactl pool members ~/rack.pool -f rack.yaml --dry-run",
+        "belugactl pool members ~/rack.pool -f rack.yaml",
+    ],
     "bench rpc": ["belugactl bench rpc --json", "belugactl bench rpc --lookup-keys 125 --idle-ms 0,1,100"],
     "bench mds": ["belugactl bench mds", "belugactl bench mds --idle --idle-rings 272"],
     "bench checksum": ["belugactl bench checksum", "belugactl bench checksum --quick --json"],

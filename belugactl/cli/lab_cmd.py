@@ -108,6 +108,13 @@ def register(app: typer.Typer) -> None:
         ssh: bool = typer.Option(
             False, "--ssh", help="Give each guest sshd behind a forward from 127.0.0.1 (see `lab ssh-config`)."
         ),
+        host_ports: list[int] = typer.Option(
+            [],
+            "--host-port",
+            metavar="PORT",
+            help="pmem: let each guest reach 127.0.0.1:PORT on this machine at 10.0.2.100:PORT (repeatable; "
+            "e.g. an etcd for a metadata-server election between guests). Nothing else leaves a guest.",
+        ),
         profile: str = profile_option(),
         devices: int | None = typer.Option(
             None,
@@ -156,6 +163,7 @@ def register(app: typer.Typer) -> None:
             devices=devices,
             switch=switch,
             progress=_progress,
+            host_ports=tuple(host_ports),
         )
         if as_json:
             print_json(report.to_dict())

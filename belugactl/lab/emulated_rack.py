@@ -87,6 +87,7 @@ class LabRecord:
     devices: int = 1  # ram: volatile type-3 devices per guest, each backed by its own shared file
     switch: bool = False  # ram: the devices sit behind an emulated CXL switch
     backing: list[str] = field(default_factory=list)  # ram: the device files, device 0 first
+    host_ports: list[int] = field(default_factory=list)  # guests reach 127.0.0.1:PORT at qemu.HOST_ALIAS:PORT
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -289,9 +290,11 @@ def _guest_env(
     root_cache: str,
     ssh: bool = False,
     profile: str = "pmem",
+    net: bool = False,
 ) -> str:
     agent = (Path(__file__).parent / "guest" / "agent.py").resolve()  # run as a script: see lab/guest/
-    modules = (RAM_GUEST_MODULES if profile == "ram" else GUEST_MODULES) + (ssh_mod.NET_MODULES if ssh else ())
+    net = net or ssh
+    modules = (RAM_GUEST_MODULES if profile == "ram" else GUEST_MODULES) + (ssh_mod.NET_MODULES if net else ())
     values = {
         "LAB_HOSTNAME": name,
         "LAB_KERNEL_VERSION": kernel.version,
@@ -304,6 +307,7 @@ def _guest_env(
         "LAB_VENV": str(venv),
         "LAB_PATH": _guest_path(venv, profile),
         "LAB_SSH": "1" if ssh else "",
+        "LAB_NET": "1" if net else "",
         # A resident belugactl in the guest that forks per command (belugactl.lab.guest.resident_cli):
         # BELUGACTL_LAB_WARM=0 turns it off, to measure or to debug the plain path.
         "LAB_RESIDENT_PYTHON": str(venv / "bin" / "python") if os.environ.get(RESIDENT_CLI_ENV, "1") != "0" else "",
@@ -379,6 +383,7 @@ def up(
     devices: int | None = None,
     switch: bool | None = None,
     progress: Progress = _quiet,
+    host_ports: tuple[int, ...] = (),
 ) -> UpReport:
     default_devices, default_switch = DEFAULT_TOPOLOGY.get(profile, (1, False))
     devices = default_devices if devices is None else devices
@@ -388,6 +393,12 @@ def up(
         raise UsageError("--ssh is only built for the pmem profile so far",
                          why="the ram profile's kernel 6.12 boots without the network modules sshd needs",
                          fix="belugactl lab up --profile pmem --ssh, or use `belugactl lab exec` on the ram profile")
+    if host_ports and profile != "pmem":
+        raise UsageError("--host-port is only built for the pmem profile so far",
+                         why="the ram profile's kernel 6.12 boots without the network modules it needs",
+                         fix="belugactl lab up --profile pmem --host-port PORT")
+    if bad := [p for p in host_ports if not 1 <= p <= 65535]:
+        raise UsageError(f"--host-port {bad[0]} is not a TCP port", fix="give a port between 1 and 65535")
     paths = lab_paths(name)
     if profile == "pmem":
         prereqs.require()
@@ -433,6 +444,7 @@ def up(
             devices=devices,
             switch=switch,
             backing=[str(p) for p in ram.backing] if ram else [],
+            host_ports=list(host_ports),
         )
         paths.dir.mkdir(parents=True)
         if ram is None:
@@ -452,7 +464,9 @@ def up(
                 d.mkdir(parents=True, exist_ok=True)
             if ram is None:
                 _make_sparse(g.lsa, qemu.LSA_SIZE)
-            (g.spool / "guest.env").write_text(_guest_env(kernel, gname, venv, repo, root_cache, ssh, profile))
+            (g.spool / "guest.env").write_text(
+                _guest_env(kernel, gname, venv, repo, root_cache, ssh, profile, net=bool(host_ports))
+            )
             if keygen is not None:
                 ports[gname] = _unused_port(ports.values())
                 ssh_mod.install_guest(ssh_files, g.spool, f"{initramfs_mod.GUEST_SPOOL}/{ssh_mod.GUEST_SSH_DIR}",
@@ -460,7 +474,8 @@ def up(
             specs.append(
                 (g, qemu.GuestSpec(gname, i, boot_image, image, paths.pool, pool_size, g.lsa, g.spool,
                                    g.console, memory_mib, chosen.chosen, repo=repo,
-                                   root_ports=root_ports, ssh_port=ports.get(gname), profile=profile, ram=ram,
+                                   root_ports=root_ports, ssh_port=ports.get(gname), host_ports=tuple(host_ports),
+                                   profile=profile, ram=ram,
                                    firmware=stack.firmware if stack else None))
             )
             record.guests.append(GuestRecord(gname, i, ssh_port=ports.get(gname)))
@@ -651,7 +666,8 @@ def _restart_spec(record: LabRecord, paths: LabPaths, grec: GuestRecord) -> qemu
     return qemu.GuestSpec(grec.name, grec.index, kernel_mod.boot_image(kernel), initramfs, paths.pool,
                           record.pool_size, g.lsa, g.spool, g.console, record.memory_mib, record.accel,
                           repo=Path(record.repo), root_ports=record.root_ports, ssh_port=grec.ssh_port,
-                          profile=record.profile, ram=ram, firmware=stack.firmware if stack else None)
+                          host_ports=tuple(record.host_ports), profile=record.profile, ram=ram,
+                          firmware=stack.firmware if stack else None)
 
 
 def _reset_spool(g: GuestPaths) -> None:

@@ -91,6 +91,11 @@ mount --bind /spool $R@GUEST_SPOOL@
 chroot $R /sbin/modprobe --ignore-install -a $LAB_MODULES || say "modprobe -a $LAB_MODULES failed"
 # Loopback always: the metadata server's admin HTTP and TCP RPC listen on 127.0.0.1 by default.
 ip link set lo up || say "loopback did not come up"
+if [ -n "$LAB_NET" ] && [ -z "$LAB_SSH" ]; then
+  # `lab up --host-port`: slirp's fixed addresses on eth0, to reach the forwarded host services.
+  ip link set eth0 up && ip addr add @GUEST_ADDRESS@ dev eth0 && ip route add default via @GATEWAY@ \
+    || say "eth0 did not come up: no host services"
+fi
 if [ -n "$LAB_SSH" ]; then
   # `lab up --ssh`: slirp's fixed addresses on eth0, then the host's own sshd in the chroot, configured
   # from the spool. QEMU forwards 127.0.0.1:PORT on the host to port 22 here; nothing else gets in.

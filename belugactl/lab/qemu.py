@@ -48,6 +48,9 @@ class GuestSpec:
     root_ports: int = 2
     # With a port: a user-mode network whose only way in is 127.0.0.1:ssh_port -> the guest's port 22.
     ssh_port: int | None = None
+    # Host services the guest reaches at HOST_ALIAS:PORT (QEMU connects to 127.0.0.1:PORT for it): the
+    # lab's etcd, for a metadata-server election between guests. Nothing else leaves the guest.
+    host_ports: tuple[int, ...] = ()
     profile: str = "pmem"
     # Profile ram: the volatile devices (their files are shared by every guest; `pool`/`lsa` are unused)
     # and QEMU's -L folder holding firmware new enough for QEMU 10.
@@ -141,14 +144,21 @@ def pmem_cxl_args(spec: GuestSpec) -> list[str]:
     ]  # fmt: skip
 
 
+# The address a guest dials for a forwarded host service (lab up --host-port): inside slirp's
+# 10.0.2.0/24, not the gateway (restrict=on drops everything to the gateway but these forwards).
+HOST_ALIAS = "10.0.2.100"
+
+
 def network(spec: GuestSpec) -> list[str]:
-    """slirp with restrict=on (the guest reaches nothing outside) and one forward, bound to loopback only."""
-    if spec.ssh_port is None:
+    """slirp with restrict=on (the guest reaches nothing outside): the ssh forward in, bound to loopback
+    only, and each asked-for host service out (guestfwd: QEMU itself connects to 127.0.0.1:PORT)."""
+    if spec.ssh_port is None and not spec.host_ports:
         return []
-    return [
-        "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
-        "-device", "virtio-net-pci,netdev=net0",
-    ]  # fmt: skip
+    opts = ["user", "id=net0", "restrict=on"]
+    if spec.ssh_port is not None:
+        opts.append(f"hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22")
+    opts += [f"guestfwd=tcp:{HOST_ALIAS}:{port}-tcp:127.0.0.1:{port}" for port in spec.host_ports]
+    return ["-netdev", ",".join(opts), "-device", "virtio-net-pci,netdev=net0"]
 
 
 def is_guest_process(cmdline: list[str] | None, guest_dir: Path) -> bool:

@@ -42,6 +42,20 @@ def test_the_only_way_in_is_one_forward_bound_to_loopback(tmp_path):
     assert f"virtio-net-pci,netdev={net_id}" in _values(argv, "-device")
 
 
+def test_a_host_port_is_the_only_way_out_and_needs_no_ssh(tmp_path):
+    argv = qemu.argv(_spec(tmp_path, host_ports=(2379, 40000)))
+    (netdev,) = _values(argv, "-netdev")
+    opts = netdev.split(",")
+    assert opts[0] == "user" and "restrict=on" in opts and not any(o.startswith("hostfwd=") for o in opts)
+    assert [o for o in opts if o.startswith("guestfwd=")] == [
+        f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379-tcp:127.0.0.1:2379",
+        f"guestfwd=tcp:{qemu.HOST_ALIAS}:40000-tcp:127.0.0.1:40000",
+    ]
+    both = _values(qemu.argv(_spec(tmp_path, ssh_port=40022, host_ports=(2379,))), "-netdev")[0].split(",")
+    assert "hostfwd=tcp:127.0.0.1:40022-:22" in both
+    assert f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379-tcp:127.0.0.1:2379" in both
+
+
 def test_free_port_is_bindable_on_loopback():
     import socket
 
@@ -113,3 +127,16 @@ def test_init_starts_sshd_only_for_ssh_labs_after_the_network():
     assert "ip addr add 10.0.2.15/24 dev eth0" in block and "ip route add default via 10.0.2.2" in block
     assert block.index("ip link set eth0 up") < block.index("/usr/sbin/sshd -f /run/belugactl-lab/ssh/sshd_config")
     assert "mkdir -p $R/run/sshd" in block  # sshd's privilege separation directory, on the guest's /run
+
+
+def test_a_host_port_lab_brings_eth0_up_without_sshd(tmp_path):
+    class K:
+        version = "6.1.0-test-amd64"
+        modules_dir = tmp_path
+
+    text = emulated_rack._guest_env(K(), "lab-1", tmp_path / ".venv", tmp_path, "loose", False, "pmem", net=True)  # type: ignore[arg-type]
+    env = dict(line.split("=", 1) for line in text.splitlines())
+    assert "virtio_net" in env["LAB_MODULES"] and env["LAB_NET"] == "1" and env["LAB_SSH"] == "''"
+    script = initramfs.init_script()
+    block = script[script.index('if [ -n "$LAB_NET" ] && [ -z "$LAB_SSH" ]'):script.index('if [ -n "$LAB_SSH" ]; then')]
+    assert "ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0" in block and "sshd" not in block

@@ -27,6 +27,6 @@ def require_etcd() -> str:
 
 
 @contextmanager
-def running_etcd() -> Iterator[Etcd]:
-    with local_etcd(require_etcd()) as etcd:
+def running_etcd(client_port: int | None = None) -> Iterator[Etcd]:
+    with local_etcd(require_etcd(), client_port) as etcd:
         yield etcd

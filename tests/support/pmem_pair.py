@@ -16,6 +16,7 @@ from pathlib import Path
 
 from belugactl.lab import kernel, prereqs
 from belugactl.lab.paths import STATE_ENV, cache_root
+from belugactl.workflows.bench.etcd_local import free_port
 from tests.support.lab import our_qemus, run_cli, unavailable
 
 NAME = "pmem-pair"
@@ -31,6 +32,9 @@ class PmemPair:
     # Each host's first `belugactl setup -f examples/lab.yaml --host H --json`, and its wall seconds.
     first_setup: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    # The guests reach 127.0.0.1:etcd_port here at 10.0.2.100:etcd_port (lab up --host-port): where a
+    # test's etcd listens for an election between the guests (tests/dataplane/test_failover_lab.py).
+    etcd_port: int = 0
 
     def sh(self, host: str, *argv: str, timeout: float = 500) -> subprocess.CompletedProcess[str]:
         return run_cli(self.env, "lab", "exec", "--name", NAME, "--timeout", str(timeout), host, "--", *argv,
@@ -55,10 +59,12 @@ def start_pmem_pair(state: Path) -> Iterator[PmemPair]:
             unavailable(f"`belugactl lab prepare` failed: {prep.stderr.strip()[-500:]}")
     try:
         t0 = time.monotonic()
-        up = run_cli(env, "lab", "up", "--profile", "pmem", "--name", NAME, "--hosts", "2", "--json", timeout=600)
+        etcd_port = free_port()
+        up = run_cli(env, "lab", "up", "--profile", "pmem", "--name", NAME, "--hosts", "2", "--host-port",
+                     str(etcd_port), "--json", timeout=600)  # fmt: skip
         assert up.returncode == 0, f"lab up failed:\n{up.stderr[-3000:]}"
         lab = json.loads(up.stdout)["lab"]
-        pair = PmemPair(env, Path(lab["dir"]), Path(lab["pool"]))
+        pair = PmemPair(env, Path(lab["dir"]), Path(lab["pool"]), etcd_port=etcd_port)
         pair.seconds["lab up"] = time.monotonic() - t0
         for host in HOSTS:  # lab-1 first: region, namespace and the pool header; lab-2 verifies it
             t0 = time.monotonic()

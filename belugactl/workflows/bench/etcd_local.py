@@ -43,10 +43,10 @@ def free_port() -> int:
 
 
 class Etcd:
-    def __init__(self, binary: str, data_dir: Path) -> None:
+    def __init__(self, binary: str, data_dir: Path, client_port: int | None = None) -> None:
         self.binary = binary
         self.data_dir = data_dir
-        self.client_port = free_port()
+        self.client_port = client_port or free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log = data_dir.parent / "etcd.log"
@@ -98,13 +98,14 @@ class Etcd:
 
 
 @contextmanager
-def local_etcd(binary: str | None = None) -> Iterator[Etcd]:
-    """A started etcd on loopback in a temporary directory, stopped and removed on exit."""
+def local_etcd(binary: str | None = None, client_port: int | None = None) -> Iterator[Etcd]:
+    """A started etcd on loopback in a temporary directory, stopped and removed on exit; `client_port`:
+    the one it must listen on (a lab's guests reach it through a forward set up at boot)."""
     binary = binary or etcd_binary()
     if binary is None:
         raise missing_etcd()
     with tempfile.TemporaryDirectory(prefix="beluga-etcd-") as tmp:
-        etcd = Etcd(binary, Path(tmp) / "data")
+        etcd = Etcd(binary, Path(tmp) / "data", client_port)
         etcd.start()
         try:
             yield etcd
