@@ -11,6 +11,11 @@ The table carries a version (bumped by each rewrite) and the pool epoch at its l
 rewrite never touches the claim and epoch lines (a metadata server may bump the epoch meanwhile);
 a reader that catches the record half-written sees a crc mismatch and reads again
 (`read_header`).
+
+A pool written by format 1 (no capacity) moves to format 2 the same way, in place, when the
+capacity layout keeps every one of its offsets (`migratable`: as many slots as hosts, as many rings
+per slot as each host runs processes, the same partition size and spare rings). Any other move to a
+capacity layout changes where regions start: a new layout (`setup --force`), refused with what it drops.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from belugactl.errors import InputError, StepFailed
-from belugactl.model.layout import CAPACITY_FORMAT_VERSION, PoolLayout
+from belugactl.model.layout import CAPACITY_FORMAT_VERSION, FORMAT_VERSION, PoolLayout
 from belugactl.pool import header as hdr
 from belugactl.pool.header import PoolHeader
 
@@ -38,6 +43,8 @@ class MembershipChange:
     removed: tuple[tuple[str, int], ...] = ()  # (host, slot): the slot becomes free
     replaced: tuple[tuple[int, str, str], ...] = ()  # (slot, old host, new host)
     moved: tuple[tuple[str, int, int], ...] = ()  # (host, old slot, new slot)
+    migrate: bool = False  # a format 1 header whose every offset this capacity layout keeps
+
 
     @property
     def moves_partitions(self) -> bool:
@@ -45,7 +52,12 @@ class MembershipChange:
         return bool(self.moved)
 
     def lines(self) -> list[str]:
-        out = [f"host {h} joins in slot {s}" for h, s in self.added]
+        out = (
+            ["the header moves to format 2 (layout.capacity) in place: every offset stays as it is"]
+            if self.migrate
+            else []
+        )
+        out += [f"host {h} joins in slot {s}" for h, s in self.added]
         out += [f"host {h} leaves slot {s} (the slot is free; its partition's bytes stay)" for h, s in self.removed]
         out += [f"slot {s}: host {new} replaces {old} (takes over its partition)" for s, old, new in self.replaced]
         out += [
@@ -61,6 +73,7 @@ class MembershipChange:
             "removed": [{"host": h, "slot": s} for h, s in self.removed],
             "replaced": [{"slot": s, "old": o, "new": n} for s, o, n in self.replaced],
             "moved": [{"host": h, "from": a, "to": b} for h, a, b in self.moved],
+            "migrate": self.migrate,
         }
 
 
@@ -73,10 +86,25 @@ def same_geometry(ours: PoolHeader, theirs: PoolHeader) -> bool:
     )
 
 
+def migratable(ours: PoolHeader, theirs: PoolHeader) -> bool:
+    """A format 1 header of this pool whose every offset the manifest's capacity layout keeps: the same
+    regions, ring count and host partitions (a rack with as many slots as hosts and as many rings per
+    slot as each host's processes). Rewriting it as format 2 moves nothing and drops nothing."""
+    if ours.format_version != CAPACITY_FORMAT_VERSION or theirs.format_version != FORMAT_VERSION:
+        return False
+    if ours.pool_uuid != theirs.pool_uuid or ours.hosts != theirs.hosts:
+        return False
+    a, b = ours.to_dict(), theirs.to_dict()
+    return all(a[f] == b[f] for f in (*hdr.GEOMETRY_FIELDS, "rpc_ring_count") if f != "format_version")
+
+
 def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> MembershipChange | None:
     """The membership change from the pool's header (`theirs`) to the manifest's (`ours`); None when
     they are not the same capacity geometry (a layout change, not a membership change) or when they
-    already agree. Slots are told apart by their offsets, which the geometry fixes."""
+    already agree. Slots are told apart by their offsets, which the geometry fixes. A format 1 header
+    that the capacity layout keeps every offset of is a change too (`migrate`)."""
+    if migratable(ours, theirs):
+        return MembershipChange(theirs.members_version, migrate=True)
     if not same_geometry(ours, theirs) or ours.hosts == theirs.hosts:
         return None
     slot_at = {e.offset: i for i, e in enumerate(layout.slots)}
@@ -122,14 +150,16 @@ def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
     `window` is a PoolMapping (or its window) over the header region."""
     read = window.read  # type: ignore[attr-defined]
     current = read_header(read)
-    if not same_geometry(ours, current):
+    migrate = migratable(ours, current)
+    if not same_geometry(ours, current) and not migrate:
         raise StepFailed(
             "the pool header changed while setup ran: it is no longer this manifest's geometry",
             fix="rerun `belugactl setup --dry-run` to see the pool as it is now",
         )
-    if current.hosts == ours.hosts:
+    if current.hosts == ours.hosts and not migrate:
         return current  # another host recorded the same membership first
-    if current.members_version != expect.members_version or current.hosts != expect.hosts:
+    if (current.members_version != expect.members_version or current.hosts != expect.hosts
+            or current.format_version != expect.format_version):
         raise StepFailed(
             f"the pool's membership changed while setup ran (version {expect.members_version} when planned, "
             f"{current.members_version} now)",
@@ -137,7 +167,8 @@ def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
             fix="make sure every host has the same manifest, then rerun `belugactl setup --dry-run`",
         )
     epoch = window.load_u64(hdr.EPOCH_OFFSET)  # type: ignore[attr-defined]
-    new = replace(current, hosts=ours.hosts, members_version=current.members_version + 1, members_epoch=epoch)
+    new = replace(current, format_version=ours.format_version, layout_hash=ours.layout_hash, hosts=ours.hosts,
+                  members_version=current.members_version + 1, members_epoch=epoch)  # fmt: skip
     data = new.pack()
     # The host table and the membership words first, the identity part (length, count, crc) last;
     # never the claim and epoch lines.
@@ -146,7 +177,7 @@ def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
         window.zero(new.length, current.length - new.length)  # type: ignore[attr-defined]
     window.write(len(hdr.MAGIC), data[len(hdr.MAGIC) : hdr.CLAIM_OFFSET])  # type: ignore[attr-defined]
     written = read_header(read)
-    if written.hosts != new.hosts or written.members_version != new.members_version:
+    if written != replace(new, epoch=written.epoch, claim=written.claim):
         raise StepFailed(
             "the pool's membership did not read back as written",
             why="another host wrote the header at the same time",

@@ -47,7 +47,7 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
     ours = hdr.PoolHeader.from_layout(manifest, layout, created_by="belugactl")
     with PoolMapping.window(Host.local(), str(path), hdr.HEADER_REGION, writable=not dry_run) as window:
         found = members.read_header(window.read)
-        if not members.same_geometry(ours, found):
+        if not members.same_geometry(ours, found) and not members.migratable(ours, found):
             problems = hdr.diff(ours, found)
             raise PoolMismatch(
                 f"pool {path} is not laid out for this manifest's geometry, so this is not a membership change",

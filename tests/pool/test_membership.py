@@ -288,3 +288,34 @@ def test_blocks_saved_before_a_host_joins_are_served_to_it_afterwards(tmp_path: 
             assert got[: len(data)] == data
         reader.close()
         mapping.close()
+
+
+def test_a_format_1_pool_whose_offsets_a_capacity_keeps_migrates_in_place(tmp_path: Path) -> None:
+    plain = rack_text(capacity=PLAIN)  # 1 host, 2 instances x 2 processes, 2 spare: 6 rings
+    kept = rack_text(capacity=PLAIN + "  capacity: {hosts: 1, rings_per_host: 4}\n")
+    path = create_file_pool(tmp_path / "old.pool", load_manifest_text(plain))
+    with PoolMapping.open(path, load_manifest_text(plain)) as mapping:
+        kv = mapping.header.geometry.shared_kv_offset
+        mapping.write(kv, PATTERN)
+        mapping.write(kv + (256 << 20), PATTERN)
+        for _ in range(7):
+            mapping.bump_epoch()
+    old, new = resolve_layout(load_manifest_text(plain)), resolve_layout(load_manifest_text(kept))
+    assert [(r.offset, r.size) for r in old.regions()] == [(r.offset, r.size) for r in new.regions()]
+    assert old.layout_hash != new.layout_hash and old.format_version == 1 and new.format_version == 2
+    with pytest.raises(PoolMismatch) as caught:
+        PoolMapping.open(path, load_manifest_text(kept), writable=False)
+    assert "moves to format 2" in caught.value.what
+    change = record_file_members(path, rack(tmp_path, kept), dry_run=False, force=False).change
+    assert change is not None and change.migrate
+    header = assert_kept(path, kept)
+    assert header.format_version == 2 and header.members_version == 1
+    # from here on it is a capacity pool: a grown capacity is a new layout, refused as such
+    wider = rack_text(capacity=PLAIN + "  capacity: {hosts: 2, rings_per_host: 4}\n")
+    with pytest.raises(PoolMismatch, match="not a membership change"):
+        record_file_members(path, rack(tmp_path, wider), dry_run=True, force=False)
+    # and a capacity that would move a region is no migration: the pool stays as it was
+    path2 = create_file_pool(tmp_path / "old2.pool", load_manifest_text(plain))
+    with pytest.raises(PoolMismatch, match="not a membership change"):
+        record_file_members(path2, rack(tmp_path, wider), dry_run=False, force=False)
+    assert hdr.PoolHeader.unpack(path2.read_bytes()[: hdr.MAX_HEADER_SIZE]).format_version == 1
