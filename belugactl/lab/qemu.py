@@ -16,6 +16,8 @@ has none of them (its QMP answers CommandNotFound).
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,13 +153,18 @@ HOST_ALIAS = "10.0.2.100"
 
 def network(spec: GuestSpec) -> list[str]:
     """slirp with restrict=on (the guest reaches nothing outside): the ssh forward in, bound to loopback
-    only, and each asked-for host service out (guestfwd: QEMU itself connects to 127.0.0.1:PORT)."""
+    only, and each asked-for host service out. A guestfwd to a `tcp:` chardev would be one connection
+    opened when QEMU starts; `cmd:` runs lab/host_forward.py per connection instead (libslirp splits
+    the words with glib's shell-style parser and runs no shell; each word is quoted for it)."""
     if spec.ssh_port is None and not spec.host_ports:
         return []
     opts = ["user", "id=net0", "restrict=on"]
     if spec.ssh_port is not None:
         opts.append(f"hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22")
-    opts += [f"guestfwd=tcp:{HOST_ALIAS}:{port}-tcp:127.0.0.1:{port}" for port in spec.host_ports]
+    helper = Path(__file__).with_name("host_forward.py").resolve()
+    for port in spec.host_ports:
+        words = [os.path.realpath(sys.executable), "-I", "-S", str(helper), str(int(port))]
+        opts.append(f"guestfwd=tcp:{HOST_ALIAS}:{int(port)}-cmd:" + _opt(" ".join(shlex.quote(w) for w in words)))
     return ["-netdev", ",".join(opts), "-device", "virtio-net-pci,netdev=net0"]
 
 

@@ -1,6 +1,7 @@
 """`lab up --ssh` without booting anything: the QEMU network options, the guest's sshd config, the
 client config, known_hosts, and the /init steps. The guests themselves: tests/rack/test_rack_lab.py."""
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,13 +48,50 @@ def test_a_host_port_is_the_only_way_out_and_needs_no_ssh(tmp_path):
     (netdev,) = _values(argv, "-netdev")
     opts = netdev.split(",")
     assert opts[0] == "user" and "restrict=on" in opts and not any(o.startswith("hostfwd=") for o in opts)
-    assert [o for o in opts if o.startswith("guestfwd=")] == [
-        f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379-tcp:127.0.0.1:2379",
-        f"guestfwd=tcp:{qemu.HOST_ALIAS}:40000-tcp:127.0.0.1:40000",
-    ]
+    forwards = [o for o in opts if o.startswith("guestfwd=")]
+    assert [f.split("-cmd:")[0] for f in forwards] == [
+        f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379", f"guestfwd=tcp:{qemu.HOST_ALIAS}:40000"]
+    # per connection, the helper (a script of the standard library) joins the guest to 127.0.0.1:PORT
+    words = shlex.split(forwards[0].split("-cmd:")[1])
+    assert words[1:3] == ["-I", "-S"] and words[3].endswith("belugactl/lab/host_forward.py") and words[4] == "2379"
     both = _values(qemu.argv(_spec(tmp_path, ssh_port=40022, host_ports=(2379,))), "-netdev")[0].split(",")
     assert "hostfwd=tcp:127.0.0.1:40022-:22" in both
-    assert f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379-tcp:127.0.0.1:2379" in both
+    assert any(o.startswith(f"guestfwd=tcp:{qemu.HOST_ALIAS}:2379-cmd:") for o in both)
+
+
+@pytest.mark.process
+def test_the_host_forward_helper_joins_a_connection_to_a_loopback_service():
+    """What QEMU runs per guest connection: stdin/stdout the guest's socket, bytes both ways."""
+    import socket
+    import sys
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo_upper() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while chunk := conn.recv(4096):
+                data += chunk
+            conn.sendall(data.upper())
+
+    threading.Thread(target=echo_upper, daemon=True).start()
+    guest, qemu_end = socket.socketpair()
+    helper = Path(qemu.__file__).with_name("host_forward.py")
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(helper), str(port)], stdin=qemu_end, stdout=qemu_end)
+    qemu_end.close()
+    guest.sendall(b"hello etcd " * 1000)
+    guest.shutdown(socket.SHUT_WR)
+    got = b""
+    while chunk := guest.recv(65536):
+        got += chunk
+    assert got == b"HELLO ETCD " * 1000 and proc.wait(timeout=10) == 0
+    server.close()
+    nobody = subprocess.run([sys.executable, "-I", "-S", str(helper), str(port)], stdin=subprocess.DEVNULL,
+                            capture_output=True, timeout=20)  # fmt: skip
+    assert nobody.returncode == 1  # nothing listens any more: the guest's connection is just closed
 
 
 def test_free_port_is_bindable_on_loopback():
