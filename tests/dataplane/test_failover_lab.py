@@ -6,7 +6,9 @@ guest dials 10.0.2.100:PORT, QEMU connects to 127.0.0.1:PORT; nothing else leave
 server wins the election and serves; lab-2's stands by with a warm copy. lab-2 saves blocks through
 its own ring, the leader is SIGKILLed, and lab-2's standby must take over the same rings with the
 index intact: a client on lab-1's ring then finds every block and reads the right bytes through
-the server that now runs in the other guest.
+the server that now runs in the other guest. Then lab-1 stands by again and lab-2's whole guest is
+killed (its QEMU): lab-1 takes over and serves the same blocks; lab-2 is power-cycled and set up again
+for the pair's later users.
 
 What this proves: the election, the fencing epoch and the journal in the pool work between two
 kernels sharing one device, and CXL-RPC clients need no new address after a failover. What it does
@@ -17,7 +19,9 @@ not: timings (TCG), coherence (TCG has no caches). Slow; marked `lab`. Run:
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -28,9 +32,9 @@ from belugactl.lab.qemu import HOST_ALIAS
 from belugactl.model.layout import resolve_layout
 from belugactl.model.manifest import load_manifest
 from tests.support.etcd import running_etcd
-from tests.support.lab import REPO
+from tests.support.lab import REPO, run_cli
 from tests.support.lab_scripts import LAUNCH, WAIT_READY
-from tests.support.pmem_pair import PmemPair
+from tests.support.pmem_pair import NAME, PmemPair
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -84,6 +88,26 @@ def _drive(pair: PmemPair, host: str, action: str, ring: int, seed: int) -> dict
     return doc
 
 
+def _guest_down(pair: PmemPair, host: str) -> bool:
+    pid = int((pair.lab_dir / "guests" / host / "qemu.pid").read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _bring_back(pair: PmemPair, host: str) -> None:
+    """Power-cycle `host` and set it up again, as the pair's later users expect to find it."""
+    t0 = time.monotonic()
+    while not _guest_down(pair, host) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    r = run_cli(pair.env, "lab", "restart", "--name", NAME, host, "--json", timeout=400)
+    assert r.returncode == 0, f"lab restart {host}: {r.stderr[-3000:]}"
+    done = pair.setup(host)
+    assert done.returncode == 0, f"setup on the restarted {host}: {done.stderr[-3000:]}"
+
+
 def test_a_standby_in_lab2_takes_over_lab1s_rings_with_the_index(pmem_pair: PmemPair) -> None:
     pair = pmem_pair
     layout = resolve_layout(load_manifest(REPO / MANIFEST))
@@ -128,7 +152,27 @@ def test_a_standby_in_lab2_takes_over_lab1s_rings_with_the_index(pmem_pair: Pmem
             assert [b["name"] for b in got["blocks"]] == list(BLOCKS) and all(b["ok"] for b in got["blocks"])
             again = _drive(pair, "lab-2", "check", ring2, seed)
             assert all(b["ok"] for b in again["blocks"])
+
+            # Now the whole host of the leader goes: lab-2's QEMU is killed, and a standby that lab-1
+            # started meanwhile takes over; then lab-2 is power-cycled and set up again.
+            (pair.share("lab-1") / LOG).unlink(missing_ok=True)
+            pids["lab-1"] = _launch(pair, "lab-1", pair.etcd_port)
+            _wait_event(pair, "lab-1", "standby", 240)
+            qemu_pid = int((pair.lab_dir / "guests" / "lab-2" / "qemu.pid").read_text())
+            os.kill(qemu_pid, signal.SIGKILL)
+            pids.pop("lab-2")
+            t0 = time.monotonic()
+            ready = pair.sh("lab-1", sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "240",
+                            timeout=300)  # fmt: skip
+            assert ready.returncode == 0, f"lab-1 never took over: {ready.stdout}\n{_log(pair, 'lab-1')}"
+            timings["lab-2's guest killed to lab-1 ready (TCG)"] = time.monotonic() - t0
+            third = _wait_event(pair, "lab-1", "started", 30)
+            assert third["epoch"] > took_over["epoch"], (took_over, third)
+            got = _drive(pair, "lab-1", "check", ring1, seed)
+            assert got["epoch"] == third["epoch"] and all(b["ok"] for b in got["blocks"])
         finally:
+            if "lab-2" not in pids and _guest_down(pair, "lab-2"):
+                _bring_back(pair, "lab-2")
             for host, pid in pids.items():
                 pair.sh(host, "sh", "-c", f"kill -KILL {pid} 2>/dev/null; true", timeout=60)
             print("\nfailover lab timings [TCG]: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
