@@ -198,7 +198,7 @@ def _membership_phase(chans: list[GuestChannel], tmp_path: Path) -> None:
     lab1, lab2, lab3 = chans
     # Moving to a capacity layout is a new layout: the dry run says it destroys, --force does it once.
     rc, refused, err = _belugactl(lab1, "setup", "--dry-run", manifest=two)
-    assert rc == 2 and "moving to one is itself a new layout" in json.dumps(refused), (rc, refused, err[-2000:])
+    assert rc == 1 and "moving to one is itself a new layout" in json.dumps(refused), (rc, refused, err[-2000:])
     rc, plan, err = _belugactl(lab1, "setup", "--dry-run", "--force", manifest=two)
     steps = {s["id"]: s for s in plan["plan"]["steps"]}
     assert "header.rewrite" in steps and steps["header.rewrite"]["destroys_data"], (rc, plan, err[-2000:])
@@ -226,5 +226,6 @@ def _membership_phase(chans: list[GuestChannel], tmp_path: Path) -> None:
         assert rc == 0 and not failed, f"{host}: doctor failed {failed} with the grown rack's manifest"
     rc, report, _err = _belugactl(lab2, "doctor", manifest=two)  # the stale manifest is named as such
     (header,) = [c for c in report["checks"] if c["id"] == "pool.header"]
-    assert header["status"] == "fail" and "another membership" in header["summary"], header
+    assert header["status"] == "fail" and "another membership" in header["reason"], header
+    assert "setup" in header["fix"] and header["details"]["members_change"]["removed"] == [{"host": "lab-3", "slot": 2}]
     print(f"capacity layout {layout.layout_hash[:12]}: lab-3 joined in slot 2, shared KV bytes kept on all hosts")
