@@ -258,7 +258,24 @@ class PoolLayout:
     def canonical(self) -> dict[str, Any]:
         """Everything that two hosts must agree on, and nothing else (no names of display rows)."""
         if self.capacity is not None:
-            return self._capacity_canonical()
+            # The geometry only: who uses which slot and ring is the membership, not the layout.
+            return {
+                **self._regions_canonical(),
+                "capacity": list(self.capacity),
+                "slots": [[e.offset, e.size] for e in self.slots],
+                **self._types_canonical(),
+            }
+        return {
+            **self._regions_canonical(),
+            "partitions": [[p.host, p.index, p.offset, p.size] for p in self.partitions],
+            "clients": [
+                [c.host, c.instance, c.ring] if c.process is None else [c.host, c.instance, c.process, c.ring]
+                for c in self.clients
+            ],
+            **self._types_canonical(),
+        }
+
+    def _regions_canonical(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,
             "pool_size": self.pool_size,
@@ -274,32 +291,11 @@ class PoolLayout:
             ],
             "journal": [self.journal.offset, self.journal.size],
             "shared_kv": [self.shared_kv.offset, self.shared_kv.size],
-            "partitions": [[p.host, p.index, p.offset, p.size] for p in self.partitions],
-            "clients": [
-                [c.host, c.instance, c.ring] if c.process is None else [c.host, c.instance, c.process, c.ring]
-                for c in self.clients
-            ],
-            # Only with a split, so a layout without one hashes as it always did.
-            **({"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}),
         }
 
-    def _capacity_canonical(self) -> dict[str, Any]:
-        """The geometry only: who uses which slot and ring is the membership, not the layout."""
-        assert self.capacity is not None
-        return {
-            "format_version": self.format_version,
-            "pool_size": self.pool_size,
-            "align": self.align,
-            "header": [self.header.offset, self.header.size],
-            "metadata": [self.metadata.offset, self.metadata.size],
-            "rpc": [self.rpc.offset, self.rpc.ring_count, self.rpc.slots_per_ring, self.rpc.slot_size,
-                    self.rpc.ring_stride],
-            "journal": [self.journal.offset, self.journal.size],
-            "shared_kv": [self.shared_kv.offset, self.shared_kv.size],
-            "capacity": list(self.capacity),
-            "slots": [[e.offset, e.size] for e in self.slots],
-            **({"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}),
-        }
+    def _types_canonical(self) -> dict[str, Any]:
+        # Only with a split, so a layout without one hashes as it always did.
+        return {"memory_types": dict(self.memory_types)} if self.memory_types is not None else {}
 
     def partition_rows(self, detail: str = "") -> Iterator[Region]:
         """A row per partition, and with a capacity a row per free slot too, in pool order."""

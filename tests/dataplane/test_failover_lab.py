@@ -68,6 +68,16 @@ def _wait_event(pair: PmemPair, host: str, name: str, timeout_s: float) -> dict[
     raise AssertionError(f"{host}: no {name!r} event within {timeout_s} s:\n{_log(pair, host)}")
 
 
+def _await_leader(pair: PmemPair, host: str) -> tuple[dict[str, Any], float]:
+    """Wait for `host`'s server to answer /readyz 200 (it leads); its start record, and the wait."""
+    t0 = time.monotonic()
+    ready = pair.sh(host, sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "240",
+                    timeout=300)  # fmt: skip
+    assert ready.returncode == 0, f"{host} never led: {ready.stdout}\n{_log(pair, host)}"
+    waited = time.monotonic() - t0
+    return _wait_event(pair, host, "started", 30), waited
+
+
 def _launch(pair: PmemPair, host: str, etcd_port: int) -> int:
     start = pair.sh(host, sys.executable, "-c", LAUNCH, f"{GUEST_SHARE}/{LOG}", f"{GUEST_SHARE}/failover-mds.pid",
                     sys.executable, "-m", "belugactl", "metadata-server", "-f", MANIFEST, "--pool", DAX, "--standby",
@@ -121,10 +131,7 @@ def test_a_standby_in_lab2_takes_over_lab1s_rings_with_the_index(pmem_pair: Pmem
         try:
             t0 = time.monotonic()
             pids["lab-1"] = _launch(pair, "lab-1", pair.etcd_port)
-            ready = pair.sh("lab-1", sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "240",
-                            timeout=300)  # fmt: skip
-            assert ready.returncode == 0, f"lab-1 never led: {ready.stdout}\n{_log(pair, 'lab-1')}"
-            leader = _wait_event(pair, "lab-1", "started", 30)
+            leader, _ = _await_leader(pair, "lab-1")
             timings["lab-1 launch to leading"] = time.monotonic() - t0
 
             t0 = time.monotonic()
@@ -138,12 +145,7 @@ def test_a_standby_in_lab2_takes_over_lab1s_rings_with_the_index(pmem_pair: Pmem
             # The leader dies without a word; its lease lapses and lab-2 campaigns, fences, serves.
             killed = pair.sh("lab-1", "kill", "-KILL", str(pids.pop("lab-1")), timeout=60)
             assert killed.returncode == 0, killed.stderr
-            t0 = time.monotonic()
-            ready = pair.sh("lab-2", sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "240",
-                            timeout=300)  # fmt: skip
-            assert ready.returncode == 0, f"lab-2 never took over: {ready.stdout}\n{_log(pair, 'lab-2')}"
-            timings["leader killed to lab-2 ready (TCG)"] = time.monotonic() - t0
-            took_over = _wait_event(pair, "lab-2", "started", 30)
+            took_over, timings["leader killed to lab-2 ready (TCG)"] = _await_leader(pair, "lab-2")
             assert took_over["epoch"] > leader["epoch"], (leader, took_over)
 
             # lab-1's own ring, now answered by the server in lab-2: every block, the right bytes.
@@ -161,12 +163,7 @@ def test_a_standby_in_lab2_takes_over_lab1s_rings_with_the_index(pmem_pair: Pmem
             qemu_pid = int((pair.lab_dir / "guests" / "lab-2" / "qemu.pid").read_text())
             os.kill(qemu_pid, signal.SIGKILL)
             pids.pop("lab-2")
-            t0 = time.monotonic()
-            ready = pair.sh("lab-1", sys.executable, "-c", WAIT_READY, f"http://127.0.0.1:{ADMIN_PORT}/readyz", "240",
-                            timeout=300)  # fmt: skip
-            assert ready.returncode == 0, f"lab-1 never took over: {ready.stdout}\n{_log(pair, 'lab-1')}"
-            timings["lab-2's guest killed to lab-1 ready (TCG)"] = time.monotonic() - t0
-            third = _wait_event(pair, "lab-1", "started", 30)
+            third, timings["lab-2's guest killed to lab-1 ready (TCG)"] = _await_leader(pair, "lab-1")
             assert third["epoch"] > took_over["epoch"], (took_over, third)
             got = _drive(pair, "lab-1", "check", ring1, seed)
             assert got["epoch"] == third["epoch"] and all(b["ok"] for b in got["blocks"])
