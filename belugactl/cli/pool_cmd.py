@@ -178,6 +178,8 @@ def register(app: typer.Typer) -> None:
         print(f"pool {path}: {verb} membership version {version}, keeping every cached KV block:")
         for line in outcome.change.lines():
             print(f"  {line}")
+        if outcome.written is None and outcome.change.moves_partitions and not force:
+            print("  a host changes slot: recording it needs --force (or pin it with `slot: N`)")
 
     app.add_typer(pool, name="pool")
 

@@ -399,6 +399,7 @@ def up(
                          fix="belugactl lab up --profile pmem --host-port PORT")
     if bad := [p for p in host_ports if not 1 <= p <= 65535]:
         raise UsageError(f"--host-port {bad[0]} is not a TCP port", fix="give a port between 1 and 65535")
+    host_ports = tuple(dict.fromkeys(host_ports))  # a port named twice is one forward (QEMU refuses two)
     paths = lab_paths(name)
     if profile == "pmem":
         prereqs.require()

@@ -25,6 +25,13 @@ def main(argv: list[str]) -> int:
     except OSError:
         return 1  # nothing listens there: the guest sees its connection closed
     upstream.settimeout(None)
+    try:
+        return _pump(upstream)
+    except OSError:
+        return 1  # either side went away mid-stream (a reset, a broken pipe): the other is closed on exit
+
+
+def _pump(upstream: socket.socket) -> int:
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)
     sel.register(upstream, selectors.EVENT_READ)

@@ -272,7 +272,7 @@ def _capacity_rules(m: Manifest) -> list[RuleProblem]:
             out.append(RuleProblem(("hosts", i, "partition_size"), "with layout.capacity every slot has the layout's "
                                    "partition_size", "remove it here; set layout.partition_size"))
         slot = m.slot_of(host)
-        if slot >= cap.hosts:
+        if not 0 <= slot < cap.hosts:
             out.append(RuleProblem(("hosts", i, "slot"), f"slot {slot} is outside capacity.hosts ({cap.hosts})",
                                    f"use a slot from 0 to {cap.hosts - 1}"))
         elif slot in taken:

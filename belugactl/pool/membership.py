@@ -8,9 +8,10 @@ region moves: every cached KV block, the journal and the other hosts' partitions
 instance counts or tensor-parallel sizes within `rings_per_host` changes no byte on media at all.
 
 The table carries a version (bumped by each rewrite) and the pool epoch at its last write. The
-rewrite never touches the claim and epoch lines (a metadata server may bump the epoch meanwhile);
-a reader that catches the record half-written sees a crc mismatch and reads again
-(`read_header`).
+rewrite never touches the magic, the claim and epoch lines (a metadata server may bump the epoch
+meanwhile); it stages the new record at `STAGE_OFFSET` first, so a crash half-way leaves something
+to finish (`recover`, run by setup and `pool members`) rather than an unreadable header; a reader that
+catches the record half-written reads again (`read_header`).
 
 A pool written by format 1 (no capacity) moves to format 2 the same way, in place, when the
 capacity layout keeps every one of its offsets (`migratable`: as many slots as hosts, as many rings
@@ -32,6 +33,9 @@ from belugactl.pool.header import PoolHeader
 # A reader that meets a record mid-rewrite (crc mismatch) tries again this often, this far apart.
 READ_TRIES = 5
 READ_PAUSE_S = 0.01
+# Where a rewrite stages its new record first: in the header region's first MiB, far past the record
+# (at most 1,408 bytes) and before the doorbells (the second MiB); zero when no rewrite is under way.
+STAGE_OFFSET = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -86,14 +90,17 @@ def same_geometry(ours: PoolHeader, theirs: PoolHeader) -> bool:
     )
 
 
-def migratable(ours: PoolHeader, theirs: PoolHeader) -> bool:
-    """A format 1 header of this pool whose every offset the manifest's capacity layout keeps: the same
-    regions, ring count and host partitions (a rack with as many slots as hosts and as many rings per
-    slot as each host's processes). Rewriting it as format 2 moves nothing and drops nothing."""
+def migratable(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> bool:
+    """A format 1 header of this pool whose every offset the manifest's capacity layout (`layout`, the
+    one `ours` was made from) keeps: the same regions, ring count and host partitions, and every process
+    on the ring format 1 gave it (the processes in host order on rings 0, 1, 2, ...: every host but the
+    last runs `rings_per_host` processes). Rewriting it as format 2 moves nothing and drops nothing."""
     if ours.format_version != CAPACITY_FORMAT_VERSION or theirs.format_version != FORMAT_VERSION:
         return False
     if ours.pool_uuid != theirs.pool_uuid or ours.hosts != theirs.hosts:
         return False
+    if [c.ring for c in layout.clients] != list(range(len(layout.clients))):
+        return False  # format 1 numbered the rings in host order without gaps; a gap moves a process
     a, b = ours.to_dict(), theirs.to_dict()
     return all(a[f] == b[f] for f in (*hdr.GEOMETRY_FIELDS, "rpc_ring_count") if f != "format_version")
 
@@ -103,7 +110,7 @@ def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> Members
     they are not the same capacity geometry (a layout change, not a membership change) or when they
     already agree. Slots are told apart by their offsets, which the geometry fixes. A format 1 header
     that the capacity layout keeps every offset of is a change too (`migrate`)."""
-    if migratable(ours, theirs):
+    if migratable(ours, theirs, layout):
         return MembershipChange(theirs.members_version, migrate=True)
     if not same_geometry(ours, theirs) or ours.hosts == theirs.hosts:
         return None
@@ -131,26 +138,78 @@ def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> Members
 
 
 def read_header(read: Callable[[int, int], bytes]) -> PoolHeader:
-    """Unpack the header through `read(offset, n)`, reading again while a membership rewrite is
-    half-way (a crc mismatch lasts microseconds); any other fault is raised at once."""
+    """Unpack the header through `read(offset, n)`, reading again while a membership rewrite may be
+    half-way (it lasts microseconds; a torn read fails the crc or a length check). A record that stays
+    unreadable is raised, saying so when a staged rewrite is waiting to be finished (`recover`)."""
     for attempt in range(READ_TRIES):
+        data = read(0, hdr.MAX_HEADER_SIZE)
         try:
-            return PoolHeader.unpack(read(0, hdr.MAX_HEADER_SIZE))
+            return PoolHeader.unpack(data)
         except InputError as exc:
-            if "crc mismatch" not in exc.what or attempt == READ_TRIES - 1:
-                raise
-            time.sleep(READ_PAUSE_S)
+            if data[: len(hdr.MAGIC)] != hdr.MAGIC:
+                raise  # never written, or not a pool: nothing is being rewritten
+            if attempt < READ_TRIES - 1:
+                time.sleep(READ_PAUSE_S)
+                continue
+            if staged(read) is not None:
+                raise InputError(
+                    f"{exc.what}: a membership rewrite was interrupted",
+                    why="the new record is staged in the header region; the one at offset 0 is half-written",
+                    fix="`belugactl setup -f MANIFEST` on one host finishes it (`belugactl pool members POOL -f "
+                    "MANIFEST` for a pool file); nothing is lost",
+                    where=exc.where,
+                ) from None
+            raise
     raise AssertionError("unreachable")
 
 
-def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
+def staged(read: Callable[[int, int], bytes]) -> PoolHeader | None:
+    """The record a membership rewrite staged before writing in place, or None (none, or torn)."""
+    data = read(STAGE_OFFSET, hdr.MAX_HEADER_SIZE)
+    if data[: len(hdr.MAGIC)] != hdr.MAGIC:
+        return None
+    try:
+        return PoolHeader.unpack(data)
+    except InputError:
+        return None
+
+
+def recover(window: object) -> PoolHeader | None:
+    """Finish a membership rewrite a crash interrupted: the record at offset 0 unreadable and a staged
+    one of the same pool waiting. Returns the header as it is now, or None when there was nothing to do."""
+    read = window.read  # type: ignore[attr-defined]
+    try:
+        read_header(read)
+        return None
+    except InputError:
+        pass
+    new = staged(read)
+    if new is None:
+        return None
+    data = new.pack()
+    _write_in_place(window, data, len(data))
+    window.zero(STAGE_OFFSET, hdr.MAX_HEADER_SIZE)  # type: ignore[attr-defined]
+    return read_header(read)
+
+
+def _write_in_place(window: object, data: bytes, old_length: int) -> None:
+    """The host table and the membership words first, the identity part (length, count, crc) last;
+    never the magic, the claim line or the epoch line."""
+    window.write(hdr.MEMBERS_OFFSET, data[hdr.MEMBERS_OFFSET :])  # type: ignore[attr-defined]
+    if old_length > len(data):
+        window.zero(len(data), old_length - len(data))  # type: ignore[attr-defined]
+    window.write(len(hdr.MAGIC), data[len(hdr.MAGIC) : hdr.CLAIM_OFFSET])  # type: ignore[attr-defined]
+
+
+def record(window: object, ours: PoolHeader, expect: PoolHeader, layout: PoolLayout) -> PoolHeader:
     """Rewrite the pool's host table to `ours`' in place, if the pool still holds `expect`'s
     membership (what the plan showed); bump the version, stamp the epoch. Returns the new header.
+    The new record is staged first (`STAGE_OFFSET`), so a crash half-way is finished by `recover`.
 
-    `window` is a PoolMapping (or its window) over the header region."""
+    `window` is a PoolMapping (or its window) over the header region; `layout` is `ours`' layout."""
     read = window.read  # type: ignore[attr-defined]
     current = read_header(read)
-    migrate = migratable(ours, current)
+    migrate = migratable(ours, current, layout)
     if not same_geometry(ours, current) and not migrate:
         raise StepFailed(
             "the pool header changed while setup ran: it is no longer this manifest's geometry",
@@ -170,12 +229,9 @@ def record(window: object, ours: PoolHeader, expect: PoolHeader) -> PoolHeader:
     new = replace(current, format_version=ours.format_version, layout_hash=ours.layout_hash, hosts=ours.hosts,
                   members_version=current.members_version + 1, members_epoch=epoch)  # fmt: skip
     data = new.pack()
-    # The host table and the membership words first, the identity part (length, count, crc) last;
-    # never the claim and epoch lines.
-    window.write(hdr.MEMBERS_OFFSET, data[hdr.MEMBERS_OFFSET :])  # type: ignore[attr-defined]
-    if current.length > new.length:
-        window.zero(new.length, current.length - new.length)  # type: ignore[attr-defined]
-    window.write(len(hdr.MAGIC), data[len(hdr.MAGIC) : hdr.CLAIM_OFFSET])  # type: ignore[attr-defined]
+    window.write(STAGE_OFFSET, data)  # type: ignore[attr-defined]
+    _write_in_place(window, data, current.length)
+    window.zero(STAGE_OFFSET, hdr.MAX_HEADER_SIZE)  # type: ignore[attr-defined]
     written = read_header(read)
     if written != replace(new, epoch=written.epoch, claim=written.claim):
         raise StepFailed(

@@ -128,7 +128,12 @@ def _ring_owners(manifest: Manifest | None) -> dict[int, str]:
         return {}
     from belugactl.model.layout import resolve_layout
 
-    return {c.ring: c.owner for c in resolve_layout(manifest).clients}  # host/vllm-N/process
+    layout = resolve_layout(manifest)
+    owners = {c.ring: c.owner for c in layout.clients}  # host/vllm-N/process
+    if layout.capacity is not None:  # rings of a slot its host does not use, or of a free slot
+        for ring in range(layout.capacity[0] * layout.capacity[1]):
+            owners.setdefault(ring, f"slot {ring // layout.capacity[1]}, unused")
+    return owners
 
 
 def _slot_header(pool: PoolMapping, offset: int) -> tuple[int, ...]:

@@ -45,9 +45,18 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
         )
     # created_by is not rewritten (the record keeps who created the pool); no host lookup needed
     ours = hdr.PoolHeader.from_layout(manifest, layout, created_by="belugactl")
+    if not path.is_file() or path.is_symlink():
+        what = "a symbolic link" if path.is_symlink() else "not a regular file" if path.exists() else "missing"
+        raise UsageError(
+            f"pool members works on a pool file; {path} is {what}",
+            fix="name the pool file (`belugactl pool create-file` made it); a device pool's membership is recorded "
+            "by `belugactl setup -f MANIFEST` on one host",
+        )
     with PoolMapping.window(Host.local(), str(path), hdr.HEADER_REGION, writable=not dry_run) as window:
+        if not dry_run:
+            members.recover(window)  # a rewrite a crash interrupted is finished first
         found = members.read_header(window.read)
-        if not members.same_geometry(ours, found) and not members.migratable(ours, found):
+        if not members.same_geometry(ours, found) and not members.migratable(ours, found, layout):
             problems = hdr.diff(ours, found)
             raise PoolMismatch(
                 f"pool {path} is not laid out for this manifest's geometry, so this is not a membership change",
@@ -65,4 +74,4 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
                 "was changed",
                 fix="pin each such host to its slot (`slot: N` under the host), or rerun with --force",
             )
-        return MembersOutcome(str(path), change, members.record(window, ours, found))
+        return MembersOutcome(str(path), change, members.record(window, ours, found, layout))

@@ -117,12 +117,12 @@ def test_a_scratch_file_is_left_blank_and_its_header_area_untouched(tmp_path) ->
 # --- what may be touched ------------------------------------------------------------------
 
 
-def _header(kv: tuple[int, int], partitions_end: int) -> object:
+def _header(kv: tuple[int, int], partitions_end: int, format_version: int = 1) -> object:
     from types import SimpleNamespace
 
     geo = SimpleNamespace(shared_kv_offset=kv[0], shared_kv_size=kv[1], journal_offset=4 << 20, journal_size=1 << 20)
     hosts = [SimpleNamespace(offset=kv[0] + kv[1], size=partitions_end - kv[0] - kv[1])]
-    return SimpleNamespace(geometry=geo, hosts=hosts)
+    return SimpleNamespace(geometry=geo, hosts=hosts, format_version=format_version)
 
 
 def test_a_served_pool_is_refused_unless_read_only_and_then_only_its_kv_area_is_read() -> None:
@@ -145,6 +145,11 @@ def test_a_pool_nobody_serves_is_written_only_on_its_unused_tail() -> None:
     full = pool_speed.PoolState("p", "devdax", 1 << 30, False, _header((8 << 20, 256 << 20), 1 << 30))
     with pytest.raises(UsageError, match="no unused space"):
         pool_speed.decide_access(full, read_only=False)
+    # a capacity pool's free slots are not in its header: nothing past its areas is taken for scratch
+    capacity = pool_speed.PoolState("p", "devdax", 1 << 30, False, _header((8 << 20, 256 << 20), 512 << 20, 2))
+    with pytest.raises(UsageError, match="capacity"):
+        pool_speed.decide_access(capacity, read_only=False)
+    assert not pool_speed.decide_access(capacity, read_only=True).writable
 
 
 def test_data_that_is_not_a_pool_is_only_read_and_a_blank_device_is_scratch_after_its_header_area() -> None:

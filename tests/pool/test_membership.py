@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,7 @@ def test_hosts_instances_and_tp_within_capacity_keep_the_layout_hash() -> None:
         (rack_text(instances=4), "8 vLLM processes"),
         (with_slot(rack_text("cpu-two"), "cpu-two", 0), "slot 0 is already cpu-demo's"),
         (with_slot(rack_text("cpu-two"), "cpu-two", 4), "outside capacity.hosts"),
+        (with_slot(rack_text("cpu-two"), "cpu-two", -1), "outside capacity.hosts"),
         (rack_text("a", "b", "c", "d"), "5 hosts do not fit 4 slots"),
         (with_slot(rack_text("cpu-two", capacity=PLAIN), "cpu-two", 1), "a slot needs layout.capacity"),
     ],
@@ -181,11 +183,11 @@ def test_a_record_made_from_a_stale_plan_is_refused(pool: Path) -> None:
     ours = hdr.PoolHeader.from_layout(joined, layout, created_by="t")
     with PoolMapping.open(pool, load_manifest_text(rack_text())) as mapping:
         planned = mapping.header
-        membership.record(mapping, ours, planned)  # the first writer
+        membership.record(mapping, ours, planned, layout)  # the first writer
         other = load_manifest_text(rack_text("cpu-four"))
         theirs = hdr.PoolHeader.from_layout(other, resolve_layout(other), created_by="t")
         with pytest.raises(StepFailed) as caught:
-            membership.record(mapping, theirs, planned)  # planned from version 0, the pool is at 1 now
+            membership.record(mapping, theirs, planned, resolve_layout(other))  # planned at 0, the pool is at 1
     assert "changed while setup ran" in caught.value.what
     assert [h.name for h in assert_kept(pool, rack_text("cpu-two")).hosts] == ["cpu-demo", "cpu-two"]
 
@@ -195,6 +197,10 @@ def test_a_reader_reads_again_over_a_half_written_record(pool: Path) -> None:
     torn = bytearray(good)
     torn[hdr.FIXED_SIZE] ^= 0xFF  # the host table rewritten, the crc not yet
     reads = [bytes(torn), bytes(torn), good]
+    assert membership.read_header(lambda off, n: reads.pop(0)).pool_uuid
+    longer = bytearray(good)
+    longer[12:16] = (hdr.FIXED_SIZE + 2 * hdr.HOST_ENTRY_SIZE).to_bytes(4, "little")  # a new length, old count
+    reads = [bytes(longer), good]
     assert membership.read_header(lambda off, n: reads.pop(0)).pool_uuid
     with pytest.raises(InputError, match="crc mismatch"):  # a record that stays torn is reported
         membership.read_header(lambda off, n: bytes(torn))
@@ -217,7 +223,7 @@ def test_setup_plans_a_membership_step_that_keeps_the_cache(pool: Path) -> None:
     assert step.id == "header.members" and not step.destroys_data and step.refusal is None
     assert "host cpu-two joins in slot 1" in step.summary and "keeps every cached KV block" in step.summary
     with PoolMapping.open(pool, load_manifest_text(rack_text())) as mapping:
-        membership.record(mapping, spec.ours, mapping.header)
+        membership.record(mapping, spec.ours, mapping.header, spec.layout)
     found = pool.read_bytes()[: hdr.HEADER_REGION]
     assert topic.judge(spec, found).state == "match"
     moved = load_manifest_text(rack_text("cpu-two", first=False))  # cpu-two would move to slot 0
@@ -238,6 +244,10 @@ def test_pool_members_cli(pool: Path, tmp_path: Path) -> None:
     assert "would record membership version 1" in dry.stdout and "host cpu-two joins in slot 1" in dry.stdout
     bad = run(rack_text(capacity=WIDER))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not a membership change" in bad.stderr
+    path = rack_file(tmp_path, rack_text("cpu-two"), "cli.yaml")
+    folder = subprocess.run([sys.executable, "-m", "belugactl", "pool", "members", str(tmp_path), "-f", str(path)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert folder.returncode == 2 and "not a regular file" in folder.stderr and "Traceback" not in folder.stderr
     done = run(rack_text("cpu-two"), "--json")
     assert done.returncode == 0, done.stderr
     assert '"members_version": 1' in done.stdout
@@ -319,3 +329,46 @@ def test_a_format_1_pool_whose_offsets_a_capacity_keeps_migrates_in_place(tmp_pa
     with pytest.raises(PoolMismatch, match="not a membership change"):
         record_file_members(path2, rack(tmp_path, wider), dry_run=False, force=False)
     assert hdr.PoolHeader.unpack(path2.read_bytes()[: hdr.MAX_HEADER_SIZE]).format_version == 1
+
+
+def test_a_rewrite_a_crash_interrupted_is_finished_not_lost(pool: Path, tmp_path: Path) -> None:
+    """The writer dies after the host table, before the identity part and its crc: the header at offset
+    0 is unreadable, the staged record says what it was going to be; the next record finishes it."""
+    joined = load_manifest_text(rack_text("cpu-two"))
+    ours = hdr.PoolHeader.from_layout(joined, resolve_layout(joined), created_by="t")
+    with PoolMapping.open(pool, load_manifest_text(rack_text())) as mapping:
+        current = mapping.header
+        new = replace(current, hosts=ours.hosts, members_version=1, members_epoch=mapping.epoch())
+        data = new.pack()
+        mapping.write(membership.STAGE_OFFSET, data)
+        mapping.write(hdr.MEMBERS_OFFSET, data[hdr.MEMBERS_OFFSET :])  # ... and the crash
+    with pytest.raises(PoolMismatch) as caught:
+        PoolMapping.open(pool, joined, writable=False)
+    assert "interrupted" in caught.value.what and "setup" in (caught.value.fix or "")
+    # setup plans to finish it, without --force
+    from belugactl.workflows.setup.target import header_spec_for
+    from belugactl.workflows.setup.topics import header as topic
+
+    spec = header_spec_for(joined, resolve_layout(joined), "cpu-demo")
+    verdict = topic.judge(spec, pool.read_bytes()[: hdr.HEADER_REGION])
+    step = topic._step_for(verdict, spec, "/dev/dax0.0")
+    assert verdict.state == "interrupted" and step.id == "header.members" and not step.destroys_data
+    outcome = record_file_members(pool, rack(tmp_path, rack_text("cpu-two")), dry_run=False, force=False)
+    assert outcome.change is None  # finishing it was all there was to do
+    header = assert_kept(pool, rack_text("cpu-two"))
+    assert header.members_version == 1 and [h.name for h in header.hosts] == ["cpu-demo", "cpu-two"]
+    assert pool.read_bytes()[membership.STAGE_OFFSET : membership.STAGE_OFFSET + 64] == bytes(64)
+
+
+def test_a_format_1_pool_whose_rings_a_capacity_would_renumber_is_not_migrated(tmp_path: Path) -> None:
+    """Offsets alike but a process on another ring (format 1 numbered rings without gaps): refused."""
+    two = rack_text("cpu-two", capacity=PLAIN).replace("    instances: 2\n", "    instances: 1\n")
+    two = two.replace("{name: cpu-two, ", "{name: cpu-two, instances: 2, ")  # cpu-demo 2 processes, cpu-two 4
+    plain = two.replace("spare_rings: 2", "spare_rings: 4")
+    cap = two.replace(PLAIN, PLAIN + "  capacity: {hosts: 2, rings_per_host: 4}\n")
+    old, new = resolve_layout(load_manifest_text(plain)), resolve_layout(load_manifest_text(cap))
+    assert [(r.offset, r.size) for r in old.regions()] == [(r.offset, r.size) for r in new.regions()]
+    assert old.ring_for("cpu-two", 0) == 2 and new.ring_for("cpu-two", 0) == 4
+    path = create_file_pool(tmp_path / "old.pool", load_manifest_text(plain))
+    with pytest.raises(PoolMismatch, match="not a membership change"):
+        record_file_members(path, rack(tmp_path, cap), dry_run=False, force=False)

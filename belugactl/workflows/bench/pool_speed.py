@@ -39,6 +39,7 @@ from typing import Any
 
 from belugactl.dataplane import native
 from belugactl.errors import EnvironmentProblem, UsageError
+from belugactl.model.layout import FORMAT_VERSION
 from belugactl.units import format_size
 
 LINE = 64
@@ -228,6 +229,13 @@ def decide_access(state: PoolState, *, read_only: bool) -> Access:
                 f"{state.path} is in use: a process on this host holds the pool's lock (a metadata server)",
                 why="bench pool writes the ranges it measures; a live pool is never written",
                 fix=ro_fix,
+            )
+        if state.header.format_version != FORMAT_VERSION:
+            raise UsageError(
+                f"{state.path} is laid out with a capacity (header format {state.header.format_version}): its free "
+                "partition slots are kept for hosts that join later, and the header lists only the slots in use",
+                why="bench pool writes the ranges it measures; it cannot tell a free slot from an unused tail",
+                fix=f"{ro_fix}; or measure writes on a blank device or a scratch file (truncate -s 1G FILE)",
             )
         start = -(-_used_end(state.header) // HEADER_AREA) * HEADER_AREA
         tail = state.size - start

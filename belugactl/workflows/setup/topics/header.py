@@ -77,7 +77,7 @@ def _show(value: Any) -> str:
 
 @dataclass(frozen=True)
 class HeaderVerdict:
-    state: str  # "blank" | "occupied" | "claimed" | "match" | "members" | "differs" | "corrupt"
+    state: str  # "blank" | "occupied" | "claimed" | "match" | "members" | "interrupted" | "differs" | "corrupt"
     rows: tuple[tuple[str, Any, Any], ...] = ()
     reason: str | None = None
     claim: int = 0
@@ -94,6 +94,10 @@ def judge(spec: HeaderSpec, found: bytes) -> HeaderVerdict:
     try:
         theirs = hdr.PoolHeader.unpack(found)
     except InputError as exc:
+        staged = members.staged(lambda offset, n: found[offset : offset + n])
+        if staged is not None and staged.pool_uuid == spec.ours.pool_uuid:
+            return HeaderVerdict("interrupted", reason=exc.what, members=members.MembershipChange(
+                staged.members_version))  # fmt: skip
         return HeaderVerdict("corrupt", reason=exc.what)
     rows = hdr.diff(spec.ours, theirs)
     if not rows:
@@ -153,6 +157,18 @@ def _step_for(verdict: HeaderVerdict, spec: HeaderSpec, device: str) -> Step:
         return _initialize_over_data(verdict, device, after)
     if verdict.state == "members":
         return _record_members(verdict, device)
+    if verdict.state == "interrupted":
+        assert verdict.members is not None
+        return Step(
+            id="header.members",
+            topic=ID,
+            summary=f"finish the membership rewrite a crash interrupted on {device} (version "
+            f"{verdict.members.version}, staged in the header region), then record this manifest's",
+            actions=(WritePoolMembership(device, verdict.members.version),),
+            before=verdict.reason,
+            after="a readable header; every cached KV block kept",
+            note="pool/membership.py recover(): the staged record is written in place, never the claim or epoch",
+        )
     return _rewrite(verdict, device, after)
 
 
@@ -288,7 +304,15 @@ def observe(host: Host, target: SetupTarget, facts: SetupFacts) -> None:
 def read_header_bytes(host: Host, device: str, size: int) -> tuple[bytes | None, str | None]:
     try:
         with PoolMapping.window(host, device, size, writable=False) as window:
-            return window.read(0, size), None
+            for _ in range(members.READ_TRIES):  # a membership rewrite on another host lasts microseconds
+                data = window.read(0, size)
+                try:
+                    if data[: len(hdr.MAGIC)] == hdr.MAGIC:
+                        hdr.PoolHeader.unpack(data)
+                    break
+                except InputError:
+                    time.sleep(members.READ_PAUSE_S)
+            return data, None
     except BelugaError as exc:
         return None, exc.what
     except OSError as exc:  # e.g. ENXIO from a dax node with no driver bound
@@ -301,7 +325,10 @@ def apply_members(ctx: ApplyContext, action: WritePoolMembership) -> str:
     if spec is None:
         raise StepFailed("no header to write: the layout was not resolved")
     with PoolMapping.window(ctx.host, action.device, spec.map_size, flush=_atomics() is not None) as window:
+        members.recover(window)  # a rewrite a crash interrupted is finished first
         found = members.read_header(window.read)
+        if not hdr.diff(spec.ours, found):
+            return f"the membership is recorded (version {found.members_version})"
         if found.members_version != action.version:
             raise StepFailed(
                 f"the pool's membership on {action.device} is version {found.members_version}, not the "
@@ -309,7 +336,7 @@ def apply_members(ctx: ApplyContext, action: WritePoolMembership) -> str:
                 why="another host recorded a membership meanwhile",
                 fix="make sure every host has the same manifest, then rerun `belugactl setup --dry-run`",
             )
-        new = members.record(window, spec.ours, found)
+        new = members.record(window, spec.ours, found, spec.layout)
     ctx.state["header"] = {"device": action.device, "members_version": new.members_version}
     return f"recorded the membership (version {new.members_version}, epoch {new.members_epoch}): {len(new.hosts)} " \
         "host(s)"
