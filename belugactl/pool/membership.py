@@ -114,9 +114,11 @@ def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> Members
         return MembershipChange(theirs.members_version, migrate=True)
     if not same_geometry(ours, theirs) or ours.hosts == theirs.hosts:
         return None
-    slot_at = {e.offset: i for i, e in enumerate(layout.slots)}
-    before = {h.name: slot_at.get(h.offset, -1) for h in theirs.hosts}
-    after = {h.name: slot_at.get(h.offset, -1) for h in ours.hosts}
+    slots = {(e.offset, e.size): i for i, e in enumerate(layout.slots)}
+    if any((h.offset, h.size) not in slots for h in (*theirs.hosts, *ours.hosts)):
+        return None  # a partition that is no slot of this geometry: not a membership this layout made
+    before = {h.name: slots[h.offset, h.size] for h in theirs.hosts}
+    after = {h.name: slots[h.offset, h.size] for h in ours.hosts}
     held_before = {s: n for n, s in before.items()}
     added: list[tuple[str, int]] = []
     replaced: list[tuple[int, str, str]] = []

@@ -56,15 +56,15 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
         if not dry_run:
             members.recover(window)  # a rewrite a crash interrupted is finished first
         found = members.read_header(window.read)
-        if not members.same_geometry(ours, found) and not members.migratable(ours, found, layout):
+        change = members.compare(ours, found, layout)
+        if change is None and hdr.diff(ours, found):
             problems = hdr.diff(ours, found)
             raise PoolMismatch(
                 f"pool {path} is not laid out for this manifest's geometry, so this is not a membership change",
                 why="\n".join(f"{f}: manifest {a!r}, pool {b!r}" for f, a, b in problems[:12])
-                + ("\nwhat changed: " + "; ".join(hdr.describe_change(ours, found)) if problems else ""),
+                + "\nwhat changed: " + "; ".join(hdr.describe_change(ours, found)),
                 fix=reinit_fix(path),
             )
-        change = members.compare(ours, found, layout)
         if change is None or dry_run:
             return MembersOutcome(str(path), change, None)
         if change.moves_partitions and not force:

@@ -224,6 +224,13 @@ def _membership_phase(chans: list[GuestChannel], tmp_path: Path) -> None:
     for host, (rc, report, _err) in doctors.items():
         failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
         assert rc == 0 and not failed, f"{host}: doctor failed {failed} with the grown rack's manifest"
+    # two instances on lab-2 (4 processes, its slot's 4 rings): nothing on media changes, doctor is green
+    more = tmp_path / "more-instances.yaml"
+    more.write_text(three.read_text().replace("  - name: lab-2\n", "  - name: lab-2\n    instances: 2\n", 1))
+    rc, report, _err = _belugactl(lab2, "doctor", manifest=more)
+    (header,) = [c for c in report["checks"] if c["id"] == "pool.header"]
+    assert header["status"] == "ok", header
+    assert resolve_layout(load_manifest(str(more))).ring_for("lab-2", 1, "worker0") == 7  # slot 1: rings 4..7
     rc, report, _err = _belugactl(lab2, "doctor", manifest=two)  # the stale manifest is named as such
     (header,) = [c for c in report["checks"] if c["id"] == "pool.header"]
     assert header["status"] == "fail" and "another membership" in header["reason"], header

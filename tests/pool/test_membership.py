@@ -372,3 +372,27 @@ def test_a_format_1_pool_whose_rings_a_capacity_would_renumber_is_not_migrated(t
     path = create_file_pool(tmp_path / "old.pool", load_manifest_text(plain))
     with pytest.raises(PoolMismatch, match="not a membership change"):
         record_file_members(path, rack(tmp_path, cap), dry_run=False, force=False)
+
+
+def test_a_host_table_naming_no_slot_is_not_taken_for_a_membership(pool: Path, tmp_path: Path) -> None:
+    """A header of this geometry whose host entry sits at an offset that is no slot (crafted, or written
+    by something else): refused as another layout, never recorded over or reported as a join."""
+    import struct
+    import zlib
+
+    data = bytearray(pool.read_bytes()[: hdr.MAX_HEADER_SIZE])
+    offset = struct.unpack_from("<Q", data, hdr.FIXED_SIZE + 48)[0]
+    struct.pack_into("<Q", data, hdr.FIXED_SIZE + 48, offset + (2 << 20))  # half-way into slot 0
+    work = bytearray(data[: struct.unpack_from("<I", data, 12)[0]])
+    work[16:20] = bytes(4)
+    work[hdr.CLAIM_OFFSET : hdr.EPOCH_OFFSET + 64] = bytes(hdr.EPOCH_OFFSET + 64 - hdr.CLAIM_OFFSET)
+    struct.pack_into("<I", data, 16, zlib.crc32(work) & 0xFFFFFFFF)
+    with pool.open("r+b") as f:
+        f.write(data)
+    with pytest.raises(PoolMismatch) as caught:
+        PoolMapping.open(pool, load_manifest_text(rack_text("cpu-two")), writable=False)
+    assert "another membership" not in caught.value.what
+    with pytest.raises(PoolMismatch, match="not a membership change"):
+        record_file_members(pool, rack(tmp_path, rack_text("cpu-two")), dry_run=False, force=False)
+    with pytest.raises(PoolMismatch, match="not a membership change"):
+        record_file_members(pool, rack(tmp_path, rack_text()), dry_run=True, force=False)
