@@ -251,10 +251,6 @@ class PoolLayout:
             return range(self.capacity[0] * self.capacity[1], self.rpc.ring_count)
         return range(len(self.clients), self.rpc.ring_count)
 
-    def slot_of(self, host: str) -> int:
-        """The slot (capacity layout) or list position of a host's partition."""
-        return self.partition_for(host).index
-
     def canonical(self) -> dict[str, Any]:
         """Everything that two hosts must agree on, and nothing else (no names of display rows)."""
         if self.capacity is not None:

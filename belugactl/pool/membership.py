@@ -139,30 +139,38 @@ def compare(ours: PoolHeader, theirs: PoolHeader, layout: PoolLayout) -> Members
     )  # fmt: skip
 
 
-def read_header(read: Callable[[int, int], bytes]) -> PoolHeader:
-    """Unpack the header through `read(offset, n)`, reading again while a membership rewrite may be
-    half-way (it lasts microseconds; a torn read fails the crc or a length check). A record that stays
-    unreadable is raised, saying so when a staged rewrite is waiting to be finished (`recover`)."""
+def settled_bytes(read: Callable[[int, int], bytes], size: int = hdr.MAX_HEADER_SIZE) -> bytes:
+    """The first `size` bytes of the header region, read again while a membership rewrite may be
+    half-way (it lasts microseconds; a torn read fails the crc or a length check). Returns the last
+    read whatever it holds: a header never written (no magic) is not waited for."""
     for attempt in range(READ_TRIES):
-        data = read(0, hdr.MAX_HEADER_SIZE)
+        data = read(0, size)
+        if data[: len(hdr.MAGIC)] != hdr.MAGIC or attempt == READ_TRIES - 1:
+            return data
         try:
-            return PoolHeader.unpack(data)
-        except InputError as exc:
-            if data[: len(hdr.MAGIC)] != hdr.MAGIC:
-                raise  # never written, or not a pool: nothing is being rewritten
-            if attempt < READ_TRIES - 1:
-                time.sleep(READ_PAUSE_S)
-                continue
-            if staged(read) is not None:
-                raise InputError(
-                    f"{exc.what}: a membership rewrite was interrupted",
-                    why="the new record is staged in the header region; the one at offset 0 is half-written",
-                    fix="`belugactl setup -f MANIFEST` on one host finishes it (`belugactl pool members POOL -f "
-                    "MANIFEST` for a pool file); nothing is lost",
-                    where=exc.where,
-                ) from None
-            raise
+            PoolHeader.unpack(data)
+            return data
+        except InputError:
+            time.sleep(READ_PAUSE_S)
     raise AssertionError("unreachable")
+
+
+def read_header(read: Callable[[int, int], bytes]) -> PoolHeader:
+    """Unpack the header through `read(offset, n)` once it has settled (`settled_bytes`). A record that
+    stays unreadable is raised, saying so when a staged rewrite is waiting to be finished (`recover`)."""
+    data = settled_bytes(read)
+    try:
+        return PoolHeader.unpack(data)
+    except InputError as exc:
+        if data[: len(hdr.MAGIC)] != hdr.MAGIC or staged(read) is None:
+            raise
+        raise InputError(
+            f"{exc.what}: a membership rewrite was interrupted",
+            why="the new record is staged in the header region; the one at offset 0 is half-written",
+            fix="`belugactl setup -f MANIFEST` on one host finishes it (`belugactl pool members POOL -f "
+            "MANIFEST` for a pool file); nothing is lost",
+            where=exc.where,
+        ) from None
 
 
 def staged(read: Callable[[int, int], bytes]) -> PoolHeader | None:

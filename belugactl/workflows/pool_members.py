@@ -57,8 +57,7 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
             members.recover(window)  # a rewrite a crash interrupted is finished first
         found = members.read_header(window.read)
         change = members.compare(ours, found, layout)
-        if change is None and hdr.diff(ours, found):
-            problems = hdr.diff(ours, found)
+        if change is None and (problems := hdr.diff(ours, found)):
             raise PoolMismatch(
                 f"pool {path} is not laid out for this manifest's geometry, so this is not a membership change",
                 why="\n".join(f"{f}: manifest {a!r}, pool {b!r}" for f, a, b in problems[:12])
