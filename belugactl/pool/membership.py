@@ -55,6 +55,11 @@ class MembershipChange:
         """A host changes slots: its partition's contents stay behind in the old slot."""
         return bool(self.moved)
 
+    @property
+    def moved_text(self) -> str:
+        """The hosts that change slot, for a refusal: "gpu05 (slot 5 -> 4), ..."."""
+        return ", ".join(f"{h} (slot {a} -> {b})" for h, a, b in self.moved)
+
     def lines(self) -> list[str]:
         out = (
             ["the header moves to format 2 (layout.capacity) in place: every offset stays as it is"]

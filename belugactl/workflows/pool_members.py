@@ -67,10 +67,9 @@ def record_file_members(path: Path, rack: Any, *, dry_run: bool, force: bool) ->
         if change is None or dry_run:
             return MembersOutcome(str(path), change, None)
         if change.moves_partitions and not force:
-            moved = ", ".join(f"{h} (slot {a} -> {b})" for h, a, b in change.moved)
             raise UsageError(
-                f"{moved} would change partition slot, leaving its partition's contents in the old slot; nothing "
-                "was changed",
+                f"{change.moved_text} would change partition slot, leaving its partition's contents in the old "
+                "slot; nothing was changed",
                 fix="pin each such host to its slot (`slot: N` under the host), or rerun with --force",
             )
         return MembersOutcome(str(path), change, members.record(window, ours, found, layout))

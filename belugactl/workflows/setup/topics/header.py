@@ -178,7 +178,6 @@ def _record_members(verdict: HeaderVerdict, device: str) -> Step:
     change = verdict.members
     assert change is not None
     lines = change.lines()
-    moved = ", ".join(f"{h} (slot {a} -> {b})" for h, a, b in change.moved)
     return Step(
         id="header.members",
         topic=ID,
@@ -191,8 +190,8 @@ def _record_members(verdict: HeaderVerdict, device: str) -> Step:
         note="no region moves (layout.capacity fixes the geometry); other hosts pick it up on their next setup "
         "or serve",
         refusal=ForceRequired(
-            f"{moved} would change partition slot, leaving its partition's contents in the old slot; nothing was "
-            "changed",
+            f"{change.moved_text} would change partition slot, leaving its partition's contents in the old slot; "
+            "nothing was changed",
             why="a host without `slot:` takes its place in the host list, so removing or reordering hosts above it "
             "moves it",
             fix="pin each such host to the slot the pool has for it (`slot: N` under the host in the manifest), or "
