@@ -1,5 +1,6 @@
 """`belugactl bench soak`: writers and readers over CXL-RPC and TCP against a real metadata server
 that is SIGKILLed and restarted, with client kills and eviction pressure, checked byte for byte.
+`--elected`: a leader and a standby through etcd, the leader SIGKILLed instead of restarted.
 `--mixed`: honest, stalling, forgetful and hostile tenants on one server (workflows/bench/soak_mixed.py)."""
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def soak(
     faulty_writer: bool = typer.Option(
         False, "--faulty-writer", help="Check the checker: one writer writes wrong bytes (the run must exit 1)."
     ),
+    elected: bool = typer.Option(
+        False,
+        "--elected",
+        help="Two metadata servers elected through a throwaway etcd on loopback: each restart SIGKILLs the "
+        "leader, the standby takes over, the killed one comes back as the standby (needs etcd-server).",
+    ),
+    leader_ttl: int = typer.Option(
+        2, "--leader-ttl", metavar="SECONDS", help="--elected: the leader's etcd lease, seconds (2..60)."
+    ),
     mixed: bool = typer.Option(
         False,
         "--mixed",
@@ -105,7 +115,7 @@ def soak(
         kv_mib=64 if kv_mib is None else kv_mib, restart_every_s=8.0 if restart_every is None else restart_every,
         kill_every_s=3.0 if kill_every is None else kill_every, restart_policy=restart_policy,
         fence_grace_s=fence_grace, seed=seed, faulty_writer=faulty_writer,
-        stall_writers=stall_writers, reservation_ttl_s=reservation_ttl,
+        stall_writers=stall_writers, reservation_ttl_s=reservation_ttl, elected=elected, leader_ttl_s=leader_ttl,
     )  # fmt: skip
     result = run_soak(cfg)
     if json_out:
@@ -125,6 +135,13 @@ def soak(
             f"server restarts {r['server_restarts']} (survived {r['restarts_survived']}), client kills "
             f"{r['client_kills']}, evictions {r['evictions']:,}; client errors {r['client_errors']}"
         )
+        if "elected" in r:
+            e = r["elected"]
+            console.print(
+                f"elected through etcd (lease {e['leader_ttl_s']} s): {e['leader_changes']} leader changes, "
+                f"{e['warm_takeovers']} warm; SIGKILL to the standby serving p50 {e['takeover_p50_s']} s, "
+                f"max {e['takeover_max_s']} s"
+            )
         verdict = "[green]0[/]" if not r["wrong_reads"] else f"[red]{r['wrong_bytes']:,} in {r['wrong_reads']} reads[/]"
         console.print(f"wrong bytes served: {verdict}; corrupt blocks detected (misses): {r['corrupt_detected']}")
         for line in r["wrong_examples"]:

@@ -136,7 +136,7 @@ def _address_rules(m: Manifest) -> list[RuleProblem]:
             (("serve", "metadata", "admin_bind"), m.serve.metadata.admin_bind),
             (("serve", "metadata", "rpc_bind"), m.serve.metadata.rpc_bind),
         ]
-        if m.serve.router is not None:
+        if m.serve.router is not None and m.serve.router.bind != "address":
             fields.append((("serve", "router", "bind"), m.serve.router.bind))
     return [RuleProblem(path, why, hint) for path, value in fields if (why := address_problem(value)) is not None]
 
@@ -510,6 +510,14 @@ def etcd_candidate_problems(m: Manifest) -> list[RuleProblem]:
         return []
     names = m.host_names()
     out: list[RuleProblem] = []
+    if m.serve is not None and m.serve.metadata.restart_policy == "start-empty":
+        out.append(
+            RuleProblem(
+                ("serve", "metadata", "restart_policy"),
+                "start-empty with etcd: a standby takes over with the index the journal keeps",
+                "drop restart_policy (journal is implied with etcd), or drop serve.metadata.etcd",
+            )
+        )
     seen: set[str] = set()
     for i, name in enumerate(conf.candidates):
         path: Path_ = ("serve", "metadata", "etcd", "candidates", i)

@@ -694,6 +694,10 @@ class MetadataServe(Strict):
     poison_check_s: Int = Field(default=60, ge=0, le=86400)
     # A leader elected through etcd and its standbys (None: one server, no standby).
     etcd: MetadataEtcd | None = None
+    # What a restart of the server keeps: journal, the index rebuilt from the journal in the pool;
+    # start-empty, nothing. None: journal on a device pool or with etcd, start-empty on a file pool
+    # (metadata-server --restart-policy). A file pool that a rolling restart must keep warm says journal.
+    restart_policy: Literal["journal", "start-empty"] | None = None
 
     @field_validator("spin_after_ms")
     @classmethod
@@ -848,11 +852,16 @@ class Vllm(Strict):
         return value
 
 
+HOST_ADDRESS = "address"  # serve.router.bind: each router host binds its own hosts[].address
+
+
 class RouterServe(Strict):
     """The front door: HAProxy, least-connections over every vLLM instance of the rack (workflows/serve/router.py)."""
 
     hosts: list[str] = []  # where it runs; empty: the metadata server's host, else the first host
-    bind: str = "127.0.0.1"  # loopback unless the manifest opens it to the network
+    # loopback unless the manifest opens it to the network; `address`: each router host binds its own
+    # hosts[].address (two front doors, so that a rolling restart always leaves one answering)
+    bind: str = "127.0.0.1"
     port: Int = 8090
     stats_port: Int = 8404  # on `bind`: /metrics (Prometheus), /stats (HAProxy's page), /healthz
     check_interval_ms: Int = 2000  # GET /health on every instance this often; 2 failures mark it down
@@ -861,7 +870,7 @@ class RouterServe(Strict):
     @field_validator("bind")
     @classmethod
     def _bind(cls, value: str) -> str:
-        return MetadataServe._bind(value)
+        return value if value == HOST_ADDRESS else MetadataServe._bind(value)
 
     @field_validator("port", "stats_port")
     @classmethod

@@ -68,3 +68,28 @@ def test_stalled_writers_overwrites_are_caught_never_served(tmp_path) -> None:
     r = run_soak(cfg, workdir=tmp_path)
     assert r["wrong_bytes_served"] == 0 and r["wrong_reads"] == 0, r["wrong_examples"]
     assert r["committed"] > 0 and r["reads_verified"] > 0
+
+
+@pytest.mark.process
+def test_elected_soak_through_leader_kills_serves_no_wrong_byte(tmp_path) -> None:
+    """Issue 32's soak: a leader and a standby through a real etcd on loopback; the leader SIGKILLed
+    again and again, each time the standby takes over (warm) and the killed one comes back as the
+    standby; writers and readers on CXL rings and on TCP (both members named) check every byte."""
+    from tests.support.etcd import require_etcd
+
+    require_etcd()
+    cfg = SoakConfig(
+        seconds=30, writers=2, readers=2, keys=40, kv_mib=16, restart_every_s=3, kill_every_s=0, elected=True,
+    )  # fmt: skip
+    r = run_soak(cfg, workdir=tmp_path)
+    assert r["wrong_reads"] == 0 and r["wrong_bytes"] == 0, r["wrong_examples"]
+    e = r["elected"]
+    assert e["leader_changes"] == r["server_restarts"] >= 2
+    assert r["restarts_survived"] == r["server_restarts"]  # clients worked again after every takeover
+    assert e["takeover_max_s"] < cfg.leader_ttl_s + 10
+    assert r["committed"] > 0 and r["reads_verified"] > 0
+
+
+def test_elected_soak_refuses_start_empty() -> None:
+    assert run(["bench", "soak", "--elected", "--restart-policy", "start-empty"]) == 2
+    assert run(["bench", "soak", "--elected", "--leader-ttl", "1"]) == 2

@@ -149,3 +149,33 @@ def test_a_layerwise_loads_that_is_no_mode_is_refused_with_its_line() -> None:
         load_manifest_text(text, file="rack.yaml")
     problems = "\n".join(str(p) for p in caught.value.problems)  # type: ignore[attr-defined]
     assert f"rack.yaml:{line}:" in problems and "serve.vllm.layerwise_loads" in problems and "'auto'" in problems
+
+
+@pytest.mark.parametrize("policy", [None, "journal", "start-empty"])
+def test_the_manifest_can_name_the_metadata_servers_restart_policy(tmp_path: Path, policy: str | None) -> None:
+    """serve.metadata.restart_policy reaches the server's argv; unset, the server picks (journal on a
+    device pool, start-empty on a file pool)."""
+    text = (REPO / "examples" / "cpu-demo.yaml").read_text()
+    if policy is not None:
+        text = text.replace("spin_after_ms: 0}", f"spin_after_ms: 0, restart_policy: {policy}}}")
+    manifest = load_manifest_text(text, file=str(REPO / "examples" / "cpu-demo.yaml"))
+    rack = RackContext(manifest, str(REPO / "examples" / "cpu-demo.yaml"), wanted_host="cpu-demo", pool_option="/p")
+    argv = build_serve_plan(rack, run_dir=tmp_path, tools=TOOLS).processes[0].argv
+    if policy is None:
+        assert "--restart-policy" not in argv
+    else:
+        assert argv[argv.index("--restart-policy") + 1] == policy
+
+
+def test_start_empty_with_an_etcd_standby_is_refused_at_its_line() -> None:
+    from belugactl.errors import ManifestError
+
+    text = (REPO / "examples" / "cpu-demo.yaml").read_text().replace(
+        "spin_after_ms: 0}",
+        "spin_after_ms: 0, restart_policy: start-empty,\n"
+        "             etcd: {endpoints: ['http://127.0.0.1:2379'], candidates: [cpu-demo]}}",
+    )
+    with pytest.raises(ManifestError) as bad:
+        load_manifest_text(text, file="rack.yaml")
+    why = str(bad.value.why)
+    assert "serve.metadata.restart_policy" in why and "a standby takes over with the index the journal keeps" in why

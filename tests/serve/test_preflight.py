@@ -139,3 +139,22 @@ def test_status_and_stop_without_a_serve(tmp_path, capsys) -> None:
     assert run(["stop", "--run-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["nothing_running"] is True
     assert os.listdir(tmp_path) == []
+
+
+def test_ports_are_checked_on_the_address_each_listener_binds() -> None:
+    """A port taken on 127.0.0.2 is free on 127.0.0.1 and the other way round: two hosts' listeners
+    on one machine (one at each address) take the same port; a wildcard bind dials loopback."""
+    from belugactl.errors import EnvironmentProblem
+    from belugactl.workflows.serve.preflight import check_ports, listen_address
+
+    assert listen_address("http://127.0.0.2:8404/healthz") == "127.0.0.2"
+    assert listen_address("http://127.0.0.1:9470/readyz") == "127.0.0.1"
+    assert listen_address("http://[::1]:9470/readyz") == "127.0.0.1"  # v6: checked on loopback as before
+    assert listen_address(None) == listen_address("http://gpu-0:80/") == "127.0.0.1"
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        check_ports([("vllm-0", port, "127.0.0.1")])  # the other address: free
+        with pytest.raises(EnvironmentProblem, match=f"port in use: {port} \\(vllm-0\\)"):
+            check_ports([("vllm-0", port, "127.0.0.2")])

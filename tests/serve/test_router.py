@@ -107,6 +107,22 @@ def test_bad_router_settings_are_refused_with_the_field() -> None:
     assert "serve.router.port" in str(bad_port.value.why)
 
 
+def test_bind_address_puts_each_door_on_its_own_hosts_address() -> None:
+    """Two front doors (serve.router.bind: address): each binds its host's rack address, so a rolling
+    restart always leaves one answering, and Prometheus scrapes each at its own."""
+    from belugactl.workflows.export_prometheus import scrape_targets
+
+    manifest = _manifest(_rack({"hosts": ["beluga-03", "beluga-04"], "bind": "address"}))
+    for name in ("beluga-03", "beluga-04"):
+        host = manifest.host(name)
+        spec = router_process(manifest, host, "/run/x", haproxy="/usr/sbin/haproxy")
+        text = spec.files[0][1]
+        assert f"    bind {host.address}:8090" in text and f"    bind {host.address}:8404" in text
+        assert spec.health_url == f"http://{host.address}:8404/healthz"
+    doors = [t for t in scrape_targets(manifest)[0] if t.job == "beluga-router"]
+    assert [t.address for t in doors] == [f"{manifest.host(h).address}:8404" for h in ("beluga-03", "beluga-04")]
+
+
 def _plan_for(manifest, host: str) -> ServePlan:
     plan = ServePlan(manifest.name, host, "rack.yaml", "/run/x", "/dev/dax0.0")
     add_router(plan, manifest, haproxy="/usr/sbin/haproxy")

@@ -349,6 +349,10 @@ class SoakConfig:
     faulty_writer: bool = False  # writer 0 writes wrong bytes half the time: proves the checker sees them
     stall_writers: float = 0.0  # fraction of writes that stall 0.5-8 s between epoch check and stores
     seed: int = 1
+    # Two metadata servers elected through a throwaway etcd on loopback: each "restart" SIGKILLs the
+    # leader, the standby takes over, and the killed one comes back as the new standby.
+    elected: bool = False
+    leader_ttl_s: int = 2
 
     def check(self) -> None:
         if not 0 < self.seconds <= 86_400:
@@ -367,6 +371,14 @@ class SoakConfig:
             raise UsageError("--stall-writers is a fraction between 0 and 1")
         if self.restart_policy not in ("start-empty", "journal"):
             raise UsageError(f"unknown restart policy {self.restart_policy!r}", fix="use start-empty or journal")
+        if self.elected and self.restart_policy != "journal":
+            raise UsageError(
+                "--elected with --restart-policy start-empty",
+                why="a standby takes over with the index the journal keeps",
+                fix="drop --restart-policy (journal is the default)",
+            )
+        if self.elected and not 2 <= self.leader_ttl_s <= 60:
+            raise UsageError("--leader-ttl must be between 2 and 60 seconds")
 
 
 class _Server:
@@ -406,6 +418,11 @@ class _Server:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def restart(self) -> None:
+        """SIGKILL, then start again on the same pool (its journal, under restart policy journal)."""
+        self.kill()
+        self.start()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -415,6 +432,63 @@ class _Server:
                 self.kill()
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+class _Elected:
+    """Two `metadata-server --standby` members on one pool, elected through etcd: `restart()` SIGKILLs
+    the leader, waits for the standby's takeover and starts the killed one again as the standby. TCP
+    clients name both (a candidates list); CXL clients keep their rings, which the new leader serves."""
+
+    def __init__(self, manifest: Path, pool: Path, etcd: str, cfg: SoakConfig, workdir: Path) -> None:
+        self.ports = {"soak-a": _free_port(), "soak-b": _free_port()}
+        self.manifest, self.pool, self.etcd, self.cfg, self.workdir = manifest, pool, etcd, cfg, workdir
+        self.members: dict[str, Any] = {}
+        self.leader = "soak-a"
+        self.takeovers: list[float] = []  # SIGKILL of the leader to the standby's "started", seconds
+        self.warm_takeovers = 0
+
+    @property
+    def address(self) -> str:
+        return "tcp://" + ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+
+    def _launch(self, name: str) -> Any:
+        from belugactl.workflows.bench.failover import Server
+
+        cfg = self.cfg
+        argv = [
+            sys.executable, "-m", "belugactl", "metadata-server", "-f", str(self.manifest), "--pool", str(self.pool),
+            "--rpc-port", str(self.ports[name]), "--admin-port", "0", "--json",
+            "--lease-ttl", str(cfg.lease_ttl_s), "--reservation-ttl", str(cfg.reservation_ttl_s),
+            "--standby", "--etcd", self.etcd, "--member", name, "--leader-ttl", str(cfg.leader_ttl_s),
+        ]  # fmt: skip
+        if cfg.fence_grace_s is not None:
+            argv += ["--fence-grace", str(cfg.fence_grace_s)]
+        server = self.members[name] = Server(argv, self.workdir / f"{name}.log")
+        server.expect("standby", self._wait_s)
+        return server
+
+    @property
+    def _wait_s(self) -> float:
+        return self.cfg.leader_ttl_s + 30.0
+
+    def start(self) -> None:
+        """The first member leads before the second starts, which stands by."""
+        self._launch("soak-a").expect("started", self._wait_s)
+        self._launch("soak-b")
+
+    def restart(self) -> None:
+        killed, other = self.leader, "soak-b" if self.leader == "soak-a" else "soak-a"
+        t0 = time.monotonic()
+        self.members[killed].sigkill()
+        rec = self.members[other].expect("started", self._wait_s)
+        self.takeovers.append(time.monotonic() - t0)
+        self.warm_takeovers += bool(rec.get("warm"))
+        self.leader = other
+        self._launch(killed)
+
+    def stop(self) -> None:
+        for server in self.members.values():
+            server.stop()
 
 
 def _free_port() -> int:
@@ -470,18 +544,39 @@ def run_soak(cfg: SoakConfig, *, workdir: Path | None = None) -> dict[str, Any]:
         pool_mib = 2 * (cfg.kv_mib + 16)
         manifest.write_text(SOAK_RACK.format(pool_mib=pool_mib, kv_mib=cfg.kv_mib, rings=nworkers + 2))
         _cli(["pool", "create-file", "-f", str(manifest), str(pool_path)])
-        port = _free_port()
-        tcp = f"tcp://127.0.0.1:{port}"
-        server = _Server(manifest, pool_path, port, cfg, workdir / "server.log")
-        server.start()
-        stack.callback(server.stop)
+        server: _Server | _Elected
+        if cfg.elected:
+            from belugactl.workflows.bench.etcd_local import local_etcd
+
+            etcd = stack.enter_context(local_etcd())
+            server = _Elected(manifest, pool_path, etcd.url, cfg, workdir)
+            tcp = server.address
+            stack.callback(server.stop)
+            server.start()
+        else:
+            port = _free_port()
+            tcp = f"tcp://127.0.0.1:{port}"
+            server = _Server(manifest, pool_path, port, cfg, workdir / "server.log")
+            server.start()
+            stack.callback(server.stop)
         result = _drive(cfg, server, pool_path, tcp, workdir)
-        result["server_log_tail"] = (workdir / "server.log").read_text()[-1500:] if result["wrong_reads"] else ""
+        if isinstance(server, _Elected):
+            times = sorted(server.takeovers)
+            result["elected"] = {
+                "leader_ttl_s": cfg.leader_ttl_s,
+                "leader_changes": len(times),
+                "warm_takeovers": server.warm_takeovers,
+                "takeover_p50_s": round(times[len(times) // 2], 2) if times else None,
+                "takeover_max_s": round(times[-1], 2) if times else None,
+            }
+        logs = sorted(workdir.glob("*.log"))
+        tail = "".join(f.read_text(errors="replace")[-1500:] for f in logs)
+        result["server_log_tail"] = tail if result["wrong_reads"] else ""
         return result
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir: Path) -> dict[str, Any]:
+def _drive(cfg: SoakConfig, server: _Server | _Elected, pool_path: Path, tcp: str, workdir: Path) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     t0 = time.monotonic()
     end = t0 + cfg.seconds
@@ -537,9 +632,8 @@ def _drive(cfg: SoakConfig, server: _Server, pool_path: Path, tcp: str, workdir:
             if now >= next_restart and now < end - 5.0:  # time left to come back and be seen serving
                 stats = _server_stats(tcp)
                 evictions += int(stats.get("evictions", 0)) if stats else 0
-                server.kill()
+                server.restart()
                 restarts += 1
-                server.start()
                 _wait_ready(tcp, 15.0)
                 pending_survival = total_ops()
                 next_restart = time.monotonic() + cfg.restart_every_s

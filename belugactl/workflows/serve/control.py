@@ -87,7 +87,9 @@ def prepare(
         from belugactl.workflows.serve.launch_plan import resolve_model
 
         preflight.check_model(resolve_model(manifest.serve.vllm.model, rack.path), manifest_path=rack.file)
-    preflight.check_ports((p.name, p.port) for p in plan.processes if p.port is not None)
+    preflight.check_ports(
+        (p.name, p.port, preflight.listen_address(p.health_url)) for p in plan.processes if p.port is not None
+    )
     if any(p.kind == "metadata" for p in plan.processes) and manifest.serve is not None:
         preflight.check_ports([("metadata-server rpc", manifest.serve.metadata.rpc_port)])
     if create_pool and not is_file_pool:

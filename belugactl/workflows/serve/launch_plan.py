@@ -381,6 +381,7 @@ def build_serve_plan(
             "--rpc-bind",
             meta.rpc_bind,
             *(("--zero-on-free",) if manifest.zero_on_free() else ()),
+            *(("--restart-policy", meta.restart_policy) if meta.restart_policy else ()),
         )
         if meta.etcd is not None:
             # Elected through etcd (docs/dataplane.md): every candidate, the first one too, stands by

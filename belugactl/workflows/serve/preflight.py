@@ -8,6 +8,7 @@ Doctor failures that would break serving: exit 1, naming the checks, unless igno
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import subprocess
@@ -67,8 +68,12 @@ def exposure_warnings(rack: RackContext, plan: ServePlan | None = None) -> list[
                     "firewall it to this rack's hosts"
                 )
     runs_router = plan is not None and any(p.kind == "router" for p in plan.processes)
-    if serve.router is not None and runs_router and not is_loopback(serve.router.bind):
-        out.append(f"WARNING: the router binds {serve.router.bind} (serve.router.bind), beyond loopback")
+    if serve.router is not None and runs_router:
+        from belugactl.workflows.serve.router import router_bind
+
+        bind = router_bind(serve.router, host)
+        if not is_loopback(bind):
+            out.append(f"WARNING: the router binds {bind} (serve.router.bind), beyond loopback")
     return out
 
 
@@ -130,8 +135,24 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def check_ports(ports: Iterable[tuple[str, int]]) -> None:
-    busy = [(name, port) for name, port in ports if not port_free(port)]
+def listen_address(health_url: str | None) -> str:
+    """Where a process's listener is checked for a free port: the address its health URL dials (its
+    bind, or loopback for a wildcard); 127.0.0.1 without one."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(health_url).hostname if health_url else None
+    try:
+        return host if host is not None and ipaddress.ip_address(host).version == 4 else "127.0.0.1"
+    except ValueError:
+        return "127.0.0.1"  # a name: loopback, as before
+
+
+def check_ports(ports: Iterable[tuple[str, int] | tuple[str, int, str]]) -> None:
+    """Refuse ports another process listens on: (name, port) on 127.0.0.1, or (name, port, address)
+    on the address the listener will bind (two hosts' listeners on one machine, 127.0.0.1 and
+    127.0.0.2, take the same port)."""
+    wanted = [(p[0], p[1], p[2] if len(p) > 2 else "127.0.0.1") for p in ports]
+    busy = [(name, port) for name, port, address in wanted if not port_free(port, address)]
     if busy:
         what = ", ".join(f"{port} ({name})" for name, port in busy)
         from belugactl.workflows.serve.sharing import port_holders

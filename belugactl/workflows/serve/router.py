@@ -74,6 +74,13 @@ def backends(manifest: Manifest) -> list[Backend]:
     return out
 
 
+def router_bind(router: RouterServe, host: Host) -> str:
+    """Where the router on `host` listens: serve.router.bind, or with `address` the host's own address."""
+    from belugactl.model.manifest_schema import HOST_ADDRESS
+
+    return host.address if router.bind == HOST_ADDRESS else router.bind
+
+
 def local_address(bind: str) -> str:
     """Where this host reaches a listener bound to `bind` (a wildcard is reached on loopback)."""
     if bind in ("0.0.0.0", "::"):
@@ -90,10 +97,12 @@ def _hostport(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
-def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
-    """The HAProxy configuration for this rack: same manifest, same text (tests pin it)."""
+def haproxy_config(manifest: Manifest, run_dir: str | Path, host: Host | None = None) -> str:
+    """The HAProxy configuration for this rack (on `host`, when serve.router.bind is `address`): same
+    manifest, same text (tests pin it)."""
     assert manifest.serve is not None and manifest.serve.router is not None
     router: RouterServe = manifest.serve.router
+    bind = router_bind(router, host or manifest.host(router_hosts(manifest)[0]))
     run = Path(run_dir)
     inter = router.check_interval_ms
     lines = [
@@ -131,7 +140,7 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
         "    retry-on conn-failure empty-response junk-response 503",
         "",
         "frontend beluga",
-        f"    bind {_hostport(router.bind, router.port)}",
+        f"    bind {_hostport(bind, router.port)}",
         f"    default_backend {BACKEND}",
         "",
         f"backend {BACKEND}",
@@ -145,7 +154,7 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path) -> str:
     lines += [
         "",
         "frontend stats",
-        f"    bind {_hostport(router.bind, router.stats_port)}",
+        f"    bind {_hostport(bind, router.stats_port)}",
         "    http-request return status 200 content-type text/plain string ok if { path /healthz }",
         "    http-request use-service prometheus-exporter if { path /metrics }",
         "    stats enable",
@@ -163,7 +172,7 @@ def find_haproxy() -> str:
 
 
 def pd_proxy_process(
-    manifest: Manifest, run_dir: str | Path, *, belugactl: tuple[str, ...] | None = None
+    manifest: Manifest, run_dir: str | Path, *, belugactl: tuple[str, ...] | None = None, host: Host | None = None
 ) -> ProcessSpec:
     """With prefill/decode roles the front door is belugactl's own proxy (workflows/serve/pd_proxy.py):
     each request goes to a producer, then to a consumer, which HAProxy cannot sequence."""
@@ -171,7 +180,8 @@ def pd_proxy_process(
 
     assert manifest.serve is not None and manifest.serve.router is not None
     router = manifest.serve.router
-    argv = [*(belugactl or default_belugactl()), "pd-proxy", "--bind", router.bind, "--port", str(router.port)]
+    bind = router_bind(router, host or manifest.host(router_hosts(manifest)[0]))
+    argv = [*(belugactl or default_belugactl()), "pd-proxy", "--bind", bind, "--port", str(router.port)]
     for b in backends(manifest):
         if b.kv_role in ("kv_producer", "kv_both"):
             argv += ["--prefill", b.url]
@@ -185,7 +195,7 @@ def pd_proxy_process(
         env={},
         log_file=str(Path(run_dir) / "logs" / "router.log"),
         port=router.port,
-        health_url=f"http://{_hostport(local_address(router.bind), router.port)}/healthz",
+        health_url=f"http://{_hostport(local_address(bind), router.port)}/healthz",
         ready_timeout_s=30.0,
     )
 
@@ -195,8 +205,9 @@ def router_process(manifest: Manifest, host: Host, run_dir: str | Path, *, hapro
 
     assert manifest.serve is not None and manifest.serve.router is not None
     if manifest.serve.vllm.disaggregated:
-        return pd_proxy_process(manifest, run_dir)
+        return pd_proxy_process(manifest, run_dir, host=host)
     router = manifest.serve.router
+    bind = router_bind(router, host)
     run = Path(run_dir)
     config = run / CONFIG_NAME
     return ProcessSpec(
@@ -207,9 +218,9 @@ def router_process(manifest: Manifest, host: Host, run_dir: str | Path, *, hapro
         env={},
         log_file=str(run / "logs" / "router.log"),
         port=router.port,
-        health_url=f"http://{_hostport(local_address(router.bind), router.stats_port)}/healthz",
+        health_url=f"http://{_hostport(local_address(bind), router.stats_port)}/healthz",
         ready_timeout_s=30.0,
-        files=((str(config), haproxy_config(manifest, run)),),
+        files=((str(config), haproxy_config(manifest, run, host)),),
         stop_signal="SIGUSR1",
         stop_grace_s=float(router.drain_timeout_s + 5),
     )
@@ -273,4 +284,4 @@ def check_router(plan: ServePlan) -> None:
             )
         stats = spec.health_url.rsplit(":", 1)[1].split("/", 1)[0] if spec.health_url else None
         if stats:
-            preflight.check_ports([("router stats", int(stats))])
+            preflight.check_ports([("router stats", int(stats), preflight.listen_address(spec.health_url))])

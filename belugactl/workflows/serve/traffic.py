@@ -33,8 +33,8 @@ def token_prompt(length: int, *, seed: int, vocab: int = 1024) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(length)]
 
 
-def served_model(port: int, *, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=timeout) as resp:  # noqa: S310
+def served_model(port: int, *, timeout: float = 5.0, address: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{address}:{port}/v1/models", timeout=timeout) as resp:  # noqa: S310
         return json.loads(resp.read())["data"][0]["id"]
 
 
@@ -48,6 +48,7 @@ def complete(
     logprobs: bool = False,
     timeout: float = 300.0,
     cache_salt: str | None = None,
+    address: str = "127.0.0.1",
 ) -> Completion:
     """Greedy completion of a token-id prompt; `use_pool=False` turns the Beluga connector off for it.
 
@@ -55,7 +56,7 @@ def complete(
     request with the same salt can hit the blocks another left in the local cache. It changes the
     Beluga keys too (they are those hashes), so a pool hit needs the salt its writer used."""
     body: dict[str, Any] = {
-        "model": model or served_model(port),
+        "model": model or served_model(port, address=address),
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -69,7 +70,7 @@ def complete(
     if not use_pool:
         body["kv_transfer_params"] = {"beluga": {"load": False, "save": False}}
     request = urllib.request.Request(  # noqa: S310 - loopback URL built here
-        f"http://127.0.0.1:{port}/v1/completions",
+        f"http://{address}:{port}/v1/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -91,10 +92,10 @@ def complete(
     )
 
 
-def prompt_token_sources(port: int, *, timeout: float = 5.0) -> dict[str, float]:
+def prompt_token_sources(port: int, *, timeout: float = 5.0, address: str = "127.0.0.1") -> dict[str, float]:
     """vLLM's own count of prompt tokens by where their KV came from (local_compute,
     local_cache_hit, external_kv_transfer), summed over engines, from its /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as resp:  # noqa: S310
+    with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=timeout) as resp:  # noqa: S310
         text = resp.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
