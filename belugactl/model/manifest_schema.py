@@ -872,6 +872,10 @@ class RouterServe(Strict):
     def _bind(cls, value: str) -> str:
         return value if value == HOST_ADDRESS else MetadataServe._bind(value)
 
+    def bind_on(self, host: Host) -> str:
+        """Where the router on `host` listens: `bind`, or with `address` the host's own address."""
+        return host.address if self.bind == HOST_ADDRESS else self.bind
+
     @field_validator("port", "stats_port")
     @classmethod
     def _ports(cls, value: int) -> int:

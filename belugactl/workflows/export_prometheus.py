@@ -72,7 +72,7 @@ def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
     """Every metrics endpoint of the rack, and warnings about the ones a remote Prometheus cannot reach."""
     from belugactl.errors import InputError
     from belugactl.workflows.serve.launch_plan import metadata_host
-    from belugactl.workflows.serve.router import router_bind, router_hosts
+    from belugactl.workflows.serve.router import router_hosts
 
     if manifest.serve is None:
         raise InputError(
@@ -109,7 +109,7 @@ def scrape_targets(manifest: Manifest) -> tuple[list[Target], list[str]]:
         # With prefill/decode roles the front door is belugactl's P/D proxy: /metrics on its one port.
         port = serve.router.port if serve.vllm.disaggregated else serve.router.stats_port
         for name in router_hosts(manifest):
-            add("beluga-router", router_bind(serve.router, manifest.host(name)), manifest.host(name), port,
+            add("beluga-router", serve.router.bind_on(manifest.host(name)), manifest.host(name), port,
                 "the router's stats", f"{name}-router")  # fmt: skip
     return targets, list(dict.fromkeys(warnings))  # one per listener kind and host
 

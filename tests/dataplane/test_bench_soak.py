@@ -79,7 +79,7 @@ def test_elected_soak_through_leader_kills_serves_no_wrong_byte(tmp_path) -> Non
 
     require_etcd()
     cfg = SoakConfig(
-        seconds=30, writers=2, readers=2, keys=40, kv_mib=16, restart_every_s=3, kill_every_s=0, elected=True,
+        seconds=26, writers=2, readers=2, keys=40, kv_mib=16, restart_every_s=2.5, kill_every_s=0, elected=True,
     )  # fmt: skip
     r = run_soak(cfg, workdir=tmp_path)
     assert r["wrong_reads"] == 0 and r["wrong_bytes"] == 0, r["wrong_examples"]

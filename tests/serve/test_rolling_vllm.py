@@ -42,10 +42,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = {"roll-a": "127.0.0.1", "roll-b": "127.0.0.2"}
-PROMPT_TOKENS = 1000
+PROMPT_TOKENS = 640
 BLOCK = 32
 FULL_BLOCKS = (PROMPT_TOKENS - 1) // BLOCK  # the last prompt token is always computed
-WARM = 4  # prompts computed and saved before the roll
+WARM = 3  # prompts computed and saved before the roll
 SHORT_TOKENS = 100  # the new prompts sent during the roll
 PAUSE_S = 1.0  # between two requests of the traffic during the roll
 

@@ -69,9 +69,7 @@ def exposure_warnings(rack: RackContext, plan: ServePlan | None = None) -> list[
                 )
     runs_router = plan is not None and any(p.kind == "router" for p in plan.processes)
     if serve.router is not None and runs_router:
-        from belugactl.workflows.serve.router import router_bind
-
-        bind = router_bind(serve.router, host)
+        bind = serve.router.bind_on(host)
         if not is_loopback(bind):
             out.append(f"WARNING: the router binds {bind} (serve.router.bind), beyond loopback")
     return out

@@ -74,13 +74,6 @@ def backends(manifest: Manifest) -> list[Backend]:
     return out
 
 
-def router_bind(router: RouterServe, host: Host) -> str:
-    """Where the router on `host` listens: serve.router.bind, or with `address` the host's own address."""
-    from belugactl.model.manifest_schema import HOST_ADDRESS
-
-    return host.address if router.bind == HOST_ADDRESS else router.bind
-
-
 def local_address(bind: str) -> str:
     """Where this host reaches a listener bound to `bind` (a wildcard is reached on loopback)."""
     if bind in ("0.0.0.0", "::"):
@@ -102,7 +95,7 @@ def haproxy_config(manifest: Manifest, run_dir: str | Path, host: Host | None = 
     manifest, same text (tests pin it)."""
     assert manifest.serve is not None and manifest.serve.router is not None
     router: RouterServe = manifest.serve.router
-    bind = router_bind(router, host or manifest.host(router_hosts(manifest)[0]))
+    bind = router.bind_on(host or manifest.host(router_hosts(manifest)[0]))
     run = Path(run_dir)
     inter = router.check_interval_ms
     lines = [
@@ -180,7 +173,7 @@ def pd_proxy_process(
 
     assert manifest.serve is not None and manifest.serve.router is not None
     router = manifest.serve.router
-    bind = router_bind(router, host or manifest.host(router_hosts(manifest)[0]))
+    bind = router.bind_on(host or manifest.host(router_hosts(manifest)[0]))
     argv = [*(belugactl or default_belugactl()), "pd-proxy", "--bind", bind, "--port", str(router.port)]
     for b in backends(manifest):
         if b.kv_role in ("kv_producer", "kv_both"):
@@ -207,7 +200,7 @@ def router_process(manifest: Manifest, host: Host, run_dir: str | Path, *, hapro
     if manifest.serve.vllm.disaggregated:
         return pd_proxy_process(manifest, run_dir, host=host)
     router = manifest.serve.router
-    bind = router_bind(router, host)
+    bind = router.bind_on(host)
     run = Path(run_dir)
     config = run / CONFIG_NAME
     return ProcessSpec(
