@@ -33,6 +33,31 @@ def put(idx: KVIndex, ns: int, i: int, n: int = CHUNK) -> None:
     idx.commit(token)
 
 
+def test_a_restore_rebuilds_what_the_commits_built_and_keeps_the_first_of_a_key_given_twice() -> None:
+    """KVIndex.restore (a journal restart) leaves the index as the commits left it: every entry found in
+    its namespace, the namespaces' live counts, each tenant's stored bytes and LRU, the allocator's use."""
+    idx, _, ns = make(chunks=16)
+    other = idx.open_namespace("m/tp1")
+    for i in range(40):
+        put(idx, ns if i % 3 else other, i, 4096 * (1 + i % 4))
+    live = [(idx.ns_names[e.key[0]], e.key[1], e.alloc) for e in idx.entries.values()]
+    again, _, _ = make(chunks=16)
+    allocs = again.alloc.restore([(a.nbytes, a.blocks) for _n, _k, a in live])
+    items = [(name, k, a) for (name, k, _a), a in zip(live, allocs, strict=True)]
+    dup = ("m/tp0", key(1), items[0][2])  # a key given twice: the first stays
+    again.restore([*items, dup], [7] * len(items) + [8])
+    assert len(again.entries) == len(idx.entries) == 40
+    for name, k, a in live:
+        n = again.namespaces[name]
+        found = again.get(n, k)
+        assert found is not None and found[0].alloc.extents == a.extents and found[0].checksum == 7
+    assert again.alloc.used == idx.alloc.used and again.alloc.requested == idx.alloc.requested
+    for name in ("m/tp0", "m/tp1"):
+        a_ns, b_ns = idx.namespaces[name], again.namespaces[name]
+        assert again._ns_live[b_ns] == idx._ns_live[a_ns] and b_ns not in again._ns_empty
+    assert again.tenant.stored_bytes == idx.tenant.stored_bytes and len(again.tenant.lru) == 40
+
+
 def test_reserved_block_is_invisible_until_commit() -> None:
     idx, _, ns = make()
     token, alloc = idx.reserve(ns, key(1), 1000)

@@ -38,6 +38,15 @@ def test_a_sharded_map_answers_as_a_dict_does() -> None:
     assert not m and len(m) == 0
 
 
+def test_setdefault_stores_once_and_splits_as_inserts_do() -> None:
+    m = ShardedMap()
+    for i in range(SPLIT_AT + 5):  # past the size at which one dict becomes the shards
+        assert m.setdefault(i, str(i)) == str(i)
+        assert m.setdefault(i, "again") == str(i)
+    assert len(m) == SPLIT_AT + 5 and all(m[i] == str(i) for i in range(SPLIT_AT + 5))
+    assert len(m._dicts) == SHARDS  # split
+
+
 @pytest.mark.parametrize("keys", ["sequential ids", "2 MiB offsets", "block keys"])
 def test_keys_spread_over_every_shard_in_their_shares(keys: str) -> None:
     n = 200_000

@@ -369,21 +369,26 @@ class Allocator:
         """
         if self.used or self.quarantined:
             raise ValueError("restore needs an empty allocator (restore first, then quarantine)")
-        allocations = [(n, [_upgrade(b, self.base) for b in blocks]) for n, blocks in allocations]
+        base = self.base
+        half = CHUNK // 2
+        if any(half < size < CHUNK for _n, blocks in allocations for size, _o in blocks):
+            allocations = [(n, [_upgrade(b, base) for b in blocks]) for n, blocks in allocations]
         chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
         taken: set[int] = set()
-        end = self.zones_start + self.capacity
+        start, end = self.zones_start, self.zones_start + self.capacity
         classes = set(SIZE_CLASSES)
-        for _nbytes, blocks in allocations:
+        classes.add(CHUNK)
+        setdefault, take = chunk_class.setdefault, taken.add
+        for _nbytes, blocks in allocations:  # one pass, the checks inline: millions of blocks at a restart
             for size, off in blocks:
-                chunk = self._chunk_of(off)
-                if not self.zones_start <= off < end or (size != CHUNK and size not in classes) or off in taken:
+                chunk = off - (off - base) % CHUNK
+                if not start <= off < end or size not in classes or off in taken:
                     raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
                 if (off - chunk) % size or off - chunk + size > CHUNK:
                     raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
-                if chunk_class.setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
+                if setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
                     raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
-                taken.add(off)
+                take(off)
         for zone in self._zones:
             used = [c for c in chunk_class if zone.start <= c < zone.end]
             top = max(used, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
@@ -399,13 +404,21 @@ class Allocator:
             if free:
                 self._partial[size][self.zone_of(chunk)][chunk] = free
         restored = []
+        in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
+        zone_used, zone_of = self._zone_used, self.zone_of
+        used = requested = 0
         for nbytes, blocks in allocations:
-            a = Allocation(_coalesce(list(blocks), nbytes, in_order=self.ways > 1), list(blocks), nbytes)
-            self.used += a.footprint
-            self.requested += nbytes
+            blocks = list(blocks)
+            restored.append(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
+            requested += nbytes
             for size, off in blocks:
-                self._zone_used[self.zone_of(off)] += size
-            restored.append(a)
+                used += size
+                if zoned:
+                    zone_used[zone_of(off)] += size
+        if not zoned:
+            zone_used[0] += used
+        self.used += used
+        self.requested += requested
         return restored
 
     # --- a standby following the leader's journal (mds/journal_follow.py) ---------------------------
@@ -560,6 +573,9 @@ def _coalesce(blocks: list[Block], nbytes: int, *, in_order: bool = False) -> li
     the zones one granule at a time, so even a partial read of a block (one layer's pieces) is
     spread over the devices. Sorting would put all of zone 0's granules first. The journal keeps
     the blocks in this order, so a restart rebuilds the same extents."""
+    if len(blocks) == 1:  # most blocks: what the loop below gives for one, without it
+        size, off = blocks[0]
+        return [(off, size if size < nbytes else nbytes)]
     extents: list[list[int]] = []
     remaining = nbytes
     for size, off in blocks if in_order else sorted(blocks, key=lambda b: b[1]):

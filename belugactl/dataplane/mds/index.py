@@ -372,11 +372,11 @@ class KVIndex:
                 self.quotas.of(creator).namespaces -= 1
         self.counters.namespaces_dropped += len(doomed)
 
-    def _ns_add(self, ns: int) -> None:
+    def _ns_add(self, ns: int, count: int = 1) -> None:
         n = self._ns_live[ns]
         if not n:
             self._ns_empty.pop(ns, None)
-        self._ns_live[ns] = n + 1
+        self._ns_live[ns] = n + count
 
     def _ns_sub(self, ns: int) -> None:
         n = self._ns_live[ns] - 1
@@ -489,23 +489,35 @@ class KVIndex:
             room.tenant(tenant)
 
     def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
-        """Insert committed entries rebuilt from a journal (an empty index; allocator already restored)."""
+        """Insert committed entries rebuilt from a journal (an empty index; allocator already restored).
+        A restart runs it over millions of entries: what is the same for a namespace is looked up once."""
+        entries, by_id, ids, place, slab_add = self.entries, self.by_id, self._entry_ids, self._place, self._slab_add
+        mirror = self.mirror
+        put, reply = (self._mirror_put, self._mirror_reply) if mirror is not None else (None, None)
+        per_ns: dict[str, tuple[int, Any, Any, Any]] = {}  # name -> (id, its keys, its tenant, its LRU)
+        added: dict[int, int] = {}  # namespace id -> entries restored in it
         for i, (name, key, alloc) in enumerate(items):
-            k = (self.namespaces.get(name) or self._new_namespace(name), key)  # no cap: these hold blocks
-            if k in self.entries:
-                continue
-            self._ns_add(k[0])
-            e = Entry(k, alloc, id=next(self._entry_ids), checksum=checksums[i] if checksums else None)
-            self.entries[k] = e
-            self._place(e)
-            self._slab_add(e)
-            tenant = self._ns_tenant[k[0]]
-            tenant.lru.add(e)
+            got = per_ns.get(name)
+            if got is None:
+                ns = self.namespaces.get(name) or self._new_namespace(name)  # no cap: these hold blocks
+                tenant = self._ns_tenant[ns]
+                got = per_ns[name] = (ns, self._ns_keys[ns], tenant, tenant.lru)
+            ns, keys, tenant, lru = got
+            k = (ns, key)
+            e = Entry(k, alloc, id=next(ids), checksum=checksums[i] if checksums else None)
+            if entries.setdefault(k, e) is not e:
+                continue  # a key given twice: the first one stays
+            added[ns] = added.get(ns, 0) + 1
+            place(e)
+            slab_add(e)
+            lru.add(e)
             tenant.stored_bytes += alloc.nbytes
-            self._ns_keys[k[0]][k[1]] = e
-            self.by_id[e.id] = e
-            if self.mirror is not None:
-                self._mirror_put(self.mirror, k[0], k[1], e.id, self._mirror_reply(e))
+            keys[key] = e
+            by_id[e.id] = e
+            if mirror is not None:
+                put(mirror, ns, key, e.id, reply(e))
+        for ns, n in added.items():
+            self._ns_add(ns, n)
 
     def attach_mirror(
         self,

@@ -50,6 +50,7 @@ block carries its CRC32C, so such a block stays out of the index, its space free
 
 from __future__ import annotations
 
+import gc
 import struct
 import time
 import zlib
@@ -78,6 +79,7 @@ _U64 = struct.Struct("<Q")
 _BLOCK = struct.Struct("<QQ")
 _CHECKSUM = struct.Struct("<HI")  # kind, CRC32C
 _HEAD = struct.Struct("<QH")  # a COMMIT's nbytes, block count
+_ONE_CHECKED = struct.Struct("<QHQQHI")  # the same with its one block and its checksum: most records
 _END = bytes(_REC.size)  # a zero length: no record here
 CHECKSUM_CRC32C = 1  # rpc/protocol.py's CHECKSUM_CRC32C
 SCAN_FLUSH = 4 << 20  # replay on a non-coherent pool invalidates this much ahead at a time
@@ -372,7 +374,7 @@ class Journal:
         write per record cost more than the record at millions of entries)."""
         seed = self._nseed
         crc32 = zlib.crc32
-        pack_rec = _REC.pack
+        pack_rec, pack_len, pack_one, crc_kind = _REC.pack, _U16.pack, _ONE_CHECKED.pack, CHECKSUM_CRC32C
         heads = self._heads
         limit = self.half_size
         out = bytearray()
@@ -385,10 +387,15 @@ class Journal:
                 head = heads[ns] = bytes([COMMIT]) + _U16.pack(len(raw)) + raw
             a = e.alloc
             blocks = a.blocks
-            body = head + _U16.pack(len(key)) + key + _HEAD.pack(a.nbytes, len(blocks))
-            body += b"".join([_BLOCK.pack(sz, off) for sz, off in blocks])
-            if e.checksum is not None:
-                body += _CHECKSUM.pack(CHECKSUM_CRC32C, e.checksum)
+            if len(blocks) == 1 and e.checksum is not None:  # one pack for the tail of most records
+                ((size, off),) = blocks
+                tail = pack_one(a.nbytes, 1, size, off, crc_kind, e.checksum)
+                body = b"".join((head, pack_len(len(key)), key, tail))
+            else:
+                body = head + _U16.pack(len(key)) + key + _HEAD.pack(a.nbytes, len(blocks))
+                body += b"".join([_BLOCK.pack(sz, off) for sz, off in blocks])
+                if e.checksum is not None:
+                    body += _CHECKSUM.pack(CHECKSUM_CRC32C, e.checksum)
             if self._npos + len(out) + _REC.size + len(body) > limit:
                 self._put_new(out)
                 raise JournalFull("the live index does not fit one half of the journal area")
@@ -520,33 +527,54 @@ class JournalKeeper:
         self.clock_ns = time.time_ns
 
     def rebuild(self) -> None:
-        """Replay the journal into the (empty) index, compact it, and journal from now on."""
+        """Replay the journal into the (empty) index, compact it, and journal from now on.
+
+        The cyclic GC is paused meanwhile and everything frozen after: it would otherwise walk the
+        growing index again and again while millions of live entries are made (it nearly doubled a
+        restart: docs/measurements.md, 2026-12-07), and then walk them all once more."""
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            self._rebuild()
+        finally:
+            gc.freeze()
+            if was:
+                gc.enable()
+
+    def _rebuild(self) -> None:
         journal = self.journal
         assert journal is not None
         self.previous_stop = read_stop(self.pool.read, self.offset)
         records, order = replay(journal)
-        live = {k: (nbytes, blocks) for k, (nbytes, blocks, crc) in records.items() if crc is not None}
-        checksums = {k: records[k][2] for k in live}
-        unchecked = len(records) - len(live)  # no reader could verify them: never served, their space stays free
+        # One pass into three lists in step (a restart walks millions): the keys, what the allocator
+        # restores, their checksums. Blocks without a checksum are left out: no reader could verify
+        # them, so they are never served and their space stays free.
+        keys: list[tuple[str, bytes]] = []
+        shapes: list[tuple[int, list[tuple[int, int]]]] = []
+        checksums: list[int | None] = []
+        for k, (nbytes, blocks, crc) in records.items():
+            if crc is not None:
+                keys.append(k)
+                shapes.append((nbytes, blocks))
+                checksums.append(crc)
+        unchecked = len(records) - len(keys)
         del records
         self.unchecked_dropped = unchecked
-        if live and not same_order(order, journal.order):
+        if keys and not same_order(order, journal.order):
             # Restoring would rebuild each block's extents in another order than its writer used.
             self.note = (
                 f"journal written with software interleave {order[0]} ways x {order[1] >> 20} MiB, the server "
                 f"now runs {journal.order[0]} ways x {journal.order[1] >> 20} MiB; started empty"
             )
-            live = {}
+            keys, shapes, checksums = [], [], []
         try:
-            allocs = self.allocator.restore(list(live.values()))
+            allocs = self.allocator.restore(shapes)
         except ValueError as exc:
             self.note = f"journal inconsistent ({exc}); started empty"
-            allocs, live = [], {}
-        self.index.restore(
-            [(ns, key, a) for (ns, key), a in zip(live, allocs, strict=True)],
-            [checksums.get(k) for k in live],
-        )
-        self.restored_entries = len(live)
+            allocs, keys, checksums = [], [], []
+        del shapes
+        self.index.restore([(ns, key, a) for (ns, key), a in zip(keys, allocs, strict=True)], checksums)
+        self.restored_entries = len(keys)
         if unchecked and not self.note:
             self.note = f"{unchecked} journaled blocks without a checksum were not restored"
         prev = self.previous_stop

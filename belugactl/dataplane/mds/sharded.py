@@ -90,6 +90,14 @@ class ShardedMap:
         if self._small and len(d) > SPLIT_AT:
             self._split()
 
+    def setdefault(self, k: Any, v: Any) -> Any:
+        """`v` stored under `k` unless `k` is there already; what `k` holds afterwards (one hash)."""
+        d = self._rot[_TABLE[((hash(k) * _MIX) & _M64) >> _SHIFT]]
+        old = d.setdefault(k, v)
+        if old is v and self._small and len(d) > SPLIT_AT:
+            self._split()
+        return old
+
     def __delitem__(self, k: Any) -> None:
         del self._rot[_TABLE[((hash(k) * _MIX) & _M64) >> _SHIFT]][k]
 

@@ -340,7 +340,9 @@ def decode_reserve(data) -> tuple[int, bytes, int]:
 
 
 def _pack_extents(extents: Sequence[Extent]) -> bytes:
-    return b"".join(_EXTENT.pack(o, n) for o, n in extents)
+    if len(extents) == 1:  # most replies: one extent (a restart encodes one reply per block)
+        return _EXTENT.pack(*extents[0])
+    return b"".join([_EXTENT.pack(o, n) for o, n in extents])
 
 
 def _unpack_extents(data, start: int, count: int, what: str) -> list[Extent]:
