@@ -530,8 +530,8 @@ class JournalKeeper:
         """Replay the journal into the (empty) index, compact it, and journal from now on.
 
         The cyclic GC is paused meanwhile and everything frozen after: it would otherwise walk the
-        growing index again and again while millions of live entries are made (it nearly doubled a
-        restart: docs/measurements.md, 2026-12-07), and then walk them all once more."""
+        growing index again and again while millions of live entries are made (in-process it nearly
+        doubled a rebuild: docs/measurements.md, 2026-12-07), and then walk them all once more."""
         was = gc.isenabled()
         gc.disable()
         try:
