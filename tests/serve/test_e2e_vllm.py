@@ -33,6 +33,7 @@ import yaml
 from belugactl.workflows.serve.control import read_state
 from belugactl.workflows.serve.supervisor import pid_alive
 from belugactl.workflows.serve.traffic import complete, prompt_token_sources, token_prompt
+from tests.support.needs import need
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -73,14 +74,6 @@ def _free_ports(n: int) -> list[int]:
         for s in socks:
             s.close()
     raise RuntimeError("no free port pair")
-
-
-def _need(condition: bool, message: str) -> None:
-    if condition:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def _get(url: str, timeout: float = 10.0) -> str:
@@ -142,11 +135,11 @@ def _belugactl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     venv = Path(os.environ.get("BELUGA_VLLM_VENV", REPO / ".venv-vllm"))
-    _need(
+    need(
         (venv / "bin" / "python").exists(), f"the vLLM venv is missing ({venv}); create it with scripts/bootstrap-vllm"
     )
-    _need(shutil.which("haproxy") is not None, "haproxy is not installed (scripts/bootstrap installs it)")
-    _need(shutil.which("prometheus") is not None, "prometheus is not installed (scripts/bootstrap installs it)")
+    need(shutil.which("haproxy") is not None, "haproxy is not installed (scripts/bootstrap installs it)")
+    need(shutil.which("prometheus") is not None, "prometheus is not installed (scripts/bootstrap installs it)")
     tmp = tmp_path_factory.mktemp("cpu-demo")
     admin, rpc, router, stats, port_a, port_b = _free_ports(6)
     doc = yaml.safe_load((REPO / "examples" / "cpu-demo.yaml").read_text())

@@ -37,6 +37,7 @@ from belugactl.workflows.serve.control import read_state
 from belugactl.workflows.serve.supervisor import pid_alive
 from belugactl.workflows.serve.traffic import complete, prompt_token_sources, token_prompt
 from tests.support.etcd import _free_port
+from tests.support.needs import need
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -92,14 +93,6 @@ class Doors:
         return []
 
 
-def _need(condition: bool, message: str) -> None:
-    if condition:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 def _manifest(tmp: Path, vllm_port: int, router: int, stats: int, admin: int, rpc: int) -> Path:
     doc = yaml.safe_load((REPO / "examples" / "cpu-demo.yaml").read_text())
     doc["name"] = "roll-demo"
@@ -145,8 +138,8 @@ class Rack:
 def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
     venv = Path(os.environ.get("BELUGA_VLLM_VENV", REPO / ".venv-vllm"))
     missing = f"the vLLM venv is missing ({venv}); create it with scripts/bootstrap-vllm"
-    _need((venv / "bin" / "python").exists(), missing)
-    _need(shutil.which("haproxy") is not None, "haproxy is not installed (scripts/bootstrap installs it)")
+    need((venv / "bin" / "python").exists(), missing)
+    need(shutil.which("haproxy") is not None, "haproxy is not installed (scripts/bootstrap installs it)")
     tmp = tmp_path_factory.mktemp("rolling")
     vllm_port, router, stats, admin, rpc = (_free_port() for _ in range(5))
     manifest = _manifest(tmp, vllm_port, router, stats, admin, rpc)

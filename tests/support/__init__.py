@@ -8,6 +8,7 @@ them live in the conftest.py of the folder that uses them.
     fake_machine      a stand-in machine (sysfs tree, kernel, tools) for setup tests
     small_rack        a small two-host rack manifest (pool, data-plane, hostile tests)
     lab               running the CLI against QEMU guests (lab-marked tests)
+    needs             a tool a slow test needs: skipped where missing, failed under CI=true
     dashboard_names   metric names in the Grafana dashboard and in each exporter
     fake_service.py, router_backend.py   small HTTP servers the serve tests start as subprocesses
 """
