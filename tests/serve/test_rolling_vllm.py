@@ -106,8 +106,7 @@ def _manifest(tmp: Path, vllm_port: int, router: int, stats: int, admin: int, rp
     vllm = doc["serve"]["vllm"]
     vllm.update(port_base=vllm_port, model=str(REPO / "examples" / "models" / "llama-cpu-demo"))
     vllm["extra_args"] = [a for a in vllm["extra_args"] if not a.startswith("--host")]  # the host's address
-    # --enforce-eager: no compilation at an engine start (the roll makes four starts; speed is not tested)
-    vllm["extra_args"] += ["--served-model-name=demo", "--enforce-eager"]
+    vllm["extra_args"] += ["--served-model-name=demo"]
     doc["serve"]["router"] = {
         "hosts": list(HOSTS), "bind": "address", "port": router, "stats_port": stats,
         "check_interval_ms": 500, "drain_timeout_s": 20,

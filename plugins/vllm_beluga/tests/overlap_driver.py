@@ -106,6 +106,7 @@ kv = {
 llm = LLM(
     model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BS, enable_prefix_caching=False,
     prefix_caching_hash_algo="sha256_cbor", max_model_len=2048, max_num_seqs=4, seed=0, kv_transfer_config=kv,
+    enforce_eager=True,  # no compilation: what is tested is the connector, not the model's speed
 )  # fmt: skip
 
 
