@@ -5,6 +5,7 @@ then serves that copy and journals on, and a later restart restores exactly it."
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -266,3 +267,30 @@ def test_a_lost_copy_is_dropped_and_a_fresh_one_follows_once_the_journal_is_back
         copy.discard()
         leader.close()
         pool.close()
+
+
+def test_a_resync_builds_the_copy_with_the_cyclic_gc_paused_and_freezes_it(pool_path: Path, monkeypatch) -> None:
+    seen: list[bool] = []
+    real = jm.replay
+
+    def watched(journal: jm.Journal) -> object:
+        seen.append(gc.isenabled())
+        return real(journal)
+
+    monkeypatch.setattr("belugactl.dataplane.mds.journal_follow.replay", watched)
+    with leader_and_standby(pool_path) as (_pool, leader, ns, copy, follower):
+        for i in range(20):
+            commit(leader, ns, i.to_bytes(32, "little"))
+        frozen = gc.get_freeze_count()
+        follower.followed = None  # the next step parses the whole half again
+        assert follower.step() >= 1 and len(copy.index.entries) == 20
+        assert seen and seen[-1] is False, "the resync ran with the cyclic GC on"
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+
+
+def test_gc_paused_restores_the_gc_after_an_error() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), jm.gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a failed rebuild")
+    assert gc.isenabled()

@@ -55,6 +55,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -103,6 +104,21 @@ class StopRecord:
 
     def to_dict(self) -> dict[str, object]:
         return {"at_ns": self.at_ns, "epoch": self.epoch, "reason": self.reason}
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic GC off while millions of live entries are made, and all of it frozen after: the
+    GC would otherwise walk the growing index again and again (a rebuild or a standby's first sync
+    of 1 M blocks nearly doubled in-process: docs/measurements.md, 2026-12-07)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 def read_stop(read: Callable[[int, int], bytes], offset: int) -> StopRecord | None:
@@ -527,19 +543,10 @@ class JournalKeeper:
         self.clock_ns = time.time_ns
 
     def rebuild(self) -> None:
-        """Replay the journal into the (empty) index, compact it, and journal from now on.
-
-        The cyclic GC is paused meanwhile and everything frozen after: it would otherwise walk the
-        growing index again and again while millions of live entries are made (in-process it nearly
-        doubled a rebuild: docs/measurements.md, 2026-12-07), and then walk them all once more."""
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        """Replay the journal into the (empty) index, compact it, and journal from now on (the
+        cyclic GC paused meanwhile: `gc_paused`)."""
+        with gc_paused():
             self._rebuild()
-        finally:
-            gc.freeze()
-            if was:
-                gc.enable()
 
     def _rebuild(self) -> None:
         journal = self.journal

@@ -30,6 +30,7 @@ random moments), the server bumps the epoch and journals on at the position the 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from belugactl.dataplane.mds.journal import (
     ORDER,
     REMOVE,
     Journal,
+    gc_paused,
     parse,
     read_stop,
     replay,
@@ -156,6 +158,10 @@ class JournalFollower:
     def _resync(self) -> int:
         """Parse the whole active half and make the copy equal to it: removals first (so no block is
         held twice on the way), then the entries the copy lacks."""
+        with gc_paused():  # as a rebuild: a first sync builds the whole copy
+            return self._resync_paused()
+
+    def _resync_paused(self) -> int:
         live, order = replay(self.journal)
         j = self.journal
         if j.state() != (j.generation, j.half):
@@ -202,6 +208,8 @@ class JournalFollower:
         while not stop.is_set() and not self.lost:
             with self.lock:
                 n = self.step()
+            if n:
+                gc.freeze()  # what the copy gained joins the frozen generation, as the server's does (O(1))
             if self.warm_at is not None and not told and on_warm is not None:
                 told = True
                 on_warm()
