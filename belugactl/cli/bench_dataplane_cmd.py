@@ -214,6 +214,12 @@ def mds(
         metavar="SECONDS",
         help="With --scale: the whole run's bound; what does not fit is skipped.",
     ),
+    save_blocks: int = typer.Option(
+        64,
+        "--save-blocks",
+        metavar="N",
+        help="With --scale: blocks a save of the fill (64: a 2000-token prompt; a long prompt's is thousands).",
+    ),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
     bytes per zone with software interleave (pool.interleave.mode: software) against none, and a
@@ -224,7 +230,7 @@ def mds(
     from belugactl.workflows.bench.rpc_mds import bench_mds
 
     if scale:
-        _mds_scale(sizes, rings, block_size, scale_pool, budget_s, json_out)
+        _mds_scale(sizes, rings, block_size, scale_pool, budget_s, json_out, save_blocks)
         return
     if not 3 <= idle_rings <= 1024:
         raise UsageError(f"--idle-rings {idle_rings} is out of range", fix="pass 3 to 1024 rings")
@@ -318,7 +324,9 @@ def _x(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def _mds_scale(sizes: str, rings: str, block_size: str, pool: str, budget_s: float, json_out: bool) -> None:
+def _mds_scale(
+    sizes: str, rings: str, block_size: str, pool: str, budget_s: float, json_out: bool, save_blocks: int
+) -> None:
     """`bench mds --scale`: arguments checked before any work, then one table of figures and targets."""
     from pathlib import Path
 
@@ -346,13 +354,17 @@ def _mds_scale(sizes: str, rings: str, block_size: str, pool: str, budget_s: flo
         raise UsageError(f"--block-size {block_size}: a multiple of 4 KiB up to 64 MiB", fix="e.g. --block-size 2MiB")
     if not 10 <= budget_s <= 86_400:
         raise UsageError(f"--budget-s {budget_s:g} is out of range", fix="pass 10 to 86400 seconds")
+    if not 1 <= save_blocks <= 65_535:
+        raise UsageError(f"--save-blocks {save_blocks} is out of range", fix="pass 1 to 65535 blocks a save")
     pool_path = Path(pool) if pool else None
     if pool_path is not None and (pool_path.exists() or pool_path.is_symlink() or not pool_path.parent.is_dir()):
         raise UsageError(
             f"--pool {pool}: the benchmark creates this file (and removes it after)",
             fix="name a file that does not exist yet, in an existing directory",
         )
-    result = bench_scale(sizes=size_list, rings=ring_list, block=block, pool=pool_path, budget_s=budget_s)
+    result = bench_scale(
+        sizes=size_list, rings=ring_list, block=block, pool=pool_path, budget_s=budget_s, save_blocks=save_blocks
+    )
     if json_out:
         print_json(result)
         return

@@ -319,6 +319,7 @@ class KVIndexClient:
         self.messages = 0
         self.round_trips = 0
         self._batches = True  # False once the server answered BAD_OP to a batched request (an older one)
+        self.batch_items = 0  # keys or tokens a batched request carries at most, as the server's HELLO said
 
     # --- connection ---------------------------------------------------------------------------
     def reconnect(self) -> int:
@@ -358,6 +359,7 @@ class KVIndexClient:
                     "not the metadata server of this pool (or it restarted just now)"
                 )
         t.adopt(epoch, max_payload)
+        self.batch_items = p.decode_hello_batch(payload)  # 0: an older server, batches sized by payload only
         self.writer_window_s = (window_ms or p.DEFAULT_WRITER_WINDOW_MS) / 1000
         self.lease_ttl_s = lease_ms / 1000
         self.epoch = epoch
@@ -709,7 +711,7 @@ class KVIndexClient:
         max_payload = self.transport.max_payload
         while todo:
             key_lens = [len(items[i][0]) for i in todo]
-            chunks = _chunks(todo, key_lens, lambda klen: p.reserve_many_capacity(max_payload, klen))
+            chunks = _chunks(todo, key_lens, lambda klen: self._batch_cap(p.reserve_many_capacity(max_payload, klen)))
             payloads = [p.encode_reserve_many(ns, [items[i] for i in chunk]) for chunk in chunks]
             rest: list[int] = []
             for chunk, reply in zip(chunks, self._call_many(Op.RESERVE_MANY, payloads), strict=True):
@@ -729,6 +731,10 @@ class KVIndexClient:
                 rest.extend(chunk[len(answered) :])  # did not fit the reply: ask again
             todo = rest
         return out  # type: ignore[return-value] - every slot was filled
+
+    def _batch_cap(self, fits: int) -> int:
+        """Items a batched request carries: what fits its payload, and no more than the server's step."""
+        return min(fits, self.batch_items) if self.batch_items else fits
 
     def _refuse_after_full(self, out: list[Reservation | Code]) -> list[Reservation | Code]:
         """The rule the server applies within a request, over the whole burst: past the first key
@@ -789,7 +795,7 @@ class KVIndexClient:
         return codes[: len(commits)], codes[len(commits) :]
 
     def _finish_batched(self, entries: list[tuple[int, int | None, int]]) -> list[Code]:
-        per = max(1, p.commit_many_capacity(self.transport.max_payload))
+        per = max(1, self._batch_cap(p.commit_many_capacity(self.transport.max_payload)))
         chunks = [entries[i : i + per] for i in range(0, len(entries), per)]
         payloads = [p.encode_commit_many(chunk) for chunk in chunks]
         codes: list[Code] = []

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane import native
 from belugactl.dataplane.mds.listener import Listener, register_listener
+from belugactl.dataplane.mds.service import BATCH_OPS
 from belugactl.dataplane.rpc import slots
 from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, Code, Op, encode_get_reply
 
@@ -247,6 +248,8 @@ class RingListener(Listener):
                 h.observe(time.perf_counter() - t0)
         self.requests += 1
         self._set_cursor(ring, slot + 1 if slot + 1 < g.slots_per_ring else 0)
+        if op in BATCH_OPS:  # one step of a batch: the other rings go before this one's next step
+            return ring + 1 if ring + 1 < R else 0
         return ring
 
     def housekeeping(self, now: float) -> None:

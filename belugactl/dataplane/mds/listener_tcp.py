@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from belugactl.dataplane.mds.listener import Listener, register_listener
 from belugactl.dataplane.mds.ownership import TcpOwners
+from belugactl.dataplane.mds.service import BATCH_OPS
 from belugactl.dataplane.rpc import auth
 from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, TCP_MAX_PAYLOAD, Code, Op
 from belugactl.errors import EnvironmentProblem
@@ -384,6 +385,8 @@ class TcpListener(Listener):
                     conn.settled = True
                 elif op == Op.HELLO and code == Code.OK:
                     conn.settled = True
+                if op in BATCH_OPS:
+                    frames_left = 0  # one step of a batch a turn: the other connections and rings go first
             frame = bytearray(4 + HEADER_SIZE + len(rep))
             _FRAME.pack_into(frame, 0, HEADER_SIZE + len(rep))
             HEADER.pack_into(frame, 4, 0, seq, MAGIC, service.epoch32, op & 0xFFFF, code, len(rep))

@@ -42,6 +42,12 @@ class LatencyHistogram:
 
 
 _HELLO = int(Op.HELLO)
+# Keys or tokens one RESERVE_MANY or COMMIT_MANY should carry (told to clients in HELLO's reply): a
+# step of at most this many keeps the loop's pause bounded (each item is some 10-25 us of Python),
+# and the listeners let the other rings and connections go before the next step.
+BATCH_ITEMS = 64
+# The batch opcodes after which a listener lets the others go first.
+BATCH_OPS = frozenset((int(Op.RESERVE_MANY), int(Op.COMMIT_MANY)))
 _LOOKUP_HDR = struct.Struct("<IHH")
 
 
@@ -200,7 +206,9 @@ class MetadataService:
             return int(refused), b""
         self.index.tenant = self.index.tenants.of(owner)
         self.groups.join(owner, p.decode_hello_group(data))
-        return 0, p.encode_hello_reply(self.epoch, self.pid, max_reply, self.writer_window_ms, self.lease_ttl_ms)
+        return 0, p.encode_hello_reply(
+            self.epoch, self.pid, max_reply, self.writer_window_ms, self.lease_ttl_ms, BATCH_ITEMS
+        )
 
     def _open_ns(self, data, _max: int, _owner: int) -> tuple[int, bytes]:
         return 0, p.encode_u32(self.index.open_namespace(p.decode_name(data)))
@@ -306,7 +314,7 @@ class MetadataService:
         full = False
         reserved = False
         refused_size = p.RESERVE_MANY_ITEM_SIZE
-        for key, nbytes in items:
+        for key, nbytes in items[:BATCH_ITEMS]:  # the rest: the caller asks again (a bounded step)
             if size + refused_size > max_reply:
                 break  # not even a refusal fits: the caller asks again for the rest
             if full:

@@ -197,13 +197,31 @@ def decode_hello_tenant(data) -> str:
         raise ProtocolError(Code.BAD_ARGS, "HELLO: tenant name is not UTF-8") from exc
 
 
-def encode_hello_reply(epoch: int, pid: int, max_payload: int, writer_window_ms: int, lease_ttl_ms: int = 0) -> bytes:
+def encode_hello_reply(
+    epoch: int, pid: int, max_payload: int, writer_window_ms: int, lease_ttl_ms: int = 0, batch_items: int = 0
+) -> bytes:
     """writer_window_ms: how long after sending RESERVE a writer may still write the extents it got
     (the client abandons the reservation after that; docs/dataplane.md, "Fencing"). lease_ttl_ms:
     how long a read lease lives at least after the request that took it was sent (a reader that
-    finished its copy within that needs no live count from its release: docs/dataplane.md, "Leases")."""
+    finished its copy within that needs no live count from its release: docs/dataplane.md, "Leases").
+    batch_items: see `decode_hello_batch`."""
     mask = 0xFFFFFFFF
-    return _HELLO_REP.pack(epoch, pid & mask, max_payload, writer_window_ms & mask, lease_ttl_ms & mask)
+    rep = _HELLO_REP.pack(epoch, pid & mask, max_payload, writer_window_ms & mask, lease_ttl_ms & mask)
+    return rep + _HELLO_BATCH.pack(batch_items & mask) if batch_items else rep
+
+
+# After the reply's 24 bytes a server may add a u32: the keys or tokens it handles per RESERVE_MANY
+# or COMMIT_MANY (docs/dataplane.md, "Batched puts"). Older clients ignore it, as any trailing bytes.
+_HELLO_BATCH = struct.Struct("<I")
+
+
+def decode_hello_batch(data) -> int:
+    """How many items a RESERVE_MANY or COMMIT_MANY should carry at most: a RESERVE_MANY past it is
+    answered in part (the caller asks again for the rest), a COMMIT_MANY past it is answered whole
+    but holds the server's loop for its length. 0: the server gives no advice (an older one)."""
+    if len(data) < _HELLO_REP.size + _HELLO_BATCH.size:
+        return 0
+    return _HELLO_BATCH.unpack_from(data, _HELLO_REP.size)[0]
 
 
 def decode_hello_reply(data) -> tuple[int, int, int, int, int]:

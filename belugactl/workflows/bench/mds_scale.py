@@ -308,8 +308,9 @@ def fill(
     deadline: float,
     tag: bytes = b"",
     touch: int = 0,
+    batch: int = BATCH,
 ) -> Fill:
-    """Save blocks `first`..`last`-1 in batches of BATCH (RESERVE_MANY + COMMIT_MANY); time every save
+    """Save blocks `first`..`last`-1 in saves of `batch` (RESERVE_MANY + COMMIT_MANY); time every save
     that evicted (the server's eviction count, read after each save once the area is nearly full).
     `touch`: after each save, look up that many random earlier blocks (one GET_MANY burst), so the
     LRU order is not the fill order, as in a cache whose prefixes are hit."""
@@ -330,10 +331,10 @@ def fill(
         if time.monotonic() > deadline:
             out.stopped = "budget"
             break
-        if (i - first) % (BATCH * 256) == 0 and i > first and _out_of_memory(server, psutil):
+        if (i - first) % (batch * 256) < batch and i > first and _out_of_memory(server, psutil):
             out.stopped = "memory"
             break
-        n = min(BATCH, last - i)
+        n = min(batch, last - i)
         s0 = time.perf_counter()
         got = client.reserve_many(NAMESPACE, [(key_of(j, tag), block) for j in range(i, i + n)])
         tokens = [r.token for r in got if not isinstance(r, int)]
@@ -405,7 +406,14 @@ def _client(pool_path: Path, ring: int, timeout_s: float = 600.0) -> Iterator[An
 
 
 def bench_sizes(
-    sizes: Sequence[int], *, block: int, pool_path: Path, tmp: Path, budget: Budget, rings: int = EXAMPLE_RINGS
+    sizes: Sequence[int],
+    *,
+    block: int,
+    pool_path: Path,
+    tmp: Path,
+    budget: Budget,
+    rings: int = EXAMPLE_RINGS,
+    save_blocks: int = BATCH,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Fill one server to each size in turn (cumulative), measuring at each; returns (sizes, pool)."""
     from belugactl.pool.file_pool import create_file_pool
@@ -431,7 +439,9 @@ def bench_sizes(
             if stop_all or budget.left() <= 0:
                 results.append({"blocks": n, "status": SKIPPED})
                 continue
-            doc, filled, stop_all = _one_size(server, pool_path, n, filled, block, anon0, budget, prev, tmp)
+            doc, filled, stop_all = _one_size(
+                server, pool_path, n, filled, block, anon0, budget, prev, tmp, save_blocks
+            )
             results.append(doc)
             prev = doc
     finally:
@@ -450,13 +460,14 @@ def _one_size(
     budget: Budget,
     prev: dict[str, Any] | None,
     tmp: Path,
+    save_blocks: int = BATCH,
 ) -> tuple[dict[str, Any], int, bool]:
     doc: dict[str, Any] = {"blocks": n}
     probe = PauseProbe(pool_path, 1)
     turn0 = _dig(server.snapshot(), SERVER_LONGEST_TURN_US)
     cpu0 = server.cpu_s()
     with _client(pool_path, 0) as c:
-        f = fill(c, server, filled, n, block, deadline=budget.deadline())
+        f = fill(c, server, filled, n, block, deadline=budget.deadline(), batch=save_blocks)
         cpu = server.cpu_s() - cpu0
         filled += f.filled
         doc["filled"] = filled
@@ -686,8 +697,10 @@ def bench_scale(
     block: int = DEFAULT_BLOCK,
     pool: Path | None = None,
     budget_s: float = 1800.0,
+    save_blocks: int = BATCH,
 ) -> dict[str, Any]:
-    """The rings first (seconds), then the sizes (minutes), all within `budget_s`."""
+    """The rings first (seconds), then the sizes (minutes), all within `budget_s`; the fill saves
+    `save_blocks` blocks at a time (a long prompt's save is thousands)."""
     import psutil
 
     budget = Budget(budget_s)
@@ -698,7 +711,9 @@ def bench_scale(
         ring_docs = bench_rings(rings, budget=budget, tmp=tmp)
         pool_path = pool if pool is not None else tmp / "pool.bin"
         try:
-            size_docs, pool_doc = bench_sizes(sizes, block=block, pool_path=pool_path, tmp=tmp, budget=budget)
+            size_docs, pool_doc = bench_sizes(
+                sizes, block=block, pool_path=pool_path, tmp=tmp, budget=budget, save_blocks=save_blocks
+            )
         finally:
             with contextlib.suppress(OSError):
                 pool_path.unlink()
@@ -712,7 +727,7 @@ def bench_scale(
         "cpus": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "block_bytes": block,
-        "blocks_per_save": BATCH,
+        "blocks_per_save": save_blocks,
         "pool": pool_doc,
         "sizes": size_docs,
         "rings": ring_docs,
