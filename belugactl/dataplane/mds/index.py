@@ -24,10 +24,13 @@ reservation that have been idle for `namespace_idle_s` are dropped; if none can 
 one is refused with NS_LIMIT. Ids are never reused, so a client holding a dropped id gets
 UNKNOWN_NS (or a miss), never another namespace's blocks.
 
-No request costs more than its own keys: each namespace keeps its keys (so clearing one never walks
-the index), the reserved bytes are a running sum (STATS is O(1)), and a clear detaches the
-namespace's keys at once (invisible to every lookup) and frees their blocks in steps of
-CLEAR_STEP between the server's loop turns (`clear_step`). Per-owner caps (mds/quotas.py) bound the
+No request costs more than its own keys: each namespace keeps its visible keys in a map of its own,
+which every lookup, GET, RESERVE and DELETE reads; the reserved bytes are a running sum (STATS is
+O(1)); and a clear swaps the namespace's map for an empty one (O(1), invisible to every lookup from
+then on; the native fast path hands the namespace's requests to Python until the clear is done)
+and removes the cleared entries (index, journal, removal log, blocks) in steps of CLEAR_STEP
+between the server's loop turns (`clear_step`). A RESERVE of a cleared key not yet removed removes
+it first. Per-owner caps (mds/quotas.py) bound the
 leases, reserved bytes and namespaces one ring or connection holds; the listener names the owner
 of the request it serves with `begin_request`.
 
@@ -63,6 +66,9 @@ Key = tuple[int, bytes]  # (namespace id, block hash)
 # Cleared entries whose blocks are freed per step (server loop turn): a clear of a large
 # namespace never holds the loop (and the CXL rings) for longer than this many frees.
 CLEAR_STEP = 512
+# A namespace's native tenant cell while a clear of it is in progress: no ring's cell, so the fast
+# path hands its requests to Python, which reads the namespace's own (already empty) map.
+HELD = -2
 # Leased entries an eviction step walks past at most in one tenant's LRU before it tries the next
 # tenant (leases move entries to the hot end, so the cold end is rarely leased): no step grows
 # with the index.
@@ -238,7 +244,12 @@ class KVIndex:
         self._memo: dict[Key, int] | None = None
         self._memo_reused: dict[int, int] = {}
         self._ns_keys: dict[int, ShardedMap] = {}  # namespace id -> its committed entries (key -> Entry)
-        self._doomed: dict[Key, Entry] = {}  # cleared (invisible) entries whose removal is pending
+        # Clears in progress: (namespace id, what is left of its cleared map). A cleared entry stays in
+        # `entries` (and the slab, its LRU, the mirror) until a step removes it; it is not in its
+        # namespace's map, which is what makes it invisible.
+        self._clearing: deque[tuple[int, Any]] = deque()
+        self._cleared_live = 0  # cleared entries still in `entries`
+        self._held: dict[int, int] = {}  # namespace id -> its clears in progress (ns_slot HELD meanwhile)
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
         self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
         # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
@@ -396,9 +407,9 @@ class KVIndex:
         """Leading present count, and a lease id covering those blocks (0 if none)."""
         tenant = self._check_ns(ns)
         found: list[Entry] = []
-        entries = self.entries
+        visible = self._ns_keys[ns]
         for k in keys:
-            e = entries.get((ns, k))
+            e = visible.get(k)
             if e is None:
                 break
             found.append(e)
@@ -412,7 +423,7 @@ class KVIndex:
     def get(self, ns: int, key: bytes) -> tuple[Entry, int] | None:
         tenant = self._check_ns(ns)
         k = (ns, key)
-        e = self.entries.get(k)
+        e = self._ns_keys[ns].get(key)
         memo = self._memo
         if memo is not None and e is not None:
             lease = memo.get(k, 0)
@@ -633,12 +644,12 @@ class KVIndex:
     def reserve(self, ns: int, key: bytes, nbytes: int, owner: int = 0) -> tuple[int, Allocation]:
         tenant = self._check_ns(ns)
         k = (ns, key)
-        if k in self.entries:
+        if key in self._ns_keys[ns]:
             raise IndexError_("EXISTS", "the key is committed already")
-        if self._doomed:
-            old = self._doomed.pop(k, None)
-            if old is not None:  # cleared, not yet removed: finish that first (journal order)
-                self._finish_removal(old, WHY_CLEARED)
+        if self._cleared_live:
+            old = self.entries.get(k)
+            if old is not None:  # cleared, not yet removed: remove it first (journal order)
+                self._remove(old, WHY_CLEARED)
         token = self.pending_keys.get(k)
         if token is not None:
             if self.pending[token].deadline > self.clock():
@@ -733,62 +744,92 @@ class KVIndex:
 
     def delete(self, ns: int, key: bytes) -> bool:
         self._check_ns(ns)
-        e = self.entries.get((ns, key))
+        e = self._ns_keys[ns].get(key)
         if e is None:
             return False
         self._remove(e, WHY_DELETED)
         return True
 
     def clear_namespace(self, ns: int) -> int:
-        """Detach every entry of `ns` at once (no lookup finds them from now on); their removal
-        (journal, removal log, freeing) follows in `clear_step`s. Returns how many were cleared."""
+        """Make every entry of `ns` invisible at once (its map swapped for an empty one: O(1)); their
+        removal (index, journal, removal log, freeing) follows in `clear_step`s, meanwhile the native
+        fast path leaves the namespace to Python. Returns how many were cleared."""
         self._check_ns(ns)
         keys = self._ns_keys[ns]
         if not keys:
             return 0
+        n = len(keys)
         self._ns_keys[ns] = ShardedMap()
-        tenant = self._ns_tenant[ns]
-        entries, lru, doomed = self.entries, tenant.lru, self._doomed
-        mirror = self.mirror
-        stored = 0
-        for key, e in keys.items():
-            k = (ns, key)
-            del entries[k]
-            self._slab_del(e)
-            lru.discard(e)
-            stored += e.alloc.nbytes
-            if mirror is not None:
-                self._mirror_del(mirror, ns, key)
-            doomed[k] = e
-        tenant.stored_bytes -= stored
-        if len(keys) <= CLEAR_STEP:
-            self.clear_step(len(keys))
-        return len(keys)
+        self._cleared_live += n
+        rest = keys.items()
+        if n <= CLEAR_STEP:
+            self._clear_some(ns, rest, n + 1)  # small: done in this request
+            return n
+        self._clearing.append((ns, rest))
+        self._hold(ns)
+        return n
+
+    def _clear_some(self, ns: int, rest: Any, budget: int) -> tuple[int, bool]:
+        """Remove up to `budget` entries of a cleared map (those removed since, by a RESERVE of the key,
+        an eviction or a poisoned block, are passed over); (how many were looked at, whether it ended)."""
+        entries = self.entries
+        n = 0
+        for key, e in itertools.islice(rest, budget):
+            n += 1
+            if entries.get((ns, key)) is e:
+                self._remove(e, WHY_CLEARED)
+        return n, n < budget
 
     @property
     def clearing(self) -> int:
         """Cleared entries whose removal is still pending."""
-        return len(self._doomed)
+        return self._cleared_live
 
     def clear_step(self, budget: int = CLEAR_STEP) -> int:
-        """Finish the removal of at most `budget` cleared entries; how many were finished."""
-        doomed = self._doomed
-        n = min(budget, len(doomed))
-        for _ in range(n):
-            _k, e = doomed.popitem()
-            self._finish_removal(e, WHY_CLEARED)
+        """Go on with the clears in progress, looking at most at `budget` cleared entries; how many."""
+        n = 0
+        clearing = self._clearing
+        while clearing and n < budget:
+            ns, rest = clearing[0]
+            done, ended = self._clear_some(ns, rest, budget - n)
+            n += done
+            if ended:
+                clearing.popleft()
+                self._unhold(ns)
         return n
+
+    def _hold(self, ns: int) -> None:
+        """The native fast path leaves `ns` to Python (its mirror still holds the cleared keys): the
+        namespace's tenant cell reads HELD, which no ring's is. The cells are made at the first clear
+        when there are no tenants (the fast path then checks them on every request)."""
+        self._held[ns] = self._held.get(ns, 0) + 1
+        if self._ns_slot is None:
+            cells = array("q", [-1]) * max(1024, 2 * (self.ns_id_bound + 1))
+            for n, tenant in self._ns_tenant.items():
+                cells[n] = tenant.slot
+            self._ns_slot = cells
+            self._attach_room()
+        self._set_ns_slot(ns, HELD)
+
+    def _unhold(self, ns: int) -> None:
+        left = self._held[ns] - 1
+        if left:
+            self._held[ns] = left
+            return
+        del self._held[ns]
+        tenant = self._ns_tenant.get(ns)
+        self._set_ns_slot(ns, tenant.slot if tenant is not None else -1)
 
     @property
     def background(self) -> bool:
         """Work waiting for the server's turns: a clear to finish, a watermark sweep, the journal's rewrite."""
         j = self.journal
-        return bool(self._doomed) or self.sweeping or (j is not None and j.compacting)
+        return bool(self._clearing) or self.sweeping or (j is not None and j.compacting)
 
     def background_step(self) -> int:
         """One bounded step of that work (a clear step, a sweep step, a rewrite step); how many
         entries it handled."""
-        n = self.clear_step() if self._doomed else 0
+        n = self.clear_step() if self._clearing else 0
         if self.sweeping:
             n += self.evict_step()
         j = self.journal
@@ -806,15 +847,20 @@ class KVIndex:
         return n
 
     def _remove(self, e: Entry, why: int) -> None:
+        ns, key = e.key
+        visible = self._ns_keys.get(ns)
+        if visible is not None and visible.get(key) is e:
+            visible.pop(key)
+        else:
+            self._cleared_live -= 1  # a cleared entry (its namespace's map no longer has it)
         del self.entries[e.key]
         self._slab_del(e)
-        tenant = self._ns_tenant[e.key[0]]
+        tenant = self._ns_tenant[ns]
         if tenant.lru.discard(e):
             tenant.stored_bytes -= e.alloc.nbytes
             if why == WHY_EVICTED:
                 tenant.evicted += 1
                 tenant.evicted_bytes += e.alloc.footprint
-        self._ns_keys[e.key[0]].pop(e.key[1], None)
         if self.mirror is not None:
             self._mirror_del(self.mirror, e.key[0], e.key[1])
         self._finish_removal(e, why)
@@ -1131,7 +1177,7 @@ class KVIndex:
         a = self.alloc.stats()
         reserved = self.reserved_footprint  # a running sum: STATS never walks the reservations
         return {
-            "entries": len(self.entries),
+            "entries": len(self.entries) - self._cleared_live,
             "namespaces": len(self.namespaces),
             "bytes_capacity": a["capacity"],
             "bytes_used": a["used"],
@@ -1141,7 +1187,7 @@ class KVIndex:
             "leases": len(self.leases) + self.burst_leases,
             "removals_head": self.removals.head,
             "removals_kept": len(self.removals),
-            "clearing": len(self._doomed),
+            "clearing": self._cleared_live,
             "sweeping": self.sweeping,
             "quotas": self.quotas.stats(),
             "tenants": self._tenant_stats(),
