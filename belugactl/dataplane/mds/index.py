@@ -63,9 +63,10 @@ from belugactl.dataplane.mds.sharded import ShardedMap
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
 
-# Cleared entries whose blocks are freed per step (server loop turn): a clear of a large
-# namespace never holds the loop (and the CXL rings) for longer than this many frees.
-CLEAR_STEP = 512
+# Cleared entries removed per step (server loop turn): a clear of a large namespace never holds the
+# loop (and the CXL rings) for longer than this many removals (index, mirror, journal, blocks), which
+# stays under the 5 ms pause budget (docs/measurements.md, 2026-12-07).
+CLEAR_STEP = 256
 # A namespace's native tenant cell while a clear of it is in progress: no ring's cell, so the fast
 # path hands its requests to Python, which reads the namespace's own (already empty) map.
 HELD = -2
@@ -247,7 +248,7 @@ class KVIndex:
         # Clears in progress: (namespace id, what is left of its cleared map). A cleared entry stays in
         # `entries` (and the slab, its LRU, the mirror) until a step removes it; it is not in its
         # namespace's map, which is what makes it invisible.
-        self._clearing: deque[tuple[int, Any]] = deque()
+        self._clearing: deque[tuple[int, list[dict]]] = deque()
         self._cleared_live = 0  # cleared entries still in `entries`
         self._held: dict[int, int] = {}  # namespace id -> its clears in progress (ns_slot HELD meanwhile)
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
@@ -761,24 +762,32 @@ class KVIndex:
         n = len(keys)
         self._ns_keys[ns] = ShardedMap()
         self._cleared_live += n
-        rest = keys.items()
+        rest = keys.parts()  # emptied as the steps go: the entries are freed a step at a time too
         if n <= CLEAR_STEP:
-            self._clear_some(ns, rest, n + 1)  # small: done in this request
+            self._clear_some(ns, rest, n)  # small: done in this request
             return n
         self._clearing.append((ns, rest))
         self._hold(ns)
         return n
 
-    def _clear_some(self, ns: int, rest: Any, budget: int) -> tuple[int, bool]:
-        """Remove up to `budget` entries of a cleared map (those removed since, by a RESERVE of the key,
-        an eviction or a poisoned block, are passed over); (how many were looked at, whether it ended)."""
+    def _clear_some(self, ns: int, rest: list[dict], budget: int) -> tuple[int, bool]:
+        """Remove up to `budget` entries of a cleared map, given as its dicts (those removed since, by a
+        RESERVE of the key, an eviction or a poisoned block, are passed over); (how many were looked
+        at, whether the map is empty now)."""
         entries = self.entries
         n = 0
-        for key, e in itertools.islice(rest, budget):
+        while rest and n < budget:
+            part = rest[-1]
+            if not part:
+                rest.pop()
+                continue
+            key, e = part.popitem()
             n += 1
             if entries.get((ns, key)) is e:
                 self._remove(e, WHY_CLEARED)
-        return n, n < budget
+        while rest and not rest[-1]:
+            rest.pop()
+        return n, not rest
 
     @property
     def clearing(self) -> int:

@@ -126,6 +126,11 @@ class ShardedMap:
         for d in self._dicts:
             d.clear()
 
+    def parts(self) -> list[dict]:
+        """The dicts under the map, for a caller that empties a map it no longer uses a few items at
+        a time (`popitem`), so that what they hold is freed in steps too, not all at its end."""
+        return list(self._dicts)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ShardedMap | dict):
             return len(self) == len(other) and all(k in other and other[k] == v for k, v in self.items())
