@@ -220,6 +220,12 @@ def mds(
         metavar="N",
         help="With --scale: blocks a save of the fill (64: a 2000-token prompt; a long prompt's is thousands).",
     ),
+    save_over: str = typer.Option(
+        "cxl",
+        "--save-over",
+        metavar="cxl|tcp",
+        help="With --scale: the fill's saves over a CXL ring, or over TCP (whose frames carry a whole batch).",
+    ),
 ) -> None:
     """Index operations per second (put/commit/lookup mix), allocator utilization under churn,
     bytes per zone with software interleave (pool.interleave.mode: software) against none, and a
@@ -230,7 +236,7 @@ def mds(
     from belugactl.workflows.bench.rpc_mds import bench_mds
 
     if scale:
-        _mds_scale(sizes, rings, block_size, scale_pool, budget_s, json_out, save_blocks)
+        _mds_scale(sizes, rings, block_size, scale_pool, budget_s, json_out, save_blocks, save_over)
         return
     if not 3 <= idle_rings <= 1024:
         raise UsageError(f"--idle-rings {idle_rings} is out of range", fix="pass 3 to 1024 rings")
@@ -325,7 +331,14 @@ def _x(ratio: float | None) -> str:
 
 
 def _mds_scale(
-    sizes: str, rings: str, block_size: str, pool: str, budget_s: float, json_out: bool, save_blocks: int
+    sizes: str,
+    rings: str,
+    block_size: str,
+    pool: str,
+    budget_s: float,
+    json_out: bool,
+    save_blocks: int,
+    save_over: str,
 ) -> None:
     """`bench mds --scale`: arguments checked before any work, then one table of figures and targets."""
     from pathlib import Path
@@ -356,6 +369,8 @@ def _mds_scale(
         raise UsageError(f"--budget-s {budget_s:g} is out of range", fix="pass 10 to 86400 seconds")
     if not 1 <= save_blocks <= 65_535:
         raise UsageError(f"--save-blocks {save_blocks} is out of range", fix="pass 1 to 65535 blocks a save")
+    if save_over not in ("cxl", "tcp"):
+        raise UsageError(f"--save-over {save_over}: expected cxl or tcp", fix="pass --save-over cxl or --save-over tcp")
     pool_path = Path(pool) if pool else None
     if pool_path is not None and (pool_path.exists() or pool_path.is_symlink() or not pool_path.parent.is_dir()):
         raise UsageError(
@@ -363,7 +378,13 @@ def _mds_scale(
             fix="name a file that does not exist yet, in an existing directory",
         )
     result = bench_scale(
-        sizes=size_list, rings=ring_list, block=block, pool=pool_path, budget_s=budget_s, save_blocks=save_blocks
+        sizes=size_list,
+        rings=ring_list,
+        block=block,
+        pool=pool_path,
+        budget_s=budget_s,
+        save_blocks=save_blocks,
+        save_over=save_over,
     )
     if json_out:
         print_json(result)

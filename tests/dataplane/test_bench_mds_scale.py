@@ -41,6 +41,8 @@ def test_counts_read_k_and_m_as_powers_of_ten_sorted_without_repeats() -> None:
         ("--block-size", "1000", "--block-size 1000"),
         ("--block-size", "big", "--block-size big"),
         ("--budget-s", "1", "--budget-s 1"),
+        ("--save-blocks", "0", "--save-blocks 0"),
+        ("--save-over", "udp", "--save-over udp"),
     ],
 )
 def test_bad_arguments_are_usage_errors_before_any_work(flag: str, value: str, says: str, capsys) -> None:
@@ -188,8 +190,12 @@ def test_a_small_scale_run_measures_every_phase_on_real_servers(monkeypatch, cap
     monkeypatch.setattr(mds_scale, "RING_SECONDS", 0.02)
     monkeypatch.setattr(mds_scale, "LOOKUP_SAMPLES", 100)
     monkeypatch.setattr(mds_scale, "MIXED_LEASE_TTL_S", 0.2)
-    assert run(["bench", "mds", "--scale", "--sizes", "2k", "--rings", "4,8", "--budget-s", "120", "--json"]) == 0
+    # The fill over TCP in saves of 300 blocks, each cut into the server's batch steps; the mixed
+    # phase still saves over a ring.
+    argv = ["--sizes", "2k", "--rings", "4,8", "--budget-s", "120", "--save-blocks", "300", "--save-over", "tcp"]
+    assert run(["bench", "mds", "--scale", *argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    assert (doc["blocks_per_save"], doc["saves_over"]) == (300, "tcp")
     (size,) = doc["sizes"]
     assert size["status"] == "done" and size["filled"] == size["entries"] == 2000
     assert size["bytes_per_block"] is not None and size["save_blocks_per_s"] > 0

@@ -390,13 +390,15 @@ def lookup_latency(client: Any, filled: int, samples: int | None = None, tag: by
 
 
 @contextlib.contextmanager
-def _client(pool_path: Path, ring: int, timeout_s: float = 600.0) -> Iterator[Any]:
+def _client(pool_path: Path, ring: int, timeout_s: float = 600.0, tcp: str = "") -> Iterator[Any]:
+    """A client on `ring`, or over TCP at `tcp` when given (its frames carry whole batches)."""
     from belugactl.dataplane.client import connect
     from belugactl.pool.mapping import PoolMapping
 
     pool = PoolMapping.open(pool_path)
     try:
-        client = connect(f"cxl://{pool_path}#{ring}", pool=pool, timeout_s=timeout_s)
+        address = tcp or f"cxl://{pool_path}#{ring}"
+        client = connect(address, pool=pool, timeout_s=timeout_s)
         try:
             yield client
         finally:
@@ -414,6 +416,7 @@ def bench_sizes(
     budget: Budget,
     rings: int = EXAMPLE_RINGS,
     save_blocks: int = BATCH,
+    save_over: str = "cxl",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Fill one server to each size in turn (cumulative), measuring at each; returns (sizes, pool)."""
     from belugactl.pool.file_pool import create_file_pool
@@ -440,7 +443,7 @@ def bench_sizes(
                 results.append({"blocks": n, "status": SKIPPED})
                 continue
             doc, filled, stop_all = _one_size(
-                server, pool_path, n, filled, block, anon0, budget, prev, tmp, save_blocks
+                server, pool_path, n, filled, block, anon0, budget, prev, tmp, save_blocks, save_over
             )
             results.append(doc)
             prev = doc
@@ -461,12 +464,13 @@ def _one_size(
     prev: dict[str, Any] | None,
     tmp: Path,
     save_blocks: int = BATCH,
+    save_over: str = "cxl",
 ) -> tuple[dict[str, Any], int, bool]:
     doc: dict[str, Any] = {"blocks": n}
     probe = PauseProbe(pool_path, 1)
     turn0 = _dig(server.snapshot(), SERVER_LONGEST_TURN_US)
     cpu0 = server.cpu_s()
-    with _client(pool_path, 0) as c:
+    with _client(pool_path, 0, tcp=server.record["rpc"] if save_over == "tcp" else "") as c:
         f = fill(c, server, filled, n, block, deadline=budget.deadline(), batch=save_blocks)
         cpu = server.cpu_s() - cpu0
         filled += f.filled
@@ -698,9 +702,11 @@ def bench_scale(
     pool: Path | None = None,
     budget_s: float = 1800.0,
     save_blocks: int = BATCH,
+    save_over: str = "cxl",
 ) -> dict[str, Any]:
     """The rings first (seconds), then the sizes (minutes), all within `budget_s`; the fill saves
-    `save_blocks` blocks at a time (a long prompt's save is thousands)."""
+    `save_blocks` blocks at a time (a long prompt's save is thousands), over a CXL ring or `save_over`
+    "tcp"."""
     import psutil
 
     budget = Budget(budget_s)
@@ -712,7 +718,13 @@ def bench_scale(
         pool_path = pool if pool is not None else tmp / "pool.bin"
         try:
             size_docs, pool_doc = bench_sizes(
-                sizes, block=block, pool_path=pool_path, tmp=tmp, budget=budget, save_blocks=save_blocks
+                sizes,
+                block=block,
+                pool_path=pool_path,
+                tmp=tmp,
+                budget=budget,
+                save_blocks=save_blocks,
+                save_over=save_over,
             )
         finally:
             with contextlib.suppress(OSError):
@@ -728,6 +740,7 @@ def bench_scale(
         "memory_bytes": psutil.virtual_memory().total,
         "block_bytes": block,
         "blocks_per_save": save_blocks,
+        "saves_over": save_over,
         "pool": pool_doc,
         "sizes": size_docs,
         "rings": ring_docs,
