@@ -66,7 +66,7 @@ Key = tuple[int, bytes]  # (namespace id, block hash)
 # Cleared entries removed per step (server loop turn): a clear of a large namespace never holds the
 # loop (and the CXL rings) for longer than this many removals (index, mirror, journal, blocks), which
 # stays under the 5 ms pause budget (docs/measurements.md, 2026-12-07).
-CLEAR_STEP = 256
+CLEAR_STEP = 128
 # A namespace's native tenant cell while a clear of it is in progress: no ring's cell, so the fast
 # path hands its requests to Python, which reads the namespace's own (already empty) map.
 HELD = -2

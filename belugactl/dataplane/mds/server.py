@@ -63,6 +63,11 @@ RESTART_POLICIES = ("start-empty", "journal")
 # Clear and sweep steps a housekeeping tick takes, at most this long (at least one step): progress when
 # the loop's turns take none, without a tick's own pause growing with the work left.
 HOUSEKEEPING_STEPS_S = 0.002
+# While serving, the cyclic GC runs only between turns, on the young objects alone, once this many
+# have piled up, and what survives is frozen at once: its automatic collections would come inside a
+# request, and an older generation's walks every object made since the last freeze (tens of ms under
+# a fill: docs/measurements.md, 2026-12-07).
+GC_YOUNG = 20_000
 
 
 def quiet_wait_s(cfg: ServerConfig, quiet_s: float, rings: bool) -> float:
@@ -341,10 +346,25 @@ class MetadataServer:
         return True
 
     def serve_forever(self) -> None:
-        # Every lookup makes a few small objects (a lease, its list); with the default thresholds
-        # the cyclic GC would walk the whole index hundreds of times a second under load.
+        # Every lookup makes a few small objects (a lease, its list): the cyclic GC runs between turns
+        # instead (`collect_young`), never over the index.
         gc.freeze()
-        gc.set_threshold(100_000, 50, 50)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            self._serve_forever()
+        finally:
+            if was:
+                gc.enable()
+
+    def collect_young(self) -> None:
+        """The cyclic GC's work, a bounded step between turns: the young generation once it holds
+        GC_YOUNG objects, then its survivors frozen (never walked again)."""
+        if gc.get_count()[0] >= GC_YOUNG:
+            gc.collect(0)
+            gc.freeze()
+
+    def _serve_forever(self) -> None:
         cfg = self.config
         ring = self.ring
         idle_wait = getattr(ring, "idle_wait", None)  # a listener that can wait for its requests without a core
@@ -453,6 +473,7 @@ class MetadataServer:
         were served before this, and are after)."""
         if self.leadership is not None and self.fenced_out():
             return
+        self.collect_young()
         for lst in self.listeners:
             if lst.backlog:
                 lst.serve_backlog()
