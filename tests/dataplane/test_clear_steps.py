@@ -71,7 +71,8 @@ def test_an_entry_evicted_or_deleted_meanwhile_is_removed_once() -> None:
         put(idx, ns, i)
     before = idx.removals.head
     idx.clear_namespace(ns)
-    assert idx.evict(target_free=idx.alloc.capacity, budget=3) == 3  # the cold end of the LRU is cleared entries: evicted, counted once
+    # The cold end of the LRU is cleared entries: evicted, and counted once.
+    assert idx.evict(target_free=idx.alloc.capacity, budget=3) == 3
     while idx.background:
         idx.background_step()
     kept = list(idx.removals.records(before, idx.removals.head))
