@@ -250,7 +250,6 @@ class KVIndex:
         # namespace's map, which is what makes it invisible.
         self._clearing: deque[tuple[int, list[dict]]] = deque()
         self._cleared_live = 0  # cleared entries still in `entries`
-        self._held: dict[int, int] = {}  # namespace id -> its clears in progress (ns_slot HELD meanwhile)
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
         self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
         # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
@@ -286,9 +285,16 @@ class KVIndex:
         self.room = LeaseRoom(rings, t, {r: t.of(r) for r in range(rings)}, self.quotas.limits.live_leases)
         self._attach_room()
 
+    def _make_ns_cells(self) -> None:
+        """Each namespace's tenant cell (-1: no namespace), for the native fast path's check."""
+        cells = array("q", [-1]) * max(1024, 2 * (self.ns_id_bound + 1))
+        for ns, tenant in self._ns_tenant.items():
+            cells[ns] = tenant.slot
+        self._ns_slot = cells
+
     def _attach_room(self) -> None:
         if self.tenants.named and self._ns_slot is None:
-            self._ns_slot = array("q", [-1]) * 1024
+            self._make_ns_cells()
         if self.mirror is not None and self.room is not None and _fi_set_room is not None:
             _fi_set_room(self.mirror, self.room.room, self.room.ring_slot.tobytes(), self._ns_slot)
 
@@ -776,17 +782,17 @@ class KVIndex:
         at, whether the map is empty now)."""
         entries = self.entries
         n = 0
-        while rest and n < budget:
+        while rest:
             part = rest[-1]
             if not part:
                 rest.pop()
-                continue
-            key, e = part.popitem()
-            n += 1
-            if entries.get((ns, key)) is e:
-                self._remove(e, WHY_CLEARED)
-        while rest and not rest[-1]:
-            rest.pop()
+            elif n < budget:
+                key, e = part.popitem()
+                n += 1
+                if entries.get((ns, key)) is e:
+                    self._remove(e, WHY_CLEARED)
+            else:
+                break
         return n, not rest
 
     @property
@@ -809,23 +815,17 @@ class KVIndex:
 
     def _hold(self, ns: int) -> None:
         """The native fast path leaves `ns` to Python (its mirror still holds the cleared keys): the
-        namespace's tenant cell reads HELD, which no ring's is. The cells are made at the first clear
-        when there are no tenants (the fast path then checks them on every request)."""
-        self._held[ns] = self._held.get(ns, 0) + 1
+        namespace's tenant cell reads HELD, which no ring's is. Without tenants the cells are made at
+        the first clear (the fast path then checks them on every request)."""
         if self._ns_slot is None:
-            cells = array("q", [-1]) * max(1024, 2 * (self.ns_id_bound + 1))
-            for n, tenant in self._ns_tenant.items():
-                cells[n] = tenant.slot
-            self._ns_slot = cells
+            self._make_ns_cells()
             self._attach_room()
         self._set_ns_slot(ns, HELD)
 
     def _unhold(self, ns: int) -> None:
-        left = self._held[ns] - 1
-        if left:
-            self._held[ns] = left
+        """After a clear of `ns` ends: its tenant's cell again, unless another clear of it goes on."""
+        if any(n == ns for n, _rest in self._clearing):
             return
-        del self._held[ns]
         tenant = self._ns_tenant.get(ns)
         self._set_ns_slot(ns, tenant.slot if tenant is not None else -1)
 

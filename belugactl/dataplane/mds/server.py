@@ -50,6 +50,7 @@ from belugactl.dataplane import native
 from belugactl.dataplane.mds.allocator import Allocator
 from belugactl.dataplane.mds.fencing import Fencing
 from belugactl.dataplane.mds.index import IndexConfig, KVIndex
+from belugactl.dataplane.mds.journal import gc_paused
 from belugactl.dataplane.mds.listener import Listener, load_listeners
 from belugactl.dataplane.mds.listener_tcp import TcpLimits, TcpListener, port_problem
 from belugactl.dataplane.mds.loop_stats import LoopStats
@@ -349,13 +350,8 @@ class MetadataServer:
         # Every lookup makes a few small objects (a lease, its list): the cyclic GC runs between turns
         # instead (`collect_young`), never over the index.
         gc.freeze()
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             self._serve_forever()
-        finally:
-            if was:
-                gc.enable()
 
     def collect_young(self) -> None:
         """The cyclic GC's work, a bounded step between turns: the young generation once it holds
