@@ -34,7 +34,6 @@ planner never count on a quarantined chunk.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 CHUNK = 2 << 20
 MIN_BLOCK = 4 << 10
@@ -60,17 +59,60 @@ Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
 
 
-@dataclass
 class Allocation:
-    """What one reservation holds: the extents handed out, and the blocks to give back."""
+    """What one reservation holds: the extents handed out, and the blocks to give back.
 
-    extents: list[Extent]
-    blocks: list[Block]
-    nbytes: int
+    Most allocations are one block: those keep its offset and class size alone (two ints, no lists),
+    and `extents` and `blocks` are made when read. At millions of blocks the lists and tuples were a
+    third of the index's Python bytes a block (docs/measurements.md, 2026-12-07)."""
+
+    __slots__ = ("nbytes", "_a", "_b")
+
+    def __init__(self, extents: list[Extent], blocks: list[Block], nbytes: int) -> None:
+        self.nbytes = nbytes
+        if len(blocks) == 1 and [(blocks[0][1], min(blocks[0][0], nbytes))] == extents:
+            self._a, self._b = blocks[0][1], blocks[0][0]  # offset, class size
+        else:
+            self._a, self._b = extents, blocks
+
+    @classmethod
+    def one(cls, off: int, size: int, nbytes: int) -> Allocation:
+        """One block of class `size` at `off` holding `nbytes` (at most `size`)."""
+        a = cls.__new__(cls)
+        a.nbytes, a._a, a._b = nbytes, off, size
+        return a
+
+    @property
+    def extents(self) -> list[Extent]:
+        a = self._a
+        if type(a) is int:
+            size = self._b
+            return [(a, size if size < self.nbytes else self.nbytes)]  # type: ignore[list-item, operator]
+        return a  # type: ignore[return-value]
+
+    @property
+    def blocks(self) -> list[Block]:
+        a = self._a
+        if type(a) is int:
+            return [(self._b, a)]  # type: ignore[list-item]
+        return self._b  # type: ignore[return-value]
 
     @property
     def footprint(self) -> int:
-        return sum(size for size, _ in self.blocks)
+        a = self._a
+        if type(a) is int:
+            return self._b  # type: ignore[return-value]
+        return sum(size for size, _ in self._b)  # type: ignore[union-attr]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Allocation):
+            return NotImplemented
+        return (self.extents, self.blocks, self.nbytes) == (other.extents, other.blocks, other.nbytes)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking, compared by value (as the dataclass was)
+
+    def __repr__(self) -> str:
+        return f"Allocation(extents={self.extents!r}, blocks={self.blocks!r}, nbytes={self.nbytes!r})"
 
 
 class _Zone:
@@ -233,8 +275,17 @@ class Allocator:
         if nbytes <= 0:
             raise ValueError("allocation size must be positive")
         whole, cls = self.shape(nbytes)
-        blocks: list[Block] = []
         zone = start = self._rr
+        if not whole:  # one class block (most requests): no lists made
+            off = self._take_block(cls, zone)
+            if off is None:
+                return None
+            self._rr = (start + 1) % self.ways
+            self._zone_used[self.zone_of(off)] += cls
+            self.used += cls
+            self.requested += nbytes
+            return Allocation.one(off, cls, nbytes)
+        blocks: list[Block] = []
         if whole:
             if whole > self.free_chunk_count:
                 return None
@@ -263,6 +314,8 @@ class Allocator:
             zone_used[self.zone_of(off)] += size
         self.used += footprint
         self.requested += nbytes
+        if len(blocks) == 1:  # one whole chunk
+            return Allocation.one(blocks[0][1], blocks[0][0], nbytes)
         return Allocation(_coalesce(blocks, nbytes, in_order=self.ways > 1), blocks, nbytes)
 
     def free(self, allocation: Allocation) -> None:
@@ -407,10 +460,18 @@ class Allocator:
         in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
         zone_used, zone_of = self._zone_used, self.zone_of
         used = requested = 0
+        one = Allocation.one
         for nbytes, blocks in allocations:
+            requested += nbytes
+            if len(blocks) == 1:  # what _coalesce gives for one block, without the lists
+                size, off = blocks[0]
+                restored.append(one(off, size, nbytes))
+                used += size
+                if zoned:
+                    zone_used[zone_of(off)] += size
+                continue
             blocks = list(blocks)
             restored.append(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
-            requested += nbytes
             for size, off in blocks:
                 used += size
                 if zoned:

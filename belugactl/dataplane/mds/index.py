@@ -717,6 +717,11 @@ class KVIndex:
         del self.pending[token]
         del self.pending_keys[p.key]
         self._unreserve(p)
+        # Finished reservations leave the deadline queue from its head now, not when their deadline
+        # passes: at 40 k saves/s a TTL's worth of them was 1.2 M tuples (150 MB) waiting for expire.
+        pq, pending = self._pending_q, self.pending
+        while pq and pq[0][1] not in pending:
+            pq.popleft()
         return p
 
     def commit(self, token: int, owner: int | None = None, checksum: int | None = None) -> None:
