@@ -384,3 +384,54 @@ def test_a_block_of_many_granules_is_spread_evenly_and_survives_a_restart() -> N
     restored = again.restore([(first.nbytes, first.blocks), (got.nbytes, got.blocks)])
     assert [r.extents for r in restored] == [first.extents, got.extents]
     assert again.zone_bytes() == a.zone_bytes()
+
+
+# --- the compact one-block Allocation (issue 31 item 2) -------------------------------------------
+
+
+def test_one_block_allocations_read_as_the_general_form_does() -> None:
+    """A one-block Allocation (a class block, or one whole chunk) reads, compares and prints exactly as
+    the general form built from the same extents and blocks; several blocks keep the general form."""
+    from belugactl.dataplane.mds.allocator import Allocation
+
+    a = Allocator(BASE, 8 * CHUNK)
+    small, chunk, big = a.alloc(100), a.alloc(CHUNK), a.alloc(CHUNK + 100)
+    assert small is not None and chunk is not None and big is not None
+    off = small.blocks[0][1]
+    assert small.extents == [(off, 100)] and small.blocks == [(4096, off)] and small.footprint == 4096
+    assert small == Allocation([(off, 100)], [(4096, off)], 100) == Allocation.one(off, 4096, 100)
+    assert repr(small) == f"Allocation(extents=[({off}, 100)], blocks=[(4096, {off})], nbytes=100)"
+    coff = chunk.blocks[0][1]
+    assert chunk.extents == [(coff, CHUNK)] and chunk.blocks == [(CHUNK, coff)] and chunk.footprint == CHUNK
+    assert len(big.blocks) == 2 and big.footprint == CHUNK + 4096 and sum(n for _o, n in big.extents) == CHUNK + 100
+    assert small != chunk and small != Allocation.one(off, 4096, 99) and small != Allocation.one(off, 8192, 100)
+    with pytest.raises(TypeError):
+        hash(small)  # compared by value, so not hashable (as the dataclass it replaced)
+    # A restart gives back equal allocations in both forms, and the same accounting.
+    again = Allocator(BASE, 8 * CHUNK)
+    restored = again.restore([(x.nbytes, x.blocks) for x in (small, chunk, big)])
+    assert restored == [small, chunk, big] and (again.used, again.requested) == (a.used, a.requested)
+    for x in (small, chunk, big):
+        a.free(x)
+    assert a.used == 0
+
+
+def test_a_one_block_allocation_costs_no_lists() -> None:
+    """At millions of blocks the index's bytes a block are what this class costs (docs/measurements.md,
+    2026-12-07): 10,000 one-block allocations stay under 128 B of Python objects each (the dataclass
+    with its extents and blocks lists: 401 B)."""
+    import gc
+    import tracemalloc
+
+    a = Allocator(BASE, 64 * CHUNK)
+    gc.disable()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = [a.alloc(4096) for _ in range(10_000)]
+        per = (tracemalloc.get_traced_memory()[0] - before) / len(held)
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert all(h is not None for h in held)
+    assert per < 128, f"{per:.0f} B of Python objects a one-block allocation"
