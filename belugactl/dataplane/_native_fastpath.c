@@ -12,29 +12,46 @@
 
 #define FI_KEY 64
 
+/* One mirrored key, what fast_serve reads. Entries live in segments of FI_SEG that never move; the
+ * hash table holds 8-byte words pointing at them, so a growth moves words, not entries, and a key
+ * costs its entry (96 bytes) plus 16 to 32 bytes of table (the table's slots held the entries
+ * themselves before: 104 bytes a slot at a quarter to an eighth full, 400+ bytes a key). */
 typedef struct {
     uint64_t hash;
-    int64_t id;
+    int64_t id; /* the entry id; a free entry: the next free position + 1 (0: none) */
     uint32_t ns;
-    uint16_t klen;
-    uint8_t state; /* 0 empty, 1 used, 2 deleted */
+    uint16_t get_len;
+    uint8_t klen;
+    uint8_t state; /* 0 free, 1 used */
     uint8_t key[FI_KEY];
     uint8_t *get_reply; /* the GET reply payload (lease id at bytes 0..8 patched per request), or NULL */
-    uint32_t get_len;
 } fi_slot;
 
+#define FI_SEG_BITS 16
+#define FI_SEG ((size_t)1 << FI_SEG_BITS)
+#define FI_SEGS ((size_t)1 << 16)
+#define FI_MAX_ENTS (FI_SEGS * FI_SEG - 2) /* a word keeps position + 2 in 32 bits */
+
+/* A table word: 0 empty, 1 deleted (a tombstone), else the top 32 bits of the key's hash (a probe
+ * compares them before it reads the entry) and the entry's position + 2. */
+#define FI_WORD(h, pos) (((h) & 0xffffffff00000000ull) | (uint64_t)((pos) + 2))
+#define FI_POS(w) ((size_t)(uint32_t)(w) - 2)
+
 typedef struct {
-    fi_slot *slots;
+    uint64_t *slots;
     size_t cap; /* power of two */
     size_t used; /* live keys, in both tables while growing */
     size_t tombs; /* deleted slots of `slots` */
     /* While growing: the table before, moved into `slots` FI_MOVE slots per put and per delete
      * (fi_move), so no call rehashes the whole table (at millions of keys that stopped the server
      * for seconds). A key is in exactly one of the two; lookups look in `slots`, then here. */
-    fi_slot *old;
+    uint64_t *old;
     size_t oldcap;
     size_t moved; /* old slots [0, moved) are moved (or were empty): no key there, never read again */
     size_t released; /* bytes at the start of `old` given back to the kernel */
+    fi_slot **segs; /* FI_SEGS segment pointers, each mapped when first needed */
+    size_t nents; /* entry positions handed out so far */
+    size_t free_head; /* a freed entry's position + 1, 0: none */
     /* Lease room (fi_set_room): how many more leases each ring and each tenant may get. room[r] for
      * ring r, room[ring_slot[r]] for its tenant; a grant takes one of each. A ring without room gets
      * a miss, answered here (a lookup: count 0, no lease; a GET_MANY: the keys past the room as
@@ -59,47 +76,88 @@ static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
     return h | 1; /* never 0 */
 }
 
-/* Slots below `from` hold no key (an old table's moved part, whose pages may be given back and
- * read as zeros): a probe that reaches them goes on at `from`. */
-static fi_slot *fi_find_in(fi_slot *slots, size_t cap, size_t from, uint32_t ns, const uint8_t *k, size_t n,
-                           uint64_t h) {
+static inline fi_slot *fi_ent(const FastIndex *fi, size_t pos) {
+    return &fi->segs[pos >> FI_SEG_BITS][pos & (FI_SEG - 1)];
+}
+
+/* The slot of `slots` whose word names the key, or NULL. Slots below `from` hold no key (an old
+ * table's moved part, whose pages may be given back and read as zeros): a probe that reaches them
+ * goes on at `from`. */
+static uint64_t *fi_find_in(const FastIndex *fi, uint64_t *slots, size_t cap, size_t from, uint32_t ns,
+                            const uint8_t *k, size_t n, uint64_t h) {
     size_t mask = cap - 1, i = h & mask;
+    uint64_t tag = h & 0xffffffff00000000ull;
     for (size_t probes = 0; probes < cap; i = (i + 1) & mask, probes++) {
         if (i < from) {
             probes += from - i;
             if (probes >= cap) break;
             i = from;
         }
-        fi_slot *s = &slots[i];
-        if (s->state == 0) return NULL;
-        if (s->state == 1 && s->hash == h && s->ns == ns && s->klen == n && memcmp(s->key, k, n) == 0) return s;
+        uint64_t w = slots[i];
+        if (w == 0) return NULL;
+        if (w > 1 && (w & 0xffffffff00000000ull) == tag) {
+            const fi_slot *s = fi_ent(fi, FI_POS(w));
+            if (s->hash == h && s->ns == ns && s->klen == n && memcmp(s->key, k, n) == 0) return &slots[i];
+        }
     }
     return NULL;
 }
 
+/* The table slot naming the key, in either table (`*in_new` says which), or NULL. */
+static uint64_t *fi_locate(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, uint64_t h, int *in_new) {
+    uint64_t *w = fi_find_in(fi, fi->slots, fi->cap, 0, ns, k, n, h);
+    *in_new = w != NULL;
+    if (!w && fi->old) w = fi_find_in(fi, fi->old, fi->oldcap, fi->moved, ns, k, n, h);
+    return w;
+}
+
 static fi_slot *fi_find(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, uint64_t h) {
-    fi_slot *s = fi_find_in(fi->slots, fi->cap, 0, ns, k, n, h);
-    if (!s && fi->old) s = fi_find_in(fi->old, fi->oldcap, fi->moved, ns, k, n, h);
-    return s;
+    int in_new;
+    uint64_t *w = fi_locate(fi, ns, k, n, h, &in_new);
+    return w ? fi_ent(fi, FI_POS(*w)) : NULL;
 }
 
-/* Each table is an anonymous mapping of its own (zero pages until touched), so the moved part of an
- * old table is given back as the move goes (madvise) and its end unmaps almost nothing: unmapping
- * 400 MB of touched pages at once took 50 ms. */
-static fi_slot *fi_table(size_t cap) {
-    void *p = mmap(NULL, cap * sizeof(fi_slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : (fi_slot *)p;
+/* Each table and each segment is an anonymous mapping of its own (zero pages until touched), so the
+ * moved part of an old table is given back as the move goes (madvise) and its end unmaps almost
+ * nothing: unmapping 400 MB of touched pages at once took 50 ms. */
+static void *fi_map(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
 }
 
-static void fi_table_free(fi_slot *t, size_t cap) {
-    if (t) munmap(t, cap * sizeof(fi_slot));
+static uint64_t *fi_table(size_t cap) { return (uint64_t *)fi_map(cap * sizeof(uint64_t)); }
+
+static void fi_table_free(uint64_t *t, size_t cap) {
+    if (t) munmap(t, cap * sizeof(uint64_t));
+}
+
+/* A free entry position (a freed one first), its segment mapped; (size_t)-1 when none is left. */
+static size_t fi_ent_new(FastIndex *fi) {
+    if (fi->free_head) {
+        size_t pos = fi->free_head - 1;
+        fi->free_head = (size_t)fi_ent(fi, pos)->id;
+        return pos;
+    }
+    if (fi->nents >= FI_MAX_ENTS) return (size_t)-1;
+    size_t seg = fi->nents >> FI_SEG_BITS;
+    if (!fi->segs[seg] && !(fi->segs[seg] = fi_map(FI_SEG * sizeof(fi_slot)))) return (size_t)-1;
+    return fi->nents++;
+}
+
+static void fi_ent_free(FastIndex *fi, size_t pos) {
+    fi_slot *s = fi_ent(fi, pos);
+    free(s->get_reply);
+    s->get_reply = NULL; s->get_len = 0; s->state = 0;
+    s->id = (int64_t)fi->free_head;
+    fi->free_head = pos + 1;
 }
 
 #define FI_RELEASE ((size_t)2 << 20) /* bytes of moved slots given back at a time */
 
-/* Old slots moved per put and per delete while growing. A growth leaves the new table at most a
- * quarter full and the next one comes at half, so at least cap/4 puts lie between two growths: 16 a
- * call moves a table of the same size (a rehash that only drops tombstones) in cap/16 calls. */
+/* Old slots moved per put and per delete while growing. A growth leaves the new table about a
+ * quarter full and the next one comes at half, so about cap/4 puts lie between two growths: 16 a
+ * call moves the old table (half the new one, or a table of the same size whose rehash only drops
+ * tombstones) in cap/32 to cap/16 calls. */
 #define FI_MOVE 16
 
 /* Move up to `budget` old slots into the new table; frees the old table once it is empty. */
@@ -107,21 +165,20 @@ static void fi_move(FastIndex *fi, size_t budget) {
     if (!fi->old) return;
     size_t mask = fi->cap - 1;
     for (; budget && fi->moved < fi->oldcap; budget--, fi->moved++) {
-        fi_slot *o = &fi->old[fi->moved];
-        if (o->state != 1) continue;
-        size_t j = o->hash & mask;
-        while (fi->slots[j].state == 1) j = (j + 1) & mask;
-        if (fi->slots[j].state == 2) fi->tombs--;
-        fi->slots[j] = *o; /* the key is in no other slot of the new table: one home per key */
-        o->state = 2; /* a tombstone keeps the old probe chains whole for the keys still there */
-        o->get_reply = NULL; o->get_len = 0;
+        uint64_t w = fi->old[fi->moved];
+        if (w < 2) continue;
+        size_t j = fi_ent(fi, FI_POS(w))->hash & mask;
+        while (fi->slots[j] > 1) j = (j + 1) & mask;
+        if (fi->slots[j] == 1) fi->tombs--;
+        fi->slots[j] = w; /* the key is in no other slot of the new table: one home per key */
+        fi->old[fi->moved] = 1; /* a tombstone keeps the old probe chains whole for the keys still there */
     }
     if (fi->moved == fi->oldcap) {
         fi_table_free(fi->old, fi->oldcap);
         fi->old = NULL; fi->oldcap = 0; fi->moved = 0; fi->released = 0;
         return;
     }
-    size_t upto = fi->moved * sizeof(fi_slot) / FI_RELEASE * FI_RELEASE;
+    size_t upto = fi->moved * sizeof(uint64_t) / FI_RELEASE * FI_RELEASE;
     if (upto > fi->released) {
         madvise((char *)fi->old + fi->released, upto - fi->released, MADV_DONTNEED);
         fi->released = upto;
@@ -132,7 +189,7 @@ static void fi_move(FastIndex *fi, size_t budget) {
  * A fresh mapping's pages are zero until touched, so this costs nothing in proportion to `cap`. */
 static int fi_grow(FastIndex *fi, size_t cap) {
     if (fi->old) fi_move(fi, (size_t)-1); /* the previous growth unfinished (not expected): finish it */
-    fi_slot *fresh = fi_table(cap);
+    uint64_t *fresh = fi_table(cap);
     if (!fresh) return -1;
     fi->old = fi->slots; fi->oldcap = fi->cap; fi->moved = 0; fi->released = 0;
     fi->slots = fresh; fi->cap = cap; fi->tombs = 0;
@@ -142,9 +199,13 @@ static int fi_grow(FastIndex *fi, size_t cap) {
 static void fi_free(PyObject *cap) {
     FastIndex *fi = PyCapsule_GetPointer(cap, "belugactl.fastindex");
     if (fi) {
-        for (size_t i = 0; i < fi->cap; i++) free(fi->slots[i].get_reply);
+        for (size_t pos = 0; pos < fi->nents; pos++) {
+            fi_slot *s = fi_ent(fi, pos);
+            if (s->state == 1) free(s->get_reply);
+        }
+        for (size_t seg = 0; seg < FI_SEGS && fi->segs[seg]; seg++) munmap(fi->segs[seg], FI_SEG * sizeof(fi_slot));
+        free(fi->segs);
         fi_table_free(fi->slots, fi->cap);
-        for (size_t i = fi->moved; i < fi->oldcap; i++) free(fi->old[i].get_reply);
         fi_table_free(fi->old, fi->oldcap);
         if (fi->room) PyBuffer_Release(&fi->room_buf);
         if (fi->ns_slot) PyBuffer_Release(&fi->ns_buf);
@@ -162,13 +223,19 @@ PyObject *py_fi_new(PyObject *self, PyObject *noargs) {
     if (!fi) return PyErr_NoMemory();
     fi->cap = 1024;
     fi->slots = fi_table(fi->cap);
-    if (!fi->slots) { free(fi); return PyErr_NoMemory(); }
+    fi->segs = calloc(FI_SEGS, sizeof(fi_slot *));
+    if (!fi->slots || !fi->segs) {
+        fi_table_free(fi->slots, fi->cap);
+        free(fi->segs);
+        free(fi);
+        return PyErr_NoMemory();
+    }
     return PyCapsule_New(fi, "belugactl.fastindex", fi_free);
 }
 
 /* fi_put(fi, ns, key, id, get_reply=b"") -> True, or False for a key too long to mirror.
  * get_reply: the GET reply payload for this entry (its first 8 bytes, the lease id, are patched
- * per request); empty means GETs of it go to Python. */
+ * per request); empty, or longer than a fast reply can be, means GETs of it go to Python. */
 PyObject *py_fi_put(PyObject *self, PyObject *args) {
     PyObject *cap; unsigned int ns; Py_buffer k; long long id; Py_buffer g = {0};
     if (!PyArg_ParseTuple(args, "OIy*L|y*", &cap, &ns, &k, &id, &g)) return NULL;
@@ -177,7 +244,7 @@ PyObject *py_fi_put(PyObject *self, PyObject *args) {
     uint8_t *blob = NULL;
     if (!fi) goto done;
     if (k.len <= 0 || k.len > FI_KEY) { r = Py_False; Py_INCREF(r); goto done; }
-    if (g.buf && g.len >= 8) {
+    if (g.buf && g.len >= 8 && g.len <= FAST_REPLY_MAX) {
         blob = malloc((size_t)g.len);
         if (!blob) { PyErr_NoMemory(); goto done; }
         memcpy(blob, g.buf, (size_t)g.len);
@@ -185,22 +252,26 @@ PyObject *py_fi_put(PyObject *self, PyObject *args) {
     fi_move(fi, FI_MOVE);
     if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
         size_t want = fi->cap;
-        while ((fi->used + 1) * 2 > want / 2) want *= 2; /* keep the load under a quarter after growth */
+        while (fi->used * 4 > want) want *= 2; /* about a quarter full after growth: doubles at half */
         if (fi_grow(fi, want) < 0) { PyErr_NoMemory(); goto done; }
     }
     uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
     fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h); /* in either table: a re-put stays where it is */
-    if (!s) {
+    if (s) {
+        free(s->get_reply); /* a re-put replaces the old entry */
+    } else {
+        size_t pos = fi_ent_new(fi);
+        if (pos == (size_t)-1) { PyErr_NoMemory(); goto done; }
         size_t mask = fi->cap - 1, i = h & mask;
-        while (fi->slots[i].state == 1) i = (i + 1) & mask;
-        s = &fi->slots[i];
-        if (s->state == 2) fi->tombs--;
+        while (fi->slots[i] > 1) i = (i + 1) & mask;
+        if (fi->slots[i] == 1) fi->tombs--;
+        fi->slots[i] = FI_WORD(h, pos);
         fi->used++;
+        s = fi_ent(fi, pos);
     }
-    if (s->state == 1) free(s->get_reply); /* a re-put replaces the old entry */
-    s->state = 1; s->hash = h; s->ns = ns; s->klen = (uint16_t)k.len; s->id = id;
+    s->state = 1; s->hash = h; s->ns = ns; s->klen = (uint8_t)k.len; s->id = id;
     memcpy(s->key, k.buf, (size_t)k.len);
-    s->get_reply = blob; s->get_len = blob ? (uint32_t)g.len : 0;
+    s->get_reply = blob; s->get_len = blob ? (uint16_t)g.len : 0;
     blob = NULL;
     r = Py_True; Py_INCREF(r);
 done:
@@ -217,13 +288,16 @@ PyObject *py_fi_del(PyObject *self, PyObject *args) {
     PyObject *r = NULL;
     if (fi) {
         fi_move(fi, FI_MOVE);
-        fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
-        if (s) {
-            int in_new = s >= fi->slots && s < fi->slots + fi->cap;
-            s->state = 2; free(s->get_reply); s->get_reply = NULL; s->get_len = 0; fi->used--;
+        int in_new = 0;
+        uint64_t *w = (k.len > 0 && k.len <= FI_KEY)
+            ? fi_locate(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len), &in_new) : NULL;
+        if (w) {
+            fi_ent_free(fi, FI_POS(*w));
+            *w = 1;
+            fi->used--;
             if (in_new) fi->tombs++; /* an old table's tombstones go with it */
         }
-        r = PyBool_FromLong(s != NULL);
+        r = PyBool_FromLong(w != NULL);
     }
     PyBuffer_Release(&k);
     return r;
@@ -249,12 +323,22 @@ PyObject *py_fi_id(PyObject *self, PyObject *args) {
     return r;
 }
 
-/* fi_shape(fi) -> (slots, live keys, tombstones, slots of the table being moved, of them moved). */
+/* fi_hash(ns, key) -> the table's hash of a key (tests place keys at chosen slots with it). */
+PyObject *py_fi_hash(PyObject *self, PyObject *args) {
+    unsigned int ns; Py_buffer k;
+    if (!PyArg_ParseTuple(args, "Iy*", &ns, &k)) return NULL;
+    uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
+    PyBuffer_Release(&k);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* fi_shape(fi) -> (slots, live keys, tombstones, slots of the table being moved, of them moved,
+ * entry positions handed out). */
 PyObject *py_fi_shape(PyObject *self, PyObject *cap) {
     FastIndex *fi = fi_get(cap);
     if (!fi) return NULL;
-    return Py_BuildValue("(nnnnn)", (Py_ssize_t)fi->cap, (Py_ssize_t)fi->used, (Py_ssize_t)fi->tombs,
-                         (Py_ssize_t)fi->oldcap, (Py_ssize_t)fi->moved);
+    return Py_BuildValue("(nnnnnn)", (Py_ssize_t)fi->cap, (Py_ssize_t)fi->used, (Py_ssize_t)fi->tombs,
+                         (Py_ssize_t)fi->oldcap, (Py_ssize_t)fi->moved, (Py_ssize_t)fi->nents);
 }
 
 /* fi_set_room(fi, room, ring_slot, ns_slot=None): the lease room the fast path takes from, and with
