@@ -96,7 +96,6 @@ def test_deletes_alone_also_move_the_table() -> None:
     assert all(n.fi_id(fi, 2, key(j)) == -1 for j in range(i))
 
 
-
 M64 = (1 << 64) - 1
 
 
