@@ -12,10 +12,12 @@
 
 #define FI_KEY 64
 
-/* One mirrored key, what fast_serve reads. Entries live in segments of FI_SEG that never move; the
- * hash table holds 8-byte words pointing at them, so a growth moves words, not entries, and a key
- * costs its entry (96 bytes) plus 16 to 32 bytes of table (the table's slots held the entries
- * themselves before: 104 bytes a slot at a quarter to an eighth full, 400+ bytes a key). */
+#define FI_INLINE 32 /* a key this long or shorter (vLLM's sha256 block hashes) is kept in its entry */
+
+/* One mirrored key, what fast_serve reads: 64 bytes, one cache line. Entries live in segments of
+ * FI_SEG that never move; the hash table holds 8-byte words pointing at them, so a growth moves
+ * words, not entries, and a key costs its entry plus 16 to 32 bytes of table (the table's slots held
+ * 104-byte entries themselves before, a quarter to an eighth full: 400+ bytes a key). */
 typedef struct {
     uint64_t hash;
     int64_t id; /* the entry id; a free entry: the next free position + 1 (0: none) */
@@ -23,9 +25,16 @@ typedef struct {
     uint16_t get_len;
     uint8_t klen;
     uint8_t state; /* 0 free, 1 used */
-    uint8_t key[FI_KEY];
+    union {
+        uint8_t key[FI_INLINE]; /* klen <= FI_INLINE */
+        uint8_t *long_key; /* klen > FI_INLINE: its own allocation */
+    };
     uint8_t *get_reply; /* the GET reply payload (lease id at bytes 0..8 patched per request), or NULL */
 } fi_slot;
+
+_Static_assert(sizeof(fi_slot) == 64, "a mirrored key's entry is one cache line");
+
+static inline const uint8_t *fi_key(const fi_slot *s) { return s->klen <= FI_INLINE ? s->key : s->long_key; }
 
 #define FI_SEG_BITS 16
 #define FI_SEG ((size_t)1 << FI_SEG_BITS)
@@ -97,7 +106,7 @@ static uint64_t *fi_find_in(const FastIndex *fi, uint64_t *slots, size_t cap, si
         if (w == 0) return NULL;
         if (w > 1 && (w & 0xffffffff00000000ull) == tag) {
             const fi_slot *s = fi_ent(fi, FI_POS(w));
-            if (s->hash == h && s->ns == ns && s->klen == n && memcmp(s->key, k, n) == 0) return &slots[i];
+            if (s->hash == h && s->ns == ns && s->klen == n && memcmp(fi_key(s), k, n) == 0) return &slots[i];
         }
     }
     return NULL;
@@ -147,7 +156,8 @@ static size_t fi_ent_new(FastIndex *fi) {
 static void fi_ent_free(FastIndex *fi, size_t pos) {
     fi_slot *s = fi_ent(fi, pos);
     free(s->get_reply);
-    s->get_reply = NULL; s->get_len = 0; s->state = 0;
+    if (s->klen > FI_INLINE) free(s->long_key);
+    s->get_reply = NULL; s->get_len = 0; s->state = 0; s->klen = 0;
     s->id = (int64_t)fi->free_head;
     fi->free_head = pos + 1;
 }
@@ -201,7 +211,10 @@ static void fi_free(PyObject *cap) {
     if (fi) {
         for (size_t pos = 0; pos < fi->nents; pos++) {
             fi_slot *s = fi_ent(fi, pos);
-            if (s->state == 1) free(s->get_reply);
+            if (s->state == 1) {
+                free(s->get_reply);
+                if (s->klen > FI_INLINE) free(s->long_key);
+            }
         }
         for (size_t seg = 0; seg < FI_SEGS && fi->segs[seg]; seg++) munmap(fi->segs[seg], FI_SEG * sizeof(fi_slot));
         free(fi->segs);
@@ -258,19 +271,26 @@ PyObject *py_fi_put(PyObject *self, PyObject *args) {
     uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
     fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h); /* in either table: a re-put stays where it is */
     if (s) {
-        free(s->get_reply); /* a re-put replaces the old entry */
+        free(s->get_reply); /* a re-put replaces the old entry (same key: its bytes stay) */
     } else {
+        uint8_t *long_key = NULL;
+        if (k.len > FI_INLINE) {
+            if (!(long_key = malloc((size_t)k.len))) { PyErr_NoMemory(); goto done; }
+            memcpy(long_key, k.buf, (size_t)k.len);
+        }
         size_t pos = fi_ent_new(fi);
-        if (pos == (size_t)-1) { PyErr_NoMemory(); goto done; }
+        if (pos == (size_t)-1) { free(long_key); PyErr_NoMemory(); goto done; }
         size_t mask = fi->cap - 1, i = h & mask;
         while (fi->slots[i] > 1) i = (i + 1) & mask;
         if (fi->slots[i] == 1) fi->tombs--;
         fi->slots[i] = FI_WORD(h, pos);
         fi->used++;
         s = fi_ent(fi, pos);
+        s->hash = h; s->ns = ns; s->klen = (uint8_t)k.len;
+        if (long_key) s->long_key = long_key;
+        else memcpy(s->key, k.buf, (size_t)k.len);
     }
-    s->state = 1; s->hash = h; s->ns = ns; s->klen = (uint8_t)k.len; s->id = id;
-    memcpy(s->key, k.buf, (size_t)k.len);
+    s->state = 1; s->id = id;
     s->get_reply = blob; s->get_len = blob ? (uint16_t)g.len : 0;
     blob = NULL;
     r = Py_True; Py_INCREF(r);
