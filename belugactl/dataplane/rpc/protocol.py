@@ -114,6 +114,7 @@ _RESERVE_REQ = struct.Struct("<IHHQ")  # ns, key length, pad, nbytes
 _GET_REP = struct.Struct("<QQHHI")  # lease id, nbytes, extent count, checksum kind, checksum (0, 0: none)
 _RESERVE_REP = struct.Struct("<QHHI")  # token, extent count, pad, pad
 _EXTENT = struct.Struct("<QQ")
+_GET_REP_ONE = struct.Struct("<QQHHIQQ")  # _GET_REP and one _EXTENT, packed in one call
 _RELEASE_REQ = struct.Struct("<HHI")  # count, flags, pad
 # RELEASE flag: the leases were granted to another client, which passed them to this one (the vLLM
 # scheduler looks blocks up, a worker copies and releases). Without it a lease of another owner is refused.
@@ -482,6 +483,9 @@ def decode_get_many_reply(data) -> list[tuple[int, int, list[Extent]]]:
 
 def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent], checksum: int | None = None) -> bytes:
     kind, crc = _checksum_fields(checksum)
+    if len(extents) == 1:  # most blocks; every commit and a restart's every entry make one for the mirror
+        off, n = extents[0]
+        return _GET_REP_ONE.pack(lease, nbytes, 1, kind, crc, off, n)
     return _GET_REP.pack(lease, nbytes, len(extents), kind, crc) + _pack_extents(extents)
 
 
