@@ -435,3 +435,12 @@ def test_a_one_block_allocation_costs_no_lists() -> None:
         gc.enable()
     assert all(h is not None for h in held)
     assert per < 128, f"{per:.0f} B of Python objects a one-block allocation"
+
+
+def test_single_names_the_one_block_and_nothing_for_several() -> None:
+    a = Allocator(BASE, 8 * CHUNK)
+    small, chunk, big = a.alloc(100), a.alloc(CHUNK), a.alloc(CHUNK + 100)
+    assert small is not None and chunk is not None and big is not None
+    assert small.single == small.blocks[0] and small.single[0] == 4096
+    assert chunk.single == (CHUNK, chunk.blocks[0][1])
+    assert big.single is None and len(big.blocks) == 2

@@ -9,20 +9,23 @@ from pathlib import Path
 import pytest
 
 from belugactl.dataplane.mds import journal as jm
+from belugactl.dataplane.mds.allocator import Allocation
 from belugactl.dataplane.mds.journal import COMMIT, ORDER, REMOVE, Journal, encode_commit, encode_remove, replay
 from belugactl.pool.mapping import PoolMapping
 
 
-@dataclass
-class _Alloc:
-    nbytes: int
-    blocks: list[tuple[int, int]]
+def _alloc(nbytes: int, blocks: list[tuple[int, int]]) -> Allocation:
+    """The allocator's own record: one block in its compact form, several in lists."""
+    if len(blocks) == 1:
+        size, off = blocks[0]
+        return Allocation([(off, min(size, nbytes))], blocks, nbytes)
+    return Allocation([(off, size) for size, off in blocks], blocks, nbytes)
 
 
 @dataclass
 class _Entry:
     key: tuple[int, bytes]
-    alloc: _Alloc
+    alloc: Allocation
     checksum: int | None
 
 
@@ -30,7 +33,7 @@ def _entries(base: int, n: int) -> list[_Entry]:
     out = []
     for i in range(n):
         blocks = [(4096, base + i * 4096)] if i % 3 else [(2 << 20, base + (1 << 30) + i * (4 << 20)), (4096, base + 7)]
-        out.append(_Entry((i % 2, i.to_bytes(4, "little") * 8), _Alloc(4000 + i, blocks), None if i == 5 else i))
+        out.append(_Entry((i % 2, i.to_bytes(4, "little") * 8), _alloc(4000 + i, blocks), None if i == 5 else i))
     return out
 
 

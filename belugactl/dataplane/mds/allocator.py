@@ -98,6 +98,12 @@ class Allocation:
         return self._b  # type: ignore[return-value]
 
     @property
+    def single(self) -> Block | None:
+        """(class size, offset) of a one-block allocation, read without making lists; None for several."""
+        a = self._a
+        return (self._b, a) if type(a) is int else None  # type: ignore[return-value]
+
+    @property
     def footprint(self) -> int:
         a = self._a
         if type(a) is int:

@@ -913,6 +913,11 @@ class KVIndex:
         e.slot = -1
 
     def _place(self, e: Entry) -> None:
+        one = e.alloc.single
+        if one is not None:  # most entries: no list made
+            if one[0] < CHUNK:
+                self._at[one[1]] = e
+            return
         at = self._at
         for size, off in e.alloc.blocks:
             if size < CHUNK:

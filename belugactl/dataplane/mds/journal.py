@@ -402,12 +402,12 @@ class Journal:
                 raw = names[ns].encode()
                 head = heads[ns] = bytes([COMMIT]) + _U16.pack(len(raw)) + raw
             a = e.alloc
-            blocks = a.blocks
-            if len(blocks) == 1 and e.checksum is not None:  # one pack for the tail of most records
-                ((size, off),) = blocks
-                tail = pack_one(a.nbytes, 1, size, off, crc_kind, e.checksum)
+            one = a.single
+            if one is not None and e.checksum is not None:  # one pack for the tail of most records
+                tail = pack_one(a.nbytes, 1, one[0], one[1], crc_kind, e.checksum)
                 body = b"".join((head, pack_len(len(key)), key, tail))
             else:
+                blocks = a.blocks
                 body = head + _U16.pack(len(key)) + key + _HEAD.pack(a.nbytes, len(blocks))
                 body += b"".join([_BLOCK.pack(sz, off) for sz, off in blocks])
                 if e.checksum is not None:
