@@ -320,14 +320,13 @@ class Allocator:
             zone_used[self.zone_of(off)] += size
         self.used += footprint
         self.requested += nbytes
-        if len(blocks) == 1:  # one whole chunk
-            return Allocation.one(blocks[0][1], blocks[0][0], nbytes)
         return Allocation(_coalesce(blocks, nbytes, in_order=self.ways > 1), blocks, nbytes)
 
     def free(self, allocation: Allocation) -> None:
-        self._give_back(allocation.blocks)
+        blocks = allocation.blocks  # made once: a one-block allocation builds its list when read
+        self._give_back(blocks)
         zone_used = self._zone_used
-        for size, off in allocation.blocks:
+        for size, off in blocks:
             zone_used[self.zone_of(off)] -= size
         self.used -= allocation.footprint
         self.requested -= allocation.nbytes
