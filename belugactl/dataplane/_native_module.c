@@ -12,7 +12,8 @@
  * slots, sequences, waiting), _native_messages.c (what the ring calls encode and decode:
  * GET_MANY, the no-wait RELEASE, lease ids), _native_fastpath.c (the server's lookup mirror and
  * fast path), _native_crc.c (CRC32C, and copies that compute it as they go), _native_load.c (the
- * one-call load: copy, CRC check and lease release), _native_bench.c (the pool's speed: pointer
+ * one-call load: copy, CRC check and lease release), _native_journal.c (the journal's replay and
+ * start-up copy at a restart), _native_bench.c (the pool's speed: pointer
  * chase, read and non-temporal write); _native_wire.h is generated from
  * rpc/protocol.py.
  *
@@ -107,6 +108,8 @@ static PyMethodDef methods[] = {
     {"rpc_get_many_finish", py_rpc_get_many_finish, METH_VARARGS, "rpc_get_many_finish(buf, offsets, seq0, nkeys, per_message, max_payload, timeout_ns, flush) -> as rpc_get_many: the replies of rpc_get_many_start's burst."},
     {"rpc_release_nowait", py_rpc_release_nowait, METH_VARARGS, "rpc_release_nowait(buf, offsets, seq0, epoch32, lease_ids, flags, per_message, max_payload, flush) -> [ids per message] | (-2, [...]): RELEASE messages sent without waiting."},
     {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
+    {"journal_replay", py_journal_replay, METH_VARARGS, "journal_replay(buf, base, size, seed, flush, scan_flush, chunk) -> the live set of a journal half (_native_journal.c)."},
+    {"journal_copy", py_journal_copy, METH_VARARGS, "journal_copy(buf, src_base, src_size, spans, dst_base, room, seed, flush) -> bytes written, or -1 when they do not fit."},
     {"bench_chase", py_bench_chase, METH_VARARGS, "bench_chase(buf, off, n, steps, seed=1) -> ns per dependent load (_native_bench.c)."},
     {"bench_read", py_bench_read, METH_VARARGS, "bench_read(buf, off, n, flush=False) -> ns for one pass of loads (invalidated first with flush)."},
     {"bench_write_nt", py_bench_write_nt, METH_VARARGS, "bench_write_nt(buf, off, n) -> ns for one pass of non-temporal stores and a fence."},

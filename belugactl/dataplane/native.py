@@ -288,6 +288,8 @@ if _native is not None:
     fi_put = getattr(_native, "fi_put", None)
     fi_del = getattr(_native, "fi_del", None)
     fast_serve = getattr(_native, "fast_serve", None)
+    journal_replay = getattr(_native, "journal_replay", None)
+    journal_copy = getattr(_native, "journal_copy", None)
     crc32c = _native.crc32c
     copy_crc32c = _native.copy_crc32c
     _gather_blocks_crc32c = _native.gather_blocks_crc32c
@@ -308,6 +310,8 @@ else:
     # The metadata server's native lookup fast path has no Python twin: the server's own Python
     # loop is the fallback.
     fi_new = fi_put = fi_del = fast_serve = None
+    # The journal's replay has its Python twin in mds/journal.py (replay, rewrite).
+    journal_replay = journal_copy = None
     crc32c = _py_crc32c
     copy_crc32c = _py_copy_crc32c
     _gather_blocks_crc32c = _py_gather_blocks_crc32c

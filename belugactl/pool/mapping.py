@@ -368,6 +368,10 @@ class PoolMapping:
             native.fence()
         self._sync()
 
+    def sync(self) -> None:
+        """After native code stored into `buf` directly: msync, where this mapping syncs its writes."""
+        self._sync()
+
     def _sync(self) -> None:
         if self._sync_writes:
             # msync: reaches the file for file-backed pools; device-dax mappings are the media itself.

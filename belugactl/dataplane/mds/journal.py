@@ -32,6 +32,10 @@ state word to it. The running server does it in steps (`JournalKeeper.compact_st
 entries between loop turns, walking the index's slab) once half of the active half's room is used;
 records appended meanwhile go to both halves, so the old half stays whole until the flip and the new
 one misses nothing. A start-up rebuild compacts at once, so a replayed journal is always compacted.
+At a restart the native helper replays a half (`replay_live`: scan, crc check, parse and merge in
+_native_journal.c, Python objects only for what stays live) and the start-up compaction copies the
+live records' bodies as they are (`Journal.rewrite_copy`); `replay` and `rewrite` are the Python
+twins, used without the helper and tested against it.
 
 Journaling stops only when it must (the live index does not fit one half, a write failed). It
 then clears the magic (a stale journal could restore blocks whose space is handed out again
@@ -54,12 +58,13 @@ import gc
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from belugactl.dataplane import native
+from belugactl.dataplane.mds.allocator import CHUNK
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.allocator import Allocator
@@ -369,6 +374,35 @@ class Journal:
             raise
         self.finish_rewrite()
 
+    def rewrite_copy(self, spans: bytes, count: int) -> None:
+        """The start-up compaction by copy: the `count` live records of the active half that the
+        native replay named (`spans`: u64 body offset in the half, u64 length each) written into the
+        other half under a new generation, then a switch to it. The bodies are the bytes the index
+        was just restored from, so the result is what `rewrite` of the restored index writes."""
+        copy = native.journal_copy
+        assert copy is not None
+        self.begin_rewrite()
+        try:
+            wrote = copy(
+                self.pool.buf,
+                self._half_base(self.half),
+                self.half_size,
+                spans,
+                self._half_base(self._nhalf) + self._npos,
+                self.half_size - self._npos,
+                self._nseed,
+                self.pool.needs_flush,
+            )
+            if wrote < 0:
+                raise JournalFull("the live index does not fit one half of the journal area")
+            self.pool.sync()
+        except BaseException:
+            self._nhalf = -1
+            raise
+        self._npos += wrote
+        self.records_written += count
+        self.finish_rewrite()
+
     # A rewrite in steps: begin_rewrite, rewrite_more with a slice of the live entries at a time (the
     # records appended meanwhile go to both halves), finish_rewrite to switch. The state word flips
     # only at the finish, so a crash before it leaves the old half, whole, active.
@@ -511,6 +545,71 @@ def replay(journal: Journal) -> tuple[Live, tuple[int, int]]:
     return live, order
 
 
+@dataclass
+class LiveSet:
+    """A journal half's live, checksummed COMMITs as parallel lists, in the order `replay`'s dict holds
+    them: item i is (names[ns_ids[i]], keys[i]) -> shapes[i] = (nbytes, blocks), checksums[i].
+    `spans` (u64 body offset in the half, u64 length per item) comes with the native replay only: the
+    start-up compaction copies those bodies (`Journal.rewrite_copy`)."""
+
+    order: tuple[int, int]
+    names: list[str]
+    ns_ids: Sequence[int]
+    keys: list[bytes]
+    shapes: list[tuple[int, list[tuple[int, int]]]]
+    checksums: list[int]
+    unchecked: int  # live COMMITs without a checksum, left out
+    spans: bytes | None = None
+    odd: int = 0  # blocks of a size class this version no longer has (restored as whole chunks)
+
+
+def replay_live(journal: Journal) -> LiveSet:
+    """The live set of the journal's active half (see `replay`), from the native replay where the helper
+    is built: it scans, checks and merges the records without Python objects, at a restart's millions.
+    The Python replay gives the same set (tests compare the two on hostile halves), and stays the
+    answer where a namespace name is not UTF-8: it says where such a record ends the replay."""
+    got = _replay_native(journal)
+    if got is not None:
+        return got
+    records, order = replay(journal)
+    numbers: dict[str, int] = {}
+    ns_ids: list[int] = []
+    keys: list[bytes] = []
+    shapes: list[tuple[int, list[tuple[int, int]]]] = []
+    checksums: list[int] = []
+    for (ns, key), (nbytes, blocks, crc) in records.items():
+        if crc is None:
+            continue
+        ns_ids.append(numbers.setdefault(ns, len(numbers)))
+        keys.append(key)
+        shapes.append((nbytes, blocks))
+        checksums.append(crc)
+    return LiveSet(order, list(numbers), ns_ids, keys, shapes, checksums, len(records) - len(keys))
+
+
+def _replay_native(journal: Journal) -> LiveSet | None:
+    run = native.journal_replay
+    if run is None:
+        return None
+    st = journal.state()
+    if st is None:
+        return LiveSet(NO_INTERLEAVE, [], [], [], [], [], 0, b"")
+    generation, half = st
+    pool = journal.pool
+    seed = zlib.crc32(_U64.pack(generation))
+    end, order, raw, ns_ids, keys, shapes, checksums, spans, unchecked, odd = run(
+        pool.buf, journal._half_base(half), journal.half_size, seed, pool.needs_flush, SCAN_FLUSH, CHUNK
+    )
+    try:
+        names = [n.decode() for n in raw]
+    except UnicodeDecodeError:
+        return None  # the Python replay stops at that record
+    journal.generation, journal.half = generation, half
+    journal.pos = journal.scanned_to = end
+    ids = memoryview(ns_ids).cast("I")
+    return LiveSet(order or NO_INTERLEAVE, names, ids, keys, shapes, checksums, unchecked, spans, odd)
+
+
 # --- the server's use of the journal (restart policy "journal") -----------------------------------
 class JournalKeeper:
     """Rebuilds the index from the journal at start, then journals every commit and removal.
@@ -552,20 +651,11 @@ class JournalKeeper:
         journal = self.journal
         assert journal is not None
         self.previous_stop = read_stop(self.pool.read, self.offset)
-        records, order = replay(journal)
-        # One pass into three lists in step (a restart walks millions): the keys, what the allocator
-        # restores, their checksums. Blocks without a checksum are left out: no reader could verify
-        # them, so they are never served and their space stays free.
-        keys: list[tuple[str, bytes]] = []
-        shapes: list[tuple[int, list[tuple[int, int]]]] = []
-        checksums: list[int | None] = []
-        for k, (nbytes, blocks, crc) in records.items():
-            if crc is not None:
-                keys.append(k)
-                shapes.append((nbytes, blocks))
-                checksums.append(crc)
-        unchecked = len(records) - len(keys)
-        del records
+        live = replay_live(journal)
+        order, keys, shapes, checksums = live.order, live.keys, live.shapes, live.checksums
+        # Blocks without a checksum are left out: no reader could verify them, so they are never
+        # served and their space stays free.
+        unchecked = live.unchecked
         self.unchecked_dropped = unchecked
         if keys and not same_order(order, journal.order):
             # Restoring would rebuild each block's extents in another order than its writer used.
@@ -580,7 +670,8 @@ class JournalKeeper:
             self.note = f"journal inconsistent ({exc}); started empty"
             allocs, keys, checksums = [], [], []
         del shapes
-        self.index.restore([(ns, key, a) for (ns, key), a in zip(keys, allocs, strict=True)], checksums)
+        names, ids = live.names, (live.ns_ids if keys else [])
+        self.index.restore([(names[i], k, a) for i, k, a in zip(ids, keys, allocs, strict=True)], checksums)
         self.restored_entries = len(keys)
         if unchecked and not self.note:
             self.note = f"{unchecked} journaled blocks without a checksum were not restored"
@@ -591,7 +682,10 @@ class JournalKeeper:
                 "started empty"
             )
         try:
-            journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
+            if live.spans is not None and not live.odd and len(self.index.entries) == len(keys) == len(live.keys):
+                journal.rewrite_copy(live.spans, len(keys))  # the bodies just restored, copied as they are
+            else:
+                journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
         except (JournalFull, OSError, ValueError) as exc:
             self.off(f"{exc}; journaling stopped at start")
             return
