@@ -107,6 +107,30 @@ def test_restore_rebuilds_free_lists_around_live_blocks() -> None:
         Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE + 100)])])  # misaligned
 
 
+@pytest.mark.parametrize(
+    "live",
+    [
+        [(CHUNK, [(CHUNK, BASE)]), (CHUNK, [(CHUNK, BASE)])],  # a whole chunk twice, one-block records
+        [(CHUNK, [(CHUNK, BASE)]), (3 * CHUNK, [(CHUNK, BASE + CHUNK), (CHUNK, BASE)])],  # then in a multi-block one
+        [(3 * CHUNK, [(CHUNK, BASE + CHUNK), (CHUNK, BASE)]), (CHUNK, [(CHUNK, BASE)])],  # and the other way
+        [(CHUNK, [(CHUNK, BASE)]), (100, [(4096, BASE + 4096)])],  # a small block inside a whole chunk
+        [(100, [(4096, BASE + 4096)]), (CHUNK, [(CHUNK, BASE)])],  # and the other way
+        [(100, [(4096, BASE)]), (100, [(4096, BASE)])],  # a small block twice
+        [(CHUNK, [(CHUNK, BASE + 4096)])],  # a whole chunk off its chunk
+        [(CHUNK, [(CHUNK, BASE + 8 * CHUNK)])],  # past the area
+        [(100, [(4096, BASE)]), (100, [(5000, BASE + CHUNK)])],  # not a class
+    ],
+)
+@pytest.mark.parametrize("ways", [1, 2])
+def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live: list, ways: int) -> None:
+    a = Allocator(BASE, 8 * CHUNK, ways=ways, granularity=CHUNK) if ways > 1 else Allocator(BASE, 8 * CHUNK)
+    before = (a.used, a.requested, list(a._zone_used), a.stats())
+    with pytest.raises(ValueError):
+        a.restore([(1, [(4096, BASE + 3 * CHUNK)]), *live])
+    assert (a.used, a.requested, list(a._zone_used), a.stats()) == before
+    assert a.restore([(1, [(4096, BASE + 3 * CHUNK)])])  # and it is still empty, so a restore works
+
+
 # --- chunks go back to the free pool (issue 11 item 3) -------------------------------------------
 
 

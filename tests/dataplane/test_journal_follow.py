@@ -271,13 +271,18 @@ def test_a_lost_copy_is_dropped_and_a_fresh_one_follows_once_the_journal_is_back
 
 def test_a_resync_builds_the_copy_with_the_cyclic_gc_paused_and_freezes_it(pool_path: Path, monkeypatch) -> None:
     seen: list[bool] = []
-    real = jm.replay
 
-    def watched(journal: jm.Journal) -> object:
-        seen.append(gc.isenabled())
-        return real(journal)
+    def watch(name: str) -> None:
+        real = getattr(jm, name)
 
-    monkeypatch.setattr("belugactl.dataplane.mds.journal_follow.replay", watched)
+        def watched(journal: jm.Journal) -> object:
+            seen.append(gc.isenabled())
+            return real(journal)
+
+        monkeypatch.setattr(f"belugactl.dataplane.mds.journal_follow.{name}", watched)
+
+    watch("replay")  # a later resync
+    watch("replay_live")  # the first one
     with leader_and_standby(pool_path) as (_pool, leader, ns, copy, follower):
         for i in range(20):
             commit(leader, ns, i.to_bytes(32, "little"))

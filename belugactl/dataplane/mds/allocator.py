@@ -428,28 +428,62 @@ class Allocator:
         if self.used or self.quarantined:
             raise ValueError("restore needs an empty allocator (restore first, then quarantine)")
         base = self.base
-        half = CHUNK // 2
-        if any(half < size < CHUNK for _n, blocks in allocations for size, _o in blocks):
-            allocations = [(n, [_upgrade(b, base) for b in blocks]) for n, blocks in allocations]
         chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
-        taken: set[int] = set()
+        taken: set[int] = set()  # offsets of blocks smaller than a chunk
         start, end = self.zones_start, self.zones_start + self.capacity
-        classes = set(SIZE_CLASSES)
-        classes.add(CHUNK)
+        classes = _CLASSES
         setdefault, take = chunk_class.setdefault, taken.add
-        for _nbytes, blocks in allocations:  # one pass, the checks inline: millions of blocks at a restart
+
+        def check(size: int, off: int) -> None:
+            """A block of a class, inside the area, aligned, alone in its place and in a chunk of its class."""
+            chunk = off - (off - base) % CHUNK
+            if size == CHUNK:  # a whole chunk: nothing else in it (as in the one-block case below)
+                if off != chunk or not start <= off < end or off in chunk_class:
+                    raise ValueError(f"block ({size}, {off:#x}) is outside the area, misaligned or duplicated")
+                chunk_class[off] = CHUNK
+                return
+            if not start <= off < end or (size not in classes and size != CHUNK) or off in taken:
+                raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
+            if (off - chunk) % size or off - chunk + size > CHUNK:
+                raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
+            if setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
+                raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
+            take(off)
+
+        # One pass, checks and the Allocation together (a restart walks millions); a one-block
+        # record, most of them, without lists and a whole chunk without the offset set.
+        restored: list[Allocation] = []
+        in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
+        zone_used, zone_of = [0] * len(self._zone_used), self.zone_of  # applied once all checked
+        used = requested = 0
+        one, add = Allocation.one, restored.append
+        for nbytes, blocks in allocations:
+            requested += nbytes
+            if len(blocks) == 1:
+                size, off = blocks[0]
+                if size != CHUNK and size not in classes:
+                    size, off = _upgrade((size, off), base)
+                if size == CHUNK:
+                    if (off - base) % CHUNK or not start <= off < end or off in chunk_class:
+                        raise ValueError(f"block ({size}, {off:#x}) is outside the area, misaligned or duplicated")
+                    chunk_class[off] = CHUNK
+                else:
+                    check(size, off)
+                add(one(off, size, nbytes))
+                used += size
+                if zoned:
+                    zone_used[zone_of(off)] += size
+                continue
+            blocks = [_upgrade(b, base) for b in blocks]
             for size, off in blocks:
-                chunk = off - (off - base) % CHUNK
-                if not start <= off < end or size not in classes or off in taken:
-                    raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
-                if (off - chunk) % size or off - chunk + size > CHUNK:
-                    raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
-                if setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
-                    raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
-                take(off)
+                check(size, off)
+                used += size
+                if zoned:
+                    zone_used[zone_of(off)] += size
+            add(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
         for zone in self._zones:
-            used = [c for c in chunk_class if zone.start <= c < zone.end]
-            top = max(used, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
+            held = [c for c in chunk_class if zone.start <= c < zone.end]
+            top = max(held, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
             zone.fresh = top
             zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
             zone.stacked = set(zone.free)
@@ -461,28 +495,10 @@ class Allocator:
             free = [o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o not in taken]
             if free:
                 self._partial[size][self.zone_of(chunk)][chunk] = free
-        restored = []
-        in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
-        zone_used, zone_of = self._zone_used, self.zone_of
-        used = requested = 0
-        one = Allocation.one
-        for nbytes, blocks in allocations:
-            requested += nbytes
-            if len(blocks) == 1:  # what _coalesce gives for one block, without the lists
-                size, off = blocks[0]
-                restored.append(one(off, size, nbytes))
-                used += size
-                if zoned:
-                    zone_used[zone_of(off)] += size
-                continue
-            blocks = list(blocks)
-            restored.append(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
-            for size, off in blocks:
-                used += size
-                if zoned:
-                    zone_used[zone_of(off)] += size
         if not zoned:
             zone_used[0] += used
+        for i, n in enumerate(zone_used):
+            self._zone_used[i] += n
         self.used += used
         self.requested += requested
         return restored

@@ -508,34 +508,48 @@ class KVIndex:
 
     def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
         """Insert committed entries rebuilt from a journal (an empty index; allocator already restored).
-        A restart runs it over millions of entries: what is the same for a namespace is looked up once."""
-        entries, by_id, ids, place, slab_add = self.entries, self.by_id, self._entry_ids, self._place, self._slab_add
+        A restart runs it over millions of entries: what is the same for a namespace is looked up
+        once, and the slab places, small-block offsets and byte counts of one-block entries (most)
+        are kept inline rather than through the per-entry helpers."""
+        entries, by_id, ids, place = self.entries, self.by_id, self._entry_ids, self._place
+        slab, at = self.slab, self._at
+        fresh_slab = not self._free_slots  # then every place is the slab's next one
         mirror = self.mirror
         put, reply = (self._mirror_put, self._mirror_reply) if mirror is not None else (None, None)
-        per_ns: dict[str, tuple[int, Any, Any, Any]] = {}  # name -> (id, its keys, its tenant, its LRU)
-        added: dict[int, int] = {}  # namespace id -> entries restored in it
-        for i, (name, key, alloc) in enumerate(items):
+        # name -> (id, its keys, its LRU, [entries restored, bytes restored])
+        per_ns: dict[str, tuple[int, Any, Any, list[int]]] = {}
+        sums = checksums if checksums else [None] * len(items)
+        for (name, key, alloc), crc in zip(items, sums, strict=True):
             got = per_ns.get(name)
             if got is None:
                 ns = self.namespaces.get(name) or self._new_namespace(name)  # no cap: these hold blocks
-                tenant = self._ns_tenant[ns]
-                got = per_ns[name] = (ns, self._ns_keys[ns], tenant, tenant.lru)
-            ns, keys, tenant, lru = got
+                got = per_ns[name] = (ns, self._ns_keys[ns], self._ns_tenant[ns].lru, [0, 0])
+            ns, keys, lru, count = got
             k = (ns, key)
-            e = Entry(k, alloc, id=next(ids), checksum=checksums[i] if checksums else None)
+            e = Entry(k, alloc, 0, False, next(ids), crc)
             if entries.setdefault(k, e) is not e:
                 continue  # a key given twice: the first one stays
-            added[ns] = added.get(ns, 0) + 1
-            place(e)
-            slab_add(e)
+            count[0] += 1
+            count[1] += alloc.nbytes
+            one = alloc.single
+            if one is None:
+                place(e)
+            elif one[0] < CHUNK:
+                at[one[1]] = e
+            if fresh_slab:
+                e.slot = len(slab)
+                slab.append(e)
+            else:
+                self._slab_add(e)
             lru.add(e)
-            tenant.stored_bytes += alloc.nbytes
             keys[key] = e
             by_id[e.id] = e
             if mirror is not None:
                 put(mirror, ns, key, e.id, reply(e))
-        for ns, n in added.items():
-            self._ns_add(ns, n)
+        for ns, _keys, _lru, (n, nbytes) in per_ns.values():
+            if n:
+                self._ns_tenant[ns].stored_bytes += nbytes
+                self._ns_add(ns, n)
 
     def attach_mirror(
         self,

@@ -49,6 +49,7 @@ from belugactl.dataplane.mds.journal import (
     parse,
     read_stop,
     replay,
+    replay_live,
     same_order,
 )
 from belugactl.dataplane.mds.removal_log import RemovalLog
@@ -162,6 +163,8 @@ class JournalFollower:
             return self._resync_paused()
 
     def _resync_paused(self) -> int:
+        if not self.index.entries and not self.alloc.used:
+            return self._first_sync()
         live, order = replay(self.journal)
         j = self.journal
         if j.state() != (j.generation, j.half):
@@ -180,17 +183,6 @@ class JournalFollower:
         checked = {k: v for k, v in live.items() if v[2] is not None}
         self.unchecked = len(live) - len(checked)
         del live
-        if not index.entries and not self.alloc.used:
-            # The first sync: the allocator's and the index's bulk restore, as a cold start does.
-            try:
-                allocs = self.alloc.restore([(n, b) for n, b, _c in checked.values()])
-            except ValueError as exc:
-                self.lost = f"journal inconsistent ({exc})"
-                return 0
-            index.restore([(ns, key, a) for (ns, key), a in zip(checked, allocs, strict=True)],
-                          [c for _n, _b, c in checked.values()])  # fmt: skip
-            self.applied += len(checked)
-            return len(checked) or 1
         n = 0
         for (ns, key), (nbytes, blocks, crc) in checked.items():
             nsid = index.namespaces.get(ns)
@@ -201,6 +193,30 @@ class JournalFollower:
             n += 1
         self.applied += n
         return n or 1
+
+    def _first_sync(self) -> int:
+        """The first sync (an empty copy): the journal's live set (the native replay where it is
+        built) into the allocator's and the index's bulk restore, as a cold start does."""
+        j = self.journal
+        live = replay_live(j)
+        if j.state() != (j.generation, j.half):
+            return 0  # it moved (or vanished) while being read: the next step looks again
+        self.followed, self.pos = (j.generation, j.half), j.pos
+        self.resyncs += 1
+        if (live.keys or live.unchecked) and not same_order(live.order, self.order):
+            self.lost = f"the journal's interleave order {live.order} is not this server's {self.order}"
+            return 0
+        self.unchecked = live.unchecked
+        try:
+            allocs = self.alloc.restore(live.shapes)
+        except ValueError as exc:
+            self.lost = f"journal inconsistent ({exc})"
+            return 0
+        names = live.names
+        items = [(names[i], key, a) for i, key, a in zip(live.ns_ids, live.keys, allocs, strict=True)]
+        self.index.restore(items, live.checksums)
+        self.applied += len(items)
+        return len(items) or 1
 
     def run(self, stop: threading.Event, poll_s: float, on_warm: Callable[[], None] | None = None) -> None:
         """Follow until `stop` or the copy is lost: a step, then a wait of `poll_s` when it was idle."""

@@ -26,7 +26,16 @@ from belugactl.dataplane import native
 from belugactl.dataplane.mds.listener import Listener, register_listener
 from belugactl.dataplane.mds.service import BATCH_OPS
 from belugactl.dataplane.rpc import slots
-from belugactl.dataplane.rpc.protocol import HEADER, HEADER_SIZE, MAGIC, REQ_READY, Code, Op, encode_get_reply
+from belugactl.dataplane.rpc.protocol import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    REQ_READY,
+    Code,
+    Op,
+    encode_get_reply,
+    encode_get_reply_one,
+)
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.server import MetadataServer
@@ -38,6 +47,19 @@ RESYNC_S = 1.0
 # a time (a ring every SWEEP_S / rings), so no look grows with the ring count.
 SWEEP_S = 0.1
 
+
+
+def mirror_reply(e: Any) -> bytes:
+    """The GET reply the native mirror answers an index entry with (lease 0: the fast path writes its
+    own). Most entries are one block with a checksum: one pack, no extents list (a restart makes
+    millions)."""
+    a = e.alloc
+    one, crc = a.single, e.checksum
+    if one is not None and crc is not None:
+        size, off = one
+        n = a.nbytes
+        return encode_get_reply_one(n, off, size if size < n else n, crc)
+    return encode_get_reply(0, a.nbytes, a.extents, crc)
 
 @register_listener
 class RingListener(Listener):
@@ -76,7 +98,7 @@ class RingListener(Listener):
                 self._fast,
                 native.fi_put,
                 native.fi_del,
-                lambda e: encode_get_reply(0, e.alloc.nbytes, e.alloc.extents, e.checksum),
+                mirror_reply,
             )
         self.fast_requests = 0
         self._every_slot: array | None = None  # every slot's offset, for resync (built when first needed)

@@ -489,6 +489,12 @@ def encode_get_reply(lease: int, nbytes: int, extents: Sequence[Extent], checksu
     return _GET_REP.pack(lease, nbytes, len(extents), kind, crc) + _pack_extents(extents)
 
 
+def encode_get_reply_one(nbytes: int, off: int, n: int, checksum: int) -> bytes:
+    """`encode_get_reply(0, nbytes, [(off, n)], checksum)` for a checksum already known to be a u32:
+    the native mirror's reply of a one-extent block, made for every entry a restart restores."""
+    return _GET_REP_ONE.pack(0, nbytes, 1, CHECKSUM_CRC32C, checksum, off, n)
+
+
 def decode_get_reply_ex(data) -> tuple[int, int, list[Extent], int | None]:
     """(lease id, nbytes, extents, checksum or None)."""
     _need(data, _GET_REP.size, "GET reply")
