@@ -131,6 +131,18 @@ def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live
     assert a.restore([(1, [(4096, BASE + 3 * CHUNK)])])  # and it is still empty, so a restore works
 
 
+def test_restore_of_chunks_held_up_to_the_top_hands_out_the_next_and_a_gap_first() -> None:
+    full = Allocator(BASE, 8 * CHUNK)
+    full.restore([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in range(5)])
+    got = full.alloc(CHUNK)
+    assert got is not None and got.extents == [(BASE + 5 * CHUNK, CHUNK)]
+    gap = Allocator(BASE, 8 * CHUNK)
+    gap.restore([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in (0, 2, 3, 4)])
+    got = gap.alloc(CHUNK)
+    assert got is not None and got.extents == [(BASE + CHUNK, CHUNK)]
+    assert gap.stats()["free_chunks"] == full.stats()["free_chunks"] + 1 == 3
+
+
 # --- chunks go back to the free pool (issue 11 item 3) -------------------------------------------
 
 

@@ -481,11 +481,15 @@ class Allocator:
                 if zoned:
                     zone_used[zone_of(off)] += size
             add(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
+        one_zone = len(self._zones) == 1
         for zone in self._zones:
-            held = [c for c in chunk_class if zone.start <= c < zone.end]
+            held = chunk_class.keys() if one_zone else [c for c in chunk_class if zone.start <= c < zone.end]
             top = max(held, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
             zone.fresh = top
-            zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
+            if (top - zone.start) // CHUNK == len(held):
+                zone.free = []  # every chunk below the top is held (a cache filled and not yet evicted from)
+            else:
+                zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
             zone.stacked = set(zone.free)
         for chunk, size in chunk_class.items():
             if size == CHUNK:
