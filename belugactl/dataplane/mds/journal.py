@@ -669,10 +669,16 @@ class JournalKeeper:
         except ValueError as exc:
             self.note = f"journal inconsistent ({exc}); started empty"
             allocs, keys, checksums = [], [], []
+        replayed = len(live.keys)
         del shapes
+        live.shapes = []  # what the allocator restored from is garbage now (hundreds of MB at millions)
         names, ids = live.names, (live.ns_ids if keys else [])
-        self.index.restore([(names[i], k, a) for i, k, a in zip(ids, keys, allocs, strict=True)], checksums)
-        self.restored_entries = len(keys)
+        items = [(names[i], k, a) for i, k, a in zip(ids, keys, allocs, strict=True)]
+        del allocs
+        live.keys = live.checksums = keys = []
+        self.index.restore(items, checksums)
+        self.restored_entries = len(items)
+        del items, checksums
         if unchecked and not self.note:
             self.note = f"{unchecked} journaled blocks without a checksum were not restored"
         prev = self.previous_stop
@@ -682,8 +688,8 @@ class JournalKeeper:
                 "started empty"
             )
         try:
-            if live.spans is not None and not live.odd and len(self.index.entries) == len(keys) == len(live.keys):
-                journal.rewrite_copy(live.spans, len(keys))  # the bodies just restored, copied as they are
+            if live.spans is not None and not live.odd and len(self.index.entries) == self.restored_entries == replayed:
+                journal.rewrite_copy(live.spans, replayed)  # the bodies just restored, copied as they are
             else:
                 journal.rewrite(list(self.index.entries.values()), self.index.ns_names)
         except (JournalFull, OSError, ValueError) as exc:
