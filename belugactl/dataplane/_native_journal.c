@@ -106,17 +106,22 @@ static int grow_table(uint32_t **slots, size_t *mask, size_t want) {
     return 0;
 }
 
-/* Rehash the records still live into a table at most a quarter full. */
+/* Rehash the records still live into a table at most a quarter full, dropping the dead ones from
+ * `recs` (the live keep their order): a rehash then costs what was added since the last one, not
+ * every record ever read, so COMMIT/REMOVE churn over a small live set cannot make a replay
+ * quadratic. */
 static int rehash(jlive *L, size_t live) {
     if (grow_table(&L->slots, &L->mask, (live + 1) * 4) < 0) return -1;
-    L->used = 0;
+    size_t w = 0;
     for (size_t r = 0; r < L->n; r++) {
         if (!L->recs[r].live) continue;
-        size_t i = L->recs[r].hash & L->mask;
+        if (w != r) L->recs[w] = L->recs[r];
+        size_t i = L->recs[w].hash & L->mask;
         while (L->slots[i]) i = (i + 1) & L->mask;
-        L->slots[i] = (uint32_t)(r + 1);
-        L->used++;
+        L->slots[i] = (uint32_t)(w + 1);
+        w++;
     }
+    L->n = L->used = w;
     return 0;
 }
 
@@ -391,6 +396,7 @@ PyObject *py_journal_copy(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "w*nny*nnkp", &v, &src_base, &src_size, &s, &dst_base, &room, &seed, &flush)) return NULL;
     PyObject *out = NULL;
     char *src, *dst;
+    unsigned char *sp = NULL; /* the spans, copied: checked and used from one copy */
     if (s.len % 16) {
         PyErr_SetString(PyExc_ValueError, "spans must be (u64 offset, u64 length) pairs");
         goto done;
@@ -402,7 +408,10 @@ PyObject *py_journal_copy(PyObject *self, PyObject *args) {
     }
     if (!crc_t_ready) crc_ieee_init();
     Py_ssize_t n = s.len / 16;
-    const unsigned char *sp = s.buf;
+    /* `spans` may be a buffer that changes while the GIL is released (another thread's, or one
+     * inside the destination): what is checked must be what is used. */
+    if (!(sp = PyMem_Malloc(s.len ? (size_t)s.len : 1))) { PyErr_NoMemory(); goto done; }
+    memcpy(sp, s.buf, (size_t)s.len);
     uint64_t need = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t pos = rd64(sp + 16 * i), len = rd64(sp + 16 * i + 8);
@@ -427,6 +436,7 @@ PyObject *py_journal_copy(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     out = PyLong_FromUnsignedLongLong(need);
 done:
+    PyMem_Free(sp);
     PyBuffer_Release(&s);
     PyBuffer_Release(&v);
     return out;

@@ -179,6 +179,18 @@ def test_journal_copy_checks_its_spans_its_room_and_the_halves(pool_path: Path) 
     pool.close()
 
 
+def test_journal_copy_uses_the_spans_it_checked_even_where_the_copy_overwrites_them() -> None:
+    # The spans lie in the destination, and body 0's bytes, copied, turn span 1 into one far
+    # outside the buffer: what was checked must be what is used (an out-of-bounds read otherwise).
+    buf = bytearray(8192)
+    src, dst = 0, 4096
+    buf[16:32] = struct.pack("<QQ", 1 << 40, 64)
+    buf[dst + 8 : dst + 40] = struct.pack("<QQQQ", 0, 64, 0, 64)  # both valid when checked
+    body = bytes(buf[0:64])
+    assert native.journal_copy(buf, src, 4096, memoryview(buf)[dst + 8 : dst + 40], dst, 4096, 0, False) == 144
+    assert buf[dst + 8 : dst + 72] == body and buf[dst + 80 : dst + 144] == body
+
+
 def _index_of(server: MetadataServer) -> dict:
     names = server.index.ns_names
     return {(names[k[0]], k[1]): (e.alloc.nbytes, e.alloc.blocks, e.checksum) for k, e in server.index.entries.items()}
