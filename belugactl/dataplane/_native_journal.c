@@ -9,7 +9,8 @@
  * The journal's bytes are hostile input: every length is checked against the record and the half
  * before it is used, and a record that does not parse ends the replay exactly where the Python
  * replay (journal.parse) would end it. The merge's table is keyed with Python's own randomized
- * bytes hash, so keys chosen to collide cannot make a restart quadratic.
+ * bytes hash, so keys chosen to collide cannot make a restart quadratic, and each rehash drops the
+ * records removed since, so neither can COMMIT/REMOVE churn over a small live set.
  *
  *   journal_replay(buf, base, size, seed, flush, scan_flush, chunk)
  *       -> (end, order | None, names, ns_ids, keys, shapes, checksums, spans, unchecked, odd)
