@@ -48,7 +48,6 @@ RESYNC_S = 1.0
 SWEEP_S = 0.1
 
 
-
 def mirror_reply(e: Any) -> bytes:
     """The GET reply the native mirror answers an index entry with (lease 0: the fast path writes its
     own). Most entries are one block with a checksum: one pack, no extents list (a restart makes
@@ -60,6 +59,7 @@ def mirror_reply(e: Any) -> bytes:
         n = a.nbytes
         return encode_get_reply_one(n, off, size if size < n else n, crc)
     return encode_get_reply(0, a.nbytes, a.extents, crc)
+
 
 @register_listener
 class RingListener(Listener):
