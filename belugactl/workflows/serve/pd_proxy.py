@@ -193,6 +193,10 @@ def _handler(proxy: PdProxy) -> type[BaseHTTPRequestHandler]:
                     reply = conn.getresponse()
                 except OSError:
                     continue
+                if method == "POST":
+                    # counted once the consumer's status is known, before the body goes back: a client that
+                    # has its answer and then reads /metrics must already see its request there
+                    proxy.requests.labels("ok" if reply.status == 200 else f"http_{reply.status}").inc()
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", reply.getheader("Content-Type", "application/json"))
@@ -214,7 +218,6 @@ def _handler(proxy: PdProxy) -> type[BaseHTTPRequestHandler]:
                     conn.close()
                 if method == "POST":
                     proxy.phase_seconds.labels("decode").observe(time.perf_counter() - started)
-                    proxy.requests.labels("ok" if reply.status == 200 else f"http_{reply.status}").inc()
                 return
             proxy.requests.labels("no_consumer").inc()
             self._error(502, "no consumer instance answered")
