@@ -141,3 +141,42 @@ def test_a_cold_straggler_per_generation_does_not_pile_up_generations(small_gene
     assert [e.key for e in lru.values()] == cold and len(lru) == len(cold)
     # 200 stragglers, one per generation they were added in: merged, not 200 generations of one.
     assert lru.generations <= 8 * len(lru) / small_generations + 2, lru.generations
+
+
+def test_put_new_and_put_many_store_as_a_dict_does_across_the_split() -> None:
+    """The restart's one-call inserts: put_new keeps the first value of a key (given twice in the batch
+    or already there) and returns what it stored, in order; put_many overwrites, as `m[k] = v`."""
+    m, d = ShardedMap(), {}
+    m[3] = d[3] = "before"
+    keys = [*range(SPLIT_AT + 10), 5, 3]  # a key twice in the batch, and one already in the map
+    vals = [f"v{k}" for k in keys[:-2]] + ["dup", "again"]
+    stored = m.put_new(keys, vals)
+    for k, v in zip(keys, vals, strict=True):
+        d.setdefault(k, v)
+    assert m == d and len(m._dicts) == SHARDS  # split before the batch went in
+    assert stored == [v for k, v in zip(keys, vals, strict=True) if k != 3][: SPLIT_AT + 9]
+    m.put_many([1, 2, 10**9], ["x", "y", "z"])
+    d.update({1: "x", 2: "y", 10**9: "z"})
+    assert m == d and m[1] == "x"
+    small = ShardedMap()
+    small.put_many([1, 2], ["a", "b"])
+    assert len(small._dicts) == 1 and dict(small.items()) == {1: "a", 2: "b"}  # stays one dict below SPLIT_AT
+    with pytest.raises(ValueError):
+        small.put_many([1], [])
+
+
+def test_add_many_keeps_the_order_and_generations_of_adds_one_by_one(small_generations: int) -> None:
+    one, many = GenerationLRU(), GenerationLRU()
+    a = [_E(k) for k in range(10 * small_generations + 3)]
+    b = [_E(k) for k in range(10 * small_generations + 3)]
+    for e in a[:5]:
+        one.add(e)
+    for e in a[5:]:
+        one.add(e)
+    many.add_many(b[:5])  # a partly filled generation first, then batches across several
+    many.add_many(b[5:])
+    assert [e.key for e in many.values()] == [e.key for e in one.values()] and len(many) == len(one)
+    assert many.generations == one.generations
+    assert [len(e.gen) for e in b] == [len(e.gen) for e in a]  # each entry knows its own generation
+    many.touch(b[0])
+    assert [e.key for e in many.values()][-1] == 0 and len(many) == len(b)

@@ -507,49 +507,89 @@ class KVIndex:
             room.tenant(tenant)
 
     def restore(self, items: list[tuple[str, bytes, Allocation]], checksums: list[int | None] | None = None) -> None:
-        """Insert committed entries rebuilt from a journal (an empty index; allocator already restored).
-        A restart runs it over millions of entries: what is the same for a namespace is looked up
-        once, and the slab places, small-block offsets and byte counts of one-block entries (most)
-        are kept inline rather than through the per-entry helpers."""
-        entries, by_id, ids, place = self.entries, self.by_id, self._entry_ids, self._place
-        slab, at = self.slab, self._at
-        fresh_slab = not self._free_slots  # then every place is the slab's next one
-        mirror = self.mirror
-        put, reply = (self._mirror_put, self._mirror_reply) if mirror is not None else (None, None)
-        # name -> (id, its keys, its LRU, [entries restored, bytes restored])
-        per_ns: dict[str, tuple[int, Any, Any, list[int]]] = {}
-        sums = checksums if checksums else [None] * len(items)
-        for (name, key, alloc), crc in zip(items, sums, strict=True):
-            got = per_ns.get(name)
-            if got is None:
-                ns = self.namespaces.get(name) or self._new_namespace(name)  # no cap: these hold blocks
-                got = per_ns[name] = (ns, self._ns_keys[ns], self._ns_tenant[ns].lru, [0, 0])
-            ns, keys, lru, count = got
-            k = (ns, key)
-            e = Entry(k, alloc, 0, False, next(ids), crc)
-            if entries.setdefault(k, e) is not e:
-                continue  # a key given twice: the first one stays
-            count[0] += 1
-            count[1] += alloc.nbytes
-            one = alloc.single
-            if one is None:
-                place(e)
-            elif one[0] < CHUNK:
-                at[one[1]] = e
-            if fresh_slab:
-                e.slot = len(slab)
-                slab.append(e)
-            else:
+        """Insert committed entries (namespace name, key, allocation) rebuilt from a journal; see
+        `restore_columns`."""
+        at = {name: i for i, name in enumerate(dict.fromkeys(name for name, _k, _a in items))}
+        names = list(at)
+        self.restore_columns(
+            names, [at[n] for n, _k, _a in items], [k for _n, k, _a in items], [a for _n, _k, a in items], checksums
+        )
+
+    def restore_columns(
+        self,
+        names: Sequence[str],
+        ns_of: Sequence[int],
+        keys: Sequence[bytes],
+        allocs: Sequence[Allocation],
+        checksums: Sequence[int | None] | None = None,
+    ) -> None:
+        """Insert committed entries rebuilt from a journal (allocator already restored): entry i is
+        key `keys[i]` of namespace `names[ns_of[i]]`, at `allocs[i]`. A key given twice keeps its first.
+        A restart runs it over millions of entries, so it works a column at a time: each map and LRU
+        takes its entries in one call (mds/sharded.py), not a method call per entry."""
+        n = len(keys)
+        if not len(ns_of) == len(allocs) == n or (checksums and len(checksums) != n):
+            raise ValueError(f"restore: columns of unequal length for {n} entries")
+        ns_ids = [0] * len(names)
+        for i in set(ns_of):
+            name = names[i]
+            ns_ids[i] = self.namespaces.get(name) or self._new_namespace(name)  # no cap: these hold blocks
+        first = next(self._entry_ids)
+        self._entry_ids = itertools.count(first + n)  # ids first..first+n-1, one per entry made here
+        sums = checksums if checksums else itertools.repeat(None, n)
+        made = [
+            Entry((ns_ids[j], key), a, 0, False, i, crc)
+            for i, j, key, a, crc in zip(range(first, first + n), ns_of, keys, allocs, sums, strict=False)
+        ]
+        kept = self.entries.put_new([e.key for e in made], made)
+        del made
+        slab = self.slab
+        if not self._free_slots:  # then every place is the slab's next one
+            for slot, e in enumerate(kept, len(slab)):
+                e.slot = slot
+            slab.extend(kept)
+        else:
+            for e in kept:
                 self._slab_add(e)
-            lru.add(e)
-            keys[key] = e
-            by_id[e.id] = e
-            if mirror is not None:
-                put(mirror, ns, key, e.id, reply(e))
-        for ns, _keys, _lru, (n, nbytes) in per_ns.values():
-            if n:
-                self._ns_tenant[ns].stored_bytes += nbytes
-                self._ns_add(ns, n)
+        # Small-block offsets, each namespace's keys and each tenant's LRU (in journal order).
+        at_offs: list[int] = []
+        at_entries: list[Entry] = []
+        per_ns: dict[int, list[Entry]] = {}
+        last_ns, group = -1, None
+        for e in kept:
+            one = e.alloc.single
+            if one is None:
+                self._place(e)
+            elif one[0] < CHUNK:
+                at_offs.append(one[1])
+                at_entries.append(e)
+            ns = e.key[0]
+            if ns != last_ns:
+                group = per_ns.get(ns)
+                if group is None:
+                    group = per_ns[ns] = []
+                last_ns = ns
+            group.append(e)  # type: ignore[union-attr]
+        self._at.put_many(at_offs, at_entries)
+        del at_offs, at_entries
+        self.by_id.put_many([e.id for e in kept], kept)
+        lru_of = self._ns_tenant
+        if len({id(lru_of[ns]) for ns in per_ns}) <= 1:  # one tenant (the usual case): one LRU
+            if kept:
+                lru_of[kept[0].key[0]].lru.add_many(kept)
+        else:
+            for e in kept:
+                lru_of[e.key[0]].lru.add(e)
+        for ns, group in per_ns.items():
+            self._ns_keys[ns].put_many([e.key[1] for e in group], group)
+            lru_of[ns].stored_bytes += sum(e.alloc.nbytes for e in group)
+            self._ns_add(ns, len(group))
+        mirror = self.mirror
+        if mirror is not None:
+            put, reply = self._mirror_put, self._mirror_reply
+            for e in kept:
+                k = e.key
+                put(mirror, k[0], k[1], e.id, reply(e))
 
     def attach_mirror(
         self,

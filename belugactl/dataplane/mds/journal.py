@@ -672,13 +672,10 @@ class JournalKeeper:
         replayed = len(live.keys)
         del shapes
         live.shapes = []  # what the allocator restored from is garbage now (hundreds of MB at millions)
-        names, ids = live.names, (live.ns_ids if keys else [])
-        items = [(names[i], k, a) for i, k, a in zip(ids, keys, allocs, strict=True)]
-        del allocs
-        live.keys = live.checksums = keys = []
-        self.index.restore(items, checksums)
-        self.restored_entries = len(items)
-        del items, checksums
+        live.keys = live.checksums = []
+        self.index.restore_columns(live.names, live.ns_ids if keys else [], keys, allocs, checksums)
+        self.restored_entries = len(keys)
+        del keys, allocs, checksums
         if unchecked and not self.note:
             self.note = f"{unchecked} journaled blocks without a checksum were not restored"
         prev = self.previous_stop

@@ -212,11 +212,9 @@ class JournalFollower:
         except ValueError as exc:
             self.lost = f"journal inconsistent ({exc})"
             return 0
-        names = live.names
-        items = [(names[i], key, a) for i, key, a in zip(live.ns_ids, live.keys, allocs, strict=True)]
-        self.index.restore(items, live.checksums)
-        self.applied += len(items)
-        return len(items) or 1
+        self.index.restore_columns(live.names, live.ns_ids, live.keys, allocs, live.checksums)
+        self.applied += len(allocs)
+        return len(allocs) or 1
 
     def run(self, stop: threading.Event, poll_s: float, on_warm: Callable[[], None] | None = None) -> None:
         """Follow until `stop` or the copy is lost: a step, then a wait of `poll_s` when it was idle."""
