@@ -78,9 +78,11 @@ typedef struct {
     Py_ssize_t ns_len;
 } FastIndex;
 
+/* The key's hash: CPython's own hash of the bytes (SipHash under the per-process random secret, so a
+ * client cannot choose keys whose probe chains collide: with an unseeded hash, colliding keys made
+ * each lookup walk the cluster), mixed with the namespace. The same as hash(key) in Python. */
 static uint64_t fi_hash(uint32_t ns, const uint8_t *k, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull ^ ns;
-    for (size_t i = 0; i < n; i++) { h ^= k[i]; h *= 0x100000001b3ull; }
+    uint64_t h = (uint64_t)_Py_HashBytes(k, (Py_ssize_t)n) ^ ((uint64_t)ns * 0x9e3779b97f4a7c15ull);
     h ^= h >> 33; h *= 0xff51afd7ed558ccdull; h ^= h >> 33;
     return h | 1; /* never 0 */
 }

@@ -5,7 +5,10 @@ exactly one of the two while the move goes on (the whole table used to be rehash
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -100,10 +103,8 @@ M64 = (1 << 64) - 1
 
 
 def fi_hash(ns: int, k: bytes) -> int:
-    """_native_fastpath.c's fi_hash, to place keys at chosen slots."""
-    h = 0xCBF29CE484222325 ^ ns
-    for b in k:
-        h = ((h ^ b) * 0x100000001B3) & M64
+    """_native_fastpath.c's fi_hash: Python's (seeded) hash of the key, mixed with the namespace."""
+    h = (hash(k) & M64) ^ ((ns * 0x9E3779B97F4A7C15) & M64)
     h ^= h >> 33
     h = (h * 0xFF51AFD7ED558CCD) & M64
     h ^= h >> 33
@@ -201,3 +202,17 @@ def test_keys_of_every_length_are_kept_whole_inline_or_not() -> None:
             model.pop((ns, k), None)
     check(fi, model, [(ns, k) for ns in (1, 2) for k in pool])
     assert not n.fi_put(fi, 1, bytes(65), 1) and n.fi_id(fi, 1, bytes(65)) == -1  # too long to mirror
+
+
+@pytest.mark.process
+def test_the_tables_hash_is_seeded_per_process() -> None:
+    # A client that could compute the table's hash could send keys that all land in one probe
+    # cluster, and every lookup would walk it. The hash takes CPython's per-process secret: the
+    # same key hashes differently under another secret.
+    code = "import sys; from belugactl.dataplane import native; print(native._native.fi_hash(9, bytes(range(32))))"
+    seen = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
+        seen.add(int(out.stdout))
+    assert len(seen) == 3
