@@ -12,6 +12,7 @@ a folder's own conftest.py adds fixtures only that folder uses.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from tests.support.tiers import TierPlugin
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Output is rendered as piped whatever runs the tests: a COLUMNS from the shell or from a test
+    # runner's worker (pytest-xdist's has COLUMNS=80) would wrap the lines tests read.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     # A plugin, not this conftest's own hooks: those would reach only the tests below tests/.
     if not config.pluginmanager.has_plugin("belugactl-tiers"):
         config.pluginmanager.register(TierPlugin(), "belugactl-tiers")
