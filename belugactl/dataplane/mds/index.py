@@ -573,16 +573,16 @@ class KVIndex:
         self._at.put_many(at_offs, at_entries)
         del at_offs, at_entries
         self.by_id.put_many([e.id for e in kept], kept)
-        lru_of = self._ns_tenant
-        if len({id(lru_of[ns]) for ns in per_ns}) <= 1:  # one tenant (the usual case): one LRU
+        tenant_of = self._ns_tenant
+        if len({id(tenant_of[ns]) for ns in per_ns}) <= 1:  # one tenant (the usual case): one LRU
             if kept:
-                lru_of[kept[0].key[0]].lru.add_many(kept)
+                tenant_of[kept[0].key[0]].lru.add_many(kept)
         else:
             for e in kept:
-                lru_of[e.key[0]].lru.add(e)
+                tenant_of[e.key[0]].lru.add(e)
         for ns, group in per_ns.items():
             self._ns_keys[ns].put_many([e.key[1] for e in group], group)
-            lru_of[ns].stored_bytes += sum(e.alloc.nbytes for e in group)
+            tenant_of[ns].stored_bytes += sum(e.alloc.nbytes for e in group)
             self._ns_add(ns, len(group))
         mirror = self.mirror
         if mirror is not None:
