@@ -50,7 +50,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -584,10 +584,14 @@ class KVIndex:
             self._ns_keys[ns].put_many([e.key[1] for e in group], group)
             tenant_of[ns].stored_bytes += sum(e.alloc.nbytes for e in group)
             self._ns_add(ns, len(group))
+        self._mirror_all(kept)
+
+    def _mirror_all(self, es: Iterable[Entry]) -> None:
+        """Put each entry in the native mirror, if there is one (a restore, or a mirror attached late)."""
         mirror = self.mirror
         if mirror is not None:
             put, reply = self._mirror_put, self._mirror_reply
-            for e in kept:
+            for e in es:
                 k = e.key
                 put(mirror, k[0], k[1], e.id, reply(e))
 
@@ -605,8 +609,7 @@ class KVIndex:
         self.mirror, self._mirror_put, self._mirror_del = mirror, put, delete
         self._mirror_reply = get_reply or (lambda e: b"")
         self._attach_room()
-        for e in self.entries.values():
-            put(mirror, e.key[0], e.key[1], e.id, self._mirror_reply(e))
+        self._mirror_all(self.entries.values())
 
     def apply_lease_burst(self, first: int, last: int, count: int, log: bytes, per_entry: bytes) -> None:
         """Record the leases the native fast path granted in one burst (ids first..last, `count` of them).

@@ -98,11 +98,15 @@ class ShardedMap:
             self._split()
         return old
 
+    def _room_for(self, n: int) -> None:
+        """Split now if `n` more keys could take the one dict past SPLIT_AT (a batch splits once, first)."""
+        if self._small and len(self._dicts[0]) + n > SPLIT_AT:
+            self._split()
+
     def put_new(self, keys: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         """Each value stored under its key unless the key is there already (the first one stays); the
         values stored, in order. One call for many keys: a restart stores millions."""
-        if self._small and len(self._dicts[0]) + len(keys) > SPLIT_AT:
-            self._split()
+        self._room_for(len(keys))
         rot, table = self._rot, _TABLE
         return [
             v
@@ -112,8 +116,7 @@ class ShardedMap:
 
     def put_many(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
         """`self[k] = v` for each pair, in one call."""
-        if self._small and len(self._dicts[0]) + len(keys) > SPLIT_AT:
-            self._split()
+        self._room_for(len(keys))
         rot, table = self._rot, _TABLE
         for k, v in zip(keys, values, strict=True):
             rot[table[((hash(k) * _MIX) & _M64) >> _SHIFT]][k] = v
