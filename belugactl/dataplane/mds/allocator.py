@@ -37,6 +37,14 @@ from collections.abc import Iterable
 
 CHUNK = 2 << 20
 MIN_BLOCK = 4 << 10
+# Maps and sets over chunks key them by chunk number (offset >> CHUNK_SHIFT; the area starts on a
+# chunk boundary, so it names each chunk once), and the index keys blocks by offset >> BLOCK_SHIFT.
+# A CPython dict places an int key by its low bits, and an offset's low 21 (or 12) bits are all zero:
+# every key then starts its probe in one of a few slots, and at millions of keys an insert cost 0.9 us
+# instead of 0.15 (docs/measurements.md, 2026-12-07, session 18).
+CHUNK_SHIFT = 21
+BLOCK_SHIFT = 12
+assert CHUNK == 1 << CHUNK_SHIFT and MIN_BLOCK == 1 << BLOCK_SHIFT
 
 
 def _size_classes() -> list[int]:
@@ -54,6 +62,9 @@ def _size_classes() -> list[int]:
 
 SIZE_CLASSES: tuple[int, ...] = tuple(_size_classes())
 _CLASSES = frozenset(SIZE_CLASSES)
+_CLASS_CODE = {c: i + 1 for i, c in enumerate(SIZE_CLASSES)}  # a chunk's class as one byte (restore)
+_WHOLE = 255  # ... and a chunk held whole by one block
+assert len(SIZE_CLASSES) < _WHOLE
 
 Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
@@ -126,7 +137,8 @@ class _Zone:
     chunks given back (an 8 TiB area has 4 million chunks, too many to list up front).
 
     `stacked` says which chunks on the stack are free: a chunk a standby's `Allocator.take` claims
-    from the middle of the stack leaves only the set, and its place on the list is passed over."""
+    from the middle of the stack leaves only the set, and its place on the list is passed over. The
+    list holds chunk offsets; the sets hold chunk numbers (CHUNK_SHIFT)."""
 
     __slots__ = ("start", "end", "fresh", "free", "skip", "stacked")
 
@@ -144,25 +156,26 @@ class _Zone:
 
     def push(self, chunk: int) -> None:
         self.free.append(chunk)
-        self.stacked.add(chunk)
+        self.stacked.add(chunk >> CHUNK_SHIFT)
 
     def pop(self) -> int | None:
         skip = self.skip
         stacked = self.stacked
         while self.free:
             chunk = self.free.pop()
-            if chunk not in stacked:
+            n = chunk >> CHUNK_SHIFT
+            if n not in stacked:
                 continue  # claimed by `take` while on the stack
-            stacked.discard(chunk)
-            if not skip or chunk not in skip:
+            stacked.discard(n)
+            if not skip or n not in skip:
                 return chunk
-            skip.discard(chunk)
+            skip.discard(n)
         while self.fresh < self.end:
             chunk = self.fresh
             self.fresh += CHUNK
-            if not skip or chunk not in skip:
+            if not skip or chunk >> CHUNK_SHIFT not in skip:
                 return chunk
-            skip.discard(chunk)
+            skip.discard(chunk >> CHUNK_SHIFT)
         return None
 
 
@@ -206,7 +219,7 @@ class Allocator:
         self.unused_bytes = self.area_size - self.capacity  # the area's ends outside every zone
         self._zones = [_Zone(start + z * zone_size, start + (z + 1) * zone_size) for z in range(ways)]
         self._rr = 0  # zone whose turn is next
-        # Per class, per zone: chunk offset -> offsets of its free blocks (chunks with no free
+        # Per class, per zone: chunk number -> offsets of its free blocks (chunks with no free
         # block are in no dict; they come back on the first free).
         self._partial: dict[int, list[dict[int, list[int]]]] = {c: [{} for _ in range(self.ways)] for c in SIZE_CLASSES}
         self._carved: dict[int, int] = dict.fromkeys(SIZE_CLASSES, 0)  # chunks per class
@@ -263,16 +276,16 @@ class Allocator:
             partial = per_zone[z]
             if partial:
                 # The most recently touched chunk: filling few chunks lets the others drain empty.
-                chunk, free = partial.popitem()
+                n, free = partial.popitem()
                 off = free.pop()
                 if free:
-                    partial[chunk] = free
+                    partial[n] = free
                 return off
             chunk = self._zones[z].pop()
             if chunk is not None:
                 self._carved[cls] += 1
                 # Highest first so pop() yields ascending offsets; the first block is handed out.
-                partial[chunk] = [chunk + j * cls for j in range(CHUNK // cls - 1, 0, -1)]
+                partial[chunk >> CHUNK_SHIFT] = [chunk + j * cls for j in range(CHUNK // cls - 1, 0, -1)]
                 return chunk
         return None
 
@@ -342,13 +355,14 @@ class Allocator:
                 continue
             chunk = self._chunk_of(off)
             partial = self._partial[size][self.zone_of(chunk)]
-            free = partial.get(chunk)
+            n = chunk >> CHUNK_SHIFT
+            free = partial.get(n)
             if free is None:
-                free = partial[chunk] = []
+                free = partial[n] = []
             free.append(off)
             if len(free) == CHUNK // size:
                 # Its last block came back: the chunk is free for any size again.
-                del partial[chunk]
+                del partial[n]
                 self._carved[size] -= 1
                 self._zones[self.zone_of(chunk)].push(chunk)
                 self.chunks_returned += 1
@@ -373,11 +387,11 @@ class Allocator:
             z = self.zone_of(chunk)
             zone = self._zones[z]
             if chunk >= zone.fresh:
-                zone.skip.add(chunk)  # free, never handed out: passed over when reached
+                zone.skip.add(chunk >> CHUNK_SHIFT)  # free, never handed out: passed over when reached
                 self.quarantined[chunk] = 0
             else:
-                if chunk in zone.stacked:
-                    zone.skip.add(chunk)  # free on the stack: passed over when popped
+                if chunk >> CHUNK_SHIFT in zone.stacked:
+                    zone.skip.add(chunk >> CHUNK_SHIFT)  # free on the stack: passed over when popped
                     self.quarantined[chunk] = 0
                 else:
                     self.quarantined[chunk] = self._stop_carving(chunk, z)
@@ -390,7 +404,7 @@ class Allocator:
         carved for that class), else CHUNK (a whole-chunk block, or a class not known until a block
         of it is freed)."""
         for cls in SIZE_CLASSES:
-            if self._partial[cls][zone].pop(chunk, None) is not None:
+            if self._partial[cls][zone].pop(chunk >> CHUNK_SHIFT, None) is not None:
                 self._carved[cls] -= 1
                 return 0
         return CHUNK
@@ -428,35 +442,47 @@ class Allocator:
         if self.used or self.quarantined:
             raise ValueError("restore needs an empty allocator (restore first, then quarantine)")
         base = self.base
-        chunk_class: dict[int, int] = {}  # chunk offset -> class size, or CHUNK for a whole chunk
-        taken: set[int] = set()  # offsets of blocks smaller than a chunk
         start, end = self.zones_start, self.zones_start + self.capacity
-        classes = _CLASSES
-        setdefault, take = chunk_class.setdefault, taken.add
+        first = start >> CHUNK_SHIFT  # the zones' first chunk number
+        # Each chunk of the zones, by number from `first`: 0 free, _WHOLE held by one block, else the
+        # index + 1 of the class its blocks are carved for (a byte a chunk: 4 MB for 8 TiB, where a
+        # dict of millions of chunks cost most of a restart's allocator time).
+        state = bytearray(self.chunks)
+        small: dict[int, int] = {}  # chunk number -> class size, for the chunks carved into blocks
+        taken: set[int] = set()  # blocks smaller than a chunk, by offset >> BLOCK_SHIFT
+        codes = _CLASS_CODE
+        take = taken.add
 
         def check(size: int, off: int) -> None:
             """A block of a class, inside the area, aligned, alone in its place and in a chunk of its class."""
             chunk = off - (off - base) % CHUNK
             if size == CHUNK:  # a whole chunk: nothing else in it (as in the one-block case below)
-                if off != chunk or not start <= off < end or off in chunk_class:
+                if off != chunk or not start <= off < end or state[(off >> CHUNK_SHIFT) - first]:
                     raise ValueError(f"block ({size}, {off:#x}) is outside the area, misaligned or duplicated")
-                chunk_class[off] = CHUNK
+                state[(off >> CHUNK_SHIFT) - first] = _WHOLE
                 return
-            if not start <= off < end or (size not in classes and size != CHUNK) or off in taken:
+            code = codes.get(size)
+            if not start <= off < end or code is None or off >> BLOCK_SHIFT in taken:
                 raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
             if (off - chunk) % size or off - chunk + size > CHUNK:
                 raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
-            if setdefault(chunk, size) != size or (size == CHUNK and off != chunk):
-                raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
-            take(off)
+            i = (chunk >> CHUNK_SHIFT) - first
+            was = state[i]
+            if was != code:
+                if was:
+                    raise ValueError(f"chunk {chunk:#x} holds blocks of two sizes")
+                state[i] = code
+                small[chunk >> CHUNK_SHIFT] = size
+            take(off >> BLOCK_SHIFT)
 
         # One pass, checks and the Allocation together (a restart walks millions); a one-block
-        # record, most of them, without lists and a whole chunk without the offset set.
+        # record, most of them, without lists.
         restored: list[Allocation] = []
         in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
         zone_used, zone_of = [0] * len(self._zone_used), self.zone_of  # applied once all checked
         used = requested = 0
         one, add = Allocation.one, restored.append
+        classes = _CLASSES
         for nbytes, blocks in allocations:
             requested += nbytes
             if len(blocks) == 1:
@@ -464,9 +490,9 @@ class Allocator:
                 if size != CHUNK and size not in classes:
                     size, off = _upgrade((size, off), base)
                 if size == CHUNK:
-                    if (off - base) % CHUNK or not start <= off < end or off in chunk_class:
+                    if (off - base) % CHUNK or not start <= off < end or state[(off >> CHUNK_SHIFT) - first]:
                         raise ValueError(f"block ({size}, {off:#x}) is outside the area, misaligned or duplicated")
-                    chunk_class[off] = CHUNK
+                    state[(off >> CHUNK_SHIFT) - first] = _WHOLE
                 else:
                     check(size, off)
                 add(one(off, size, nbytes))
@@ -481,24 +507,27 @@ class Allocator:
                 if zoned:
                     zone_used[zone_of(off)] += size
             add(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
-        one_zone = len(self._zones) == 1
         for zone in self._zones:
-            held = chunk_class.keys() if one_zone else [c for c in chunk_class if zone.start <= c < zone.end]
-            top = max(held, default=zone.start - CHUNK) + CHUNK  # chunks above the highest used stay fresh
-            zone.fresh = top
-            if (top - zone.start) // CHUNK == len(held):
-                zone.free = []  # every chunk below the top is held (a cache filled and not yet evicted from)
-            else:
-                zone.free = [c for c in range(top - CHUNK, zone.start - 1, -CHUNK) if c not in chunk_class]
-            zone.stacked = set(zone.free)
-        for chunk, size in chunk_class.items():
-            if size == CHUNK:
-                continue
+            lo = (zone.start >> CHUNK_SHIFT) - first
+            chunks = state[lo : lo + (zone.end - zone.start) // CHUNK]
+            held_to = len(chunks.rstrip(b"\0"))  # chunks above the highest held stay fresh
+            zone.fresh = zone.start + held_to * CHUNK
+            free: list[int] = []
+            if chunks.count(0, 0, held_to):  # else every chunk below the top is held (a full cache)
+                i = chunks.find(0, 0, held_to)
+                while i >= 0:
+                    free.append(zone.start + i * CHUNK)
+                    i = chunks.find(0, i + 1, held_to)
+                free.reverse()  # the lowest chunk is popped first
+            zone.free = free
+            zone.stacked = {c >> CHUNK_SHIFT for c in free}
+        for n, size in small.items():
+            chunk = n << CHUNK_SHIFT
             self._carved[size] += 1
             count = CHUNK // size
-            free = [o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o not in taken]
-            if free:
-                self._partial[size][self.zone_of(chunk)][chunk] = free
+            left = [o for o in (chunk + i * size for i in range(count - 1, -1, -1)) if o >> BLOCK_SHIFT not in taken]
+            if left:
+                self._partial[size][self.zone_of(chunk)][n] = left
         if not zoned:
             zone_used[0] += used
         for i, n in enumerate(zone_used):
@@ -541,13 +570,13 @@ class Allocator:
         z = self.zone_of(chunk)
         if size != CHUNK:
             partial = self._partial[size][z]
-            free = partial.get(chunk)
+            free = partial.get(chunk >> CHUNK_SHIFT)
             if free is not None:
                 if off not in free:
                     raise ValueError(f"block ({size}, {off:#x}) is in use")
                 free.remove(off)
                 if not free:
-                    del partial[chunk]
+                    del partial[chunk >> CHUNK_SHIFT]
                 return
         if not self._claim_chunk(chunk, z):
             raise ValueError(f"block ({size}, {off:#x}): its chunk is in use")
@@ -555,20 +584,21 @@ class Allocator:
             self._carved[size] += 1
             rest = [chunk + j * size for j in range(CHUNK // size - 1, -1, -1) if chunk + j * size != off]
             if rest:
-                self._partial[size][z][chunk] = rest
+                self._partial[size][z][chunk >> CHUNK_SHIFT] = rest
 
     def _claim_chunk(self, chunk: int, z: int) -> bool:
         """Take `chunk` out of the free chunks; False when it is not free."""
         zone = self._zones[z]
-        if chunk in zone.skip:
+        n = chunk >> CHUNK_SHIFT
+        if n in zone.skip:
             return False
         if chunk >= zone.fresh:
             for c in range(zone.fresh, chunk, CHUNK):  # passed over by the bump pointer: free
                 zone.push(c)
             zone.fresh = chunk + CHUNK
             return True
-        if chunk in zone.stacked:
-            zone.stacked.discard(chunk)
+        if n in zone.stacked:
+            zone.stacked.discard(n)
             return True
         return False
 
@@ -615,7 +645,7 @@ class FitPlanner:
         # Chunks of the tail's class with a free block that stay carved: the tail fits one of
         # them without a chunk of its own.
         self.spots = sum(len(z) for z in alloc._partial[self.cls]) if self.cls else 0
-        self._freed: dict[int, int] = {}  # chunk -> candidate blocks freed in it
+        self._freed: dict[int, int] = {}  # chunk number -> candidate blocks freed in it
 
     def fits(self) -> bool:
         need = self.whole + (1 if self.cls and not self.spots else 0)
@@ -632,9 +662,10 @@ class FitPlanner:
                 self.free_chunks += 1
                 continue
             chunk = a._chunk_of(off)
-            n = self._freed.get(chunk, 0) + 1
-            self._freed[chunk] = n
-            already = len(a._partial[size][a.zone_of(chunk)].get(chunk, ()))
+            key = chunk >> CHUNK_SHIFT
+            n = self._freed.get(key, 0) + 1
+            self._freed[key] = n
+            already = len(a._partial[size][a.zone_of(chunk)].get(key, ()))
             if size == self.cls and n == 1 and not already:
                 self.spots += 1  # a full chunk gets a free block
             if n + already == CHUNK // size:

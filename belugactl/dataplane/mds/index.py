@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from belugactl.dataplane import native
-from belugactl.dataplane.mds.allocator import CHUNK, Allocation, Allocator, FitPlanner
+from belugactl.dataplane.mds.allocator import BLOCK_SHIFT, CHUNK, CHUNK_SHIFT, Allocation, Allocator, FitPlanner
 from belugactl.dataplane.mds.ownership import new_token
 from belugactl.dataplane.mds.quotas import LeaseRoom, Quota, QuotaLimits, Quotas, Tenant, Tenants, TenantSpec
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
@@ -252,8 +252,9 @@ class KVIndex:
         self._cleared_live = 0  # cleared entries still in `entries`
         self.reserved_footprint = 0  # bytes of blocks held by reservations (STATS' bytes_reserved)
         self.sweeping = False  # usage passed the high watermark: evict in steps down to the low one
-        # Small-block offset -> the committed entry holding it (an entry has at most one block smaller
-        # than a chunk): which entries share a chunk, for eviction that empties whole chunks.
+        # Small-block offset >> BLOCK_SHIFT (mds/allocator.py: why not the offset) -> the committed entry
+        # holding it (an entry has at most one block smaller than a chunk): which entries share a
+        # chunk, for eviction that empties whole chunks.
         self._at: ShardedMap = ShardedMap()
         # Every visible entry at a place that never moves (freed places are reused): a walk over it in
         # steps sees each entry once, whatever changes between the steps (the journal's rewrite).
@@ -561,7 +562,7 @@ class KVIndex:
             if one is None:
                 self._place(e)
             elif one[0] < CHUNK:
-                at_offs.append(one[1])
+                at_offs.append(one[1] >> BLOCK_SHIFT)
                 at_entries.append(e)
             ns = e.key[0]
             if ns != last_ns:
@@ -973,18 +974,18 @@ class KVIndex:
         one = e.alloc.single
         if one is not None:  # most entries: no list made
             if one[0] < CHUNK:
-                self._at[one[1]] = e
+                self._at[one[1] >> BLOCK_SHIFT] = e
             return
         at = self._at
         for size, off in e.alloc.blocks:
             if size < CHUNK:
-                at[off] = e
+                at[off >> BLOCK_SHIFT] = e
 
     def _free(self, a: Allocation) -> None:
         at = self._at
         for size, off in a.blocks:
             if size < CHUNK:
-                at.pop(off, None)
+                at.pop(off >> BLOCK_SHIFT, None)
         if self._zero is not None and self.config.zero_on_free:
             for off, n in a.extents:
                 self._zero(off, n)
@@ -1178,13 +1179,13 @@ class KVIndex:
         a = self.alloc
         if chunk in a.quarantined:
             return None
-        free = set(a._partial[size][a.zone_of(chunk)].get(chunk, ()))
+        free = set(a._partial[size][a.zone_of(chunk)].get(chunk >> CHUNK_SHIFT, ()))
         at, entries, allowed = self._at, self.entries, {t.id for t in may}
         group: list[Entry] = []
         for off in range(chunk, chunk + CHUNK // size * size, size):
             if off in free:
                 continue
-            e = at.get(off)
+            e = at.get(off >> BLOCK_SHIFT)
             if e is None or e.leases or entries.get(e.key) is not e:
                 return None
             if self._ns_tenant[e.key[0]].id not in allowed:
