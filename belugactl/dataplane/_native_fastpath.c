@@ -248,58 +248,175 @@ PyObject *py_fi_new(PyObject *self, PyObject *noargs) {
     return PyCapsule_New(fi, "belugactl.fastindex", fi_free);
 }
 
-/* fi_put(fi, ns, key, id, get_reply=b"") -> True, or False for a key too long to mirror.
- * get_reply: the GET reply payload for this entry (its first 8 bytes, the lease id, are patched
- * per request); empty, or longer than a fast reply can be, means GETs of it go to Python. */
-PyObject *py_fi_put(PyObject *self, PyObject *args) {
-    PyObject *cap; unsigned int ns; Py_buffer k; long long id; Py_buffer g = {0};
-    if (!PyArg_ParseTuple(args, "OIy*L|y*", &cap, &ns, &k, &id, &g)) return NULL;
-    FastIndex *fi = fi_get(cap);
-    PyObject *r = NULL;
+/* Put one key: 1 put, 0 a key too long (or empty) to mirror, -1 an error (exception set).
+ * g/glen: the GET reply payload for this entry (its first 8 bytes, the lease id, are patched per
+ * request); none, or longer than a fast reply can be, means GETs of it go to Python. */
+static int fi_put_raw(FastIndex *fi, unsigned int ns, const uint8_t *k, Py_ssize_t klen, long long id,
+                      const uint8_t *g, Py_ssize_t glen) {
+    if (klen <= 0 || klen > FI_KEY) return 0;
     uint8_t *blob = NULL;
-    if (!fi) goto done;
-    if (k.len <= 0 || k.len > FI_KEY) { r = Py_False; Py_INCREF(r); goto done; }
-    if (g.buf && g.len >= 8 && g.len <= FAST_REPLY_MAX) {
-        blob = malloc((size_t)g.len);
-        if (!blob) { PyErr_NoMemory(); goto done; }
-        memcpy(blob, g.buf, (size_t)g.len);
+    if (g && glen >= 8 && glen <= FAST_REPLY_MAX) {
+        if (!(blob = malloc((size_t)glen))) { PyErr_NoMemory(); return -1; }
+        memcpy(blob, g, (size_t)glen);
     }
     fi_move(fi, FI_MOVE);
     if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
         size_t want = fi->cap;
         while (fi->used * 4 > want) want *= 2; /* about a quarter full after growth: doubles at half */
-        if (fi_grow(fi, want) < 0) { PyErr_NoMemory(); goto done; }
+        if (fi_grow(fi, want) < 0) { free(blob); PyErr_NoMemory(); return -1; }
     }
-    uint64_t h = fi_hash(ns, k.buf, (size_t)k.len);
-    fi_slot *s = fi_find(fi, ns, k.buf, (size_t)k.len, h); /* in either table: a re-put stays where it is */
+    uint64_t h = fi_hash(ns, k, (size_t)klen);
+    fi_slot *s = fi_find(fi, ns, k, (size_t)klen, h); /* in either table: a re-put stays where it is */
     if (s) {
         free(s->get_reply); /* a re-put replaces the old entry (same key: its bytes stay) */
     } else {
         uint8_t *long_key = NULL;
-        if (k.len > FI_INLINE) {
-            if (!(long_key = malloc((size_t)k.len))) { PyErr_NoMemory(); goto done; }
-            memcpy(long_key, k.buf, (size_t)k.len);
+        if (klen > FI_INLINE) {
+            if (!(long_key = malloc((size_t)klen))) { free(blob); PyErr_NoMemory(); return -1; }
+            memcpy(long_key, k, (size_t)klen);
         }
         size_t pos = fi_ent_new(fi);
-        if (pos == (size_t)-1) { free(long_key); PyErr_NoMemory(); goto done; }
+        if (pos == (size_t)-1) { free(long_key); free(blob); PyErr_NoMemory(); return -1; }
         size_t mask = fi->cap - 1, i = h & mask;
         while (fi->slots[i] > 1) i = (i + 1) & mask;
         if (fi->slots[i] == 1) fi->tombs--;
         fi->slots[i] = FI_WORD(h, pos);
         fi->used++;
         s = fi_ent(fi, pos);
-        s->hash = h; s->ns = ns; s->klen = (uint8_t)k.len;
+        s->hash = h; s->ns = ns; s->klen = (uint8_t)klen;
         if (long_key) s->long_key = long_key;
-        else memcpy(s->key, k.buf, (size_t)k.len);
+        else memcpy(s->key, k, (size_t)klen);
     }
     s->state = 1; s->id = id;
-    s->get_reply = blob; s->get_len = blob ? (uint16_t)g.len : 0;
-    blob = NULL;
-    r = Py_True; Py_INCREF(r);
-done:
-    free(blob);
+    s->get_reply = blob; s->get_len = blob ? (uint16_t)glen : 0;
+    return 1;
+}
+
+/* fi_put(fi, ns, key, id, get_reply=b"") -> True, or False for a key too long to mirror. */
+PyObject *py_fi_put(PyObject *self, PyObject *args) {
+    PyObject *cap; unsigned int ns; Py_buffer k; long long id; Py_buffer g = {0};
+    if (!PyArg_ParseTuple(args, "OIy*L|y*", &cap, &ns, &k, &id, &g)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    if (fi) {
+        int put = fi_put_raw(fi, ns, k.buf, k.len, id, g.buf, g.buf ? g.len : 0);
+        if (put >= 0) r = PyBool_FromLong(put);
+    }
     PyBuffer_Release(&k);
     if (g.buf) PyBuffer_Release(&g);
+    return r;
+}
+
+static inline void put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* An int attribute of `o` as a long long, or -1 with *ok cleared (not an int, out of range: the
+ * caller makes the reply the general way). */
+static long long attr_ll(PyObject *o, PyObject *name, int *ok) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) { *ok = -1; return -1; }
+    long long x = -1;
+    if (PyLong_CheckExact(v)) {
+        x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred()) { PyErr_Clear(); *ok = 0; }
+    } else {
+        *ok = 0;
+    }
+    Py_DECREF(v);
+    return x;
+}
+
+/* fi_put_entries(fi, entries, get_reply, pack_one) -> keys put.
+ * The mirror's puts of many index entries at once (a restart restores millions; a call per entry with
+ * its reply made in Python was a fifth of the start). Each entry is read as mds/index.py's `Entry`:
+ * key (namespace id, key bytes), id, checksum, alloc. With pack_one, an entry of one block with a u32
+ * checksum (alloc._a the offset, alloc._b the class size, mds/allocator.py) gets the one-extent GET
+ * reply built here: lease 0, nbytes, 1 extent, CRC32C, the checksum, offset, min(size, nbytes), as
+ * protocol.encode_get_reply_one packs it; every other entry's reply is get_reply(entry). A key too long
+ * to mirror is skipped, as fi_put does. */
+PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
+    PyObject *cap, *seq, *fallback; int pack_one;
+    if (!PyArg_ParseTuple(args, "OOOp", &cap, &seq, &fallback, &pack_one)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    if (!fi) return NULL;
+    static PyObject *s_key, *s_id, *s_alloc, *s_checksum, *s_a, *s_b, *s_nbytes;
+    if (!s_key) {
+        s_key = PyUnicode_InternFromString("key"); s_id = PyUnicode_InternFromString("id");
+        s_alloc = PyUnicode_InternFromString("alloc"); s_checksum = PyUnicode_InternFromString("checksum");
+        s_a = PyUnicode_InternFromString("_a"); s_b = PyUnicode_InternFromString("_b");
+        s_nbytes = PyUnicode_InternFromString("nbytes");
+        if (!s_key || !s_id || !s_alloc || !s_checksum || !s_a || !s_b || !s_nbytes) return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "fi_put_entries: entries must be a sequence");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), done = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = items[i], *key = NULL, *alloc = NULL, *reply = NULL;
+        int ok = 1, put = -1;
+        uint8_t packed[40];
+        const uint8_t *g = NULL; Py_ssize_t glen = 0;
+        if (!(key = PyObject_GetAttr(e, s_key))) goto fail;
+        if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(key, 1))) {
+            PyErr_SetString(PyExc_TypeError, "fi_put_entries: an entry's key is not (namespace id, bytes)");
+            goto fail;
+        }
+        unsigned long ns = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(key, 0));
+        if (ns == (unsigned long)-1 && PyErr_Occurred()) goto fail;
+        if (ns > 0xffffffffUL) { PyErr_SetString(PyExc_OverflowError, "fi_put_entries: namespace id above 32 bits"); goto fail; }
+        long long id = attr_ll(e, s_id, &ok);
+        if (ok < 0) goto fail;
+        if (!ok) { PyErr_SetString(PyExc_TypeError, "fi_put_entries: an entry's id is not an int"); goto fail; }
+        int packable = 0;
+        if (pack_one) {
+            if (!(alloc = PyObject_GetAttr(e, s_alloc))) goto fail;
+            int good = 1;
+            long long crc = attr_ll(e, s_checksum, &good);
+            long long off = good > 0 ? attr_ll(alloc, s_a, &good) : -1;
+            long long size = good > 0 ? attr_ll(alloc, s_b, &good) : -1;
+            long long nbytes = good > 0 ? attr_ll(alloc, s_nbytes, &good) : -1;
+            if (good < 0) goto fail;
+            if (good && crc >= 0 && crc <= 0xffffffffLL && off >= 0 && size > 0 && nbytes >= 0) {
+                put_le(packed, 0, 8);
+                put_le(packed + 8, (uint64_t)nbytes, 8);
+                put_le(packed + 16, 1, 2);
+                put_le(packed + 18, 1, 2); /* CHECKSUM_CRC32C */
+                put_le(packed + 20, (uint64_t)crc, 4);
+                put_le(packed + 24, (uint64_t)off, 8);
+                put_le(packed + 32, (uint64_t)(size < nbytes ? size : nbytes), 8);
+                g = packed; glen = sizeof(packed); packable = 1;
+            }
+        }
+        if (!packable) {
+            if (!(reply = PyObject_CallOneArg(fallback, e))) goto fail;
+            if (!PyBytes_Check(reply)) { PyErr_SetString(PyExc_TypeError, "fi_put_entries: get_reply gave no bytes"); goto fail; }
+            g = (const uint8_t *)PyBytes_AS_STRING(reply); glen = PyBytes_GET_SIZE(reply);
+        }
+        PyObject *kb = PyTuple_GET_ITEM(key, 1);
+        put = fi_put_raw(fi, (unsigned int)ns, (const uint8_t *)PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), id, g, glen);
+    fail:
+        Py_XDECREF(key); Py_XDECREF(alloc); Py_XDECREF(reply);
+        if (put < 0) { Py_DECREF(fast); return NULL; }
+        done += put;
+    }
+    Py_DECREF(fast);
+    return PyLong_FromSsize_t(done);
+}
+
+/* fi_reply(fi, ns, key) -> the GET reply mirrored for the key (b"" for none), or None when the key is
+ * not mirrored: what fast_serve answers a GET with, lease id 0. */
+PyObject *py_fi_reply(PyObject *self, PyObject *args) {
+    PyObject *cap; unsigned int ns; Py_buffer k;
+    if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
+    FastIndex *fi = fi_get(cap);
+    PyObject *r = NULL;
+    if (fi) {
+        fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
+        if (!s) { r = Py_None; Py_INCREF(r); }
+        else r = PyBytes_FromStringAndSize((const char *)s->get_reply, s->get_reply ? s->get_len : 0);
+    }
+    PyBuffer_Release(&k);
     return r;
 }
 

@@ -98,6 +98,8 @@ static PyMethodDef methods[] = {
     {"crc32c_kernel", py_crc32c_kernel, METH_NOARGS, "The CRC32C kernel in use: sse4.2-3way or table."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
+    {"fi_put_entries", py_fi_put_entries, METH_VARARGS, "fi_put_entries(fi, entries, get_reply, pack_one) -> keys put: the index's entries mirrored in one call (_native_fastpath.c)."},
+    {"fi_reply", py_fi_reply, METH_VARARGS, "fi_reply(fi, ns, key) -> the GET reply mirrored for the key (b\"\" for none), or None when it is not mirrored."},
     {"fi_del", py_fi_del, METH_VARARGS, "fi_del(fi, ns, key) -> whether it was there."},
     {"fi_len", py_fi_len, METH_O, "fi_len(fi) -> keys mirrored."},
     {"fi_id", py_fi_id, METH_VARARGS, "fi_id(fi, ns, key) -> the mirrored entry id, or -1."},

@@ -287,6 +287,7 @@ if _native is not None:
     fi_new = getattr(_native, "fi_new", None)
     fi_put = getattr(_native, "fi_put", None)
     fi_del = getattr(_native, "fi_del", None)
+    fi_put_entries = getattr(_native, "fi_put_entries", None)
     fast_serve = getattr(_native, "fast_serve", None)
     journal_replay = getattr(_native, "journal_replay", None)
     journal_copy = getattr(_native, "journal_copy", None)
@@ -309,7 +310,7 @@ else:
     _gather_blocks = _py_gather_blocks
     # The metadata server's native lookup fast path has no Python twin: the server's own Python
     # loop is the fallback.
-    fi_new = fi_put = fi_del = fast_serve = None
+    fi_new = fi_put = fi_del = fi_put_entries = fast_serve = None
     # The journal's replay has its Python twin in mds/journal.py (replay, rewrite).
     journal_replay = journal_copy = None
     crc32c = _py_crc32c

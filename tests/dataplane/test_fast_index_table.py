@@ -216,3 +216,78 @@ def test_the_tables_hash_is_seeded_per_process() -> None:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
         seen.add(int(out.stdout))
     assert len(seen) == 3
+
+
+def _entries() -> list:
+    """Index entries of every shape the mirror is fed: one block with a checksum (packed natively),
+    without one, several blocks, a class block larger than the bytes in it, keys inline, long, too long
+    to mirror, and one key twice (the later put wins, as with fi_put one by one)."""
+    from belugactl.dataplane.mds.allocator import CHUNK, Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    one = Allocation.one
+    shapes = [
+        (one(4 * CHUNK, CHUNK, CHUNK), 0xDEADBEEF),
+        (one(5 * CHUNK + 65536, 65536, 40000), 0),  # a 64 KiB block holding 40,000 bytes
+        (one(6 * CHUNK, CHUNK, CHUNK), None),  # no checksum: the general reply
+        (one(6 * CHUNK, CHUNK, CHUNK), 0xFFFFFFFF),
+        (
+            Allocation(
+                [(7 * CHUNK, 2 * CHUNK), (10 * CHUNK, 4096)],
+                [(CHUNK, 7 * CHUNK), (CHUNK, 8 * CHUNK), (4096, 10 * CHUNK)],
+                2 * CHUNK + 4096,
+            ),
+            7,
+        ),
+    ]
+    keys = [key(1), b"k" * 40, b"x" * 64, b"y" * 65, bytes(32)]
+    out = []
+    for i in range(60):
+        alloc, crc = shapes[i % len(shapes)]
+        k = keys[i % len(keys)] + bytes([i]) if i % 7 else keys[i % len(keys)]
+        out.append(Entry((i % 3, k), alloc, id=100 + i, checksum=crc))
+    out.append(Entry((0, key(1)), shapes[0][0], id=999, checksum=5))  # key(1) of namespace 0 again: this one wins
+    return out
+
+
+def test_many_entries_put_at_once_mirror_as_one_put_each_with_the_same_replies() -> None:
+    from belugactl.dataplane.mds.listener_cxl import mirror_entries, mirror_reply
+
+    n = _n()
+    es = _entries()
+    one_by_one, at_once = n.fi_new(), n.fi_new()
+    put = sum(bool(n.fi_put(one_by_one, e.key[0], e.key[1], e.id, mirror_reply(e))) for e in es)
+    asked: list = []
+
+    def reply(e):  # noqa: ANN001, ANN202
+        asked.append(e)
+        return mirror_reply(e)
+
+    assert mirror_entries(at_once, es, reply) == put == len(es) - sum(len(e.key[1]) > 64 for e in es)
+    assert n.fi_len(at_once) == n.fi_len(one_by_one)
+    for e in es:
+        ns, k = e.key
+        assert n.fi_id(at_once, ns, k) == n.fi_id(one_by_one, ns, k)
+        assert n.fi_reply(at_once, ns, k) == n.fi_reply(one_by_one, ns, k)
+    assert n.fi_reply(at_once, 0, key(1)) == mirror_reply(es[-1]) and n.fi_id(at_once, 0, key(1)) == 999
+    assert n.fi_reply(at_once, 1, b"y" * 65) is None  # too long to mirror
+    # Only the entries that are not one block with a checksum were asked for their reply.
+    assert {e.id for e in asked} == {e.id for e in es if e.checksum is None or e.alloc.single is None}
+
+
+def test_a_bad_entry_or_reply_is_an_error_and_the_entries_before_it_stay() -> None:
+    from belugactl.dataplane.mds.allocator import CHUNK, Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    n = _n()
+    fi = n.fi_new()
+    good = Entry((0, key(1)), Allocation.one(CHUNK, CHUNK, CHUNK), id=1, checksum=1)
+    for bad, reply, error in [
+        (Entry((0, "text"), good.alloc, id=2, checksum=1), bytes, TypeError),  # a key that is no bytes
+        (Entry((1 << 40, key(2)), good.alloc, id=2, checksum=1), bytes, OverflowError),  # a namespace past 32 bits
+        (Entry((0, key(2)), good.alloc, id=2, checksum=None), lambda e: "no bytes", TypeError),
+        (Entry((0, key(2)), good.alloc, id=2, checksum=None), lambda e: 1 / 0, ZeroDivisionError),
+    ]:
+        with pytest.raises(error):
+            n.fi_put_entries(fi, [good, bad, good], reply, True)
+        assert n.fi_len(fi) == 1 and n.fi_id(fi, 0, key(2)) == -1

@@ -216,6 +216,7 @@ class KVIndex:
         self.by_id: ShardedMap = ShardedMap()  # entry id -> Entry
         # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
         self.mirror: Any = None
+        self._mirror_put_entries: Any = None  # attach_mirror's many-at-once put, if it has one
         self.mirror_misses = 0  # keys too long to mirror (lookups of them take the Python path)
         # Optional journal (restart policy "journal"): told of every commit and removal.
         self.journal: Any = None
@@ -590,11 +591,17 @@ class KVIndex:
     def _mirror_all(self, es: Iterable[Entry]) -> None:
         """Put each entry in the native mirror, if there is one (a restore, or a mirror attached late)."""
         mirror = self.mirror
-        if mirror is not None:
-            put, reply = self._mirror_put, self._mirror_reply
-            for e in es:
-                k = e.key
-                put(mirror, k[0], k[1], e.id, reply(e))
+        if mirror is None:
+            return
+        if self._mirror_put_entries is not None:
+            es = es if isinstance(es, list) else list(es)
+            self.mirror_misses += len(es) - self._mirror_put_entries(mirror, es, self._mirror_reply)
+            return
+        put, reply = self._mirror_put, self._mirror_reply
+        for e in es:
+            k = e.key
+            if not put(mirror, k[0], k[1], e.id, reply(e)):
+                self.mirror_misses += 1
 
     def attach_mirror(
         self,
@@ -602,13 +609,18 @@ class KVIndex:
         put: Callable[..., bool],
         delete: Callable[..., bool],
         get_reply: Callable[[Entry], bytes] | None = None,
+        *,
+        put_entries: Callable[[Any, list[Entry], Callable[[Entry], bytes]], int] | None = None,
     ) -> None:
         """Keep a native mirror of the visible keys in step (see native fast_serve).
 
-        `get_reply(entry)` gives the bytes the mirror answers a GET of that entry with.
+        `get_reply(entry)` gives the bytes the mirror answers a GET of that entry with;
+        `put_entries(mirror, entries, get_reply) -> keys put`, when given, puts many entries in one
+        call (what a restore does, for millions), leaving the mirror as `put` of each would.
         """
         self.mirror, self._mirror_put, self._mirror_del = mirror, put, delete
         self._mirror_reply = get_reply or (lambda e: b"")
+        self._mirror_put_entries = put_entries
         self._attach_room()
         self._mirror_all(self.entries.values())
 
