@@ -96,6 +96,7 @@ static PyMethodDef methods[] = {
     {"gather_blocks_crc32c", py_gather_blocks_crc32c, METH_VARARGS, "gather_blocks_crc32c(pool, tensors, template, blocks, save, nontemporal=False) -> [CRC32C per block]."},
     {"load_blocks_checked", py_load_blocks_checked, METH_VARARGS, "load_blocks_checked(pool, tensors, template, blocks, expected, nontemporal=False, release=None, deadline=0.0) -> (bad block indices, rpc_release_nowait result | None, release ns): a load, its CRC check and its no-wait lease release in one call (the one-call load)."},
     {"crc32c_kernel", py_crc32c_kernel, METH_NOARGS, "The CRC32C kernel in use: sse4.2-3way or table."},
+    {"sharded_put", py_sharded_put, METH_VARARGS, "sharded_put(dicts, table, keys, values, keep_first) -> values stored | None: many puts into a ShardedMap (_native_sharded.c)."},
     {"fi_new", py_fi_new, METH_NOARGS, "fi_new() -> a C mirror of the index's visible keys."},
     {"fi_put", py_fi_put, METH_VARARGS, "fi_put(fi, ns, key, entry_id) -> False if the key is too long to mirror."},
     {"fi_put_entries", py_fi_put_entries, METH_VARARGS, "fi_put_entries(fi, entries, get_reply, pack_one) -> keys put: the index's entries mirrored in one call (_native_fastpath.c)."},

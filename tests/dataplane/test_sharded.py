@@ -180,3 +180,29 @@ def test_add_many_keeps_the_order_and_generations_of_adds_one_by_one(small_gener
     assert [len(e.gen) for e in b] == [len(e.gen) for e in a]  # each entry knows its own generation
     many.touch(b[0])
     assert [e.key for e in many.values()][-1] == 0 and len(many) == len(b)
+
+
+@pytest.mark.skipif(sharded._native_put is None, reason="no native helper")
+def test_the_native_batch_put_places_every_key_where_the_map_looks_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keys of every kind the index uses (ints, negative hashes, block offsets, bytes, (namespace, key)
+    # tuples): the native put and the Python loop give the same shards, and each key is found.
+    keys: list = [*range(-500, 5000), *(i << 21 for i in range(3000)), *(i.to_bytes(32, "little") for i in range(3000))]
+    keys += [(i % 7, i.to_bytes(8, "big")) for i in range(3000)] + [2**63, -(2**63), 2**61 - 1, -(2**61)]
+    keys = list(dict.fromkeys(keys))  # each once (0 is in two of the ranges)
+    values = [object() for _ in keys]
+    native_map, python_map = ShardedMap(), ShardedMap()
+    python_map._rotation = native_map._rotation  # the same rotation, so the same shard order
+    again = [object() for _ in range(10)]
+    stored = native_map.put_new(keys + keys[:10], values + again)
+    assert stored == values  # the second of a key is not stored
+    monkeypatch.setattr(sharded, "_native_put", None)
+    assert python_map.put_new(keys + keys[:10], values + again) == values
+    assert [sorted(map(repr, d)) for d in native_map._rot] == [sorted(map(repr, d)) for d in python_map._rot]
+    assert all(native_map[k] is v and k in native_map for k, v in zip(keys, values, strict=True))
+    monkeypatch.undo()
+    native_map.put_many(keys[:100], values[100:200])
+    assert all(native_map.get(k) is v for k, v in zip(keys[:100], values[100:200], strict=True))
+    with pytest.raises(TypeError):
+        native_map.put_many([[1]], [0])  # an unhashable key: refused, as a dict refuses it
+    with pytest.raises(ValueError):
+        native_map.put_many([1, 2], [0])

@@ -22,6 +22,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from belugactl.dataplane import native
+
 SHARDS = 128
 SPLIT_AT = 4096  # a map holds one dict until it has this many keys (thousands of namespaces stay small)
 _BUCKET_BITS = 16  # a key's bucket: the top bits of a multiplicative hash; buckets map to shards
@@ -50,6 +52,10 @@ def _bucket_table() -> list[int]:
 
 
 _TABLE = _bucket_table()
+_TABLE_BYTES = bytes(_TABLE)  # the same, for the native many-at-once put
+# Many puts in one native call (_native_sharded.c: the same shards, without Python's big-int
+# arithmetic a key); None without the native helper, and the loops below do it.
+_native_put = getattr(native._native, "sharded_put", None) if native._native is not None else None
 
 
 class ShardedMap:
@@ -107,6 +113,8 @@ class ShardedMap:
         """Each value stored under its key unless the key is there already (the first one stays); the
         values stored, in order. One call for many keys: a restart stores millions."""
         self._room_for(len(keys))
+        if _native_put is not None:
+            return _native_put(self._rot, _TABLE_BYTES, keys, values, True)  # type: ignore[no-any-return]
         rot, table = self._rot, _TABLE
         return [
             v
@@ -117,6 +125,9 @@ class ShardedMap:
     def put_many(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
         """`self[k] = v` for each pair, in one call."""
         self._room_for(len(keys))
+        if _native_put is not None:
+            _native_put(self._rot, _TABLE_BYTES, keys, values, False)
+            return
         rot, table = self._rot, _TABLE
         for k, v in zip(keys, values, strict=True):
             rot[table[((hash(k) * _MIX) & _M64) >> _SHIFT]][k] = v
