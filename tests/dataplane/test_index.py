@@ -589,6 +589,39 @@ def test_a_column_restore_rebuilds_every_structure_in_journal_order_for_each_ten
     assert again.alloc.used == idx.alloc.used
 
 
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_column_restore_of_one_namespace_takes_its_columns_as_they_are(twice: bool) -> None:
+    """One namespace (a restart of one model's cache), whole chunks mixed with small blocks and
+    entries of several chunks: restore_columns takes the key and allocation columns as they are
+    (no key given twice) or entry by entry (a key twice), and rebuilds what the commits built."""
+    idx = KVIndex(Allocator(CHUNK, 64 * CHUNK), IndexConfig(), clock=Clock())
+    ns = idx.open_namespace("m/tp0")
+    for i in range(40):
+        size = [CHUNK, 4096, 3 * CHUNK + 65536, CHUNK, 65536][i % 5]
+        token, _ = idx.reserve(ns, key(i), size)
+        idx.commit(token, checksum=i)
+    order = [e for e in idx.slab if e is not None]
+    again = KVIndex(Allocator(CHUNK, 64 * CHUNK), IndexConfig(), clock=Clock())
+    allocs = again.alloc.restore([(e.alloc.nbytes, e.alloc.blocks) for e in order])
+    keys, sums = [e.key[1] for e in order], [e.checksum for e in order]
+    if twice:  # the first key again at the end, at a block of its own: the first one stays
+        allocs.append(again.alloc.take(4096, [(4096, 60 * CHUNK)]))
+        keys.append(keys[0])
+        sums.append(99)
+    again.restore_columns(["m/tp0"], [0] * len(keys), keys, allocs, sums)
+    got = [e for e in again.slab if e is not None]
+    shape = lambda es: [(e.key[1], e.alloc.blocks, e.checksum) for e in es]  # noqa: E731
+    assert shape(got) == shape(order)
+    assert all(again.slab[e.slot] is e and again.by_id[e.id] is e for e in got)
+    assert {off: e.key[1] for off, e in again._at.items()} == {off: e.key[1] for off, e in idx._at.items()}
+    ans = again.namespaces["m/tp0"]
+    held = lambda m: {k: e.alloc.blocks for k, e in m.items()}  # noqa: E731
+    assert held(again._ns_keys[ans]) == held(idx._ns_keys[ns])
+    assert [e.key[1] for e in again.tenants.default.lru.values()] == keys[:40]
+    assert again.tenants.default.stored_bytes == idx.tenants.default.stored_bytes
+    assert again._ns_live[ans] == 40 and len(again.entries) == 40
+
 def test_a_restore_into_an_index_with_free_slab_places_reuses_them() -> None:
     """A warm standby restores into an index that already served (freed slab places): entries take
     the freed places first, and each place names its own entry."""

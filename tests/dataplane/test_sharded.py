@@ -206,3 +206,41 @@ def test_the_native_batch_put_places_every_key_where_the_map_looks_for_it(monkey
         native_map.put_many([[1]], [0])  # an unhashable key: refused, as a dict refuses it
     with pytest.raises(ValueError):
         native_map.put_many([1, 2], [0])
+
+
+def test_an_id_map_answers_as_a_dict_does_with_a_run_and_later_ids() -> None:
+    # A restore's run of consecutive ids, then commits' later ids, removals from both, a second run
+    # while the first still holds entries: the same answers as a dict, and the run's list goes once
+    # every id of it is removed.
+    m, d = sharded.IdMap(), {}
+    run = [f"r{i}" for i in range(1000)]
+    m.put_run(100, run)
+    d.update(zip(range(100, 1100), run, strict=True))
+    m.put_run(5000, ["s0", "s1"])  # the first run still holds entries: these go to the map
+    d.update({5000: "s0", 5001: "s1"})
+    rng = random.Random(3)
+    next_id = 6000
+    for _ in range(5000):
+        r = rng.random()
+        k = rng.randrange(0, 7000)
+        if r < 0.3:
+            m[next_id] = d[next_id] = f"c{next_id}"
+            next_id += 1
+        elif r < 0.7:
+            assert m.pop(k, None) == d.pop(k, None)
+        else:
+            assert m.get(k) == d.get(k) and (k in m) == (k in d)
+            if k in d:
+                assert m[k] == d[k]
+            else:
+                with pytest.raises(KeyError):
+                    m[k]  # noqa: B018 - the lookup is the test
+        assert len(m) == len(d)
+    for k in range(100, 1100):
+        m.pop(k, None)
+        d.pop(k, None)
+    assert m._run == [] and len(m) == len(d)  # the run's list is given back
+    assert sorted(m.values()) == sorted(d.values())
+    assert all(m[k] == v for k, v in d.items())
+    with pytest.raises(KeyError):
+        m.pop(150)

@@ -33,7 +33,7 @@ planner never count on a quarantined chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 CHUNK = 2 << 20
 MIN_BLOCK = 4 << 10
@@ -113,6 +113,12 @@ class Allocation:
         """(class size, offset) of a one-block allocation, read without making lists; None for several."""
         a = self._a
         return (self._b, a) if type(a) is int else None  # type: ignore[return-value]
+
+    @staticmethod
+    def not_one_chunk(allocs: Sequence[Allocation]) -> list[int]:
+        """The positions of the allocations that are not one whole chunk (a smaller block, or several
+        blocks): what a restore of millions of 2 MiB blocks has to look at, found without a call each."""
+        return [i for i, a in enumerate(allocs) if a._b != CHUNK]
 
     @property
     def footprint(self) -> int:

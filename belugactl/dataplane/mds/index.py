@@ -59,7 +59,7 @@ from belugactl.dataplane.mds.allocator import BLOCK_SHIFT, CHUNK, CHUNK_SHIFT, A
 from belugactl.dataplane.mds.ownership import new_token
 from belugactl.dataplane.mds.quotas import LeaseRoom, Quota, QuotaLimits, Quotas, Tenant, Tenants, TenantSpec
 from belugactl.dataplane.mds.removal_log import WHY_CLEARED, WHY_DELETED, WHY_EVICTED, RemovalLog
-from belugactl.dataplane.mds.sharded import ShardedMap
+from belugactl.dataplane.mds.sharded import IdMap, ShardedMap
 
 Key = tuple[int, bytes]  # (namespace id, block hash)
 
@@ -213,7 +213,7 @@ class KVIndex:
         self._burst_head = 0
         self.burst_leases = 0
         self._entry_ids = itertools.count(1)
-        self.by_id: ShardedMap = ShardedMap()  # entry id -> Entry
+        self.by_id = IdMap()  # entry id -> Entry (mds/sharded.py: a restore's ids in one list)
         # The native lookup mirror (fi_put/fi_del) follows every change of what is visible.
         self.mirror: Any = None
         self._mirror_put_entries: Any = None  # attach_mirror's many-at-once put, if it has one
@@ -533,48 +533,70 @@ class KVIndex:
         if not len(ns_of) == len(allocs) == n or (checksums and len(checksums) != n):
             raise ValueError(f"restore: columns of unequal length for {n} entries")
         ns_ids = [0] * len(names)
-        for i in set(ns_of):
+        used_ns = set(ns_of)
+        for i in used_ns:
             name = names[i]
             ns_ids[i] = self.namespaces.get(name) or self._new_namespace(name)  # no cap: these hold blocks
         first = next(self._entry_ids)
         self._entry_ids = itertools.count(first + n)  # ids first..first+n-1, one per entry made here
         sums = checksums if checksums else itertools.repeat(None, n)
+        slab = self.slab
+        # Each entry made at its place in the slab, the slab's next ones (unless freed places are
+        # reused, or a key given twice leaves a gap: then they are placed again below).
         made = [
-            Entry((ns_ids[j], key), a, 0, False, i, crc)
-            for i, j, key, a, crc in zip(range(first, first + n), ns_of, keys, allocs, sums, strict=False)
+            Entry((ns_ids[j], key), a, 0, False, i, crc, slot)
+            for i, j, key, a, crc, slot in zip(
+                range(first, first + n), ns_of, keys, allocs, sums, range(len(slab), len(slab) + n), strict=False
+            )
         ]
         kept = self.entries.put_new([e.key for e in made], made)
         del made
-        slab = self.slab
-        if not self._free_slots:  # then every place is the slab's next one
-            for slot, e in enumerate(kept, len(slab)):
-                e.slot = slot
-            slab.extend(kept)
-        else:
+        whole = len(kept) == n  # no key twice: kept[i] is entry i, at allocs[i], with key keys[i]
+        if self._free_slots:
             for e in kept:
                 self._slab_add(e)
+        else:
+            if not whole:
+                for slot, e in enumerate(kept, len(slab)):
+                    e.slot = slot
+            slab.extend(kept)
         # Small-block offsets, each namespace's keys and each tenant's LRU (in journal order).
         at_offs: list[int] = []
         at_entries: list[Entry] = []
         per_ns: dict[int, list[Entry]] = {}
-        last_ns, group = -1, None
-        for e in kept:
-            one = e.alloc.single
-            if one is None:
-                self._place(e)
-            elif one[0] < CHUNK:
-                at_offs.append(one[1] >> BLOCK_SHIFT)
-                at_entries.append(e)
-            ns = e.key[0]
-            if ns != last_ns:
-                group = per_ns.get(ns)
-                if group is None:
-                    group = per_ns[ns] = []
-                last_ns = ns
-            group.append(e)  # type: ignore[union-attr]
+        if whole and len(used_ns) <= 1:  # one namespace (a restart of one model's cache): columns as they are
+            for i in Allocation.not_one_chunk(allocs):
+                e = kept[i]
+                one = e.alloc.single
+                if one is None:
+                    self._place(e)
+                else:
+                    at_offs.append(one[1] >> BLOCK_SHIFT)
+                    at_entries.append(e)
+            if kept:
+                per_ns[kept[0].key[0]] = kept
+        else:
+            last_ns, group = -1, None
+            for e in kept:
+                one = e.alloc.single
+                if one is None:
+                    self._place(e)
+                elif one[0] < CHUNK:
+                    at_offs.append(one[1] >> BLOCK_SHIFT)
+                    at_entries.append(e)
+                ns = e.key[0]
+                if ns != last_ns:
+                    group = per_ns.get(ns)
+                    if group is None:
+                        group = per_ns[ns] = []
+                    last_ns = ns
+                group.append(e)  # type: ignore[union-attr]
         self._at.put_many(at_offs, at_entries)
         del at_offs, at_entries
-        self.by_id.put_many([e.id for e in kept], kept)
+        if len(kept) == n:  # ids first..first+n-1, in order
+            self.by_id.put_run(first, kept)
+        else:  # a key was given twice: the ids kept have gaps
+            self.by_id.put_many([e.id for e in kept], kept)
         tenant_of = self._ns_tenant
         if len({id(tenant_of[ns]) for ns in per_ns}) <= 1:  # one tenant (the usual case): one LRU
             if kept:
@@ -583,8 +605,10 @@ class KVIndex:
             for e in kept:
                 tenant_of[e.key[0]].lru.add(e)
         for ns, group in per_ns.items():
-            self._ns_keys[ns].put_many([e.key[1] for e in group], group)
-            tenant_of[ns].stored_bytes += sum(e.alloc.nbytes for e in group)
+            one_column = group is kept and whole  # the key and allocation columns are this group's
+            self._ns_keys[ns].put_many(keys if one_column else [e.key[1] for e in group], group)
+            held = allocs if one_column else [e.alloc for e in group]
+            tenant_of[ns].stored_bytes += sum(a.nbytes for a in held)
             self._ns_add(ns, len(group))
         self._mirror_all(kept)
 
