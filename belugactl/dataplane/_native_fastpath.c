@@ -340,20 +340,26 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOp", &cap, &seq, &fallback, &pack_one)) return NULL;
     FastIndex *fi = fi_get(cap);
     if (!fi) return NULL;
-    static PyObject *s_key, *s_id, *s_alloc, *s_checksum, *s_a, *s_b, *s_nbytes;
-    if (!s_key) {
-        s_key = PyUnicode_InternFromString("key"); s_id = PyUnicode_InternFromString("id");
-        s_alloc = PyUnicode_InternFromString("alloc"); s_checksum = PyUnicode_InternFromString("checksum");
-        s_a = PyUnicode_InternFromString("_a"); s_b = PyUnicode_InternFromString("_b");
-        s_nbytes = PyUnicode_InternFromString("nbytes");
-        if (!s_key || !s_id || !s_alloc || !s_checksum || !s_a || !s_b || !s_nbytes) return NULL;
+    static PyObject *names[7]; /* key, id, alloc, checksum, _a, _b, nbytes: made once, all or none */
+    if (!names[6]) {
+        static const char *const text[7] = {"key", "id", "alloc", "checksum", "_a", "_b", "nbytes"};
+        PyObject *made[7];
+        for (int j = 0; j < 7; j++) {
+            if (!(made[j] = PyUnicode_InternFromString(text[j]))) {
+                while (j--) Py_DECREF(made[j]);
+                return NULL;
+            }
+        }
+        memcpy(names, made, sizeof(names));
     }
-    PyObject *fast = PySequence_Fast(seq, "fi_put_entries: entries must be a sequence");
+    PyObject *s_key = names[0], *s_id = names[1], *s_alloc = names[2], *s_checksum = names[3];
+    PyObject *s_a = names[4], *s_b = names[5], *s_nbytes = names[6];
+    /* A tuple of the entries: get_reply runs Python code, which could change a list under us. */
+    PyObject *fast = PySequence_Tuple(seq);
     if (!fast) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), done = 0;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast), done = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = items[i], *key = NULL, *alloc = NULL, *reply = NULL;
+        PyObject *e = PyTuple_GET_ITEM(fast, i), *key = NULL, *alloc = NULL, *reply = NULL;
         int ok = 1, put = -1;
         uint8_t packed[40];
         const uint8_t *g = NULL; Py_ssize_t glen = 0;
@@ -367,7 +373,7 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
         if (ns > 0xffffffffUL) { PyErr_SetString(PyExc_OverflowError, "fi_put_entries: namespace id above 32 bits"); goto fail; }
         long long id = attr_ll(e, s_id, &ok);
         if (ok < 0) goto fail;
-        if (!ok) { PyErr_SetString(PyExc_TypeError, "fi_put_entries: an entry's id is not an int"); goto fail; }
+        if (!ok) { PyErr_SetString(PyExc_TypeError, "fi_put_entries: an entry's id is not an int of 64 bits"); goto fail; }
         int packable = 0;
         if (pack_one) {
             if (!(alloc = PyObject_GetAttr(e, s_alloc))) goto fail;

@@ -131,6 +131,14 @@ def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live
     assert a.restore([(1, [(4096, BASE + 3 * CHUNK)])])  # and it is still empty, so a restore works
 
 
+
+def test_restore_says_misaligned_before_duplicated() -> None:
+    # A misaligned block in a 4 KiB page another block holds is misaligned first (as it always said).
+    with pytest.raises(ValueError, match="not aligned"):
+        Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE)]), (1, [(4096, BASE + 100)])])
+    with pytest.raises(ValueError, match="duplicated"):
+        Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE)]), (1, [(4096, BASE)])])
+
 def test_restore_of_chunks_held_up_to_the_top_hands_out_the_next_and_a_gap_first() -> None:
     full = Allocator(BASE, 8 * CHUNK)
     full.restore([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in range(5)])

@@ -288,6 +288,11 @@ def test_a_bad_entry_or_reply_is_an_error_and_the_entries_before_it_stay() -> No
         (Entry((0, key(2)), good.alloc, id=2, checksum=None), lambda e: "no bytes", TypeError),
         (Entry((0, key(2)), good.alloc, id=2, checksum=None), lambda e: 1 / 0, ZeroDivisionError),
     ]:
+        after = Entry((0, key(3)), good.alloc, id=3, checksum=1)
         with pytest.raises(error):
-            n.fi_put_entries(fi, [good, bad, good], reply, True)
-        assert n.fi_len(fi) == 1 and n.fi_id(fi, 0, key(2)) == -1
+            n.fi_put_entries(fi, [good, bad, after], reply, True)
+        assert n.fi_len(fi) == 1 and n.fi_id(fi, 0, key(2)) == n.fi_id(fi, 0, key(3)) == -1  # none after it
+    # The entries are read from a copy: a reply that empties the list it was given changes nothing.
+    es = [Entry((0, key(10 + i)), good.alloc, id=10 + i, checksum=None) for i in range(4)]
+    n.fi_put_entries(fi, es, lambda e: (es.clear(), b"\0" * 40)[1], True)
+    assert all(n.fi_id(fi, 0, key(10 + i)) == 10 + i for i in range(4))

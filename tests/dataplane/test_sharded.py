@@ -236,6 +236,10 @@ def test_an_id_map_answers_as_a_dict_does_with_a_run_and_later_ids() -> None:
                 with pytest.raises(KeyError):
                     m[k]  # noqa: B018 - the lookup is the test
         assert len(m) == len(d)
+    assert sorted(m.values()) == sorted(d.values())  # the run with holes in it
+    m.put_many([150, 7000], ["again", "later"])  # an id inside the run's range is answered by the run
+    d.update({150: "again", 7000: "later"})
+    assert m[150] == "again" and m.get(7000) == "later" and len(m) == len(d)
     for k in range(100, 1100):
         m.pop(k, None)
         d.pop(k, None)

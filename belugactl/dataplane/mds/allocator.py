@@ -468,10 +468,12 @@ class Allocator:
                 state[(off >> CHUNK_SHIFT) - first] = _WHOLE
                 return
             code = codes.get(size)
-            if not start <= off < end or code is None or off >> BLOCK_SHIFT in taken:
+            if not start <= off < end or code is None:
                 raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
             if (off - chunk) % size or off - chunk + size > CHUNK:
                 raise ValueError(f"block ({size}, {off:#x}) is not aligned to its class")
+            if off >> BLOCK_SHIFT in taken:  # aligned, so its 4 KiB number names it alone
+                raise ValueError(f"block ({size}, {off:#x}) is outside the area, unknown or duplicated")
             i = (chunk >> CHUNK_SHIFT) - first
             was = state[i]
             if was != code:

@@ -199,6 +199,11 @@ class IdMap:
 
     def put_many(self, keys: Sequence[int], values: Sequence[Any]) -> None:
         """`self[k] = v` for each pair, in one call (ids not from one run)."""
+        lo, hi = self._first, self._first + len(self._run)
+        if self._run and any(lo <= k < hi for k in keys):  # not expected (ids only grow): the run answers them
+            for k, v in zip(keys, values, strict=True):
+                self[k] = v
+            return
         self._map.put_many(keys, values)
 
     def get(self, k: int, default: Any = None) -> Any:
