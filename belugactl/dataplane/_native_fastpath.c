@@ -410,22 +410,6 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(done);
 }
 
-/* fi_reply(fi, ns, key) -> the GET reply mirrored for the key (b"" for none), or None when the key is
- * not mirrored: what fast_serve answers a GET with, lease id 0. */
-PyObject *py_fi_reply(PyObject *self, PyObject *args) {
-    PyObject *cap; unsigned int ns; Py_buffer k;
-    if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
-    FastIndex *fi = fi_get(cap);
-    PyObject *r = NULL;
-    if (fi) {
-        fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
-        if (!s) { r = Py_None; Py_INCREF(r); }
-        else r = PyBytes_FromStringAndSize((const char *)s->get_reply, s->get_reply ? s->get_len : 0);
-    }
-    PyBuffer_Release(&k);
-    return r;
-}
-
 PyObject *py_fi_del(PyObject *self, PyObject *args) {
     PyObject *cap; unsigned int ns; Py_buffer k;
     if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
@@ -454,19 +438,27 @@ PyObject *py_fi_len(PyObject *self, PyObject *cap) {
     return PyLong_FromSize_t(fi->used);
 }
 
-/* fi_id(fi, ns, key) -> the entry id mirrored for the key, or -1 (tests check the table with it). */
-PyObject *py_fi_id(PyObject *self, PyObject *args) {
+/* What is mirrored for (ns, key): its entry id (fi_id: -1 when not mirrored) or its GET reply (fi_reply:
+ * b"" for none, None when not mirrored; what fast_serve answers a GET with, lease id 0). Tests check
+ * the table with them. */
+static PyObject *fi_look(PyObject *args, int want_reply) {
     PyObject *cap; unsigned int ns; Py_buffer k;
     if (!PyArg_ParseTuple(args, "OIy*", &cap, &ns, &k)) return NULL;
     FastIndex *fi = fi_get(cap);
     PyObject *r = NULL;
     if (fi) {
         fi_slot *s = (k.len > 0 && k.len <= FI_KEY) ? fi_find(fi, ns, k.buf, (size_t)k.len, fi_hash(ns, k.buf, (size_t)k.len)) : NULL;
-        r = PyLong_FromLongLong(s ? s->id : -1);
+        if (!want_reply) r = PyLong_FromLongLong(s ? s->id : -1);
+        else if (!s) { r = Py_None; Py_INCREF(r); }
+        else r = PyBytes_FromStringAndSize((const char *)s->get_reply, s->get_reply ? s->get_len : 0);
     }
     PyBuffer_Release(&k);
     return r;
 }
+
+PyObject *py_fi_id(PyObject *self, PyObject *args) { return fi_look(args, 0); }
+
+PyObject *py_fi_reply(PyObject *self, PyObject *args) { return fi_look(args, 1); }
 
 /* fi_hash(ns, key) -> the table's hash of a key (tests place keys at chosen slots with it). */
 PyObject *py_fi_hash(PyObject *self, PyObject *args) {
