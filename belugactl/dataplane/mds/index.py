@@ -560,7 +560,7 @@ class KVIndex:
                 for slot, e in enumerate(kept, len(slab)):
                     e.slot = slot
             slab.extend(kept)
-        # Small-block offsets, each namespace's keys and each tenant's LRU (in journal order).
+        # Small blocks (by block number), each namespace's keys and each tenant's LRU (in journal order).
         at_offs: list[int] = []
         at_entries: list[Entry] = []
         per_ns: dict[int, list[Entry]] = {}
