@@ -563,27 +563,23 @@ class KVIndex:
         # Small blocks (by block number), each namespace's keys and each tenant's LRU (in journal order).
         at_offs: list[int] = []
         at_entries: list[Entry] = []
+        # With no key given twice kept[i] is at allocs[i], so only the allocations that are not one
+        # whole chunk need a look (a restart of 2 MiB blocks: none).
+        for i in Allocation.not_one_chunk(allocs) if whole else range(len(kept)):
+            e = kept[i]
+            one = e.alloc.single
+            if one is None:
+                self._place(e)
+            elif one[0] < CHUNK:
+                at_offs.append(one[1] >> BLOCK_SHIFT)
+                at_entries.append(e)
         per_ns: dict[int, list[Entry]] = {}
-        if whole and len(used_ns) <= 1:  # one namespace (a restart of one model's cache): columns as they are
-            for i in Allocation.not_one_chunk(allocs):
-                e = kept[i]
-                one = e.alloc.single
-                if one is None:
-                    self._place(e)
-                else:
-                    at_offs.append(one[1] >> BLOCK_SHIFT)
-                    at_entries.append(e)
+        if len(used_ns) <= 1:  # one namespace (a restart of one model's cache): the entries as they are
             if kept:
                 per_ns[kept[0].key[0]] = kept
         else:
             last_ns, group = -1, None
             for e in kept:
-                one = e.alloc.single
-                if one is None:
-                    self._place(e)
-                elif one[0] < CHUNK:
-                    at_offs.append(one[1] >> BLOCK_SHIFT)
-                    at_entries.append(e)
                 ns = e.key[0]
                 if ns != last_ns:
                     group = per_ns.get(ns)
@@ -593,7 +589,7 @@ class KVIndex:
                 group.append(e)  # type: ignore[union-attr]
         self._at.put_many(at_offs, at_entries)
         del at_offs, at_entries
-        if len(kept) == n:  # ids first..first+n-1, in order
+        if whole:  # ids first..first+n-1, in order
             self.by_id.put_run(first, kept)
         else:  # a key was given twice: the ids kept have gaps
             self.by_id.put_many([e.id for e in kept], kept)
