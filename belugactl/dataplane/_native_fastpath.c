@@ -358,6 +358,16 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
     PyObject *fast = PySequence_Tuple(seq);
     if (!fast) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(fast), done = 0;
+    if ((size_t)n >= fi->used && (fi->used + fi->tombs + (size_t)n) * 2 > fi->cap) {
+        /* As many new keys as the table holds, or more (a restore): the table they need made once,
+         * at most half full after them, and the few keys there now moved at once (no more than the
+         * puts cost), instead of growing by doubling through the batch with every miss probing both
+         * tables. */
+        size_t want = fi->cap;
+        while ((fi->used + (size_t)n) * 2 > want) want *= 2;
+        if (fi_grow(fi, want) < 0) { Py_DECREF(fast); return PyErr_NoMemory(); }
+        fi_move(fi, (size_t)-1);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *e = PyTuple_GET_ITEM(fast, i), *key = NULL, *alloc = NULL, *reply = NULL;
         int ok = 1, put = -1;

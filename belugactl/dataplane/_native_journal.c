@@ -13,7 +13,7 @@
  * records removed since, so neither can COMMIT/REMOVE churn over a small live set.
  *
  *   journal_replay(buf, base, size, seed, flush, scan_flush, chunk)
- *       -> (end, order | None, names, ns_ids, keys, shapes, checksums, spans, unchecked, odd)
+ *       -> (end, order | None, names, ns_ids, keys, one, multi, checksums, spans, unchecked, odd)
  *   journal_copy(buf, src_base, src_size, spans, dst_base, room, seed, flush) -> bytes written | -1
  */
 #include "_native.h"
@@ -259,10 +259,14 @@ static void jlive_free(jlive *L) {
 /* The Python objects of the live set (the GIL held). */
 static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t end, const uint64_t order[2],
                              int have_order, size_t live, uint64_t chunk) {
-    PyObject *names = NULL, *ns_ids = NULL, *keys = NULL, *shapes = NULL, *sums = NULL, *spans = NULL, *out = NULL;
-    size_t kept = 0, unchecked = 0, odd = 0;
+    PyObject *names = NULL, *ns_ids = NULL, *keys = NULL, *one = NULL, *multi = NULL, *sums = NULL, *spans = NULL;
+    PyObject *out = NULL;
+    size_t kept = 0, unchecked = 0, odd = 0, several = 0;
     for (size_t r = 0; r < L->n; r++)
-        if (L->recs[r].live) { if (L->recs[r].has_crc) kept++; else unchecked++; }
+        if (L->recs[r].live) {
+            if (!L->recs[r].has_crc) unchecked++;
+            else { kept++; if (L->recs[r].nblocks != 1) several++; }
+        }
     (void)live;
     if (!(names = PyList_New((Py_ssize_t)L->nns))) goto fail;
     for (size_t j = 0; j < L->nns; j++) {
@@ -272,12 +276,14 @@ static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t
     }
     if (!(ns_ids = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 4)))) goto fail;
     if (!(spans = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 16)))) goto fail;
-    if (!(keys = PyList_New((Py_ssize_t)kept)) || !(shapes = PyList_New((Py_ssize_t)kept)) ||
+    if (!(one = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 24)))) goto fail;
+    if (!(keys = PyList_New((Py_ssize_t)kept)) || !(multi = PyList_New((Py_ssize_t)several)) ||
         !(sums = PyList_New((Py_ssize_t)kept)))
         goto fail;
     uint32_t *ids = (uint32_t *)PyBytes_AS_STRING(ns_ids);
     uint64_t *sp = (uint64_t *)PyBytes_AS_STRING(spans);
-    size_t k = 0;
+    uint64_t *tri = (uint64_t *)PyBytes_AS_STRING(one);
+    size_t k = 0, m = 0;
     for (size_t r = 0; r < L->n; r++) {
         const jrec *e = &L->recs[r];
         if (!e->live || !e->has_crc) continue;
@@ -290,41 +296,49 @@ static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t
         PyObject *crc = PyLong_FromUnsignedLong(e->crc);
         if (!crc) goto fail;
         PyList_SET_ITEM(sums, (Py_ssize_t)k, crc);
-        PyObject *blocks = PyList_New(e->nblocks);
-        if (!blocks) goto fail;
         const unsigned char *q = b + 5 + e->ns_len + e->key_len + 10;
-        for (uint16_t i = 0; i < e->nblocks; i++, q += 16) {
+        tri[3 * k] = e->nbytes;
+        if (e->nblocks == 1) { /* most records: (nbytes, size, offset), no Python objects */
             uint64_t size = rd64(q), off = rd64(q + 8);
             if (size > chunk / 2 && size < chunk) odd++;
-            PyObject *t = Py_BuildValue("(KK)", (unsigned long long)size, (unsigned long long)off);
-            if (!t) { Py_DECREF(blocks); goto fail; }
-            PyList_SET_ITEM(blocks, i, t);
+            tri[3 * k + 1] = size; tri[3 * k + 2] = off;
+        } else { /* size 0, and the record's place in `multi` */
+            PyObject *blocks = PyList_New(e->nblocks);
+            if (!blocks) goto fail;
+            PyList_SET_ITEM(multi, (Py_ssize_t)m, blocks);
+            for (uint16_t i = 0; i < e->nblocks; i++, q += 16) {
+                uint64_t size = rd64(q), off = rd64(q + 8);
+                if (size > chunk / 2 && size < chunk) odd++;
+                PyObject *t = Py_BuildValue("(KK)", (unsigned long long)size, (unsigned long long)off);
+                if (!t) goto fail;
+                PyList_SET_ITEM(blocks, i, t);
+            }
+            tri[3 * k + 1] = 0; tri[3 * k + 2] = m++;
         }
-        PyObject *shape = Py_BuildValue("(KN)", (unsigned long long)e->nbytes, blocks);
-        if (!shape) goto fail;
-        PyList_SET_ITEM(shapes, (Py_ssize_t)k, shape);
         k++;
     }
     PyObject *ord = have_order ? Py_BuildValue("(KK)", (unsigned long long)order[0], (unsigned long long)order[1])
                                : Py_NewRef(Py_None);
     if (!ord) goto fail;
-    out = Py_BuildValue("(KNNNNNNNnn)", (unsigned long long)end, ord, names, ns_ids, keys, shapes, sums, spans,
+    out = Py_BuildValue("(KNNNNNNNNnn)", (unsigned long long)end, ord, names, ns_ids, keys, one, multi, sums, spans,
                         (Py_ssize_t)unchecked, (Py_ssize_t)odd);
     return out; /* Py_BuildValue's N took the references, also on failure */
 fail:
-    Py_XDECREF(names); Py_XDECREF(ns_ids); Py_XDECREF(keys); Py_XDECREF(shapes); Py_XDECREF(sums); Py_XDECREF(spans);
+    Py_XDECREF(names); Py_XDECREF(ns_ids); Py_XDECREF(keys); Py_XDECREF(one); Py_XDECREF(multi); Py_XDECREF(sums);
+    Py_XDECREF(spans);
     return NULL;
 }
 
 /* journal_replay(buf, base, size, seed, flush, scan_flush, chunk): the half [base, base + size) of
  * `buf`, scanned from its start with records checked against crc seed `seed` (zlib.crc32 of the
  * generation's u64), invalidated `scan_flush` bytes ahead at a time when `flush`. Returns
- *   (end, order, names, ns_ids, keys, shapes, checksums, spans, unchecked, odd):
+ *   (end, order, names, ns_ids, keys, one, multi, checksums, spans, unchecked, odd):
  * end: where the replay stopped (the first record that does not check out or parse); order: the last
  * ORDER's (ways, granularity), or None; names: every namespace named, as bytes, in first-seen order;
  * then for each live COMMIT with a checksum, in the order a dict would hold them: ns_ids (u32 each,
- * into names), keys (bytes), shapes ((nbytes, [(size, offset), ...])), checksums (int) and spans
- * (u64 body offset in the half, u64 body length); unchecked: live COMMITs without a checksum (left
+ * into names), keys (bytes), one (u64 nbytes, u64 block size, u64 block offset; for a record of
+ * several blocks size 0 and its place in multi), multi (their [(size, offset), ...] lists), checksums
+ * (int) and spans (u64 body offset in the half, u64 body length); unchecked: live COMMITs without a checksum (left
  * out); odd: blocks of a size above half of `chunk` and below it (an older version's class). */
 PyObject *py_journal_replay(PyObject *self, PyObject *args) {
     Py_buffer v;

@@ -113,6 +113,7 @@ static PyMethodDef methods[] = {
     {"fast_serve", py_fast_serve, METH_VARARGS, "fast_serve(...): answer LOOKUP_PREFIX/PING from the rings in C; see the source."},
     {"journal_replay", py_journal_replay, METH_VARARGS, "journal_replay(buf, base, size, seed, flush, scan_flush, chunk) -> the live set of a journal half (_native_journal.c)."},
     {"journal_copy", py_journal_copy, METH_VARARGS, "journal_copy(buf, src_base, src_size, spans, dst_base, room, seed, flush) -> bytes written, or -1 when they do not fit."},
+    {"alloc_restore_chunks", py_alloc_restore_chunks, METH_VARARGS, "alloc_restore_chunks(one, state, cls, base, start, end, chunk, ways, zone_size, zone_used) -> (restored, rest, used, requested): the whole-chunk records of a restore (_native_alloc.c)."},
     {"bench_chase", py_bench_chase, METH_VARARGS, "bench_chase(buf, off, n, steps, seed=1) -> ns per dependent load (_native_bench.c)."},
     {"bench_read", py_bench_read, METH_VARARGS, "bench_read(buf, off, n, flush=False) -> ns for one pass of loads (invalidated first with flush)."},
     {"bench_write_nt", py_bench_write_nt, METH_VARARGS, "bench_write_nt(buf, off, n) -> ns for one pass of non-temporal stores and a fence."},

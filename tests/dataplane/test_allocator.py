@@ -4,9 +4,26 @@ import random
 
 import pytest
 
-from belugactl.dataplane.mds.allocator import CHUNK, MIN_BLOCK, SIZE_CLASSES, Allocator
+from belugactl.dataplane.mds import allocator as allocator_mod
+from belugactl.dataplane.mds.allocator import CHUNK, MIN_BLOCK, SIZE_CLASSES, Allocator, PackedShapes
 
 BASE = 4 * CHUNK
+
+_native_restore = pytest.mark.skipif(allocator_mod._restore_chunks is None, reason="the native helper is not built")
+
+
+@pytest.fixture(params=["list", "packed", "packed-python"])
+def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """How a restore is given its records: a list (the Python replay's), PackedShapes (the native
+    replay's, whose whole chunks _native_alloc.c restores), or PackedShapes with the helper gone."""
+    if request.param == "list":
+        return list
+    if request.param == "packed":
+        if allocator_mod._restore_chunks is None:
+            pytest.skip("the native helper is not built")
+    else:
+        monkeypatch.setattr(allocator_mod, "_restore_chunks", None)
+    return PackedShapes.pack
 
 
 def test_small_request_gets_smallest_class_that_holds_it() -> None:
@@ -122,14 +139,13 @@ def test_restore_rebuilds_free_lists_around_live_blocks() -> None:
     ],
 )
 @pytest.mark.parametrize("ways", [1, 2])
-def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live: list, ways: int) -> None:
+def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live: list, ways: int, form) -> None:
     a = Allocator(BASE, 8 * CHUNK, ways=ways, granularity=CHUNK) if ways > 1 else Allocator(BASE, 8 * CHUNK)
     before = (a.used, a.requested, list(a._zone_used), a.stats())
     with pytest.raises(ValueError):
-        a.restore([(1, [(4096, BASE + 3 * CHUNK)]), *live])
+        a.restore(form([(1, [(4096, BASE + 3 * CHUNK)]), *live]))
     assert (a.used, a.requested, list(a._zone_used), a.stats()) == before
     assert a.restore([(1, [(4096, BASE + 3 * CHUNK)])])  # and it is still empty, so a restore works
-
 
 
 def test_restore_says_misaligned_before_duplicated() -> None:
@@ -139,16 +155,60 @@ def test_restore_says_misaligned_before_duplicated() -> None:
     with pytest.raises(ValueError, match="duplicated"):
         Allocator(BASE, 8 * CHUNK).restore([(1, [(4096, BASE)]), (1, [(4096, BASE)])])
 
-def test_restore_of_chunks_held_up_to_the_top_hands_out_the_next_and_a_gap_first() -> None:
+
+def test_restore_of_chunks_held_up_to_the_top_hands_out_the_next_and_a_gap_first(form) -> None:
     full = Allocator(BASE, 8 * CHUNK)
-    full.restore([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in range(5)])
+    full.restore(form([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in range(5)]))
     got = full.alloc(CHUNK)
     assert got is not None and got.extents == [(BASE + 5 * CHUNK, CHUNK)]
     gap = Allocator(BASE, 8 * CHUNK)
-    gap.restore([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in (0, 2, 3, 4)])
+    gap.restore(form([(CHUNK, [(CHUNK, BASE + i * CHUNK)]) for i in (0, 2, 3, 4)]))
     got = gap.alloc(CHUNK)
     assert got is not None and got.extents == [(BASE + CHUNK, CHUNK)]
     assert gap.stats()["free_chunks"] == full.stats()["free_chunks"] + 1 == 3
+
+
+def test_packed_shapes_read_back_as_the_records_they_pack() -> None:
+    shapes = [
+        (CHUNK, [(CHUNK, BASE)]),
+        (3 * CHUNK, [(CHUNK, BASE + CHUNK), (CHUNK, BASE + 2 * CHUNK)]),
+        (9, [(4096, 0)]),
+    ]
+    packed = PackedShapes.pack(shapes)
+    assert len(packed) == 3 and list(packed) == shapes and [packed[i] for i in range(3)] == shapes
+    with pytest.raises(ValueError, match="triples"):
+        PackedShapes(bytes(23), [])
+
+
+@_native_restore
+def test_the_native_chunk_restore_refuses_bad_arguments_without_harm() -> None:
+    run = allocator_mod._restore_chunks
+    one = PackedShapes.pack([(CHUNK, [(CHUNK, BASE)])]).one
+    zones = lambda n: __import__("array").array("q", [0]) * n  # noqa: E731
+
+    class Plain:  # no slots for an Allocation's fields
+        pass
+
+    class Props:  # the fields, but not as slots
+        nbytes = _a = _b = property(lambda self: 0)
+
+    for cls in (Plain, Props):
+        with pytest.raises((TypeError, AttributeError)):
+            run(one, bytearray(8), cls, BASE, BASE, BASE + 8 * CHUNK, CHUNK, 1, 0, zones(1))
+    for bad in (one[:23], one + b"x"):  # not whole triples
+        with pytest.raises(ValueError):
+            run(bad, bytearray(8), allocator_mod.Allocation, BASE, BASE, BASE + 8 * CHUNK, CHUNK, 1, 0, zones(1))
+    with pytest.raises(ValueError):  # fewer zone counters than ways
+        run(one, bytearray(8), allocator_mod.Allocation, BASE, BASE, BASE + 8 * CHUNK, CHUNK, 4, CHUNK, zones(2))
+    # Offsets at the ends of 64 bits, and a state shorter than the area says: refused, nothing read past it.
+    for off in (2**64 - CHUNK, BASE + 8 * CHUNK):
+        far = PackedShapes.pack([(CHUNK, [(CHUNK, off)])]).one
+        with pytest.raises(ValueError, match="outside the area"):
+            run(far, bytearray(8), allocator_mod.Allocation, BASE, BASE, 2**64 - 1, CHUNK, 1, 0, zones(1))
+    got, rest, used, requested = run(
+        one, bytearray(8), allocator_mod.Allocation, BASE, BASE, BASE + 8 * CHUNK, CHUNK, 1, 0, zones(1)
+    )
+    assert got[0] == allocator_mod.Allocation.one(BASE, CHUNK, CHUNK) and rest == [] and used == requested == CHUNK
 
 
 # --- chunks go back to the free pool (issue 11 item 3) -------------------------------------------
@@ -253,12 +313,11 @@ def test_interleave_settings_are_checked() -> None:
         a.set_interleave(2)
 
 
-def test_restore_keeps_zones_and_upgrades_blocks_of_a_dropped_class() -> None:
+def test_restore_keeps_zones_and_upgrades_blocks_of_a_dropped_class(form) -> None:
     a = Allocator(BASE, 8 * CHUNK, ways=2)
-    restored = a.restore([(3 << 19, [(3 << 19, BASE + 5 * CHUNK)]), (4096, [(4096, BASE)])])
+    restored = a.restore(form([(3 << 19, [(3 << 19, BASE + 5 * CHUNK)]), (4096, [(4096, BASE)])]))
     assert restored[0].blocks == [(CHUNK, BASE + 5 * CHUNK)]
     assert a.zone_bytes() == [4096, CHUNK]
-
 
 
 def _state(a: Allocator) -> tuple:
@@ -270,7 +329,7 @@ def _state(a: Allocator) -> tuple:
 
 
 @pytest.mark.parametrize("ways", [1, 3])
-def test_a_restore_from_the_live_blocks_rebuilds_the_allocators_state(ways: int) -> None:
+def test_a_restore_from_the_live_blocks_rebuilds_the_allocators_state(ways: int, form) -> None:
     # A history of mixed sizes with frees leaves holes, partly free chunks and chunks given back; a
     # fresh allocator restored from what is still held is the same allocator, and both hand out the
     # same blocks from then on. The area starts off the first granule with interleave (zones_start > base).
@@ -280,12 +339,15 @@ def test_a_restore_from_the_live_blocks_rebuilds_the_allocators_state(ways: int)
     for _ in range(3000):
         if held and rng.random() < 0.45:
             live.free(held.pop(rng.randrange(len(held))))
-        elif (got := live.alloc(rng.choice([4096, 20_000, 64 << 10, 700 << 10, CHUNK, 3 * CHUNK + 8192]))) is not None:
+        elif (
+            got := live.alloc(rng.choice([4096, 20_000, 64 << 10, 700 << 10, 1_500_000, CHUNK, 3 * CHUNK + 8192]))
+        ) is not None:
             held.append(got)
     assert held and any(len(h.blocks) > 1 for h in held) and live.chunks_returned
     again = make()
-    restored = again.restore([(h.nbytes, h.blocks) for h in held])
+    restored = again.restore(form([(h.nbytes, h.blocks) for h in held]))
     assert [r.extents for r in restored] == [h.extents for h in held]
+    assert [(r.nbytes, r.blocks) for r in restored] == [(h.nbytes, h.blocks) for h in held]
     assert _state(again) == _state(live)
     # The order within those sets is history's, so the two may pick different blocks; each takes
     # as many 4 KiB blocks as there is room for, none of them a block still held.

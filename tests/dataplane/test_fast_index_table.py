@@ -296,3 +296,38 @@ def test_a_bad_entry_or_reply_is_an_error_and_the_entries_before_it_stay() -> No
     es = [Entry((0, key(10 + i)), good.alloc, id=10 + i, checksum=None) for i in range(4)]
     n.fi_put_entries(fi, es, lambda e: (es.clear(), b"\0" * 40)[1], True)
     assert all(n.fi_id(fi, 0, key(10 + i)) == 10 + i for i in range(4))
+
+
+def test_a_batch_at_least_as_large_as_the_table_sizes_it_once_and_keeps_every_key() -> None:
+    # A restore's batch makes the table it needs up front (at most half full after it), moving what
+    # was there at once: no growth, no move left over, and every key, old or new, still found.
+    from belugactl.dataplane.mds.allocator import CHUNK, Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    n = _n()
+    fi = n.fi_new()
+    alloc = Allocation.one(CHUNK, CHUNK, CHUNK)
+    model: dict[tuple[int, bytes], int] = {}
+    i = 0
+    while not n.fi_shape(fi)[3] or i < 1500:  # grown more than once, a move under way when the batch comes
+        n.fi_put(fi, 0, key(i), i)
+        model[(0, key(i))] = i
+        i += 1
+    for j in range(0, i, 300):  # and a few tombstones
+        n.fi_del(fi, 0, key(j))
+        del model[(0, key(j))]
+    assert n.fi_shape(fi)[3]  # an old table still moving
+    # Every 100th without a checksum: its reply is asked of Python, which looks at the table then.
+    batch = [Entry((1, key(i)), alloc, id=10_000 + i, checksum=None if i % 100 == 0 else 7) for i in range(5000)]
+    batch.append(Entry((0, key(1)), alloc, id=99_999, checksum=7))  # a key already there: replaced
+    seen = []
+    assert n.fi_put_entries(fi, batch, lambda e: seen.append(n.fi_shape(fi)[:4:3]) or b"", True) == len(batch)
+    model.update({e.key: e.id for e in batch})
+    cap, live, _tombs, oldcap, _moved, _ents = n.fi_shape(fi)
+    assert oldcap == 0 and live == len(model) and live * 2 <= cap < live * 4
+    assert len(seen) == 50 and set(seen) == {(cap, 0)}  # one size, and nothing left to move, all through the batch
+    check(fi, model, [(0, key(j)) for j in range(0, i, 300)])
+    small = [Entry((2, key(i)), alloc, id=20_000 + i, checksum=7) for i in range(10)]
+    assert (
+        n.fi_put_entries(fi, small, lambda e: b"", True) == 10 and n.fi_shape(fi)[0] == cap
+    )  # a small batch: as before

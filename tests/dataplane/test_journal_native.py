@@ -14,6 +14,7 @@ import pytest
 
 from belugactl.dataplane import native
 from belugactl.dataplane.mds import journal as jm
+from belugactl.dataplane.mds.allocator import PackedShapes
 from belugactl.dataplane.mds.index import IndexConfig
 from belugactl.dataplane.mds.journal import Journal, encode_commit, encode_order, encode_remove, replay_live
 from belugactl.dataplane.mds.server import MetadataServer, ServerConfig
@@ -40,6 +41,8 @@ def _both(pool: PoolMapping, g, monkeypatch, fell_back: bool = False) -> tuple[j
         slow_j = Journal(pool, g.journal_offset, g.journal_size)
         slow = replay_live(slow_j)
     assert slow.spans is None and (fast.spans is None) == fell_back  # the two paths did run
+    # The native replay's blocks come packed (the allocator restores their whole chunks in C).
+    assert isinstance(fast.shapes, PackedShapes) != fell_back and isinstance(slow.shapes, list)
     return fast, fast_j.pos, slow, slow_j.pos
 
 

@@ -33,7 +33,11 @@ planner never count on a quarantined chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import struct
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+
+from belugactl.dataplane import native
 
 CHUNK = 2 << 20
 MIN_BLOCK = 4 << 10
@@ -68,6 +72,47 @@ assert len(SIZE_CLASSES) < _WHOLE
 
 Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
+
+# The native restore of whole-chunk blocks (_native_alloc.c); None where the helper is not built.
+_restore_chunks = getattr(native._native, "alloc_restore_chunks", None) if native._native is not None else None
+_TRIPLE = struct.Struct("<QQQ")
+
+
+class PackedShapes(Sequence[tuple[int, list[Block]]]):
+    """Many journal records' blocks as the native replay gives them, without a Python object a record:
+    `one` holds a u64 triple (nbytes, class size, offset) per record; a record of several blocks has
+    size 0 and, for offset, its place in `multi` (its (size, offset) blocks). Read as a sequence it
+    gives each record's (nbytes, blocks), as the Python replay's list does."""
+
+    __slots__ = ("one", "multi")
+
+    def __init__(self, one: bytes, multi: list[list[Block]]) -> None:
+        if len(one) % _TRIPLE.size:
+            raise ValueError(f"packed shapes of {len(one)} bytes: not whole (nbytes, size, offset) triples")
+        self.one, self.multi = one, multi
+
+    @classmethod
+    def pack(cls, shapes: Iterable[tuple[int, list[Block]]]) -> PackedShapes:
+        one, multi = bytearray(), []
+        for nbytes, blocks in shapes:
+            if len(blocks) == 1:
+                one += _TRIPLE.pack(nbytes, *blocks[0])
+            else:
+                one += _TRIPLE.pack(nbytes, 0, len(multi))
+                multi.append(list(blocks))
+        return cls(bytes(one), multi)
+
+    def __len__(self) -> int:
+        return len(self.one) // _TRIPLE.size
+
+    def __getitem__(self, i: int) -> tuple[int, list[Block]]:  # type: ignore[override]
+        nbytes, size, off = _TRIPLE.unpack_from(self.one, _TRIPLE.size * i)
+        return (nbytes, self.multi[off]) if size == 0 else (nbytes, [(size, off)])
+
+    def __iter__(self) -> Iterator[tuple[int, list[Block]]]:
+        multi = self.multi
+        for nbytes, size, off in _TRIPLE.iter_unpack(self.one):
+            yield (nbytes, multi[off]) if size == 0 else (nbytes, [(size, off)])
 
 
 class Allocation:
@@ -438,8 +483,9 @@ class Allocator:
         return whole + (1 if cls else 0) <= self.chunks - len(self.quarantined)
 
     # --- restart --------------------------------------------------------------------------------
-    def restore(self, allocations: list[tuple[int, list[Block]]]) -> list[Allocation]:
-        """Rebuild a fresh allocator's state from the live blocks of a journal: (nbytes, blocks) each.
+    def restore(self, allocations: Sequence[tuple[int, list[Block]]]) -> list[Allocation]:
+        """Rebuild a fresh allocator's state from the live blocks of a journal: (nbytes, blocks) each
+        (a list, or the native replay's PackedShapes, whose one-block whole chunks are restored in C).
 
         Raises ValueError (nothing changed) when the blocks are inconsistent: outside the area,
         misaligned, overlapping, or two classes in one chunk. A block of a size class this version
@@ -485,13 +531,22 @@ class Allocator:
 
         # One pass, checks and the Allocation together (a restart walks millions); a one-block
         # record, most of them, without lists.
-        restored: list[Allocation] = []
         in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
-        zone_used, zone_of = [0] * len(self._zone_used), self.zone_of  # applied once all checked
-        used = requested = 0
-        one, add = Allocation.one, restored.append
+        zone_used, zone_of = array("q", bytes(8 * len(self._zone_used))), self.zone_of  # applied once all checked
+        todo: Iterable[tuple[int, tuple[int, list[Block]]]]
+        if isinstance(allocations, PackedShapes) and _restore_chunks is not None:
+            # The one-block whole chunks (a restart of 2 MiB blocks: all of them) checked and made in C,
+            # as the loop below would; the loop takes the rest, by place.
+            restored, rest, used, requested = _restore_chunks(
+                allocations.one, state, Allocation, base, start, end, CHUNK, self.ways, self.zone_size, zone_used
+            )
+            todo = ((i, allocations[i]) for i in rest)
+        else:
+            restored, used, requested = [None] * len(allocations), 0, 0
+            todo = enumerate(allocations)
+        one = Allocation.one
         classes = _CLASSES
-        for nbytes, blocks in allocations:
+        for at, (nbytes, blocks) in todo:
             requested += nbytes
             if len(blocks) == 1:
                 size, off = blocks[0]
@@ -503,7 +558,7 @@ class Allocator:
                     state[(off >> CHUNK_SHIFT) - first] = _WHOLE
                 else:
                     check(size, off)
-                add(one(off, size, nbytes))
+                restored[at] = one(off, size, nbytes)
                 used += size
                 if zoned:
                     zone_used[zone_of(off)] += size
@@ -514,7 +569,7 @@ class Allocator:
                 used += size
                 if zoned:
                     zone_used[zone_of(off)] += size
-            add(Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes))
+            restored[at] = Allocation(_coalesce(blocks, nbytes, in_order=in_order), blocks, nbytes)
         for zone in self._zones:
             lo = (zone.start >> CHUNK_SHIFT) - first
             chunks = state[lo : lo + (zone.end - zone.start) // CHUNK]
@@ -542,7 +597,7 @@ class Allocator:
             self._zone_used[i] += n
         self.used += used
         self.requested += requested
-        return restored
+        return restored  # type: ignore[return-value]  # every place is filled by now
 
     # --- a standby following the leader's journal (mds/journal_follow.py) ---------------------------
     def take(self, nbytes: int, blocks: list[Block]) -> Allocation:

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from belugactl.dataplane import native
-from belugactl.dataplane.mds.allocator import CHUNK
+from belugactl.dataplane.mds.allocator import CHUNK, PackedShapes
 
 if TYPE_CHECKING:
     from belugactl.dataplane.mds.allocator import Allocator
@@ -556,7 +556,7 @@ class LiveSet:
     names: list[str]
     ns_ids: Sequence[int]
     keys: list[bytes]
-    shapes: list[tuple[int, list[tuple[int, int]]]]
+    shapes: Sequence[tuple[int, list[tuple[int, int]]]]  # a list, or the native replay's PackedShapes
     checksums: list[int]
     unchecked: int  # live COMMITs without a checksum, left out
     spans: bytes | None = None
@@ -597,7 +597,7 @@ def _replay_native(journal: Journal) -> LiveSet | None:
     generation, half = st
     pool = journal.pool
     seed = zlib.crc32(_U64.pack(generation))
-    end, order, raw, ns_ids, keys, shapes, checksums, spans, unchecked, odd = run(
+    end, order, raw, ns_ids, keys, one, multi, checksums, spans, unchecked, odd = run(
         pool.buf, journal._half_base(half), journal.half_size, seed, pool.needs_flush, SCAN_FLUSH, CHUNK
     )
     try:
@@ -607,6 +607,7 @@ def _replay_native(journal: Journal) -> LiveSet | None:
     journal.generation, journal.half = generation, half
     journal.pos = journal.scanned_to = end
     ids = memoryview(ns_ids).cast("I")
+    shapes = PackedShapes(one, multi)
     return LiveSet(order or NO_INTERLEAVE, names, ids, keys, shapes, checksums, unchecked, spans, odd)
 
 
