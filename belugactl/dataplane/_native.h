@@ -214,6 +214,6 @@ PYFN(py_bench_chase); PYFN(py_bench_read); PYFN(py_bench_write_nt);             
 PYFN(py_sharded_put); PYFN(py_fi_new); PYFN(py_fi_put); PYFN(py_fi_put_entries); PYFN(py_fi_reply); PYFN(py_fi_del); PYFN(py_fi_len); PYFN(py_fi_id); PYFN(py_fi_hash); PYFN(py_fi_shape); PYFN(py_fast_serve);         /* fast path */
 PYFN(py_fi_set_room); /* fast path: the lease room (tenants, quotas) */
 PYFN(py_journal_replay); PYFN(py_journal_copy);                                                   /* journal */
-PYFN(py_alloc_restore_chunks);                                                                     /* alloc */
+PYFN(py_alloc_restore_chunks); PYFN(py_make_entries);                                              /* restore */
 
 #endif

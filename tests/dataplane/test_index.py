@@ -541,8 +541,20 @@ def test_the_manifest_bounds_spin_after_ms() -> None:
             MetadataServe(spin_after_ms=bad)
 
 
+@pytest.fixture(params=["native", "python"])
+def entry_maker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which makes a restore's entries: _native_restore.c's make_entries, or the Python comprehension."""
+    from belugactl.dataplane.mds import index as index_mod
+
+    if request.param == "python":
+        monkeypatch.setattr(index_mod, "_make_entries", None)
+    elif index_mod._make_entries is None:
+        pytest.skip("the native helper is not built")
+    return request.param
+
+
 @pytest.mark.native
-def test_a_column_restore_rebuilds_every_structure_in_journal_order_for_each_tenant() -> None:
+def test_a_column_restore_rebuilds_every_structure_in_journal_order_for_each_tenant(entry_maker: str) -> None:
     """restore_columns (a restart's one-call-per-map restore) against the index that commits built: two
     tenants (each its own LRU, in journal order), entries over several chunks with a small block
     (placed by offset), the slab, entry ids, and the mirror's puts in journal order."""
@@ -591,7 +603,7 @@ def test_a_column_restore_rebuilds_every_structure_in_journal_order_for_each_ten
 
 
 @pytest.mark.parametrize("twice", [False, True])
-def test_a_column_restore_of_one_namespace_takes_its_columns_as_they_are(twice: bool) -> None:
+def test_a_column_restore_of_one_namespace_takes_its_columns_as_they_are(twice: bool, entry_maker: str) -> None:
     """One namespace (a restart of one model's cache), whole chunks mixed with small blocks and
     entries of several chunks: restore_columns takes the key and allocation columns as they are
     (no key given twice) or entry by entry (a key twice), and rebuilds what the commits built."""
@@ -621,6 +633,43 @@ def test_a_column_restore_of_one_namespace_takes_its_columns_as_they_are(twice: 
     assert [e.key[1] for e in again.tenants.default.lru.values()] == keys[:40]
     assert again.tenants.default.stored_bytes == idx.tenants.default.stored_bytes
     assert again._ns_live[ans] == 40 and len(again.entries) == 40
+
+@pytest.mark.native
+def test_native_entries_are_the_entries_python_makes_and_bad_columns_make_none() -> None:
+    from array import array
+
+    from belugactl.dataplane.mds import index as index_mod
+    from belugactl.dataplane.mds.allocator import Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    make_entries = index_mod._make_entries
+    if make_entries is None:
+        pytest.skip("the native helper is not built")
+    allocs = [Allocation.one(i * CHUNK, CHUNK, CHUNK - i) for i in range(50)]
+    keys, ns_of, ns_ids, sums = [key(i) for i in range(50)], array("I", [i % 3 for i in range(50)]), [7, 9, 11], None
+    for sums in (None, [i * 3 if i % 4 else None for i in range(50)]):
+        got = make_entries(Entry, ns_ids, ns_of, keys, allocs, sums, 1000, 20)
+        want = [
+            Entry((ns_ids[ns_of[i]], keys[i]), allocs[i], 0, False, 1000 + i, sums[i] if sums else None, 20 + i)
+            for i in range(50)
+        ]
+        assert got == want and all(g.gen is None and g.alloc is a for g, a in zip(got, allocs, strict=True))
+    args = (Entry, ns_ids, ns_of, keys, allocs, None, 0, 0)
+    bad = [
+        ((Entry, ns_ids, ns_of[:-1], *args[3:]), ValueError),  # a column short
+        ((Entry, ns_ids, ns_of, keys, allocs[:-1], None, 0, 0), ValueError),
+        ((Entry, ns_ids, ns_of, keys, allocs, [1] * 49, 0, 0), ValueError),
+        ((Entry, ns_ids[:2], ns_of, keys, allocs, None, 0, 0), ValueError),  # a namespace past ns_ids
+        ((Entry, ns_ids, ns_of, [*keys[:-1], "text"], allocs, None, 0, 0), ValueError),  # a key that is no bytes
+        ((Entry, ns_ids, ns_of, keys, allocs, None, -1, 0), ValueError),
+        ((Entry, ns_ids, ns_of, keys, allocs, None, 2**63 - 10, 0), ValueError),  # ids past 64 bits
+        ((Entry, ns_ids, ns_of, keys, allocs, (1,) * 50, 0, 0), TypeError),
+        ((Allocation, ns_ids, ns_of, keys, allocs, None, 0, 0), AttributeError),  # not an entry's slots
+    ]
+    for call, error in bad:
+        with pytest.raises(error):
+            make_entries(*call)
+
 
 def test_a_restore_into_an_index_with_free_slab_places_reuses_them() -> None:
     """A warm standby restores into an index that already served (freed slab places): entries take

@@ -1,12 +1,19 @@
-/* The allocator's restart in C (mds/allocator.py, Allocator.restore): the records that are one whole
- * chunk, checked and made into Allocation objects without a Python step each.
+/* A restart's millions of Python objects, made in C (docs/measurements.md, 2026-12-08):
  *
- * A restart of millions of 2 MiB blocks spent 1.6 s in the Python loop (docs/measurements.md). This
- * does what that loop does for such a record, in the same order of checks and with the same message;
- * every other record (a smaller block, several blocks, an older version's class) is left to the loop.
+ * - the allocator's (mds/allocator.py, Allocator.restore): the records that are one whole chunk,
+ *   checked and made into Allocation objects without a Python step each. A restart of millions of
+ *   2 MiB blocks spent 1.6 s in the Python loop. This does what that loop does for such a record, in
+ *   the same order of checks and with the same message; every other record (a smaller block, several
+ *   blocks, an older version's class) is left to the loop.
+ * - the index's (mds/index.py, KVIndex.restore_columns): one Entry per restored block, as the Python
+ *   comprehension makes them (400 ns an entry there).
+ *
+ * Both fill a __slots__ class's fields directly: the offsets come from the class's own member
+ * descriptors, checked to be object slots, so a class that changes shape is refused, not misread.
  *
  *   alloc_restore_chunks(one, state, cls, base, start, end, chunk, ways, zone_size, zone_used)
  *       -> (restored, rest, used, requested)
+ *   make_entries(cls, ns_names, ns_of, keys, allocs, checksums, first_id, first_slot) -> [entries]
  */
 #include "_native.h"
 #include <structmember.h>
@@ -102,5 +109,78 @@ PyObject *py_alloc_restore_chunks(PyObject *self, PyObject *args) {
 done:
     Py_XDECREF(restored); Py_XDECREF(rest); Py_XDECREF(size_obj); Py_XDECREF(last_n);
     PyBuffer_Release(&one); PyBuffer_Release(&st); PyBuffer_Release(&zu);
+    return out;
+}
+
+/* make_entries(cls, ns_ids, ns_of, keys, allocs, checksums, first_id, first_slot) -> entries:
+ * entry i is cls(key=(ns_ids[ns_of[i]], keys[i]), alloc=allocs[i], leases=0, dead=False,
+ * id=first_id + i, checksum=checksums[i] (None when checksums is None), slot=first_slot + i, gen=None),
+ * made without calling cls. ns_of: u32 each (a buffer); keys: bytes; the columns of equal length, and
+ * every ns_of inside ns_ids, or an error (nothing made). */
+PyObject *py_make_entries(PyObject *self, PyObject *args) {
+    PyObject *cls, *ns_ids, *keys, *allocs, *sums;
+    Py_buffer nsb;
+    long long first_id, first_slot;
+    if (!PyArg_ParseTuple(args, "O!O!y*O!O!OLL", &PyType_Type, &cls, &PyList_Type, &ns_ids, &nsb, &PyList_Type, &keys,
+                          &PyList_Type, &allocs, &sums, &first_id, &first_slot))
+        return NULL;
+    static const char *const fields[8] = {"key", "alloc", "leases", "dead", "id", "checksum", "slot", "gen"};
+    Py_ssize_t off[8];
+    PyObject *out = NULL, *zero = NULL;
+    for (int f = 0; f < 8; f++)
+        if ((off[f] = slot_offset(cls, fields[f])) < 0) goto done;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (sums != Py_None && !PyList_Check(sums)) {
+        PyErr_SetString(PyExc_TypeError, "make_entries: checksums is neither a list nor None");
+        goto done;
+    }
+    if (n > PY_SSIZE_T_MAX / 4 || nsb.len != n * 4 || first_id < 0 || first_slot < 0 || first_id > LLONG_MAX - n ||
+        first_slot > LLONG_MAX - n)
+        goto unequal;
+    if (!(zero = PyLong_FromLong(0)) || !(out = PyList_New(n))) goto done;
+    const uint32_t *ns_of = (const uint32_t *)nsb.buf;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* Checked at each entry: an allocation may run the cyclic GC, and with it Python code. */
+        if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(allocs) != n ||
+            (sums != Py_None && PyList_GET_SIZE(sums) != n)) {
+            Py_CLEAR(out);
+            goto unequal;
+        }
+        if ((Py_ssize_t)ns_of[i] >= PyList_GET_SIZE(ns_ids) || !PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
+            PyErr_Format(PyExc_ValueError, "make_entries: entry %zd names namespace %u of %zd, or its key is not bytes",
+                         i, ns_of[i], PyList_GET_SIZE(ns_ids));
+            goto fail;
+        }
+        PyObject *key = PyTuple_New(2), *id = NULL, *slot = NULL, *e = NULL;
+        if (!key) goto fail;
+        PyTuple_SET_ITEM(key, 0, Py_NewRef(PyList_GET_ITEM(ns_ids, ns_of[i])));
+        PyTuple_SET_ITEM(key, 1, Py_NewRef(PyList_GET_ITEM(keys, i)));
+        if (!(id = PyLong_FromLongLong(first_id + i)) || !(slot = PyLong_FromLongLong(first_slot + i)) ||
+            !(e = tp->tp_alloc(tp, 0)) || PyList_GET_SIZE(allocs) != n || (sums != Py_None && PyList_GET_SIZE(sums) != n)) {
+            if (e) { Py_DECREF(e); PyErr_SetString(PyExc_ValueError, "make_entries: a column changed while read"); }
+            Py_DECREF(key); Py_XDECREF(id); Py_XDECREF(slot);
+            goto fail;
+        }
+        char *b = (char *)e;
+        *(PyObject **)(b + off[0]) = key;
+        *(PyObject **)(b + off[1]) = Py_NewRef(PyList_GET_ITEM(allocs, i));
+        *(PyObject **)(b + off[2]) = Py_NewRef(zero);
+        *(PyObject **)(b + off[3]) = Py_NewRef(Py_False);
+        *(PyObject **)(b + off[4]) = id;
+        *(PyObject **)(b + off[5]) = Py_NewRef(sums == Py_None ? Py_None : PyList_GET_ITEM(sums, i));
+        *(PyObject **)(b + off[6]) = slot;
+        *(PyObject **)(b + off[7]) = Py_NewRef(Py_None);
+        PyList_SET_ITEM(out, i, e);
+    }
+    goto done;
+unequal:
+    PyErr_Format(PyExc_ValueError, "make_entries: columns of unequal length (or ids out of range) for %zd entries", n);
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(zero);
+    PyBuffer_Release(&nsb);
     return out;
 }
