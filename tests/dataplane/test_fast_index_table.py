@@ -331,3 +331,37 @@ def test_a_batch_at_least_as_large_as_the_table_sizes_it_once_and_keeps_every_ke
     assert (
         n.fi_put_entries(fi, small, lambda e: b"", True) == 10 and n.fi_shape(fi)[0] == cap
     )  # a small batch: as before
+
+
+def test_entries_of_other_classes_are_read_through_their_attributes() -> None:
+    # The batch reads an Entry's fields from its slots; an entry of another class (here one whose
+    # checksum is a property, and a plain object) is read through getattr, with the same result.
+    from types import SimpleNamespace
+
+    from belugactl.dataplane.mds.allocator import CHUNK, Allocation
+    from belugactl.dataplane.mds.index import Entry
+    from belugactl.dataplane.mds.listener_cxl import mirror_reply
+
+    class Sub(Entry):  # a class of its own: not read from Entry's cells
+        __slots__ = ()
+
+    class Duck:  # the fields as properties
+        key, id, alloc = property(lambda s: (0, key(3))), property(lambda s: 3), property(lambda s: alloc)
+        checksum = property(lambda s: 0xABCD)
+
+    n = _n()
+    alloc = Allocation.one(3 * CHUNK, CHUNK, CHUNK - 5)
+    es = [
+        Entry((0, key(1)), alloc, id=1, checksum=11),
+        SimpleNamespace(key=(0, key(2)), id=2, alloc=alloc, checksum=22),
+        Duck(),
+        Sub((0, key(5)), alloc, id=5, checksum=55),
+        Entry((0, key(4)), SimpleNamespace(_a=5 * CHUNK, _b=CHUNK, nbytes=7, single=(CHUNK, 5 * CHUNK)), id=4, checksum=44),
+    ]
+    fi = n.fi_new()
+    assert n.fi_put_entries(fi, es, mirror_reply, True) == 5
+    crcs = {1: 11, 2: 22, 3: 0xABCD, 4: 44, 5: 55}
+    for e in es:
+        got = n.fi_reply(fi, 0, e.key[1])
+        assert got[20:24] == crcs[e.id].to_bytes(4, "little") and n.fi_id(fi, 0, e.key[1]) == e.id
+    assert n.fi_reply(fi, 0, key(4))[24:40] == (5 * CHUNK).to_bytes(8, "little") + (7).to_bytes(8, "little")
