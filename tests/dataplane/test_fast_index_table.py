@@ -356,7 +356,7 @@ def test_entries_of_other_classes_are_read_through_their_attributes() -> None:
         SimpleNamespace(key=(0, key(2)), id=2, alloc=alloc, checksum=22),
         Duck(),
         Sub((0, key(5)), alloc, id=5, checksum=55),
-        Entry((0, key(4)), SimpleNamespace(_a=5 * CHUNK, _b=CHUNK, nbytes=7, single=(CHUNK, 5 * CHUNK)), id=4, checksum=44),
+        Entry((0, key(4)), SimpleNamespace(_a=5 * CHUNK, _b=CHUNK, nbytes=7), id=4, checksum=44),
     ]
     fi = n.fi_new()
     assert n.fi_put_entries(fi, es, mirror_reply, True) == 5
