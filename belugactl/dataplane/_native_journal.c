@@ -17,6 +17,7 @@
  *   journal_copy(buf, src_base, src_size, spans, dst_base, room, seed, flush) -> bytes written | -1
  */
 #include "_native.h"
+#include <sys/mman.h>
 
 #define J_COMMIT 1
 #define J_REMOVE 2
@@ -79,7 +80,9 @@ typedef struct {
 typedef struct {
     jrec *recs;
     size_t n, cap;
-    uint32_t *slots;   /* 0 empty, TOMB deleted, else record index + 1 */
+    /* 0 empty, TOMB deleted, else the record index + 1 with the top half of its hash above it: a probe
+     * passes another key's slot without reading its record (a cache miss at millions) */
+    uint64_t *slots;
     size_t mask, used; /* used: live slots plus tombstones */
     /* namespaces: the span body[1 .. 3 + ns_len) of the record that named each first */
     uint64_t *ns_pos;
@@ -91,9 +94,23 @@ typedef struct {
 } jlive;
 
 #define TOMB 0xffffffffu
+#define TAG 0xffffffff00000000ull
 
 static uint64_t span_hash(const unsigned char *p, size_t n) {
     return (uint64_t)_Py_HashBytes(p, (Py_ssize_t)n);
+}
+
+/* A zeroed table of `cap` words. One of megabytes is asked for in huge pages where the kernel gives
+ * them on request (transparent huge pages "madvise"): its probes land at random, and with 4 KiB pages
+ * most of them also missed the TLB. */
+static uint64_t *table64(size_t cap) {
+    size_t bytes = cap * sizeof(uint64_t), huge = (size_t)2 << 20;
+    if (bytes < huge) return calloc(cap, sizeof(uint64_t));
+    void *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+    if (!p) return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE); /* a hint: refused or unsupported, the table works the same */
+    memset(p, 0, bytes);
+    return (uint64_t *)p;
 }
 
 static int grow_table(uint32_t **slots, size_t *mask, size_t want) {
@@ -112,14 +129,20 @@ static int grow_table(uint32_t **slots, size_t *mask, size_t want) {
  * every record ever read, so COMMIT/REMOVE churn over a small live set cannot make a replay
  * quadratic. */
 static int rehash(jlive *L, size_t live) {
-    if (grow_table(&L->slots, &L->mask, (live + 1) * 4) < 0) return -1;
+    size_t cap = 16;
+    while (cap < (live + 1) * 4) cap <<= 1;
+    uint64_t *s = table64(cap);
+    if (!s) return -1;
+    free(L->slots);
+    L->slots = s;
+    L->mask = cap - 1;
     size_t w = 0;
     for (size_t r = 0; r < L->n; r++) {
         if (!L->recs[r].live) continue;
         if (w != r) L->recs[w] = L->recs[r];
         size_t i = L->recs[w].hash & L->mask;
         while (L->slots[i]) i = (i + 1) & L->mask;
-        L->slots[i] = (uint32_t)(w + 1);
+        L->slots[i] = (L->recs[w].hash & TAG) | (uint32_t)(w + 1);
         w++;
     }
     L->n = L->used = w;
@@ -168,11 +191,13 @@ static long ns_number(jlive *L, const unsigned char *half, uint64_t pos, uint16_
 /* The slot whose record names the same (namespace, key) span as `p`, or the empty slot to take. */
 static size_t find_key(const jlive *L, const unsigned char *half, const unsigned char *p, size_t n, uint64_t h, int *found) {
     size_t i = h & L->mask, first_tomb = (size_t)-1;
-    for (uint32_t s; (s = L->slots[i]); i = (i + 1) & L->mask) {
+    for (uint64_t w; (w = L->slots[i]); i = (i + 1) & L->mask) {
+        uint32_t s = (uint32_t)w;
         if (s == TOMB) {
             if (first_tomb == (size_t)-1) first_tomb = i;
             continue;
         }
+        if ((w & TAG) != (h & TAG)) continue;
         const jrec *r = &L->recs[s - 1];
         if (r->hash == h && (size_t)r->ns_len + r->key_len + 4 == n && memcmp(half + r->pos + 1, p, n) == 0) {
             *found = 1;
@@ -181,6 +206,20 @@ static size_t find_key(const jlive *L, const unsigned char *half, const unsigned
     }
     *found = 0;
     return first_tomb != (size_t)-1 ? first_tomb : i;
+}
+
+#define PREFETCH_AHEAD 8
+
+/* Prefetch the merge-table slot where a COMMIT's or REMOVE's (namespace, key) span would start its
+ * probe, as merge hashes it; anything that does not parse is skipped (merge will say so). */
+static inline void prefetch_slot(const jlive *L, const unsigned char *b, uint32_t len) {
+    if ((b[0] != J_COMMIT && b[0] != J_REMOVE) || len < 5) return;
+    uint16_t ns_len = rd16(b + 1);
+    if ((uint64_t)ns_len + 5 > len) return;
+    uint16_t key_len = rd16(b + 3 + ns_len);
+    size_t span = (size_t)ns_len + key_len + 4;
+    if (span + 1 > len) return;
+    __builtin_prefetch(&L->slots[span_hash(b + 1, span) & L->mask]);
 }
 
 /* Parse one crc-checked body and merge it. 1: merged; 0: it does not parse (the replay ends at it,
@@ -226,14 +265,14 @@ static int merge(jlive *L, const unsigned char *half, uint64_t pos, uint32_t len
     size_t i = find_key(L, half, b + 1, span, r.hash, &found);
     if (kind == J_REMOVE) {
         if (found) {
-            L->recs[L->slots[i] - 1].live = 0;
+            L->recs[(uint32_t)L->slots[i] - 1].live = 0;
             L->slots[i] = TOMB;
             (*live)--;
         }
         return 1;
     }
     if (found) {
-        L->recs[L->slots[i] - 1] = r;
+        L->recs[(uint32_t)L->slots[i] - 1] = r; /* the same key: the same hash, so the same tag */
         return 1;
     }
     if (L->n == L->cap) {
@@ -246,7 +285,7 @@ static int merge(jlive *L, const unsigned char *half, uint64_t pos, uint32_t len
     if (L->n >= TOMB - 1) return -1;
     if (L->slots[i] == 0) L->used++;
     L->recs[L->n] = r;
-    L->slots[i] = (uint32_t)(++L->n);
+    L->slots[i] = (r.hash & TAG) | (uint32_t)(++L->n);
     (*live)++;
     if (L->used * 2 > L->mask + 1 && rehash(L, *live) < 0) return -1;
     return 1;
@@ -357,7 +396,9 @@ PyObject *py_journal_replay(PyObject *self, PyObject *args) {
     L.ns_pos = malloc(L.ns_cap * sizeof(uint64_t));
     L.ns_len = malloc(L.ns_cap * sizeof(uint16_t));
     L.ns_hash = malloc(L.ns_cap * sizeof(uint64_t));
-    if (!L.recs || !L.ns_pos || !L.ns_len || !L.ns_hash || grow_table(&L.slots, &L.mask, 4096) < 0 ||
+    L.slots = calloc(4096, sizeof(uint64_t));
+    L.mask = 4095;
+    if (!L.recs || !L.slots || !L.ns_pos || !L.ns_len || !L.ns_hash ||
         grow_table(&L.ns_slots, &L.ns_mask, 64) < 0) {
         jlive_free(&L);
         PyBuffer_Release(&v);
@@ -367,8 +408,21 @@ PyObject *py_journal_replay(PyObject *self, PyObject *args) {
     uint64_t end = (uint64_t)size, pos = 0, flushed = 0, order[2] = {0, 0};
     int have_order = 0, bad = 0;
     size_t live = 0;
+    uint64_t ahead = 0; /* the next record whose merge-table slot is not yet prefetched */
+    unsigned lead = 0;  /* records from pos to ahead */
     Py_BEGIN_ALLOW_THREADS
     while (pos + 8 <= end) {
+        /* Each merge probes the table at a random place: at millions of records a cache miss (most of
+         * the replay's time). The slot of the record PREFETCH_AHEAD on is asked for now, so it is
+         * there by its turn. A hint only: the merge parses and hashes the record again, checked; on
+         * a pool that needs flushes nothing is read ahead of the flushed part. */
+        while (!flush && lead < PREFETCH_AHEAD && ahead + 8 <= end) {
+            uint32_t alen = rd32(h + ahead);
+            if (alen == 0 || ahead + 8 + alen > end) { ahead = end; break; }
+            prefetch_slot(&L, h + ahead + 8, alen);
+            ahead += 8 + (uint64_t)alen;
+            lead++;
+        }
         if (flush && flushed < pos + 8) {
             uint64_t top = flushed + (uint64_t)scan_flush > pos + 8 ? flushed + (uint64_t)scan_flush : pos + 8;
             if (top > end) top = end;
@@ -389,6 +443,8 @@ PyObject *py_journal_replay(PyObject *self, PyObject *args) {
         if (m < 0) { bad = 1; break; }
         if (m == 0) break;
         pos = stop;
+        if (lead) lead--;
+        if (ahead < pos) { ahead = pos; lead = 0; }
     }
     Py_END_ALLOW_THREADS
     PyObject *out = bad ? PyErr_NoMemory() : live_result(&L, h, pos, order, have_order, live, chunk);

@@ -118,6 +118,32 @@ def test_the_native_replay_is_the_python_replay_on_random_and_hostile_halves(
     pool.close()
 
 
+@pytest.mark.parametrize("flush", [False, True], ids=["coherent", "flush"])
+def test_keys_merge_the_same_across_the_merge_tables_growths(pool_path: Path, monkeypatch, flush: bool) -> None:
+    # Enough keys for the native merge table to grow several times (it starts at 4,096 slots), then
+    # later commits and removals of keys from before each growth: each must find its first record.
+    pool = PoolMapping.open(pool_path)
+    monkeypatch.setattr(pool, "needs_flush", flush)
+    g = pool.geometry
+    j = Journal(pool, g.journal_offset, g.journal_size)
+    j.rewrite([], {})
+    at = lambda i: [(4096, g.shared_kv_offset + (i % (1 << 18)) * 4096)]  # noqa: E731
+    for i in range(9000):
+        j.append(encode_commit(NAMES[i % 2], key := i.to_bytes(4, "little") * 8, 100 + i, at(i), i))
+        if i % 5 == 4:
+            old = i // 3
+            if old % 2:
+                j.append(encode_commit(NAMES[old % 2], old.to_bytes(4, "little") * 8, 7, at(old + 1), 1_000_000 + i))
+            else:
+                j.append(encode_remove(NAMES[old % 2], old.to_bytes(4, "little") * 8))
+    del key
+    fast, fast_pos, slow, slow_pos = _both(pool, g, monkeypatch)
+    assert _items(fast) == _items(slow) and fast_pos == slow_pos
+    got = {k: (nbytes, crc) for _, k, nbytes, _, crc in _items(fast)}
+    assert 5000 < len(got) < 9000 and got[(1).to_bytes(4, "little") * 8][0] == 7  # re-committed: the last wins
+    pool.close()
+
+
 @pytest.mark.parametrize("bad", list(BAD_BODIES.values()), ids=list(BAD_BODIES))
 def test_a_record_that_does_not_parse_ends_both_replays_at_it(pool_path: Path, monkeypatch, bad: bytes) -> None:
     pool = PoolMapping.open(pool_path)
