@@ -134,11 +134,7 @@ static fi_slot *fi_find(FastIndex *fi, uint32_t ns, const uint8_t *k, size_t n, 
  * nothing: unmapping 400 MB of touched pages at once took 50 ms. */
 static void *fi_map(size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    /* Huge pages where the kernel gives them on request: lookups land at random in megabytes of table
-     * and entries, and with 4 KiB pages most also missed the TLB. A hint; refused, nothing changes. */
-    if (bytes >= ((size_t)2 << 20)) madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
+    return p == MAP_FAILED ? NULL : p;
 }
 
 static uint64_t *fi_table(size_t cap) { return (uint64_t *)fi_map(cap * sizeof(uint64_t)); }
@@ -204,10 +200,15 @@ static void fi_move(FastIndex *fi, size_t budget) {
 
 /* A new, empty table of `cap` slots; the current one becomes `old`, moved a few slots per call.
  * A fresh mapping's pages are zero until touched, so this costs nothing in proportion to `cap`. */
-static int fi_grow(FastIndex *fi, size_t cap) {
+static int fi_grow(FastIndex *fi, size_t cap, int huge) {
     if (fi->old) fi_move(fi, (size_t)-1); /* the previous growth unfinished (not expected): finish it */
     uint64_t *fresh = fi_table(cap);
     if (!fresh) return -1;
+    /* A restore's table, filled at random by the batch that made it: in huge pages where the kernel
+     * gives them on request, or its probes also miss the TLB. A hint (refused: nothing changes). Only
+     * here, where the batch itself touches every page: a huge page's first touch may compact memory
+     * (transparent_hugepage/defrag "madvise"), which must not happen inside a served request. */
+    if (huge && cap * sizeof(uint64_t) >= ((size_t)2 << 20)) madvise(fresh, cap * sizeof(uint64_t), MADV_HUGEPAGE);
     fi->old = fi->slots; fi->oldcap = fi->cap; fi->moved = 0; fi->released = 0;
     fi->slots = fresh; fi->cap = cap; fi->tombs = 0;
     return 0;
@@ -268,7 +269,7 @@ static int fi_put_raw(FastIndex *fi, unsigned int ns, const uint8_t *k, Py_ssize
     if ((fi->used + fi->tombs + 1) * 2 > fi->cap) {
         size_t want = fi->cap;
         while (fi->used * 4 > want) want *= 2; /* about a quarter full after growth: doubles at half */
-        if (fi_grow(fi, want) < 0) { free(blob); PyErr_NoMemory(); return -1; }
+        if (fi_grow(fi, want, 0) < 0) { free(blob); PyErr_NoMemory(); return -1; }
     }
     uint64_t h = fi_hash(ns, k, (size_t)klen);
     fi_slot *s = fi_find(fi, ns, k, (size_t)klen, h); /* in either table: a re-put stays where it is */
@@ -406,7 +407,8 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
          * tables. */
         size_t want = fi->cap;
         while ((fi->used + (size_t)n) * 2 > want) want *= 2;
-        if (fi_grow(fi, want) < 0) { Py_DECREF(fast); return PyErr_NoMemory(); }
+        /* More than a quarter full after the batch, at random: the batch touches every 2 MiB of it. */
+        if (fi_grow(fi, want, 1) < 0) { Py_DECREF(fast); return PyErr_NoMemory(); }
         fi_move(fi, (size_t)-1);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
