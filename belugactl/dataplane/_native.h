@@ -5,6 +5,7 @@
 #define BELUGA_NATIVE_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,6 +172,18 @@ static inline int get_word(Py_buffer *view, Py_ssize_t off, uint64_t **out) {
 HIDDEN void nt_memcpy(char *dst, const char *src, size_t n);
 
 /* The Python entry points, one group per file; the method table is in _native_module.c. */
+/* The offset of a plain object slot that member descriptor `d` reads, when `d` belongs to `tp` or a
+ * class `tp` derives from and the slot lies inside a `tp` instance; else -1. What lets the restore's
+ * helpers fill and read a __slots__ class's fields without getattr (_native_restore.c, _native_fastpath.c). */
+static inline Py_ssize_t member_slot_offset(PyTypeObject *tp, PyObject *d) {
+    if (!Py_IS_TYPE(d, &PyMemberDescr_Type) || !PyType_IsSubtype(tp, PyDescr_TYPE(d))) return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READ_RESTRICTED) || m->offset < (Py_ssize_t)sizeof(PyObject) ||
+        m->offset + (Py_ssize_t)sizeof(PyObject *) > tp->tp_basicsize)
+        return -1;
+    return m->offset;
+}
+
 #define PYFN(name) HIDDEN PyObject *name(PyObject *self, PyObject *args)
 PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_blocks);          /* copy */
 PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);

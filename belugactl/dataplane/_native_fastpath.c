@@ -1,5 +1,4 @@
 #include "_native_ring.h"
-#include <structmember.h>
 #include <sys/mman.h>
 
 /* The metadata server's lookup fast path.
@@ -332,10 +331,8 @@ static void field_for(fieldref *f, PyTypeObject *tp, PyObject *name) {
     if (tp->tp_getattro != PyObject_GenericGetAttr) return;
     PyObject *d = PyObject_GetAttr((PyObject *)tp, name);
     if (!d) { PyErr_Clear(); return; }
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-        !(((PyMemberDescrObject *)d)->d_member->flags & READ_RESTRICTED)) {
-        f->tp = tp; f->off = ((PyMemberDescrObject *)d)->d_member->offset;
-    }
+    Py_ssize_t off = member_slot_offset(tp, d);
+    if (off >= 0) { f->tp = tp; f->off = off; }
     Py_DECREF(d);
 }
 
@@ -399,7 +396,7 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
     PyTypeObject *etp = n ? Py_TYPE(PyTuple_GET_ITEM(fast, 0)) : &PyBaseObject_Type;
     field_for(&f_key, etp, s_key); field_for(&f_id, etp, s_id);
     field_for(&f_alloc, etp, s_alloc); field_for(&f_checksum, etp, s_checksum);
-    int alloc_fields = 0;
+    PyObject *alloc_tp = NULL; /* the class f_a, f_b and f_nbytes were taken from, held for the call */
     if ((size_t)n >= fi->used && (fi->used + fi->tombs + (size_t)n) * 2 > fi->cap) {
         /* As many new keys as the table holds, or more (a restore): the table they need made once,
          * at most half full after them, and the few keys there now moved at once (no more than the
@@ -430,8 +427,8 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
         int packable = 0;
         if (pack_one) {
             if (!(alloc = field_get(e, &f_alloc))) goto fail;
-            if (!alloc_fields) {
-                alloc_fields = 1;
+            if (!alloc_tp) {
+                alloc_tp = Py_NewRef((PyObject *)Py_TYPE(alloc));
                 field_for(&f_a, Py_TYPE(alloc), s_a); field_for(&f_b, Py_TYPE(alloc), s_b);
                 field_for(&f_nbytes, Py_TYPE(alloc), s_nbytes);
             }
@@ -461,10 +458,11 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
         put = fi_put_raw(fi, (unsigned int)ns, (const uint8_t *)PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), id, g, glen);
     fail:
         Py_XDECREF(key); Py_XDECREF(alloc); Py_XDECREF(reply);
-        if (put < 0) { Py_DECREF(fast); return NULL; }
+        if (put < 0) { Py_DECREF(fast); Py_XDECREF(alloc_tp); return NULL; }
         done += put;
     }
     Py_DECREF(fast);
+    Py_XDECREF(alloc_tp);
     return PyLong_FromSsize_t(done);
 }
 

@@ -124,13 +124,14 @@ static int grow_table(uint32_t **slots, size_t *mask, size_t want) {
     return 0;
 }
 
-/* Rehash the records still live into a table at most a quarter full, dropping the dead ones from
+/* Rehash the records still live into a table at most half full (merge rehashes at three quarters: with
+ * the tags a probe passes other keys a word each, so fuller tables cost little), dropping the dead ones from
  * `recs` (the live keep their order): a rehash then costs what was added since the last one, not
  * every record ever read, so COMMIT/REMOVE churn over a small live set cannot make a replay
  * quadratic. */
 static int rehash(jlive *L, size_t live) {
     size_t cap = 16;
-    while (cap < (live + 1) * 4) cap <<= 1;
+    while (cap < (live + 1) * 2) cap <<= 1;
     uint64_t *s = table64(cap);
     if (!s) return -1;
     free(L->slots);
@@ -287,7 +288,7 @@ static int merge(jlive *L, const unsigned char *half, uint64_t pos, uint32_t len
     L->recs[L->n] = r;
     L->slots[i] = (r.hash & TAG) | (uint32_t)(++L->n);
     (*live)++;
-    if (L->used * 2 > L->mask + 1 && rehash(L, *live) < 0) return -1;
+    if (L->used * 4 > (L->mask + 1) * 3 && rehash(L, *live) < 0) return -1;
     return 1;
 }
 
@@ -300,12 +301,9 @@ static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t
                              int have_order, size_t live, uint64_t chunk) {
     PyObject *names = NULL, *ns_ids = NULL, *keys = NULL, *one = NULL, *multi = NULL, *sums = NULL, *spans = NULL;
     PyObject *out = NULL;
-    size_t kept = 0, unchecked = 0, odd = 0, several = 0;
+    size_t kept = 0, unchecked = 0, odd = 0;
     for (size_t r = 0; r < L->n; r++)
-        if (L->recs[r].live) {
-            if (!L->recs[r].has_crc) unchecked++;
-            else { kept++; if (L->recs[r].nblocks != 1) several++; }
-        }
+        if (L->recs[r].live) { if (L->recs[r].has_crc) kept++; else unchecked++; }
     (void)live;
     if (!(names = PyList_New((Py_ssize_t)L->nns))) goto fail;
     for (size_t j = 0; j < L->nns; j++) {
@@ -316,7 +314,7 @@ static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t
     if (!(ns_ids = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 4)))) goto fail;
     if (!(spans = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 16)))) goto fail;
     if (!(one = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * 24)))) goto fail;
-    if (!(keys = PyList_New((Py_ssize_t)kept)) || !(multi = PyList_New((Py_ssize_t)several)) ||
+    if (!(keys = PyList_New((Py_ssize_t)kept)) || !(multi = PyList_New(0)) ||
         !(sums = PyList_New((Py_ssize_t)kept)))
         goto fail;
     uint32_t *ids = (uint32_t *)PyBytes_AS_STRING(ns_ids);
@@ -337,14 +335,15 @@ static PyObject *live_result(const jlive *L, const unsigned char *half, uint64_t
         PyList_SET_ITEM(sums, (Py_ssize_t)k, crc);
         const unsigned char *q = b + 5 + e->ns_len + e->key_len + 10;
         tri[3 * k] = e->nbytes;
-        if (e->nblocks == 1) { /* most records: (nbytes, size, offset), no Python objects */
+        if (e->nblocks == 1 && rd64(q) != 0) { /* most records: (nbytes, size, offset), no Python objects */
             uint64_t size = rd64(q), off = rd64(q + 8);
             if (size > chunk / 2 && size < chunk) odd++;
             tri[3 * k + 1] = size; tri[3 * k + 2] = off;
-        } else { /* size 0, and the record's place in `multi` */
+        } else { /* size 0 (never a block's: one of size 0 goes here too), and the record's place in `multi` */
             PyObject *blocks = PyList_New(e->nblocks);
             if (!blocks) goto fail;
-            PyList_SET_ITEM(multi, (Py_ssize_t)m, blocks);
+            if (PyList_Append(multi, blocks) < 0) { Py_DECREF(blocks); goto fail; }
+            Py_DECREF(blocks); /* `multi` holds it; the items are set below */
             for (uint16_t i = 0; i < e->nblocks; i++, q += 16) {
                 uint64_t size = rd64(q), off = rd64(q + 8);
                 if (size > chunk / 2 && size < chunk) odd++;
@@ -376,7 +375,7 @@ fail:
  * ORDER's (ways, granularity), or None; names: every namespace named, as bytes, in first-seen order;
  * then for each live COMMIT with a checksum, in the order a dict would hold them: ns_ids (u32 each,
  * into names), keys (bytes), one (u64 nbytes, u64 block size, u64 block offset; for a record of
- * several blocks size 0 and its place in multi), multi (their [(size, offset), ...] lists), checksums
+ * several blocks, or of one of size 0, size 0 and its place in multi), multi (their [(size, offset), ...] lists), checksums
  * (int) and spans (u64 body offset in the half, u64 body length); unchecked: live COMMITs without a checksum (left
  * out); odd: blocks of a size above half of `chunk` and below it (an older version's class). */
 PyObject *py_journal_replay(PyObject *self, PyObject *args) {

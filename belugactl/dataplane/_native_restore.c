@@ -16,17 +16,14 @@
  *   make_entries(cls, ns_names, ns_of, keys, allocs, checksums, first_id, first_slot) -> [entries]
  */
 #include "_native.h"
-#include <structmember.h>
 
-/* Where instances of `cls` keep the __slots__ member `name` (an object slot), or -1 (exception set). */
+/* Where instances of `cls` keep the __slots__ member `name` (an object slot of `cls` or of a class it
+ * derives from, inside the instance), or -1 (exception set). */
 static Py_ssize_t slot_offset(PyObject *cls, const char *name) {
     PyObject *d = PyObject_GetAttrString(cls, name);
     if (!d) return -1;
-    Py_ssize_t off = -1;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
-        off = ((PyMemberDescrObject *)d)->d_member->offset;
-    else
-        PyErr_Format(PyExc_TypeError, "%s is not an object slot of the class", name);
+    Py_ssize_t off = member_slot_offset((PyTypeObject *)cls, d);
+    if (off < 0) PyErr_Format(PyExc_TypeError, "%s is not an object slot of the class", name);
     Py_DECREF(d);
     return off;
 }
@@ -77,6 +74,14 @@ PyObject *py_alloc_restore_chunks(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(restored, i, Py_None);
             continue;
         }
+        uint64_t req;
+        if (__builtin_add_overflow(requested, nbytes, &req)) { /* past 64 bits: Python's ints add it */
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (!at || PyList_Append(rest, at) < 0) { Py_XDECREF(at); goto done; }
+            Py_DECREF(at);
+            PyList_SET_ITEM(restored, i, Py_NewRef(Py_None));
+            continue;
+        }
         uint64_t c = off / chunk - first; /* off >> CHUNK_SHIFT, less the zones' first chunk number */
         if (off < start || off >= end || (off - base) % chunk || c >= (uint64_t)st.len || state[c]) {
             PyErr_Format(PyExc_ValueError, "block (%llu, 0x%llx) is outside the area, misaligned or duplicated",
@@ -89,7 +94,7 @@ PyObject *py_alloc_restore_chunks(PyObject *self, PyObject *args) {
             zone_used[z < (uint64_t)ways - 1 ? z : (uint64_t)ways - 1] += (int64_t)chunk;
         }
         used += chunk;
-        requested += nbytes;
+        requested = req;
         PyObject *a = tp->tp_alloc(tp, 0);
         if (!a) goto done;
         PyList_SET_ITEM(restored, i, a);
@@ -141,27 +146,25 @@ PyObject *py_make_entries(PyObject *self, PyObject *args) {
     const uint32_t *ns_of = (const uint32_t *)nsb.buf;
     PyTypeObject *tp = (PyTypeObject *)cls;
     for (Py_ssize_t i = 0; i < n; i++) {
-        /* Checked at each entry: an allocation may run the cyclic GC, and with it Python code. */
-        if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(allocs) != n ||
-            (sums != Py_None && PyList_GET_SIZE(sums) != n)) {
-            Py_CLEAR(out);
-            goto unequal;
-        }
-        if ((Py_ssize_t)ns_of[i] >= PyList_GET_SIZE(ns_ids) || !PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
-            PyErr_Format(PyExc_ValueError, "make_entries: entry %zd names namespace %u of %zd, or its key is not bytes",
-                         i, ns_of[i], PyList_GET_SIZE(ns_ids));
+        /* Everything made first, then checked and read with no allocation between: an allocation may
+         * run the cyclic GC, and with it Python code that could change the lists. */
+        PyObject *key = PyTuple_New(2), *id = PyLong_FromLongLong(first_id + i);
+        PyObject *slot = PyLong_FromLongLong(first_slot + i), *e = tp->tp_alloc(tp, 0);
+        if (!key || !id || !slot || !e) {
+            Py_XDECREF(key); Py_XDECREF(id); Py_XDECREF(slot); Py_XDECREF(e);
             goto fail;
         }
-        PyObject *key = PyTuple_New(2), *id = NULL, *slot = NULL, *e = NULL;
-        if (!key) goto fail;
+        if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(allocs) != n ||
+            (sums != Py_None && PyList_GET_SIZE(sums) != n) || (Py_ssize_t)ns_of[i] >= PyList_GET_SIZE(ns_ids) ||
+            !PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
+            Py_DECREF(key); Py_DECREF(id); Py_DECREF(slot); Py_DECREF(e);
+            PyErr_Format(PyExc_ValueError,
+                         "make_entries: entry %zd names namespace %u of %zd, its key is not bytes, or a column "
+                         "changed length", i, ns_of[i], PyList_GET_SIZE(ns_ids));
+            goto fail;
+        }
         PyTuple_SET_ITEM(key, 0, Py_NewRef(PyList_GET_ITEM(ns_ids, ns_of[i])));
         PyTuple_SET_ITEM(key, 1, Py_NewRef(PyList_GET_ITEM(keys, i)));
-        if (!(id = PyLong_FromLongLong(first_id + i)) || !(slot = PyLong_FromLongLong(first_slot + i)) ||
-            !(e = tp->tp_alloc(tp, 0)) || PyList_GET_SIZE(allocs) != n || (sums != Py_None && PyList_GET_SIZE(sums) != n)) {
-            if (e) { Py_DECREF(e); PyErr_SetString(PyExc_ValueError, "make_entries: a column changed while read"); }
-            Py_DECREF(key); Py_XDECREF(id); Py_XDECREF(slot);
-            goto fail;
-        }
         char *b = (char *)e;
         *(PyObject **)(b + off[0]) = key;
         *(PyObject **)(b + off[1]) = Py_NewRef(PyList_GET_ITEM(allocs, i));

@@ -136,14 +136,21 @@ def test_restore_rebuilds_free_lists_around_live_blocks() -> None:
         [(CHUNK, [(CHUNK, BASE + 4096)])],  # a whole chunk off its chunk
         [(CHUNK, [(CHUNK, BASE + 8 * CHUNK)])],  # past the area
         [(100, [(4096, BASE)]), (100, [(5000, BASE + CHUNK)])],  # not a class
+        [(1, [(0, BASE)])],  # a block of size 0 (packed as a list of its own: no triple has size 0)
+        [(1, [(0, BASE + CHUNK)]), (1, [])],  # and before a record of no blocks
     ],
 )
 @pytest.mark.parametrize("ways", [1, 2])
 def test_restore_refuses_a_block_held_twice_in_any_form_and_changes_nothing(live: list, ways: int, form) -> None:
-    a = Allocator(BASE, 8 * CHUNK, ways=ways, granularity=CHUNK) if ways > 1 else Allocator(BASE, 8 * CHUNK)
+    make = lambda: Allocator(BASE, 8 * CHUNK, ways=ways, granularity=CHUNK) if ways > 1 else Allocator(BASE, 8 * CHUNK)  # noqa: E731
+    records = [(1, [(4096, BASE + 3 * CHUNK)]), *live]
+    with pytest.raises(ValueError) as reference:
+        make().restore(records)  # the Python loop, in journal order: its message names the first bad record
+    a = make()
     before = (a.used, a.requested, list(a._zone_used), a.stats())
-    with pytest.raises(ValueError):
-        a.restore(form([(1, [(4096, BASE + 3 * CHUNK)]), *live]))
+    with pytest.raises(ValueError) as got:
+        a.restore(form(records))
+    assert str(got.value) == str(reference.value)  # whichever form, the same record named
     assert (a.used, a.requested, list(a._zone_used), a.stats()) == before
     assert a.restore([(1, [(4096, BASE + 3 * CHUNK)])])  # and it is still empty, so a restore works
 
@@ -166,6 +173,29 @@ def test_restore_of_chunks_held_up_to_the_top_hands_out_the_next_and_a_gap_first
     got = gap.alloc(CHUNK)
     assert got is not None and got.extents == [(BASE + CHUNK, CHUNK)]
     assert gap.stats()["free_chunks"] == full.stats()["free_chunks"] + 1 == 3
+
+
+def test_requested_bytes_add_up_past_64_bits_in_every_form(form) -> None:
+    # nbytes is the journal's word: two of 2^63 add to 2^64, as Python's ints add them.
+    a = Allocator(BASE, 8 * CHUNK)
+    a.restore(form([(2**63, [(CHUNK, BASE)]), (2**63, [(CHUNK, BASE + CHUNK)]), (5, [(CHUNK, BASE + 2 * CHUNK)])]))
+    assert a.requested == 2**64 + 5 and a.used == 3 * CHUNK
+
+
+def test_packed_shapes_naming_a_block_list_they_do_not_have_are_refused(form) -> None:
+    # Hostile packed bytes (size 0: "see multi") whose place is past `multi`: a ValueError, which the
+    # journal's rebuild turns into "journal inconsistent; started empty", never an IndexError.
+    bad = PackedShapes(PackedShapes.pack([(CHUNK, [(CHUNK, BASE)])]).one + bytes(16) + (7).to_bytes(8, "little"), [])
+    with pytest.raises(ValueError, match="block list 7 of 0"):
+        list(bad)
+    with pytest.raises(ValueError, match="block list 7 of 0"):
+        bad[1]
+    with pytest.raises(IndexError):
+        bad[2]
+    a = Allocator(BASE, 8 * CHUNK)
+    with pytest.raises(ValueError, match="block list 7 of 0"):
+        a.restore(bad)
+    assert a.used == 0 and a.restore(form([(CHUNK, [(CHUNK, BASE)])]))
 
 
 def test_packed_shapes_read_back_as_the_records_they_pack() -> None:

@@ -671,6 +671,46 @@ def test_native_entries_are_the_entries_python_makes_and_bad_columns_make_none()
             make_entries(*call)
 
 
+@pytest.mark.native
+@pytest.mark.parametrize("change", ["shrink", "swap"])
+def test_native_entries_refuse_columns_that_change_while_they_are_made(change: str) -> None:
+    # The cyclic GC can run inside any allocation, and with it Python code (here a gc callback) that
+    # changes the columns: the maker must notice, refuse, and never read a freed or foreign item.
+    import gc
+    from array import array
+
+    from belugactl.dataplane.mds import index as index_mod
+    from belugactl.dataplane.mds.allocator import Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    if index_mod._make_entries is None:
+        pytest.skip("the native helper is not built")
+    n = 3000  # past the small-tuple free list, so the maker's allocations reach the GC
+    keys, allocs = [key(i) for i in range(n)], [Allocation.one(CHUNK, CHUNK, CHUNK)] * n
+    fired: list[int] = []
+
+    def meddle(phase: str, _info: dict) -> None:
+        if phase != "start":
+            return
+        fired.append(1)
+        if len(fired) == 5:  # some entries in: the maker is under way
+            if change == "shrink":
+                del keys[n // 2 :]
+            else:
+                keys[-1] = "not bytes"
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(meddle)
+    gc.set_threshold(50)
+    try:
+        with pytest.raises(ValueError):
+            index_mod._make_entries(Entry, [0], array("I", bytes(4 * n)), keys, allocs, None, 0, 0)
+    finally:
+        gc.callbacks.remove(meddle)
+        gc.set_threshold(*threshold)
+    assert len(fired) >= 5
+
+
 def test_a_restore_into_an_index_with_free_slab_places_reuses_them() -> None:
     """A warm standby restores into an index that already served (freed slab places): entries take
     the freed places first, and each place names its own entry."""

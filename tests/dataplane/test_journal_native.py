@@ -144,6 +144,27 @@ def test_keys_merge_the_same_across_the_merge_tables_growths(pool_path: Path, mo
     pool.close()
 
 
+def test_a_block_of_size_zero_reads_back_as_itself_and_no_restore_takes_it(pool_path: Path, monkeypatch) -> None:
+    # A crc-valid COMMIT whose one block has size 0 parses (both replays keep it); packed, it must not
+    # pass for "see the block lists" (size 0 there), nor name another record's list.
+    from belugactl.dataplane.mds.allocator import Allocator
+
+    pool = PoolMapping.open(pool_path)
+    g = pool.geometry
+    j = Journal(pool, g.journal_offset, g.journal_size)
+    j.rewrite([], {})
+    j.append(encode_commit("m/tp0", b"a" * 32, 10, [], 1))  # no blocks: multi's list 0
+    j.append(encode_commit("m/tp0", b"b" * 32, 10, [(0, 0)], 2))  # size 0 at offset 0
+    j.append(encode_commit("m/tp0", b"c" * 32, 10, [(0, 1 << 40)], 3))  # size 0 far out
+    fast, fast_pos, slow, slow_pos = _both(pool, g, monkeypatch)
+    assert _items(fast) == _items(slow) and fast_pos == slow_pos
+    assert [blocks for *_, blocks, _ in _items(fast)] == [[], [(0, 0)], [(0, 1 << 40)]]
+    for live in (fast, slow):
+        with pytest.raises(ValueError):
+            Allocator(g.shared_kv_offset, 64 << 20).restore(live.shapes)
+    pool.close()
+
+
 @pytest.mark.parametrize("bad", list(BAD_BODIES.values()), ids=list(BAD_BODIES))
 def test_a_record_that_does_not_parse_ends_both_replays_at_it(pool_path: Path, monkeypatch, bad: bytes) -> None:
     pool = PoolMapping.open(pool_path)

@@ -73,16 +73,17 @@ assert len(SIZE_CLASSES) < _WHOLE
 Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
 
-# The native restore of whole-chunk blocks (_native_alloc.c); None where the helper is not built.
+# The native restore of whole-chunk blocks (_native_restore.c); None where the helper is not built.
 _restore_chunks = getattr(native._native, "alloc_restore_chunks", None) if native._native is not None else None
 _TRIPLE = struct.Struct("<QQQ")
 
 
 class PackedShapes(Sequence[tuple[int, list[Block]]]):
     """Many journal records' blocks as the native replay gives them, without a Python object a record:
-    `one` holds a u64 triple (nbytes, class size, offset) per record; a record of several blocks has
-    size 0 and, for offset, its place in `multi` (its (size, offset) blocks). Read as a sequence it
-    gives each record's (nbytes, blocks), as the Python replay's list does."""
+    `one` holds a u64 triple (nbytes, class size, offset) per record; a record of several blocks (or
+    of one block of size 0, which no class has) has size 0 and, for offset, its place in `multi` (its
+    (size, offset) blocks). Read as a sequence it gives each record's (nbytes, blocks), as the Python
+    replay's list does; a place outside `multi` is a ValueError (the bytes are a journal's)."""
 
     __slots__ = ("one", "multi")
 
@@ -95,7 +96,7 @@ class PackedShapes(Sequence[tuple[int, list[Block]]]):
     def pack(cls, shapes: Iterable[tuple[int, list[Block]]]) -> PackedShapes:
         one, multi = bytearray(), []
         for nbytes, blocks in shapes:
-            if len(blocks) == 1:
+            if len(blocks) == 1 and blocks[0][0] != 0:
                 one += _TRIPLE.pack(nbytes, *blocks[0])
             else:
                 one += _TRIPLE.pack(nbytes, 0, len(multi))
@@ -106,13 +107,21 @@ class PackedShapes(Sequence[tuple[int, list[Block]]]):
         return len(self.one) // _TRIPLE.size
 
     def __getitem__(self, i: int) -> tuple[int, list[Block]]:  # type: ignore[override]
-        nbytes, size, off = _TRIPLE.unpack_from(self.one, _TRIPLE.size * i)
-        return (nbytes, self.multi[off]) if size == 0 else (nbytes, [(size, off)])
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"packed shapes: record {i} of {n}")
+        nbytes, size, off = _TRIPLE.unpack_from(self.one, _TRIPLE.size * (i % n))
+        return (nbytes, self._several(off)) if size == 0 else (nbytes, [(size, off)])
 
     def __iter__(self) -> Iterator[tuple[int, list[Block]]]:
-        multi = self.multi
+        several = self._several
         for nbytes, size, off in _TRIPLE.iter_unpack(self.one):
-            yield (nbytes, multi[off]) if size == 0 else (nbytes, [(size, off)])
+            yield (nbytes, several(off)) if size == 0 else (nbytes, [(size, off)])
+
+    def _several(self, at: int) -> list[Block]:
+        if at >= len(self.multi):
+            raise ValueError(f"packed shapes: a record names block list {at} of {len(self.multi)}")
+        return self.multi[at]
 
 
 class Allocation:
@@ -493,6 +502,16 @@ class Allocator:
         """
         if self.used or self.quarantined:
             raise ValueError("restore needs an empty allocator (restore first, then quarantine)")
+        if isinstance(allocations, PackedShapes) and _restore_chunks is not None:
+            try:
+                return self._restore(allocations, fast=True)
+            except ValueError:
+                pass  # inconsistent: the records again in journal order, so the error names the first bad one
+        return self._restore(allocations, fast=False)
+
+    def _restore(self, allocations: Sequence[tuple[int, list[Block]]], *, fast: bool) -> list[Allocation]:
+        """`restore`'s work; changes nothing before every record is checked (a ValueError leaves the
+        allocator as it was). `fast`: the whole chunks of PackedShapes checked and made in C first."""
         base = self.base
         start, end = self.zones_start, self.zones_start + self.capacity
         first = start >> CHUNK_SHIFT  # the zones' first chunk number
@@ -534,7 +553,8 @@ class Allocator:
         in_order = zoned = self.ways > 1  # one zone: every block counts in zone 0
         zone_used, zone_of = array("q", bytes(8 * len(self._zone_used))), self.zone_of  # applied once all checked
         todo: Iterable[tuple[int, tuple[int, list[Block]]]]
-        if isinstance(allocations, PackedShapes) and _restore_chunks is not None:
+        if fast:
+            assert isinstance(allocations, PackedShapes) and _restore_chunks is not None
             # The one-block whole chunks (a restart of 2 MiB blocks: all of them) checked and made in C,
             # as the loop below would; the loop takes the rest, by place.
             restored, rest, used, requested = _restore_chunks(

@@ -544,10 +544,14 @@ class KVIndex:
         slab = self.slab
         # Each entry made at its place in the slab, the slab's next ones (unless freed places are
         # reused, or a key given twice leaves a gap: then they are placed again below).
-        native_make = type(keys) is type(allocs) is list and (checksums is None or type(checksums) is list)
-        if _make_entries is not None and native_make:
+        ns_col = None
+        if _make_entries is not None and type(keys) is type(allocs) is list and type(checksums) in (list, type(None)):
+            try:  # u32 namespace numbers, as the native replay gives them
+                ns_col = ns_of if isinstance(ns_of, memoryview) and ns_of.format == "I" else array("I", ns_of)
+            except (OverflowError, TypeError):
+                ns_col = None  # not numbers the C side takes: the comprehension below
+        if ns_col is not None:
             # The same entries, made in C (_native_restore.c): 400 ns an entry here, at millions.
-            ns_col = ns_of if isinstance(ns_of, memoryview) and ns_of.format == "I" else array("I", ns_of)
             made = _make_entries(Entry, ns_ids, ns_col, keys, allocs, checksums or None, first, len(slab))
         else:
             made = [
