@@ -13,7 +13,7 @@
  *
  *   alloc_restore_chunks(one, state, cls, base, start, end, chunk, ways, zone_size, zone_used)
  *       -> (restored, rest, used, requested)
- *   make_entries(cls, ns_names, ns_of, keys, allocs, checksums, first_id, first_slot) -> [entries]
+ *   make_entries(cls, ns_ids, ns_of, keys, allocs, checksums, first_id, first_slot) -> [entries]
  */
 #include "_native.h"
 
