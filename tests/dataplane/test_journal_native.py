@@ -61,6 +61,15 @@ BAD_BODIES = {
 }
 
 
+def _empty_journal(pool_path: Path) -> tuple[PoolMapping, object, Journal]:
+    """The pool's journal, started empty (a new generation, nothing in its half)."""
+    pool = PoolMapping.open(pool_path)
+    g = pool.geometry
+    j = Journal(pool, g.journal_offset, g.journal_size)
+    j.rewrite([], {})
+    return pool, g, j
+
+
 def _fill(j: Journal, rng: random.Random, base: int, n: int) -> None:
     keys: list[tuple[str, bytes]] = []
     for _ in range(n):
@@ -149,10 +158,7 @@ def test_a_block_of_size_zero_reads_back_as_itself_and_no_restore_takes_it(pool_
     # pass for "see the block lists" (size 0 there), nor name another record's list.
     from belugactl.dataplane.mds.allocator import Allocator
 
-    pool = PoolMapping.open(pool_path)
-    g = pool.geometry
-    j = Journal(pool, g.journal_offset, g.journal_size)
-    j.rewrite([], {})
+    pool, g, j = _empty_journal(pool_path)
     j.append(encode_commit("m/tp0", b"a" * 32, 10, [], 1))  # no blocks: multi's list 0
     j.append(encode_commit("m/tp0", b"b" * 32, 10, [(0, 0)], 2))  # size 0 at offset 0
     j.append(encode_commit("m/tp0", b"c" * 32, 10, [(0, 1 << 40)], 3))  # size 0 far out
@@ -167,10 +173,7 @@ def test_a_block_of_size_zero_reads_back_as_itself_and_no_restore_takes_it(pool_
 
 @pytest.mark.parametrize("bad", list(BAD_BODIES.values()), ids=list(BAD_BODIES))
 def test_a_record_that_does_not_parse_ends_both_replays_at_it(pool_path: Path, monkeypatch, bad: bytes) -> None:
-    pool = PoolMapping.open(pool_path)
-    g = pool.geometry
-    j = Journal(pool, g.journal_offset, g.journal_size)
-    j.rewrite([], {})
+    pool, g, j = _empty_journal(pool_path)
     j.append(encode_commit("m/tp0", b"a" * 32, 10, [(4096, g.shared_kv_offset)], 1))
     at = j.pos
     j.append(bad)
@@ -182,10 +185,7 @@ def test_a_record_that_does_not_parse_ends_both_replays_at_it(pool_path: Path, m
 
 
 def test_a_name_that_is_not_utf8_ends_the_replay_where_python_ends_it(pool_path: Path, monkeypatch) -> None:
-    pool = PoolMapping.open(pool_path)
-    g = pool.geometry
-    j = Journal(pool, g.journal_offset, g.journal_size)
-    j.rewrite([], {})
+    pool, g, j = _empty_journal(pool_path)
     j.append(encode_commit("m/tp0", b"a" * 32, 10, [(4096, g.shared_kv_offset)], 1))
     raw = b"\xff\xfe"  # crc-valid, but no str
     j.append(
