@@ -171,7 +171,6 @@ static inline int get_word(Py_buffer *view, Py_ssize_t off, uint64_t **out) {
 /* Non-temporal copy (_native_copy.c). */
 HIDDEN void nt_memcpy(char *dst, const char *src, size_t n);
 
-/* The Python entry points, one group per file; the method table is in _native_module.c. */
 /* The offset of a plain object slot that member descriptor `d` reads, when `d` belongs to `tp` or a
  * class `tp` derives from and the slot lies inside a `tp` instance; else -1. What lets the restore's
  * helpers fill and read a __slots__ class's fields without getattr (_native_restore.c, _native_fastpath.c). */
@@ -184,6 +183,7 @@ static inline Py_ssize_t member_slot_offset(PyTypeObject *tp, PyObject *d) {
     return m->offset;
 }
 
+/* The Python entry points, one group per file; the method table is in _native_module.c. */
 #define PYFN(name) HIDDEN PyObject *name(PyObject *self, PyObject *args)
 PYFN(py_flush); PYFN(py_fence); PYFN(py_copy); PYFN(py_gather); PYFN(py_gather_blocks);          /* copy */
 PYFN(py_load64); PYFN(py_store64); PYFN(py_cas64); PYFN(py_fetch_add64); PYFN(py_wait64);

@@ -394,6 +394,7 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
     /* The fields as the first entry's class and the first allocation's class keep them. */
     fieldref f_key, f_id, f_alloc, f_checksum, f_a = {NULL, 0, s_a}, f_b = {NULL, 0, s_b}, f_nbytes = {NULL, 0, s_nbytes};
     PyTypeObject *etp = n ? Py_TYPE(PyTuple_GET_ITEM(fast, 0)) : &PyBaseObject_Type;
+    Py_INCREF(etp); /* held for the call, as alloc_tp: Python code in get_reply could change fast[0]'s class */
     field_for(&f_key, etp, s_key); field_for(&f_id, etp, s_id);
     field_for(&f_alloc, etp, s_alloc); field_for(&f_checksum, etp, s_checksum);
     PyObject *alloc_tp = NULL; /* the class f_a, f_b and f_nbytes were taken from, held for the call */
@@ -404,8 +405,10 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
          * tables. */
         size_t want = fi->cap;
         while ((fi->used + (size_t)n) * 2 > want) want *= 2;
-        /* More than a quarter full after the batch, at random: the batch touches every 2 MiB of it. */
-        if (fi_grow(fi, want, 1) < 0) { Py_DECREF(fast); return PyErr_NoMemory(); }
+        /* Huge pages only for a table that doubled for this batch: then the batch's keys (n >= used,
+         * used + n > want / 4, so n > want / 8) land all over it and touch every 2 MiB now. A same-size
+         * table that only drops tombstones may hold a few keys, its pages first touched when served. */
+        if (fi_grow(fi, want, want > fi->cap) < 0) { Py_DECREF(fast); Py_DECREF(etp); return PyErr_NoMemory(); }
         fi_move(fi, (size_t)-1);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -458,10 +461,11 @@ PyObject *py_fi_put_entries(PyObject *self, PyObject *args) {
         put = fi_put_raw(fi, (unsigned int)ns, (const uint8_t *)PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), id, g, glen);
     fail:
         Py_XDECREF(key); Py_XDECREF(alloc); Py_XDECREF(reply);
-        if (put < 0) { Py_DECREF(fast); Py_XDECREF(alloc_tp); return NULL; }
+        if (put < 0) { Py_DECREF(fast); Py_DECREF(etp); Py_XDECREF(alloc_tp); return NULL; }
         done += put;
     }
     Py_DECREF(fast);
+    Py_DECREF(etp);
     Py_XDECREF(alloc_tp);
     return PyLong_FromSsize_t(done);
 }

@@ -365,3 +365,40 @@ def test_entries_of_other_classes_are_read_through_their_attributes() -> None:
         got = n.fi_reply(fi, 0, e.key[1])
         assert got[20:24] == crcs[e.id].to_bytes(4, "little") and n.fi_id(fi, 0, e.key[1]) == e.id
     assert n.fi_reply(fi, 0, key(4))[24:40] == (5 * CHUNK).to_bytes(8, "little") + (7).to_bytes(8, "little")
+
+
+def _huge_mappings() -> int:
+    """Mappings of this process madvised for huge pages (VmFlags "hg" in /proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        return sum(1 for line in f if line.startswith("VmFlags:") and " hg" in line)
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"), reason="no transparent huge pages")
+def test_only_a_table_a_batch_doubles_and_fills_asks_for_huge_pages() -> None:
+    # A huge page's first touch may compact memory; only a table the batch itself fills may ask for
+    # them. A table rebuilt at the same size to drop tombstones holds a few keys: served puts touch it.
+    from belugactl.dataplane.mds.allocator import CHUNK, Allocation
+    from belugactl.dataplane.mds.index import Entry
+
+    n = _n()
+    alloc = Allocation.one(CHUNK, CHUNK, CHUNK)
+    fi = n.fi_new()
+    i = 0
+    while True:  # a table of megabytes grown on 4 KiB pages, filled to just below where it grows
+        cap, live, tombs, oldcap = n.fi_shape(fi)[:4]
+        if cap >= 1 << 19 and not oldcap and (live + tombs + 2) * 2 > cap:
+            break
+        n.fi_put(fi, 0, key(i), i)
+        i += 1
+    for j in range(1, i):  # all but one key deleted: tombstones
+        n.fi_del(fi, 0, key(j))
+    before, (cap, live, tombs) = _huge_mappings(), n.fi_shape(fi)[:3]
+    assert live == 1 and (live + tombs + 2) * 2 > cap  # a batch of two rebuilds the table, at its size
+    two = [Entry((2, key(j)), alloc, id=j, checksum=1) for j in (1, 2)]
+    assert n.fi_put_entries(fi, two, lambda e: b"", True) == 2
+    assert n.fi_shape(fi)[:3] == (cap, live + 2, 0)
+    assert _huge_mappings() == before  # rebuilt to drop tombstones: no huge pages
+    big = n.fi_new()
+    batch = [Entry((0, key(j)), alloc, id=j, checksum=1) for j in range(300_000)]
+    assert n.fi_put_entries(big, batch, lambda e: b"", True) == len(batch)
+    assert _huge_mappings() == before + 1  # a restore's table: asked for
