@@ -29,6 +29,13 @@ if os.environ.get("BELUGACTL_NATIVE", "1") != "0":
         _native = None
 
 AVAILABLE: bool = _native is not None
+
+
+def optional(name: str) -> Any:
+    """The native helper's function `name`, or None where the helper is not built (callers then take
+    their Python path)."""
+    return getattr(_native, name, None)
+
 _Q = struct.Struct("<Q")
 
 MISSING_WHY = (

@@ -74,7 +74,7 @@ Extent = tuple[int, int]
 Block = tuple[int, int]  # (class size, or CHUNK for a whole chunk; offset)
 
 # The native restore of whole-chunk blocks (_native_restore.c); None where the helper is not built.
-_restore_chunks = getattr(native._native, "alloc_restore_chunks", None) if native._native is not None else None
+_restore_chunks = native.optional("alloc_restore_chunks")
 _TRIPLE = struct.Struct("<QQQ")
 
 

@@ -45,6 +45,7 @@ share of the area (`_victim_tenant`), so a tenant's commits evict only tenants a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from array import array
@@ -80,8 +81,8 @@ EVICT_SCAN = 1024
 EVICT_STEP = 128
 # A tenant's composite namespace key: "<tenant>\0<name>" (clients cannot send a NUL in a name).
 _TENANT_SEP = "\x00"
-_fi_set_room = getattr(native._native, "fi_set_room", None) if native._native is not None else None
-_make_entries = getattr(native._native, "make_entries", None) if native._native is not None else None
+_fi_set_room = native.optional("fi_set_room")
+_make_entries = native.optional("make_entries")
 
 
 class IndexError_(Exception):
@@ -546,10 +547,9 @@ class KVIndex:
         # reused, or a key given twice leaves a gap: then they are placed again below).
         ns_col = None
         if _make_entries is not None and type(keys) is type(allocs) is list and type(checksums) in (list, type(None)):
-            try:  # u32 namespace numbers, as the native replay gives them
+            # u32 namespace numbers, as the native replay gives them; others: the comprehension below
+            with contextlib.suppress(OverflowError, TypeError):
                 ns_col = ns_of if isinstance(ns_of, memoryview) and ns_of.format == "I" else array("I", ns_of)
-            except (OverflowError, TypeError):
-                ns_col = None  # not numbers the C side takes: the comprehension below
         if ns_col is not None:
             # The same entries, made in C (_native_restore.c): 400 ns an entry here, at millions.
             made = _make_entries(Entry, ns_ids, ns_col, keys, allocs, checksums or None, first, len(slab))

@@ -88,7 +88,7 @@ class RingListener(Listener):
         self._start = 0
         # The doorbells' state (bells_new in _native_ring.c), None where the pool or the helper has none.
         self._bells: Any = None
-        if getattr(native._native, "bells_new", None) is not None and g.has_doorbells:
+        if native.optional("bells_new") is not None and g.has_doorbells:
             self._bells = native._native.bells_new(R, g.doorbell_offset(0), max(1, int(SWEEP_S * 1e9 / R)))
         self._fast_bells = self._bells is not None and bool(getattr(native._native, "FAST_SERVE_BELLS", 0))
         fast = server.config.fast_path and native.fast_serve is not None

@@ -23,7 +23,7 @@ import struct
 from belugactl.dataplane import native
 from belugactl.dataplane.rpc.protocol import LEASE_OWNER_BITS
 
-_decode_many = getattr(native._native, "lease_decode_many", None) if native._native is not None else None
+_decode_many = native.optional("lease_decode_many")
 
 M32 = 0xFFFFFFFF
 OWNER_MASK = (1 << LEASE_OWNER_BITS) - 1

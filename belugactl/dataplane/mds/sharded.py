@@ -56,7 +56,7 @@ _TABLE = _bucket_table()
 _TABLE_BYTES = bytes(_TABLE)  # the same, for the native many-at-once put
 # Many puts in one native call (_native_sharded.c: the same shards, without Python's big-int
 # arithmetic a key); None without the native helper, and the loops below do it.
-_native_put = getattr(native._native, "sharded_put", None) if native._native is not None else None
+_native_put = native.optional("sharded_put")
 
 
 class ShardedMap:

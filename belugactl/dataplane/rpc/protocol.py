@@ -464,7 +464,7 @@ def decode_get_many_tuples(data, area: Area = ANYWHERE) -> list[LocationTuple | 
     outside `area` raises ProtocolError either way)."""
     from belugactl.dataplane import native  # here, not at import: native is optional
 
-    fast = getattr(native._native, "get_many_decode", None) if native._native is not None else None
+    fast = native.optional("get_many_decode")
     if fast is not None:
         try:
             return fast(data, *area)

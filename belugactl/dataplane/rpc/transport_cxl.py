@@ -19,14 +19,14 @@ from belugactl.errors import UsageError
 if TYPE_CHECKING:
     from belugactl.pool.mapping import PoolMapping
 
-_rpc_call = getattr(native._native, "rpc_call", None) if native._native is not None else None
-_rpc_call_many = getattr(native._native, "rpc_call_many", None) if native._native is not None else None
-_rpc_get_many = getattr(native._native, "rpc_get_many", None) if native._native is not None else None
-_rpc_release_nowait = getattr(native._native, "rpc_release_nowait", None) if native._native is not None else None
-_rpc_get_many_start = getattr(native._native, "rpc_get_many_start", None) if native._native is not None else None
-_rpc_get_many_finish = getattr(native._native, "rpc_get_many_finish", None) if native._native is not None else None
-_bell_register = getattr(native._native, "bell_register", None) if native._native is not None else None
-_bell_unregister = getattr(native._native, "bell_unregister", None) if native._native is not None else None
+_rpc_call = native.optional("rpc_call")
+_rpc_call_many = native.optional("rpc_call_many")
+_rpc_get_many = native.optional("rpc_get_many")
+_rpc_release_nowait = native.optional("rpc_release_nowait")
+_rpc_get_many_start = native.optional("rpc_get_many_start")
+_rpc_get_many_finish = native.optional("rpc_get_many_finish")
+_bell_register = native.optional("bell_register")
+_bell_unregister = native.optional("bell_unregister")
 # A native burst copies every reply into private memory before building the list: bursts are cut
 # to keep that copy bounded.
 _BURST_REPLY_BYTES = 16 << 20

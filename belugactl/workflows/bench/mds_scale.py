@@ -674,7 +674,7 @@ def _native_qd128(client: Any, payload: bytes, seconds: float, qd: int = 128) ->
     from belugactl.dataplane import native
     from belugactl.dataplane.rpc.protocol import Op
 
-    burst = getattr(native._native, "rpc_burst", None)
+    burst = native.optional("rpc_burst")
     t = client.transport
     if burst is None or t.kind != "cxl":
         return None

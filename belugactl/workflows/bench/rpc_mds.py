@@ -77,7 +77,7 @@ def _native_throughput(client: Any, payload: bytes, qd: int, seconds: float) -> 
     from belugactl.dataplane import native
     from belugactl.dataplane.rpc.protocol import Op
 
-    burst = getattr(native._native, "rpc_burst", None)
+    burst = native.optional("rpc_burst")
     t = client.transport
     if burst is None or t.kind != "cxl":
         return None
